@@ -1,0 +1,75 @@
+"""What a step is, to the engine.
+
+A step is one unit of the migration with four faces kept side by side in one file:
+- `describe`: what it would do (dry-run prints this; nothing may change anywhere);
+- `check`: is its effect already in place? (on resume, a step whose effect is there is not run again);
+- `run`: do it; may return a small JSON-able dict kept in the journal (bytes moved, old DNS content, ...);
+- `undo`: its compensation, run in reverse order on rollback. It must be safe to call after a partial `run`.
+
+The engine knows nothing of MySQL, rsync or Cloudflare: the domain objects a step needs reach it as `ctx.rt`.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+class StepError(Exception):
+    """An expected failure of a step, with a message an operator can act on (one line, no secrets)."""
+
+
+@dataclass
+class StepContext:
+    """What a step sees of the run: its identity, the domain runtime, and its own journaled data."""
+
+    run_id: str
+    step: str
+    dry_run: bool
+    rt: Any
+    log: Any
+    _saved: dict[str, Any] = field(default_factory=dict)
+    _outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _save: Callable[[str, str, Any], None] | None = None
+    started_at: float = field(default_factory=time.time)
+
+    def save(self, key: str, value: Any) -> None:
+        """Journal (and fsync) a value before acting on it, e.g. a DNS record's old content before the edit."""
+        self._saved[key] = value
+        if self._save is not None:
+            self._save(self.step, key, value)
+
+    def saved(self, key: str, default: Any = None) -> Any:
+        """A value this step saved earlier in this run, even before a crash."""
+        return self._saved.get(key, default)
+
+    def output(self, step: str) -> dict[str, Any]:
+        """The result dict of an earlier completed step ({} if it has none)."""
+        return self._outputs.get(step, {})
+
+
+class Step(ABC):
+    name: ClassVar[str]
+    title: ClassVar[str]
+    # Completing this step commits the migration: failures after it are not rolled back automatically.
+    commit_point: ClassVar[bool] = False
+    # The confirmation gate (and the before-cutover hook) sits right before this step.
+    begins_downtime: ClassVar[bool] = False
+
+    @abstractmethod
+    def describe(self, ctx: StepContext) -> list[str]:
+        """Lines saying what `run` would do, concretely (hosts, paths, commands, records)."""
+
+    def check(self, ctx: StepContext) -> bool:
+        """True when the step's effect is already in place, so resume may skip it. Default: unknown → run."""
+        return False
+
+    @abstractmethod
+    def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        """Do the step. Raise StepError for an expected failure."""
+
+    def undo(self, ctx: StepContext) -> None:  # noqa: B027 - a step without side effects needs no compensation
+        """Compensate the step's effect. Must be idempotent and safe after a partial run."""

@@ -1,0 +1,165 @@
+"""The lab's layout and state: where everything of the lab lives, shared by `lab up`, the app, load and verify.
+
+Everything is under one directory (default ./.lab). `lab up` writes `lab.json` (this structure) and `lab.env`
+(its secrets); every other part of the lab reads them back with `LabState.load`.
+
+    <dir>/lab.json  lab.env  plan.yaml  known_hosts  id_ed25519[.pub]
+    <dir>/<host>/   sshd/  mysql/data  run/ (sockets, pid files)  uploads/  app/  log/  bin/ (start/stop scripts)
+    <dir>/cf/       the Cloudflare API double's state, pid and log
+    <dir>/load/     the load generator's journal of acknowledged writes and its stats
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+STATE_FILE = "lab.json"
+ENV_FILE = "lab.env"
+
+
+@dataclass
+class HostState:
+    name: str  # "source" or "target"
+    address: str  # loopback address, e.g. 127.0.0.2
+    ssh_port: int
+    db_port: int
+    app_port: int  # the same on both hosts: clients reach http://<address from DNS>:<app_port>
+    server_id: int
+    root: str  # absolute <dir>/<name>
+
+    @property
+    def path(self) -> Path:
+        return Path(self.root)
+
+    @property
+    def datadir(self) -> Path:
+        return self.path / "mysql" / "data"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path / "run"
+
+    @property
+    def db_socket(self) -> Path:
+        return self.run_dir / "mysqld.sock"
+
+    @property
+    def db_pid_file(self) -> Path:
+        return self.run_dir / "mysqld.pid"
+
+    @property
+    def sshd_dir(self) -> Path:
+        return self.path / "sshd"
+
+    @property
+    def sshd_pid_file(self) -> Path:
+        return self.run_dir / "sshd.pid"
+
+    @property
+    def uploads(self) -> Path:
+        return self.path / "uploads"
+
+    @property
+    def app_dir(self) -> Path:
+        return self.path / "app"
+
+    @property
+    def app_pid_file(self) -> Path:
+        return self.run_dir / "app.pid"
+
+    @property
+    def fence_file(self) -> Path:
+        """While this file exists the app refuses writes with 503 (the source's maintenance mode)."""
+        return self.app_dir / "FENCED"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.path / "log"
+
+    @property
+    def access_log(self) -> Path:
+        return self.log_dir / "access.log"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.path / "bin"
+
+
+@dataclass
+class LabState:
+    dir: str
+    source: HostState
+    target: HostState
+    cf_address: str = "127.0.0.1"
+    cf_port: int = 0
+    zone: str = "course-review.test"
+    records: list[str] = field(default_factory=lambda: ["course-review.test", "www.course-review.test"])
+    record_ttl: int = 60
+    db_name: str = "coursereview"
+    app_user: str = "app"
+    migrate_user: str = "migrate"
+    # Names of the variables in lab.env; the values never go into lab.json.
+    token_env: str = "CLOUDFLARE_API_TOKEN"
+    db_password_env: str = "MIGRATE_DB_PASSWORD"
+    app_password_env: str = "LAB_APP_DB_PASSWORD"
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+    @property
+    def cf_base_url(self) -> str:
+        return f"http://{self.cf_address}:{self.cf_port}/client/v4"
+
+    @property
+    def cf_dir(self) -> Path:
+        return self.path / "cf"
+
+    @property
+    def load_dir(self) -> Path:
+        return self.path / "load"
+
+    @property
+    def plan_file(self) -> Path:
+        return self.path / "plan.yaml"
+
+    @property
+    def env_file(self) -> Path:
+        return self.path / ENV_FILE
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.path / "known_hosts"
+
+    @property
+    def ssh_key(self) -> Path:
+        return self.path / "id_ed25519"
+
+    def host(self, name: str) -> HostState:
+        return self.source if name == "source" else self.target
+
+    def secrets(self) -> dict[str, str]:
+        """The lab's secrets, read from lab.env (KEY=VALUE lines)."""
+        values: dict[str, str] = {}
+        for line in self.env_file.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                key, _, value = line.partition("=")
+                values[key.removeprefix("export ").strip()] = value.strip().strip("'\"")
+        return values
+
+    def save(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.path / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, self.path / STATE_FILE)
+
+    @classmethod
+    def load(cls, lab_dir: str | Path) -> LabState:
+        raw = json.loads((Path(lab_dir) / STATE_FILE).read_text())
+        raw["source"] = HostState(**raw["source"])
+        raw["target"] = HostState(**raw["target"])
+        return cls(**raw)
