@@ -1,0 +1,196 @@
+"""The append-only journal of a run, and the run's state as the replay of that history.
+
+Each transition is one JSON line, written, flushed and fsync'd before the engine takes the next action, so a process
+killed at any instant (kill -9) leaves a journal that says exactly what was done and what was in flight. A torn last
+line (killed mid-write) is ignored: the action it announced had not started yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from orchestrator.secrets import redact_obj
+
+
+class StepState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    UNDOING = "undoing"
+    UNDONE = "undone"
+    UNDO_FAILED = "undo_failed"
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"  # forward, unfinished (resumable)
+    ROLLING_BACK = "rolling_back"  # rollback started, unfinished (resumable)
+    ROLLED_BACK = "rolled_back"  # terminal: the source serves as before
+    ROLLBACK_FAILED = "rollback_failed"  # a compensation failed: `migrate rollback` retries it
+    FAILED_AFTER_COMMIT = "failed_after_commit"  # past the DNS flip: resume forward with `migrate apply`
+    COMPLETED = "completed"  # terminal
+
+
+TERMINAL = {RunStatus.ROLLED_BACK, RunStatus.COMPLETED}
+
+
+@dataclass
+class StepRecord:
+    name: str
+    state: StepState = StepState.PENDING
+    started_at: float | None = None
+    ended_at: float | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    saved: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    attempts: int = 0
+    undo_started_at: float | None = None
+    undo_ended_at: float | None = None
+
+    @property
+    def duration(self) -> float | None:
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return self.ended_at - self.started_at
+
+
+@dataclass
+class RunState:
+    run_id: str
+    plan_sha256: str
+    plan_path: str
+    plan_text: str
+    started_at: float
+    status: RunStatus = RunStatus.RUNNING
+    steps: dict[str, StepRecord] = field(default_factory=dict)
+    committed: bool = False
+    ended_at: float | None = None
+    error: str | None = None
+    rollback_reason: str | None = None
+    resumes: int = 0
+
+    def step(self, name: str) -> StepRecord:
+        if name not in self.steps:
+            self.steps[name] = StepRecord(name)
+        return self.steps[name]
+
+    @property
+    def outputs(self) -> dict[str, dict[str, Any]]:
+        return {name: rec.result for name, rec in self.steps.items() if rec.state == StepState.DONE}
+
+
+def replay(events: list[dict[str, Any]]) -> RunState | None:
+    """The state of the run recorded in `events` (None for an empty journal)."""
+    state: RunState | None = None
+    for ev in events:
+        kind = ev.get("event")
+        if kind == "run_started":
+            state = RunState(
+                run_id=ev["run_id"],
+                plan_sha256=ev["plan_sha256"],
+                plan_path=ev["plan_path"],
+                plan_text=ev.get("plan_text", ""),
+                started_at=ev["ts"],
+            )
+            for name in ev.get("steps", []):
+                state.step(name)
+            continue
+        if state is None:
+            continue
+        step = ev.get("step")
+        rec = state.step(step) if step else None
+        if kind == "run_resumed":
+            state.resumes += 1
+            if state.status == RunStatus.FAILED_AFTER_COMMIT:
+                state.status = RunStatus.RUNNING
+        elif kind == "step_started" and rec:
+            rec.state, rec.started_at, rec.ended_at, rec.error = StepState.RUNNING, ev["ts"], None, None
+            rec.attempts += 1
+        elif kind == "step_saved" and rec:
+            rec.saved[ev["key"]] = ev.get("value")
+        elif kind == "step_completed" and rec:
+            rec.state, rec.ended_at, rec.result = StepState.DONE, ev["ts"], ev.get("result") or {}
+            if ev.get("commit_point"):
+                state.committed = True
+        elif kind == "step_failed" and rec:
+            rec.state, rec.ended_at, rec.error = StepState.FAILED, ev["ts"], ev.get("error")
+            state.error = ev.get("error")
+            if state.committed:
+                state.status = RunStatus.FAILED_AFTER_COMMIT
+        elif kind == "rollback_started":
+            state.status = RunStatus.ROLLING_BACK
+            state.rollback_reason = ev.get("reason")
+        elif kind == "undo_started" and rec:
+            rec.state, rec.undo_started_at = StepState.UNDOING, ev["ts"]
+        elif kind == "undo_completed" and rec:
+            rec.state, rec.undo_ended_at = StepState.UNDONE, ev["ts"]
+        elif kind == "undo_failed" and rec:
+            rec.state, rec.undo_ended_at, rec.error = StepState.UNDO_FAILED, ev["ts"], ev.get("error")
+            state.status = RunStatus.ROLLBACK_FAILED
+        elif kind == "rollback_completed":
+            state.status, state.ended_at = RunStatus.ROLLED_BACK, ev["ts"]
+        elif kind == "run_completed":
+            state.status, state.ended_at = RunStatus.COMPLETED, ev["ts"]
+    return state
+
+
+class Journal:
+    """One run's history. `path=None` keeps it in memory (dry-run: a real run's journal is never touched)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._events: list[dict[str, Any]] = read_events(path) if path is not None else []
+        self._seq = self._events[-1]["seq"] if self._events else 0
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return list(self._events)
+
+    def state(self) -> RunState | None:
+        return replay(self._events)
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        self._seq += 1
+        record: dict[str, Any] = {"seq": self._seq, "ts": time.time(), "event": event}
+        record.update(fields)
+        record = redact_obj(record)  # type: ignore[assignment]
+        if self.path is not None:
+            line = json.dumps(record, default=str, separators=(",", ":")) + "\n"
+            new_file = not self.path.exists()
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if new_file:
+                _fsync_dir(self.path.parent)
+        self._events.append(record)
+        return record
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    events: list[dict[str, Any]] = []
+    for raw in path.read_bytes().splitlines():
+        try:
+            events.append(json.loads(raw))
+        except ValueError:
+            # Only the last line can be torn by a crash mid-write; what it announced never began.
+            break
+    return events
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,265 @@
+"""The state machine: runs steps forward, rolls back with compensations in reverse, resumes from the journal.
+
+Forward, for each step not yet done: fire `before-step` (and `before-cutover` ahead of the step that begins the
+downtime, after the operator's confirmation), journal `step_started`, run, journal `step_completed`. A step found
+`running` in the journal was in flight when the process died: if its `check` says its effect is in place it is
+marked done, else it is re-entered from its start (steps are written to be safe to re-run).
+
+A failure before the commit point journals `step_failed`, then rolls back: the compensations (`undo`) of every step
+that started, newest first, each journaled, so an interrupted rollback resumes too. A failure after the commit point
+leaves the run `failed_after_commit`: the target serves, and `migrate apply` resumes forward.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import structlog
+
+from orchestrator.engine.hooks import HookFailed, HookRunner
+from orchestrator.engine.journal import Journal, RunState, RunStatus, StepState
+from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.secrets import redact
+
+
+class Outcome(IntEnum):
+    COMPLETED = 0
+    ROLLED_BACK = 1
+    DECLINED = 3  # the operator did not confirm the downtime; nothing past the gate was done
+    NEEDS_ATTENTION = 4  # failed after the commit point, or a compensation failed
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM: treated as a failure of the current step (roll back before the commit point)."""
+
+
+@dataclass
+class EngineConfig:
+    plan_path: str
+    plan_name: str
+    plan_sha256: str
+    plan_text: str
+    dry_run: bool = False
+
+
+class Engine:
+    def __init__(
+        self,
+        steps: Sequence[Step],
+        journal: Journal,
+        *,
+        config: EngineConfig,
+        rt: Any,
+        hooks: HookRunner,
+        confirm: Callable[[Step], bool],
+        log: Any = None,
+    ) -> None:
+        names = [s.name for s in steps]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate step names: {names}")
+        self.steps = list(steps)
+        self.journal = journal
+        self.config = config
+        self.rt = rt
+        self.hooks = hooks
+        self.confirm = confirm
+        self.log = log or structlog.get_logger("migrate")
+
+    # ----------------------------------------------------------------- state
+    def state(self) -> RunState | None:
+        return self.journal.state()
+
+    def _require_state(self) -> RunState:
+        state = self.state()
+        assert state is not None, "no run in the journal"
+        return state
+
+    def start_run(self) -> RunState:
+        run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        self.journal.append(
+            "run_started",
+            run_id=run_id,
+            plan_path=self.config.plan_path,
+            plan_name=self.config.plan_name,
+            plan_sha256=self.config.plan_sha256,
+            plan_text=self.config.plan_text,
+            steps=[s.name for s in self.steps],
+            dry_run=self.config.dry_run,
+        )
+        state = self._require_state()
+        structlog.contextvars.bind_contextvars(run_id=state.run_id)
+        self.hooks.fire("on-start", **self._hook_env(state, None))
+        return state
+
+    def resume_run(self) -> RunState:
+        state = self._require_state()
+        structlog.contextvars.bind_contextvars(run_id=state.run_id)
+        self.journal.append("run_resumed", status=state.status.value)
+        state = self._require_state()
+        self.hooks.fire("on-resume", **self._hook_env(state, None))
+        return state
+
+    # --------------------------------------------------------------- forward
+    def forward(self) -> Outcome:
+        state = self._require_state()
+        for index, step in enumerate(self.steps):
+            rec = state.step(step.name)
+            if rec.state == StepState.DONE:
+                continue
+            ctx = self._context(step, state)
+            structlog.contextvars.bind_contextvars(step=step.name)
+            try:
+                if rec.state in (StepState.RUNNING, StepState.FAILED) and self._effect_in_place(step, ctx):
+                    self.journal.append(
+                        "step_completed",
+                        step=step.name,
+                        result={"already_in_place": True},
+                        commit_point=step.commit_point,
+                        duration=0.0,
+                    )
+                    state = self._require_state()
+                    continue
+                if rec.state == StepState.RUNNING:
+                    self.log.warning("step was in flight when the run stopped; re-entering it from its start")
+                if step.begins_downtime and not self.config.dry_run:
+                    if not self.confirm(step):
+                        self.journal.append("gate_declined", step=step.name)
+                        self.log.warning("not confirmed: stopping before the downtime; nothing past this was done")
+                        return Outcome.DECLINED
+                    self.journal.append("gate_confirmed", step=step.name)
+                    self.hooks.fire("before-cutover", **self._hook_env(state, step, index))
+                self.hooks.fire("before-step", **self._hook_env(state, step, index))
+                self.journal.append("step_started", step=step.name, title=step.title)
+                self.log.info("step started", title=step.title, index=f"{index + 1}/{len(self.steps)}")
+                began = time.monotonic()
+                result = step.run(ctx) or {}
+                duration = time.monotonic() - began
+                self.journal.append(
+                    "step_completed",
+                    step=step.name,
+                    result=result,
+                    duration=duration,
+                    commit_point=step.commit_point,
+                )
+                self.log.info("step done", duration=f"{duration:.2f}s")
+            except BaseException as exc:
+                if isinstance(exc, KeyboardInterrupt):
+                    exc = Interrupted("interrupted by the operator")
+                if not isinstance(exc, Exception):
+                    raise
+                return self._on_failure(step, exc)
+            finally:
+                structlog.contextvars.unbind_contextvars("step")
+            state = self._require_state()
+            self.hooks.fire("after-step", **self._hook_env(state, step, index))
+        self.journal.append("run_completed")
+        state = self._require_state()
+        self.log.info("migration completed", run_id=state.run_id)
+        self.hooks.fire("on-success", **self._hook_env(state, None))
+        return Outcome.COMPLETED
+
+    def _effect_in_place(self, step: Step, ctx: StepContext) -> bool:
+        try:
+            return bool(step.check(ctx))
+        except Exception as exc:  # a check that cannot tell means: run the step again
+            self.log.warning("check could not tell whether the step's effect is in place", error=_one_line(exc))
+            return False
+
+    def _on_failure(self, step: Step, exc: Exception) -> Outcome:
+        error = _one_line(exc)
+        self.journal.append("step_failed", step=step.name, error=error, kind=type(exc).__name__)
+        state = self._require_state()
+        self.log.error("step failed", error=error)
+        if not isinstance(exc, StepError | HookFailed | Interrupted):
+            self.log.debug("failure detail", exc_info=exc)
+        self.hooks.fire("on-failure", **self._hook_env(state, step), MIGRATE_ERROR=error)
+        if state.committed:
+            self.log.error(
+                "failed after the commit point: the target is serving; fix the cause and run `migrate apply` "
+                "again to finish"
+            )
+            return Outcome.NEEDS_ATTENTION
+        return self.rollback(reason=f"{step.name} failed: {error}")
+
+    # -------------------------------------------------------------- rollback
+    def rollback(self, *, reason: str) -> Outcome:
+        state = self._require_state()
+        if state.status != RunStatus.ROLLING_BACK:
+            self.journal.append("rollback_started", reason=reason)
+            self.log.warning("rolling back", reason=reason)
+        else:
+            self.log.warning("resuming the rollback", reason=state.rollback_reason)
+        state = self._require_state()
+        for step in reversed(self.steps):
+            rec = state.step(step.name)
+            if rec.state in (StepState.PENDING, StepState.UNDONE):
+                continue
+            ctx = self._context(step, state)
+            structlog.contextvars.bind_contextvars(step=step.name)
+            try:
+                self.journal.append("undo_started", step=step.name)
+                began = time.monotonic()
+                step.undo(ctx)
+                self.journal.append("undo_completed", step=step.name, duration=time.monotonic() - began)
+            except Exception as exc:
+                error = _one_line(exc)
+                self.journal.append("undo_failed", step=step.name, error=error)
+                self.log.error(
+                    "compensation failed; fix the cause and run `migrate rollback` to finish the rollback",
+                    error=error,
+                )
+                state = self._require_state()
+                self.hooks.fire("on-failure", **self._hook_env(state, step), MIGRATE_ERROR=error)
+                return Outcome.NEEDS_ATTENTION
+            finally:
+                structlog.contextvars.unbind_contextvars("step")
+            state = self._require_state()
+        self.journal.append("rollback_completed")
+        state = self._require_state()
+        self.log.warning("rolled back: the source serves as before", reason=state.rollback_reason)
+        self.hooks.fire("on-rollback", **self._hook_env(state, None), MIGRATE_ERROR=state.rollback_reason or "")
+        return Outcome.ROLLED_BACK
+
+    # --------------------------------------------------------------- helpers
+    def _context(self, step: Step, state: RunState) -> StepContext:
+        rec = state.step(step.name)
+        return StepContext(
+            run_id=state.run_id,
+            step=step.name,
+            dry_run=self.config.dry_run,
+            rt=self.rt,
+            log=self.log.bind(step=step.name),
+            _saved=dict(rec.saved),
+            _outputs=state.outputs,
+            _save=self._save,
+        )
+
+    def _save(self, step: str, key: str, value: Any) -> None:
+        self.journal.append("step_saved", step=step, key=key, value=value)
+
+    def _hook_env(self, state: RunState, step: Step | None, index: int | None = None) -> dict[str, str]:
+        if step is not None and index is None:
+            index = self.steps.index(step)
+        return {
+            "MIGRATE_PLAN": self.config.plan_path,
+            "MIGRATE_PLAN_NAME": self.config.plan_name,
+            "MIGRATE_RUN_ID": state.run_id,
+            "MIGRATE_STEP": step.name if step else "",
+            "MIGRATE_STEP_INDEX": str(index + 1) if index is not None else "",
+            "MIGRATE_STEP_COUNT": str(len(self.steps)),
+            "MIGRATE_DRY_RUN": "1" if self.config.dry_run else "0",
+            "MIGRATE_ELAPSED_SECONDS": f"{time.time() - state.started_at:.1f}",
+            "MIGRATE_STATE": state.status.value,
+            "MIGRATE_JOURNAL": str(self.journal.path or ""),
+        }
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    text = " ".join(text.split())
+    return redact(text)[:1000]

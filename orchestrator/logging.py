@@ -1,0 +1,103 @@
+"""Logging: a human console on stderr and a JSON-lines file per run, both carrying run_id and step.
+
+Every record passes through `redact` on its way out, so a secret that somehow reached a log call is still masked.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from orchestrator.secrets import redact, redact_obj
+
+_configured_file: logging.Handler | None = None
+
+
+def _redact_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    return redact_obj(event_dict)  # type: ignore[return-value]
+
+
+def _shared_processors() -> list[Any]:
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _redact_processor,
+    ]
+
+
+def configure(*, verbose: bool = False, quiet: bool = False) -> None:
+    """Console logging. Call once per process; `log_to_file` adds the run's JSON-lines file later."""
+    shared = _shared_processors()
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_migrate_console", False):
+            root.removeHandler(handler)
+    console = logging.StreamHandler(sys.stderr)
+    console._migrate_console = True  # type: ignore[attr-defined]
+    console.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                _drop_keys("timestamp"),
+                structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), pad_event_to=28, sort_keys=False),
+            ],
+        )
+    )
+    console.setLevel(logging.WARNING if quiet else (logging.DEBUG if verbose else logging.INFO))
+    root.addHandler(console)
+    root.setLevel(logging.DEBUG)
+    for noisy in ("asyncssh", "httpx", "httpcore", "cloudflare"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def log_to_file(path: Path) -> None:
+    """Add (or move) the JSON-lines log of the current run."""
+    global _configured_file
+    root = logging.getLogger()
+    if _configured_file is not None:
+        root.removeHandler(_configured_file)
+        _configured_file.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=_shared_processors(),
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.dict_tracebacks,
+                structlog.processors.JSONRenderer(default=str),
+            ],
+        )
+    )
+    handler.setLevel(logging.DEBUG)
+    root.addHandler(handler)
+    _configured_file = handler
+
+
+def _drop_keys(*keys: str) -> Any:
+    def processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        for key in keys:
+            event_dict.pop(key, None)
+        return event_dict
+
+    return processor
+
+
+def get_logger(**context: Any) -> Any:
+    return structlog.get_logger("migrate").bind(**context)
+
+
+def safe_text(text: str) -> str:
+    return redact(text)
