@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,9 @@ def configure(*, verbose: bool = False, quiet: bool = False) -> None:
             foreign_pre_chain=shared,
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                _drop_keys("timestamp"),
-                structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), pad_event_to=28, sort_keys=False),
+                _drop_keys("run_id"),
+                _short_time,
+                structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), pad_event_to=30, sort_keys=False),
             ],
         )
     )
@@ -93,6 +95,14 @@ def _drop_keys(*keys: str) -> Any:
         return event_dict
 
     return processor
+
+
+def _short_time(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    # The console shows the wall-clock time of day; the JSON file keeps the full UTC timestamp.
+    stamp = event_dict.pop("timestamp", None)
+    if isinstance(stamp, str) and "T" in stamp:
+        event_dict["timestamp"] = time.strftime("%H:%M:%S")
+    return event_dict
 
 
 def get_logger(**context: Any) -> Any:

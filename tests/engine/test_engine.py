@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -71,14 +72,24 @@ class World:
 
     def run(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            self.cmd(*args), env=self.env(**extra), capture_output=True, text=True, timeout=60,
-            cwd=Path(__file__).resolve().parents[2], stdin=subprocess.DEVNULL,
+            self.cmd(*args),
+            env=self.env(**extra),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[2],
+            stdin=subprocess.DEVNULL,
         )
 
     def start(self, *args: str, **extra: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            self.cmd(*args), env=self.env(**extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            cwd=Path(__file__).resolve().parents[2], stdin=subprocess.DEVNULL,
+            self.cmd(*args),
+            env=self.env(**extra),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+            stdin=subprocess.DEVNULL,
         )
 
     def wait_paused(self, proc: subprocess.Popen[str], timeout: float = 30) -> str:
@@ -88,7 +99,9 @@ class World:
             if paused.exists() and paused.read_text().strip():
                 return paused.read_text()
             if proc.poll() is not None:
-                raise AssertionError(f"exited {proc.returncode} before pausing: {proc.stderr.read() if proc.stderr else ''}")
+                raise AssertionError(
+                    f"exited {proc.returncode} before pausing: {proc.stderr.read() if proc.stderr else ''}"
+                )
             time.sleep(0.02)
         raise AssertionError("never paused")
 
@@ -97,10 +110,8 @@ class World:
         proc.wait(timeout=10)
         hook_pid = self.dir / "hook.pid"
         if hook_pid.exists():  # the paused hook runs in its own session; it is ours to stop
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(hook_pid.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             hook_pid.unlink()
         (self.dir / "paused").unlink(missing_ok=True)
 
@@ -143,8 +154,14 @@ def test_failure_runs_compensations_in_reverse(world: World) -> None:
     assert res.returncode == exit_codes.FAILED
     assert "start failed on purpose" in res.stderr
     assert world.actions() == [
-        "run prepare", "run copy", "run cutover", "run start",
-        "undo start", "undo cutover", "undo copy", "undo prepare",
+        "run prepare",
+        "run copy",
+        "run cutover",
+        "run start",
+        "undo start",
+        "undo cutover",
+        "undo copy",
+        "undo prepare",
     ]
     assert world.effects() == set()
     assert world.status_json()["run"]["status"] == "rolled_back"
@@ -218,9 +235,15 @@ def test_interrupted_rollback_resumes(world: World) -> None:
     res = world.run("rollback", str(world.plan))
     assert res.returncode == exit_codes.OK, res.stderr
     assert world.actions() == [
-        "run prepare", "run copy", "run cutover", "run start",
-        "undo start", "undo cutover", "undo copy",  # killed inside this undo
-        "undo copy", "undo prepare",  # resumed: the interrupted undo again, then the rest; none repeated
+        "run prepare",
+        "run copy",
+        "run cutover",
+        "run start",
+        "undo start",
+        "undo cutover",
+        "undo copy",  # killed inside this undo
+        "undo copy",
+        "undo prepare",  # resumed: the interrupted undo again, then the rest; none repeated
     ]
     assert world.effects() == set()
     assert world.status_json()["run"]["status"] == "rolled_back"
