@@ -19,10 +19,11 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
   echo "installing: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # Installing must not start or restart any database or ssh service on this machine.
-  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d.migrate && chmod +x /usr/sbin/policy-rc.d.migrate
-  if [ ! -e /usr/sbin/policy-rc.d ]; then cp /usr/sbin/policy-rc.d.migrate /usr/sbin/policy-rc.d; trap 'rm -f /usr/sbin/policy-rc.d' EXIT; fi
-  rm -f /usr/sbin/policy-rc.d.migrate
+  # Installing must not start or restart any database or ssh service on this machine: the lab runs its own.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 else
   echo "missing system packages: ${need[*]}" >&2
