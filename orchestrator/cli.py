@@ -76,7 +76,7 @@ def _load(plan_path: Path):  # -> LoadedPlan
     try:
         return load_plan(plan_path)
     except PlanError as exc:
-        raise Exit(exit_codes.BAD_INPUT, str(exc)) from None
+        raise Exit(exit_codes.BAD_INPUT, "\n".join(getattr(exc, "lines", None) or [str(exc)])) from None
 
 
 def _load_env_file(env_file: Path | None) -> None:

@@ -7,13 +7,29 @@ environment variable or a file, resolved only when a step needs them.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from orchestrator.plan.checks import cross_field_problems, directory_problem
+
+# Validation context key: the loader runs the cross-field checks itself, to blame the exact field of the plan.
+DEFER_CROSS_CHECKS = "defer_cross_checks"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a ValidationError printed as is must never show a value (it may be a secret).
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+
+def _checked_directory(value: str) -> str:
+    problem = directory_problem(value)
+    if problem is not None:
+        raise PydanticCustomError("unsafe_directory", problem)
+    return value
 
 
 class SecretRef(Strict):
@@ -21,6 +37,30 @@ class SecretRef(Strict):
 
     env: str | None = Field(default=None, description="name of the environment variable holding the secret")
     file: str | None = Field(default=None, description="path of a file holding the secret (first line)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_reference_not_a_value(cls, data: Any) -> Any:
+        # A plain string here is almost certainly the secret itself: refuse it without ever repeating it.
+        if data is None:
+            raise PydanticCustomError(
+                "secret_missing", "a reference is needed here: {env: VARIABLE} or {file: /path/to/file}"
+            )
+        if not isinstance(data, dict | BaseModel):
+            raise PydanticCustomError(
+                "secret_not_reference",
+                "a secret must be a reference, {env: VARIABLE} or {file: /path/to/file}, not a value in the plan",
+            )
+        return data
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_a_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise PydanticCustomError(
+                "secret_env_name", "must be the NAME of an environment variable (letters, digits, '_')"
+            )
+        return value
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SecretRef:
@@ -60,6 +100,11 @@ class FileTree(Strict):
     exclude: list[str] = Field(default_factory=list, description="rsync exclude patterns")
     owner: str | None = Field(default=None, description="chown on the target, e.g. 'www-data:www-data'")
 
+    @field_validator("source", "target")
+    @classmethod
+    def _safe_directory(cls, value: str) -> str:
+        return _checked_directory(value)
+
 
 class DatabaseEndpoint(Strict):
     """How one host's database is reached and driven."""
@@ -70,6 +115,11 @@ class DatabaseEndpoint(Strict):
     datadir: str = Field(description="absolute data directory on the host")
     start: str = Field(description="shell command on the host that starts the database and returns")
     stop: str = Field(description="shell command on the host that stops the database cleanly and returns")
+
+    @field_validator("datadir")
+    @classmethod
+    def _safe_datadir(cls, value: str) -> str:
+        return _checked_directory(value)
 
 
 class VerifyData(Strict):
@@ -248,6 +298,17 @@ class Plan(Strict):
     transfer: Transfer = Field(default_factory=Transfer)
     hooks: Hooks = Field(default_factory=Hooks)
     retry: Retry = Field(default_factory=Retry)
+
+    @model_validator(mode="after")
+    def _no_clashes(self, info: ValidationInfo) -> Plan:
+        if isinstance(info.context, dict) and info.context.get(DEFER_CROSS_CHECKS):
+            return self
+        problems = cross_field_problems(self)
+        if problems:
+            where, message = problems[0]
+            dotted = ".".join(f"[{part}]" if isinstance(part, int) else part for part in where).replace(".[", "[")
+            raise ValueError(f"{dotted}: {message}")
+        return self
 
     @property
     def dns_content(self) -> str:

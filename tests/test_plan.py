@@ -1,0 +1,452 @@
+"""The plan loader: valid plans load, every mistake is one `file:line:col: field: message` line, never a traceback."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator.plan.checks import SYSTEM_DIRECTORIES, directory_problem
+from orchestrator.plan.loader import MAX_PLAN_BYTES, LoadedPlan, PlanError, load_plan, plan_json_schema
+from orchestrator.plan.model import Plan
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "plans" / "course-review.yaml"
+MIGRATE = Path(sys.executable).parent / "migrate"
+
+# Line numbers below are asserted exactly: keep this text as is.
+SMALL_PLAN = """\
+name: shop
+source:
+  address: 203.0.113.10
+target:
+  address: 203.0.113.20
+files:
+  - name: uploads
+    source: /var/www/shop/uploads
+    target: /var/www/shop/uploads
+database:
+  password: {env: SHOP_DB_PASSWORD}
+  source:
+    datadir: /var/lib/mysql
+    start: systemctl start mariadb
+    stop: systemctl stop mariadb
+  target:
+    datadir: /var/lib/mysql
+    start: systemctl start mariadb
+    stop: systemctl stop mariadb
+dns:
+  api_token: {env: CLOUDFLARE_API_TOKEN}
+  zone: example.com
+  records: [example.com]
+cutover:
+  max_write_block: 60
+"""
+
+
+def write(tmp_path: Path, text: str | bytes, name: str = "plan.yaml") -> Path:
+    path = tmp_path / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def broken(tmp_path: Path, old: str, new: str, base: str = SMALL_PLAN) -> Path:
+    assert base.count(old) >= 1, old
+    return write(tmp_path, base.replace(old, new, 1))
+
+
+def error_of(path: Path) -> PlanError:
+    with pytest.raises(PlanError) as caught:
+        load_plan(path)
+    error = caught.value
+    assert "\n" not in str(error)
+    assert all("\n" not in line for line in error.lines)
+    assert str(error) == error.lines[0]
+    return error
+
+
+# --- valid plans --------------------------------------------------------------------------------------------------
+
+
+def test_the_example_plan_validates_with_its_production_values() -> None:
+    loaded = load_plan(EXAMPLE)
+    plan = loaded.plan
+    assert isinstance(loaded, LoadedPlan)
+    assert loaded.sha256 == hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
+    assert loaded.text == EXAMPLE.read_text()
+    assert (plan.source.address, plan.target.address) == ("203.0.113.10", "203.0.113.20")
+    assert plan.database.source.datadir == plan.database.target.datadir == "/var/lib/mysql"
+    assert [tree.target for tree in plan.files] == ["/var/www/course-review/uploads"]
+    assert {service.name for service in plan.services.target} == {"nginx", "php-fpm"}
+    assert (plan.dns.zone, plan.dns.records) == ("example.com", ["example.com", "www.example.com"])
+    assert plan.dns_content == "203.0.113.20"
+    assert plan.dns.api_token.env == "CLOUDFLARE_API_TOKEN"
+
+
+def test_the_example_plan_comments_every_section() -> None:
+    lines = EXAMPLE.read_text().splitlines()
+    for index, line in enumerate(lines):
+        if line and not line[0].isspace() and not line.startswith("#") and line.endswith(":"):
+            assert lines[index - 1].startswith("#"), f"section '{line}' has no comment above it"
+
+
+def test_line_of_points_at_the_key(tmp_path: Path) -> None:
+    loaded = load_plan(write(tmp_path, SMALL_PLAN))
+    assert loaded.line_of(("files", 0, "target")) == 9
+    assert loaded.line_of(("database", "target", "datadir")) == 17
+    assert loaded.line_of(("dns", "records", 0)) == 23
+    assert loaded.line_of(("health", "checks")) is None
+
+
+def test_defaults_fill_what_the_plan_leaves_out(tmp_path: Path) -> None:
+    plan = load_plan(write(tmp_path, SMALL_PLAN)).plan
+    assert plan.source.ssh_port == 22
+    assert plan.cutover.lock_wait_timeout == 3.0
+    assert plan.cutover.max_write_block == 60
+    assert plan.database.engine == "mariadb"
+
+
+def test_unquoted_date_is_kept_as_the_text_written(tmp_path: Path) -> None:
+    plan = load_plan(broken(tmp_path, "name: shop\n", "name: shop\ndescription: 2026-11-21\n")).plan
+    assert plan.description == "2026-11-21"
+
+
+# --- field errors point at the exact line -------------------------------------------------------------------------
+
+
+def test_missing_field_points_at_the_mapping_that_lacks_it(tmp_path: Path) -> None:
+    path = broken(tmp_path, "    datadir: /var/lib/mysql\n", "")
+    assert str(error_of(path)) == f"{path}:12:3: database.source.datadir: field required"
+
+
+def test_missing_top_level_section(tmp_path: Path) -> None:
+    text = SMALL_PLAN.replace("dns:\n  api_token: {env: CLOUDFLARE_API_TOKEN}\n  zone: example.com\n", "")
+    text = text.replace("  records: [example.com]\n", "")
+    path = write(tmp_path, text)
+    assert str(error_of(path)) == f"{path}:1:1: dns: field required"
+
+
+def test_unknown_key_suggests_the_field_it_resembles(tmp_path: Path) -> None:
+    path = broken(tmp_path, "    datadir: /var/lib/mysql\n", "    datdir: /var/lib/mysql\n")
+    error = error_of(path)
+    assert str(error) == f"{path}:13:5: database.source.datdir: unknown key 'datdir' (did you mean 'datadir'?)"
+    # the missing field it explains is reported too, on its own line
+    assert f"{path}:12:3: database.source.datadir: field required" in error.lines
+
+
+def test_unknown_key_without_a_close_match(tmp_path: Path) -> None:
+    path = broken(tmp_path, "cutover:\n", "cutover:\n  zzz: 1\n")
+    assert str(error_of(path)) == f"{path}:25:3: cutover.zzz: unknown key 'zzz'"
+
+
+def test_wrong_type_says_what_was_expected(tmp_path: Path) -> None:
+    path = broken(tmp_path, "max_write_block: 60", "max_write_block: abc")
+    assert str(error_of(path)) == f"{path}:25:3: cutover.max_write_block: expected a number, got 'abc'"
+
+
+def test_number_where_text_is_expected(tmp_path: Path) -> None:
+    path = broken(tmp_path, "name: shop", "name: 2026")
+    assert str(error_of(path)) == f"{path}:1:1: name: expected text, got 2026 (put it in quotes)"
+
+
+def test_out_of_range_port(tmp_path: Path) -> None:
+    path = broken(tmp_path, "  address: 203.0.113.20\n", "  address: 203.0.113.20\n  ssh_port: 70000\n")
+    assert str(error_of(path)) == f"{path}:6:3: target.ssh_port: must be at most 65535, got 70000"
+
+
+def test_bad_plan_name(tmp_path: Path) -> None:
+    path = broken(tmp_path, "name: shop", "name: my shop")
+    assert str(error_of(path)).startswith(f"{path}:1:1: name: must start with a letter or digit")
+
+
+def test_unknown_health_check_kind_points_at_kind(tmp_path: Path) -> None:
+    text = SMALL_PLAN + "health:\n  checks:\n    - kind: http\n      url: http://203.0.113.20/\n    - kind: ping\n"
+    path = write(tmp_path, text)
+    message = str(error_of(path))
+    assert message.startswith(f"{path}:30:7: health.checks[1].kind: unknown kind 'ping'")
+
+
+def test_missing_field_in_a_health_check(tmp_path: Path) -> None:
+    text = SMALL_PLAN + "health:\n  checks:\n    - kind: tcp\n      host: 203.0.113.20\n"
+    path = write(tmp_path, text)
+    assert str(error_of(path)) == f"{path}:28:7: health.checks[0].port: field required"
+
+
+# --- dangerous values -----------------------------------------------------------------------------------------------
+
+
+def test_relative_path_refused(tmp_path: Path) -> None:
+    path = broken(tmp_path, "source: /var/www/shop/uploads", "source: var/www/shop/uploads")
+    assert str(error_of(path)) == f"{path}:8:5: files[0].source: must be an absolute path"
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"), [("/", "/"), ("/etc", "/etc"), ("/etc/", "/etc"), ("//var/lib", "/var/lib")]
+)
+def test_root_and_system_directories_refused(tmp_path: Path, value: str, shown: str) -> None:
+    path = broken(tmp_path, "target: /var/www/shop/uploads", f"target: {value}")
+    expected = f"{path}:9:5: files[0].target: refusing to sync into '/' or a system directory ({shown})"
+    assert str(error_of(path)) == expected
+
+
+def test_system_directory_refused_as_datadir(tmp_path: Path) -> None:
+    path = broken(tmp_path, "    datadir: /var/lib/mysql\n    start", "    datadir: /var/lib\n    start")
+    expected = f"{path}:13:5: database.source.datadir: refusing to sync into '/' or a system directory (/var/lib)"
+    assert str(error_of(path)) == expected
+
+
+def test_unnormalised_path_refused_with_the_normal_form(tmp_path: Path) -> None:
+    path = broken(tmp_path, "target: /var/www/shop/uploads", "target: /var/www/shop/../shop/uploads/")
+    message = str(error_of(path))
+    assert message.startswith(f"{path}:9:5: files[0].target: must be a normalised path: write '/var/www/shop/uploads'")
+
+
+def test_exactly_the_system_directories_are_refused() -> None:
+    for directory in SYSTEM_DIRECTORIES:
+        assert directory_problem(directory) is not None
+    for ordinary in ("/var/lib/mysql", "/var/www", "/home/site/uploads", "/srv/data", "/etc2", "/usr/local/app"):
+        assert directory_problem(ordinary) is None, ordinary
+    assert directory_problem("") == "must not be empty"
+    assert directory_problem("uploads") == "must be an absolute path"
+
+
+def test_two_trees_with_one_target_refused(tmp_path: Path) -> None:
+    second = "  - name: media\n    source: /var/www/shop/media\n    target: /var/www/shop/uploads\n"
+    path = broken(tmp_path, "database:\n", second + "database:\n")
+    expected = f"{path}:12:5: files[1].target: same target as tree 'uploads': two trees would overwrite each other"
+    assert str(error_of(path)) == expected
+
+
+def test_tree_into_the_target_datadir_refused(tmp_path: Path) -> None:
+    path = broken(tmp_path, "target: /var/www/shop/uploads", "target: /var/lib/mysql")
+    expected = f"{path}:9:5: files[0].target: a tree may not be synced into the target's datadir"
+    assert str(error_of(path)) == expected
+
+
+def test_same_source_and_target_host_refused(tmp_path: Path) -> None:
+    path = broken(tmp_path, "address: 203.0.113.20", "address: 203.0.113.10")
+    expected = f"{path}:5:3: target.address: source and target are the same host (same address and ssh_port)"
+    assert str(error_of(path)) == expected
+    # another port on the same address is another host (e.g. a second sshd)
+    path = broken(tmp_path, "address: 203.0.113.20", "address: 203.0.113.10\n  ssh_port: 2222")
+    assert load_plan(path).plan.target.ssh_port == 2222
+
+
+def test_cross_checks_also_guard_plans_built_in_code(tmp_path: Path) -> None:
+    plan = load_plan(write(tmp_path, SMALL_PLAN)).plan
+    data = plan.model_dump()
+    data["files"][0]["target"] = "/var/lib/mysql"
+    with pytest.raises(ValidationError, match=r"files\[0\]\.target: a tree may not be synced into"):
+        Plan.model_validate(data)
+
+
+# --- secrets are never echoed ---------------------------------------------------------------------------------------
+
+SECRET = "cf-7Hq2xZsecretTOKEN9"
+
+
+def test_plain_string_secret_refused_without_echoing_it(tmp_path: Path) -> None:
+    path = broken(tmp_path, "api_token: {env: CLOUDFLARE_API_TOKEN}", f"api_token: {SECRET}")
+    error = error_of(path)
+    assert str(error) == (
+        f"{path}:21:3: dns.api_token: a secret must be a reference, {{env: VARIABLE}} or {{file: /path/to/file}},"
+        " not a value in the plan"
+    )
+    assert all(SECRET not in line for line in error.lines)
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        f"password: {SECRET}",
+        f"password: {{env: '{SECRET} x'}}",
+        f"password: {{env: X, value: {SECRET}}}",
+        f"password: [{SECRET}]",
+        f"password: 12345678\n  password: {SECRET}",  # duplicate key: ruamel's own message would show both
+    ],
+)
+def test_no_error_about_a_secret_repeats_its_value(tmp_path: Path, written: str) -> None:
+    path = broken(tmp_path, "password: {env: SHOP_DB_PASSWORD}", written)
+    error = error_of(path)
+    assert error.lines[0].startswith(f"{path}:")
+    assert all(SECRET not in line and "12345678" not in line for line in error.lines)
+
+
+def test_validation_error_printed_as_is_hides_the_secret(tmp_path: Path) -> None:
+    data = load_plan(write(tmp_path, SMALL_PLAN)).plan.model_dump()
+    data["dns"]["api_token"] = SECRET
+    with pytest.raises(ValidationError) as caught:
+        Plan.model_validate(data)
+    assert SECRET not in str(caught.value)
+
+
+# --- files that are not plans -------------------------------------------------------------------------------------
+
+
+def test_not_yaml(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: shop\nsource: [1,\n")
+    assert str(error_of(path)).startswith(f"{path}:3:1: not valid YAML: ")
+
+
+def test_yaml_syntax_error_points_at_its_line(tmp_path: Path) -> None:
+    path = broken(tmp_path, "  zone: example.com", "  zone: example.com: x")
+    assert str(error_of(path)) == f"{path}:22:20: not valid YAML: mapping values are not allowed here"
+
+
+def test_duplicate_key(tmp_path: Path) -> None:
+    path = write(tmp_path, SMALL_PLAN + "name: again\n")
+    assert str(error_of(path)) == f"{path}:26:1: duplicate key 'name'"
+
+
+def test_binary_garbage(tmp_path: Path) -> None:
+    path = write(tmp_path, b"name: shop\n\xff\xfe\x00garbage")
+    assert str(error_of(path)) == f"{path}:2:1: not valid YAML: not UTF-8 text"
+    path = write(tmp_path, b"name: shop\n\x00\x01")
+    assert str(error_of(path)).startswith(f"{path}:2:1: not valid YAML: ")
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    for text in ("", "\n\n", "# only a comment\n"):
+        path = write(tmp_path, text)
+        assert str(error_of(path)).startswith(f"{path}:1:1: the plan is empty")
+
+
+@pytest.mark.parametrize(("text", "kind"), [("- a\n- b\n", "a list"), ("hello\n", "a single value")])
+def test_top_level_must_be_a_mapping(tmp_path: Path, text: str, kind: str) -> None:
+    path = write(tmp_path, text)
+    assert str(error_of(path)).endswith(f"must be a mapping of keys (name, source, target, ...), not {kind}")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    assert str(error_of(path)) == f"{path}: cannot read: No such file or directory"
+
+
+def test_directory(tmp_path: Path) -> None:
+    assert str(error_of(tmp_path)) == f"{tmp_path}: cannot read: is a directory"
+
+
+def test_path_through_a_file(tmp_path: Path) -> None:
+    path = write(tmp_path, SMALL_PLAN) / "plan.yaml"
+    assert str(error_of(path)) == f"{path}: cannot read: Not a directory"
+
+
+def test_fifo_does_not_block(tmp_path: Path) -> None:
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    assert str(error_of(path)) == f"{path}: cannot read: not a regular file"
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    path = write(tmp_path, SMALL_PLAN)
+    path.chmod(0)
+    try:
+        if os.access(path, os.R_OK):  # root reads anything: the permission cannot fail here
+            assert load_plan(path).plan.name == "shop"
+        else:
+            assert str(error_of(path)) == f"{path}: cannot read: Permission denied"
+    finally:
+        path.chmod(0o600)
+
+
+def test_huge_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "# padding\n" * (MAX_PLAN_BYTES // 10 + 1))
+    assert str(error_of(path)).startswith(f"{path}: cannot read: larger than")
+
+
+def test_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    assert "values (aliases?): not a plan" in str(error_of(path))
+
+
+def test_deep_nesting(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: " + "[" * 600 + "]" * 600 + "\n")
+    assert str(error_of(path)).startswith(f"{path}")
+
+
+def test_random_bytes_and_mangled_plans_give_one_clean_line(tmp_path: Path) -> None:
+    base = SMALL_PLAN.encode()
+    path = tmp_path / "fuzz.yaml"
+    for seed in range(400):
+        rnd = random.Random(seed)
+        if seed % 2:
+            data = rnd.randbytes(rnd.randint(1, 300))
+        else:
+            mangled = bytearray(base)
+            for _ in range(rnd.randint(1, 6)):
+                at = rnd.randrange(len(mangled))
+                choice = rnd.random()
+                if choice < 0.4:
+                    mangled[at] = rnd.choice(b" :-[]{}&*!|>'\"\n\t#%@`,?")
+                elif choice < 0.7:
+                    del mangled[at : at + rnd.randint(1, 30)]
+                else:
+                    mangled[at:at] = rnd.randbytes(rnd.randint(1, 4))
+            data = bytes(mangled)
+        path.write_bytes(data)
+        try:
+            load_plan(path)
+        except PlanError as error:
+            assert str(error).startswith(f"{path}"), (seed, str(error))
+            assert "\n" not in str(error), seed
+
+
+# --- JSON Schema and the command line -------------------------------------------------------------------------------
+
+
+def test_json_schema_for_editors() -> None:
+    schema = plan_json_schema()
+    assert schema["$schema"].startswith("https://json-schema.org/")
+    assert schema["title"]
+    assert {"name", "source", "target", "database", "dns"} <= set(schema["required"])
+    assert schema["additionalProperties"] is False
+    assert "datadir" in schema["$defs"]["DatabaseEndpoint"]["properties"]
+
+
+def run_migrate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(MIGRATE), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_cli_validate_reports_the_line_and_exits_2(tmp_path: Path) -> None:
+    path = broken(tmp_path, "    datadir: /var/lib/mysql\n", "    datdir: /var/lib/mysql\n")
+    result = run_migrate("validate", str(path))
+    assert result.returncode == 2, result
+    assert f"{path}:13:5: database.source.datdir: unknown key 'datdir' (did you mean 'datadir'?)" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_cli_validate_garbage_exits_2_without_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path, os.urandom(64) + b"\xff")
+    result = run_migrate("validate", str(path))
+    assert result.returncode == 2, result
+    assert str(path) in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_cli_validate_secret_is_not_echoed(tmp_path: Path) -> None:
+    path = broken(tmp_path, "api_token: {env: CLOUDFLARE_API_TOKEN}", f"api_token: {SECRET}")
+    result = run_migrate("validate", str(path))
+    assert result.returncode == 2, result
+    assert SECRET not in result.stderr + result.stdout
+
+
+def test_cli_validate_accepts_the_example() -> None:
+    result = run_migrate("validate", str(EXAMPLE))
+    assert result.returncode == 0, result.stderr
+
+
+def test_empty_secret_asks_for_a_reference(tmp_path: Path) -> None:
+    path = broken(tmp_path, "api_token: {env: CLOUDFLARE_API_TOKEN}", "api_token:")
+    expected = f"{path}:21:3: dns.api_token: a reference is needed here: {{env: VARIABLE}} or {{file: /path/to/file}}"
+    assert str(error_of(path)) == expected
