@@ -1,0 +1,244 @@
+"""Cloudflare DNS through the official `cloudflare` SDK: a thin, typed adapter with one error type.
+
+What the SDK (5.x) does that callers must not trip over, and how this adapter handles it:
+- `Cloudflare(api_key=None, api_email=None)` still reads CLOUDFLARE_API_KEY / CLOUDFLARE_EMAIL from the
+  environment, and when they are set it authenticates with them instead of the token. The adapter clears them
+  (and any auth header injected through CLOUDFLARE_CUSTOM_HEADERS) after building the client, and always passes
+  an explicit base URL so CLOUDFLARE_BASE_URL cannot send the token elsewhere.
+- A 200 answer with `"success": false` and `"result": null` makes `get`/`edit` return None and makes a list
+  look empty instead of raising: the adapter turns both into a `DnsError`.
+- Iterating a list page fetches page+1 until a page comes back empty, without bound: the adapter reads one page
+  at a time, up to `max_pages`.
+- The SDK retries 408/409/429/5xx and connection errors itself; here it retries at most `max_retries` times
+  (default 0) because callers own retries (tenacity), deciding from `DnsError.transient`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+import cloudflare
+import httpx
+
+from orchestrator import secrets
+
+DEFAULT_BASE_URL = "https://api.cloudflare.com/client/v4"
+_AUTH_HEADERS = {"authorization", "x-auth-key", "x-auth-email", "x-auth-user-service-key"}
+_MESSAGE_LIMIT = 300
+
+
+class DnsError(Exception):
+    """A DNS API failure, as one readable line without secrets; `transient` says whether a retry may help."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.transient = transient
+
+
+@dataclass(frozen=True)
+class DnsRecord:
+    id: str
+    name: str
+    type: str
+    content: str
+    ttl: int
+    proxied: bool
+
+
+class DnsClient:
+    """The DNS operations a migration needs, over one SDK client (close it, or use it as a context manager)."""
+
+    def __init__(
+        self,
+        api_token: str,
+        *,
+        base_url: str | None = None,
+        timeout: float = 30.0,
+        max_retries: int = 0,
+        per_page: int = 100,
+        max_pages: int = 50,
+    ) -> None:
+        if not api_token:
+            raise DnsError("Cloudflare API token is empty", transient=False)
+        secrets.register(api_token)
+        self._token = api_token
+        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        self.timeout = timeout
+        self.per_page = per_page
+        self.max_pages = max_pages
+        self._client = cloudflare.Cloudflare(
+            api_token=api_token,
+            api_key=None,
+            api_email=None,
+            base_url=self.base_url,
+            timeout=timeout,
+            max_retries=max_retries,
+            http_client=_http_client(self.base_url),
+        )
+        # The constructor fills None from CLOUDFLARE_API_KEY / CLOUDFLARE_EMAIL / CLOUDFLARE_API_USER_SERVICE_KEY,
+        # and those win over the token: only the token we were given may authenticate.
+        self._client.api_key = None
+        self._client.api_email = None
+        self._client.user_service_key = None
+        custom = getattr(self._client, "_custom_headers", None)
+        if isinstance(custom, dict):
+            for key in [k for k in custom if k.lower() in _AUTH_HEADERS]:
+                del custom[key]
+
+    # --- lifecycle
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> DnsClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # --- operations
+
+    def verify_token(self) -> None:
+        """Raise DnsError unless the API accepts the token and calls it active."""
+        try:
+            answer = self._client.user.tokens.verify()
+        except cloudflare.CloudflareError as exc:
+            raise self._error("verify the API token", exc) from None
+        if answer is None:
+            raise DnsError("Cloudflare verify the API token: the API answered success: false", transient=False)
+        if answer.status != "active":
+            raise DnsError(f"Cloudflare API token is {answer.status}", transient=False)
+
+    def zone_id(self, zone_name: str) -> str:
+        """The id of the zone with exactly this name, as the token sees it."""
+        wanted = zone_name.lower().rstrip(".")
+        try:
+            page = self._client.zones.list(name=wanted, page=1, per_page=50)
+        except cloudflare.CloudflareError as exc:
+            raise self._error(f"look up zone {wanted}", exc) from None
+        zones = [z for z in self._page_items(page, f"look up zone {wanted}") if z.name.lower() == wanted]
+        if not zones:
+            raise DnsError(f"Cloudflare zone {wanted} not found (or the token cannot read it)", transient=False)
+        if len(zones) > 1:
+            raise DnsError(f"Cloudflare has {len(zones)} zones named {wanted}", transient=False)
+        return str(zones[0].id)
+
+    def find_records(self, zone_id: str, name: str, type: str) -> list[DnsRecord]:
+        """All records with exactly this name and type, read one bounded page at a time."""
+        wanted = name.lower().rstrip(".")
+        action = f"list {type} records of {wanted}"
+        found: list[DnsRecord] = []
+        for page_number in range(1, self.max_pages + 1):
+            try:
+                page = self._client.dns.records.list(
+                    zone_id=zone_id,
+                    name={"exact": wanted},
+                    type=type,  # type: ignore[arg-type]
+                    page=page_number,
+                    per_page=self.per_page,
+                )
+            except cloudflare.CloudflareError as exc:
+                raise self._error(action, exc) from None
+            items = self._page_items(page, action)
+            # The filter is the server's; checking again costs nothing and guards against a loose match.
+            found.extend(_to_record(item) for item in items if item.name.lower() == wanted and item.type == type)
+            info = page.result_info
+            total_pages = getattr(info, "total_pages", None) if info is not None else None
+            if len(items) < self.per_page or (isinstance(total_pages, int) and page_number >= total_pages):
+                return found
+        raise DnsError(f"Cloudflare {action}: more than {self.max_pages} pages of results", transient=False)
+
+    def get_record(self, zone_id: str, record_id: str) -> DnsRecord:
+        try:
+            answer = self._client.dns.records.get(record_id, zone_id=zone_id)
+        except cloudflare.CloudflareError as exc:
+            raise self._error(f"read record {record_id}", exc) from None
+        if answer is None:
+            raise DnsError(f"Cloudflare read record {record_id}: the API answered success: false", transient=False)
+        return _to_record(answer)
+
+    def set_content(self, zone_id: str, record: DnsRecord, content: str) -> DnsRecord:
+        """Point `record` at `content` (PATCH keeping name, type, ttl, proxied), then read it back to be sure."""
+        action = f"set {record.type} {record.name} to {content}"
+        try:
+            answer = self._client.dns.records.edit(
+                record.id,
+                zone_id=zone_id,
+                name=record.name,
+                type=record.type,  # type: ignore[arg-type]
+                ttl=record.ttl,
+                proxied=record.proxied,
+                content=content,
+            )
+        except cloudflare.CloudflareError as exc:
+            raise self._error(action, exc) from None
+        if answer is None:
+            raise DnsError(f"Cloudflare {action}: the API answered success: false", transient=False)
+        current = self.get_record(zone_id, record.id)
+        if current.content != content:
+            raise DnsError(f"Cloudflare {action}: read back {current.content!r} after the edit", transient=False)
+        return current
+
+    # --- helpers
+
+    def _page_items(self, page: Any, action: str) -> list[Any]:
+        extra = getattr(page, "model_extra", None) or {}
+        if extra.get("success") is False or page.result is None:
+            raise DnsError(f"Cloudflare {action}: the API answered success: false", transient=False)
+        return list(page.result)
+
+    def _error(self, action: str, exc: Exception) -> DnsError:
+        transient, detail = _classify(exc, self.timeout)
+        message = " ".join(f"Cloudflare {action}: {detail}".split())
+        if len(message) > _MESSAGE_LIMIT:
+            message = message[: _MESSAGE_LIMIT - 3] + "..."
+        return DnsError(secrets.redact(message.replace(self._token, secrets.MASK)), transient=transient)
+
+
+def _to_record(answer: Any) -> DnsRecord:
+    return DnsRecord(
+        id=str(answer.id),
+        name=str(answer.name),
+        type=str(answer.type),
+        content=str(answer.content) if answer.content is not None else "",
+        ttl=int(answer.ttl),
+        proxied=bool(answer.proxied),
+    )
+
+
+def _http_client(base_url: str) -> httpx.Client | None:
+    """For a loopback API (the lab's double) ignore proxy settings from the environment; else the SDK's default."""
+    host = urlsplit(base_url).hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return cloudflare.DefaultHttpxClient(trust_env=False) if loopback else None
+
+
+def _classify(exc: Exception, timeout: float) -> tuple[bool, str]:
+    """(transient, readable detail) for an SDK exception."""
+    if isinstance(exc, cloudflare.APITimeoutError):
+        return True, f"no answer within {timeout:g}s"
+    if isinstance(exc, cloudflare.APIConnectionError):
+        cause = exc.__cause__
+        return True, f"connection failed ({type(cause).__name__ if cause else 'no answer'})"
+    if isinstance(exc, cloudflare.APIStatusError):
+        status = exc.status_code
+        errors = "; ".join(f"{e.code} {e.message}".strip() for e in exc.errors if e is not None) or "no details"
+        detail = f"HTTP {status}: {errors}"
+        if status == 429:
+            retry_after = exc.response.headers.get("retry-after")
+            if retry_after:
+                detail += f" (retry after {retry_after}s)"
+        return status in (408, 409, 429) or status >= 500, detail
+    if isinstance(exc, cloudflare.APIResponseValidationError):
+        return False, f"unexpected answer (HTTP {exc.status_code})"
+    return False, type(exc).__name__
