@@ -1,0 +1,210 @@
+"""The domain objects steps use (`ctx.rt`), built from the plan and opened lazily.
+
+Nothing is connected until a step asks for it, so a dry-run that only describes never touches a host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import pymysql
+
+from orchestrator import secrets
+from orchestrator.engine.step import StepError
+from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
+from orchestrator.retry import call_with_retry
+from orchestrator.transports import mysql
+from orchestrator.transports.ssh import SshHost
+
+if TYPE_CHECKING:
+    from orchestrator.transports.cloudflare import DnsClient
+
+Which = Literal["source", "target"]
+
+
+class WriteBudget:
+    """How long writes have been blocked, against cutover.max_write_block.
+
+    The cut-over step calls `start()` when it blocks writes and journals that moment; a resumed run passes the
+    journaled time as `started_at` instead.
+    """
+
+    def __init__(self, max_seconds: float) -> None:
+        self.max_seconds = max_seconds
+        self.started_at: float | None = None
+
+    def start(self, at: float | None = None) -> float:
+        self.started_at = time.time() if at is None else at
+        return self.started_at
+
+    def elapsed(self, started_at: float | None = None) -> float | None:
+        since = self.started_at if self.started_at is not None else started_at
+        return None if since is None else max(0.0, time.time() - since)
+
+    def remaining(self, started_at: float | None = None) -> float | None:
+        elapsed = self.elapsed(started_at)
+        return None if elapsed is None else self.max_seconds - elapsed
+
+    def check(self, what: str, started_at: float | None = None) -> None:
+        """Raise StepError once writes have been blocked longer than allowed (no-op while writes flow)."""
+        elapsed = self.elapsed(started_at)
+        if elapsed is not None and elapsed > self.max_seconds:
+            raise StepError(
+                f"writes blocked for {elapsed:.1f} s, more than cutover.max_write_block"
+                f" {self.max_seconds:g} s (while {what})"
+            )
+
+
+class Runtime:
+    def __init__(self, plan: Plan, plan_path: Path, *, dry_run: bool = False) -> None:
+        self.plan = plan
+        self.plan_path = Path(plan_path)
+        self.base_dir = self.plan_path.resolve().parent
+        self.dry_run = dry_run
+        self.budget = WriteBudget(plan.cutover.max_write_block)
+        self._hosts: dict[str, SshHost] = {}
+        self._tunnels: dict[str, tuple[object, tuple[str, int]]] = {}
+        self._connections: list[pymysql.Connection] = []
+        self._dns: DnsClient | None = None
+        self._lock = threading.Lock()
+
+    # --- hosts ---
+
+    def host(self, which: Which) -> SshHost:
+        with self._lock:
+            if which not in self._hosts:
+                spec = self.plan.source if which == "source" else self.plan.target
+                # rsync on the source reaches the target with our agent when it has no key of its own.
+                forward = which == "source" and self.plan.transfer.source_to_target_key is None
+                self._hosts[which] = SshHost(
+                    spec, name=which, base_dir=self.base_dir, retry=self.plan.retry, forward_agent=forward
+                )
+            return self._hosts[which]
+
+    @property
+    def source(self) -> SshHost:
+        return self.host("source")
+
+    @property
+    def target(self) -> SshHost:
+        return self.host("target")
+
+    # --- databases ---
+
+    def endpoint(self, which: Which) -> DatabaseEndpoint:
+        return self.plan.database.source if which == "source" else self.plan.database.target
+
+    def _tunnel(self, which: Which) -> tuple[str, int]:
+        host = self.host(which)
+        connection = host.connection()
+        cached = self._tunnels.get(which)
+        # A tunnel lives on its SSH connection: after a reconnect, open a new one.
+        if cached is None or cached[0] is not connection:
+            endpoint = self.endpoint(which)
+            if endpoint.socket:
+                address = host.forward_to_path(endpoint.socket)
+            else:
+                address = host.forward_to_port(endpoint.host, endpoint.port)
+            cached = self._tunnels[which] = (connection, address)
+        return cached[1]
+
+    def db_password(self) -> str | None:
+        ref = self.plan.database.password
+        return None if ref is None else self.secret(ref)
+
+    def db(
+        self, which: Which, *, retry: bool = True, read_timeout: float | None = None
+    ) -> pymysql.Connection:
+        """A new autocommit connection to that host's database through an SSH tunnel (closed by close())."""
+        database = self.plan.database
+        password = self.db_password()
+        local_host, local_port = self._tunnel(which)
+
+        def _connect() -> pymysql.Connection:
+            return mysql.connect(
+                local_host,
+                local_port,
+                user=database.user,
+                password=password,
+                connect_timeout=database.connect_timeout,
+                read_timeout=read_timeout or database.read_timeout,
+                write_timeout=read_timeout or database.read_timeout,
+            )
+
+        try:
+            conn = call_with_retry(_connect, self.plan.retry, what=f"database {which}") if retry else _connect()
+        except mysql.DbError as exc:
+            raise mysql.DbError(f"{which} {exc}", exc.transient, exc.code) from None
+        self._connections.append(conn)
+        return conn
+
+    def db_source(self) -> pymysql.Connection:
+        return self.db("source")
+
+    def db_target(self) -> pymysql.Connection:
+        return self.db("target")
+
+    def db_answers(self, which: Which) -> bool:
+        """Is that database server up? One try: it answers SELECT 1, or at least refuses us itself."""
+        try:
+            conn = self.db(which, retry=False, read_timeout=10.0)
+        except mysql.DbError as exc:
+            return exc.server_answered
+        try:
+            return mysql.answers(conn)
+        finally:
+            self.release(conn)
+
+    def release(self, conn: pymysql.Connection) -> None:
+        """Close a connection from db() before close() would."""
+        if conn in self._connections:
+            self._connections.remove(conn)
+        with contextlib.suppress(Exception):  # already closed by the server going away
+            conn.close()
+
+    # --- DNS and secrets ---
+
+    @property
+    def dns(self) -> DnsClient:
+        if self._dns is None:
+            from orchestrator.transports.cloudflare import DnsClient
+
+            self._dns = DnsClient(
+                self.secret(self.plan.dns.api_token),
+                base_url=self.plan.dns.base_url,
+                timeout=self.plan.dns.timeout,
+                max_retries=0,
+            )
+        return self._dns
+
+    def secret(self, ref: SecretRef) -> str:
+        try:
+            return secrets.resolve(ref, self.base_dir)
+        except secrets.SecretError as exc:
+            raise StepError(f"secret: {exc}") from None
+
+    # --- lifecycle ---
+
+    def close(self) -> None:
+        for conn in self._connections:
+            with contextlib.suppress(Exception):  # the server may have gone away first
+                conn.close()
+        self._connections.clear()
+        self._tunnels.clear()
+        for host in self._hosts.values():
+            host.close()
+        self._hosts.clear()
+        closer: Any = getattr(self._dns, "close", None)
+        if callable(closer):
+            closer()
+        self._dns = None
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

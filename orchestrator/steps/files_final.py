@@ -1,0 +1,38 @@
+"""The file trees' delta after writes stopped: no bandwidth limit, no nice, we are in the downtime window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.engine.step import Step, StepContext
+from orchestrator.steps.files_presync import sync_tree
+
+
+def blocked_since(ctx: StepContext) -> float | None:
+    """When writes were blocked, as the cut-over step journaled it (for a run resumed in another process)."""
+    value = ctx.output("cutover").get("writes_blocked_at")
+    return float(value) if value is not None else None
+
+
+class FilesFinal(Step):
+    name = "files_final"
+    title = "Copy the file trees' delta (writes blocked)"
+
+    def describe(self, ctx: StepContext) -> list[str]:
+        plan = ctx.rt.plan
+        if not plan.files:
+            return ["no file trees in the plan"]
+        return [
+            f"on the source: rsync {t.source}/ → {plan.target.address}:{t.target}/ at full speed (delta only)"
+            for t in plan.files
+        ]
+
+    def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        budget = ctx.rt.budget
+        since = blocked_since(ctx)
+        trees: dict[str, Any] = {}
+        for tree in ctx.rt.plan.files:
+            budget.check(f"starting the final copy of tree {tree.name}", since)
+            trees[tree.name] = sync_tree(ctx, tree, live=False)
+            budget.check(f"the final copy of tree {tree.name}", since)
+        return {"trees": trees, "bytes": sum(t["bytes"] for t in trees.values())}

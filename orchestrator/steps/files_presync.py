@@ -1,0 +1,61 @@
+"""Pre-sync the file trees while the source is live: rsync on the source pushes each tree to the target."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Any
+
+from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.plan.model import FileTree
+from orchestrator.transports import rsync
+from orchestrator.transports.ssh import TransportError
+
+
+def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool) -> dict[str, Any]:
+    """Push one tree source → target, logging progress; the figures of the transfer."""
+    rt = ctx.rt
+    plan = rt.plan
+    command = rsync.push_command(
+        plan, tree.source, tree.target, exclude=tree.exclude, live=live, chown=tree.owner
+    )
+
+    def _progress(p: rsync.Progress) -> None:
+        ctx.log.info("rsync_progress", tree=tree.name, bytes=p.bytes, pct=p.pct, files=p.files_done,
+                     rate=p.rate, eta=p.eta)  # fmt: skip
+
+    started = time.monotonic()
+    try:
+        rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=60)
+        stats = rsync.push(rt.source, command, what=f"tree {tree.name}", retry=plan.retry, on_progress=_progress)
+    except TransportError as exc:
+        raise StepError(f"copying tree {tree.name}: {exc}") from None
+    seconds = round(time.monotonic() - started, 3)
+    figures = {
+        "bytes": stats.transferred_bytes,
+        "files": stats.files_transferred,
+        "total_size": stats.total_size,
+        "seconds": seconds,
+    }
+    ctx.log.info("tree_synced", tree=tree.name, **figures)
+    return figures
+
+
+class FilesPresync(Step):
+    name = "files_presync"
+    title = "Pre-sync the file trees (source live)"
+
+    def describe(self, ctx: StepContext) -> list[str]:
+        plan = ctx.rt.plan
+        if not plan.files:
+            return ["no file trees in the plan"]
+        return [
+            f"on the source: rsync {t.source}/ → {plan.target.user}@{plan.target.address}:{t.target}/"
+            + (f" (bwlimit {plan.transfer.bwlimit})" if plan.transfer.bwlimit else "")
+            + (" with nice/ionice" if plan.transfer.nice else "")
+            for t in plan.files
+        ]
+
+    def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        trees = {tree.name: sync_tree(ctx, tree, live=True) for tree in ctx.rt.plan.files}
+        return {"trees": trees, "bytes": sum(t["bytes"] for t in trees.values())}

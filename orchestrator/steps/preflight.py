@@ -1,0 +1,240 @@
+"""Preflight: everything the migration needs, checked before anything changes (reads only).
+
+Every problem is collected, then reported together: an operator fixes them all in one go instead of
+discovering them one run at a time.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import pymysql
+
+from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.secrets import redact
+from orchestrator.transports import mysql, rsync
+from orchestrator.transports.ssh import SshHost, TransportError
+
+NEEDED_PRIVILEGES = ("RELOAD", "SELECT", "SHUTDOWN", "PROCESS")
+SPACE_MARGIN = 1.10
+ER_ACCESS_DENIED = 1045
+COMMAND_TIMEOUT = 60.0
+# sshd's PATH for a non-login command often lacks sbin, where mariadbd lives.
+_PATH = 'PATH="$PATH:/usr/sbin:/usr/local/sbin:/sbin"; '
+
+
+class Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, text: str) -> None:
+        self.items.append(text)
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def du_bytes(host: SshHost, paths: list[str]) -> dict[str, int]:
+    """Apparent size in bytes of each existing path on the host."""
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    result = host.run(f"du -sb {quoted} 2>/dev/null", timeout=600, check=False)
+    sizes: dict[str, int] = {}
+    for line in result.stdout.splitlines():
+        size, _, path = line.partition("\t")
+        if size.isdigit():
+            sizes[path] = int(size)
+    return sizes
+
+
+def free_space(host: SshHost, path: str) -> tuple[str, int]:
+    """(mount point, free bytes) of the filesystem that holds `path` or its nearest existing ancestor."""
+    script = (
+        f"p={shlex.quote(path)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
+        'df -P -B1 "$p" | tail -n 1'
+    )
+    fields = host.run(script, timeout=COMMAND_TIMEOUT).stdout.split()
+    if len(fields) < 6:
+        raise TransportError(f"unexpected df output for {path}", False)
+    return fields[5], int(fields[3])
+
+
+class Preflight(Step):
+    name = "preflight"
+    title = "Preflight checks (reads only)"
+
+    def describe(self, ctx: StepContext) -> list[str]:
+        plan = ctx.rt.plan
+        return [
+            f"ssh to the source {plan.source.user}@{plan.source.address} and the target"
+            f" {plan.target.user}@{plan.target.address} with verified host keys",
+            "ssh from the source to the target (the way rsync will), rsync present on both",
+            f"the source database answers with {', '.join(NEEDED_PRIVILEGES)}; same major version on the target",
+            "enough free space on the target for the datadir and the file trees (+10%)",
+            f"Cloudflare token valid; records {', '.join(plan.dns.records)} point at {plan.source.dns_content}",
+        ]
+
+    def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        problems = Problems()
+        figures: dict[str, Any] = {}
+        reachable = {which: self._ssh(ctx, which, problems) for which in ("source", "target")}
+        if reachable["source"]:
+            self._source_to_target(ctx, problems)
+            self._trees(ctx, problems)
+        for which in ("source", "target"):
+            if reachable[which]:
+                self._rsync(ctx, which, problems)
+        source_version = self._source_db(ctx, problems, figures)
+        if reachable["target"]:
+            self._target_version(ctx, problems, figures, source_version)
+        if reachable["source"] and reachable["target"]:
+            self._space(ctx, problems, figures)
+        self._dns(ctx, problems)
+        if problems.items:
+            count = len(problems.items)
+            raise StepError(f"preflight: {count} problem{'s' if count > 1 else ''}: " + "; ".join(problems.items))
+        ctx.log.info("preflight_passed", **{k: v for k, v in figures.items() if not isinstance(v, dict)})
+        return figures
+
+    def _ssh(self, ctx: StepContext, which: str, problems: Problems) -> bool:
+        try:
+            ctx.rt.host(which).run("true", timeout=COMMAND_TIMEOUT)
+            return True
+        except TransportError as exc:
+            problems.add(f"{which} ssh: {exc}")
+            return False
+
+    def _source_to_target(self, ctx: StepContext, problems: Problems) -> None:
+        plan = ctx.rt.plan
+        login = rsync.target_spec(plan, "").rsplit(":", 1)[0]
+        command = f"{rsync.target_ssh_command(plan)} {shlex.quote(login)} true"
+        try:
+            result = ctx.rt.source.run(command, timeout=COMMAND_TIMEOUT, check=False)
+        except TransportError as exc:
+            problems.add(f"ssh from the source to the target: {exc}")
+            return
+        if result.exit_status != 0:
+            reason = _first_line(result.stderr) or f"exit {result.exit_status}"
+            problems.add(
+                f"the source cannot ssh to the target ({reason}):"
+                " check transfer.source_to_target_key / _known_hosts and the target's authorized_keys"
+            )
+
+    def _rsync(self, ctx: StepContext, which: str, problems: Problems) -> None:
+        try:
+            result = ctx.rt.host(which).run(_PATH + "command -v rsync", timeout=COMMAND_TIMEOUT, check=False)
+        except TransportError as exc:
+            problems.add(f"rsync on the {which}: {exc}")
+            return
+        if result.exit_status != 0:
+            problems.add(f"rsync is not installed on the {which}: install it")
+
+    def _trees(self, ctx: StepContext, problems: Problems) -> None:
+        for tree in ctx.rt.plan.files:
+            try:
+                result = ctx.rt.source.run(f"test -d {shlex.quote(tree.source)}", timeout=COMMAND_TIMEOUT, check=False)
+            except TransportError as exc:
+                problems.add(f"tree {tree.name}: {exc}")
+                continue
+            if result.exit_status != 0:
+                problems.add(f"tree {tree.name}: {tree.source} does not exist on the source: fix files[].source")
+
+    def _source_db(self, ctx: StepContext, problems: Problems, figures: dict[str, Any]) -> str | None:
+        try:
+            conn = ctx.rt.db("source")
+            version = mysql.server_version(conn)
+            missing = mysql.missing_privileges(conn, NEEDED_PRIVILEGES)
+        except mysql.DbError as exc:
+            hint = ": check database.user and its password" if exc.code == ER_ACCESS_DENIED else ""
+            problems.add(f"source database: {exc}{hint}")
+            return None
+        except (pymysql.MySQLError, TransportError) as exc:
+            problems.add(f"source database: {exc}")
+            return None
+        figures["source_version"] = version
+        if missing:
+            user = ctx.rt.plan.database.user
+            problems.add(f"database user {user} lacks {', '.join(sorted(missing))} on the source: GRANT them ON *.*")
+        return version
+
+    def _target_version(
+        self, ctx: StepContext, problems: Problems, figures: dict[str, Any], source_version: str | None
+    ) -> None:
+        command = _PATH + "(mariadbd --version || mysqld --version) 2>/dev/null"
+        try:
+            result = ctx.rt.target.run(command, timeout=COMMAND_TIMEOUT, check=False)
+        except TransportError as exc:
+            problems.add(f"target database version: {exc}")
+            return
+        if result.exit_status != 0 or not result.stdout.strip():
+            problems.add("neither mariadbd nor mysqld found on the target: install the database server")
+            return
+        target_version = _first_line(result.stdout)
+        figures["target_version"] = target_version
+        if source_version is None:
+            return
+        try:
+            source_major, target_major = mysql.major_version(source_version), mysql.major_version(target_version)
+        except ValueError as exc:
+            problems.add(f"database versions: {exc}")
+            return
+        figures["major_version"] = source_major
+        if source_major != target_major:
+            problems.add(
+                f"database major versions differ: source {source_major}, target {target_major}:"
+                " a datadir copy needs the same major version"
+            )
+
+    def _space(self, ctx: StepContext, problems: Problems, figures: dict[str, Any]) -> None:
+        plan = ctx.rt.plan
+        pairs = [(plan.database.source.datadir, plan.database.target.datadir)]
+        pairs += [(tree.source, tree.target) for tree in plan.files]
+        try:
+            sizes = du_bytes(ctx.rt.source, [source for source, _ in pairs])
+            needed: dict[str, int] = {}
+            free: dict[str, int] = {}
+            for source, target in pairs:
+                mount, available = free_space(ctx.rt.target, target)
+                free[mount] = available
+                needed[mount] = needed.get(mount, 0) + sizes.get(source, 0)
+        except TransportError as exc:
+            problems.add(f"disk space: {exc}")
+            return
+        figures["source_bytes"] = sum(sizes.values())
+        figures["target_free"] = free
+        for mount, size in needed.items():
+            want = int(size * SPACE_MARGIN)
+            if free[mount] < want:
+                problems.add(
+                    f"target filesystem {mount} has {free[mount]} bytes free, needs {want}"
+                    " (source data + 10%): free some space"
+                )
+
+    def _dns(self, ctx: StepContext, problems: Problems) -> None:
+        plan = ctx.rt.plan
+        try:
+            client = ctx.rt.dns
+            client.verify_token()
+            zone_id = client.zone_id(plan.dns.zone)
+            for name in plan.dns.records:
+                records = client.find_records(zone_id, name, plan.dns.type)
+                if not records:
+                    problems.add(f"DNS record {name} ({plan.dns.type}) not found in zone {plan.dns.zone}: create it")
+                    continue
+                contents = sorted({_content(record) for record in records})
+                if contents != [plan.source.dns_content]:
+                    problems.add(
+                        f"DNS record {name} points at {', '.join(contents)}, not the source's"
+                        f" {plan.source.dns_content}: fix source.public_address or the record"
+                    )
+        except Exception as exc:
+            # DnsError and the SDK's own errors: their messages carry no token, redacted again to be sure.
+            text = redact(str(exc))
+            problems.add(text if text.startswith("Cloudflare") else f"Cloudflare: {text}")
+
+
+def _content(record: Any) -> str:
+    if isinstance(record, dict):
+        return str(record.get("content"))
+    return str(getattr(record, "content", record))

@@ -1,0 +1,243 @@
+"""rsync command lines run ON THE SOURCE over SSH, pushing to the target, and parsers for what rsync prints.
+
+Every piece of a command line is shell-quoted: paths, patterns and the inner ssh command reach a remote shell.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+
+from orchestrator.plan.model import Plan, Retry
+from orchestrator.retry import call_with_retry
+from orchestrator.transports.ssh import CommandFailed, SshHost, TransportError
+
+NICE = ["nice", "-n19", "ionice", "-c3"]
+# Exit codes: 24 = files vanished during the transfer (normal on a live tree); these are worth another try.
+VANISHED = 24
+TRANSIENT_EXITS = {10, 12, 30, 35, 255}
+
+ExitKind = Literal["ok", "vanished", "transient", "permanent"]
+
+
+class RsyncError(TransportError):
+    """rsync failed; `transient` for network-ish exits (10, 12, 30, 255)."""
+
+    def __init__(self, what: str, exit_status: int | None, stderr: str) -> None:
+        last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+        message = f"rsync {what} failed with exit {exit_status}" + (f": {last}" if last else "")
+        super().__init__(message, exit_kind(exit_status) == "transient")
+        self.exit_status = exit_status
+
+
+@dataclass(frozen=True)
+class Progress:
+    bytes: int
+    pct: int
+    rate: str
+    eta: str
+    files_done: int | None = None  # xfr#N: files transferred so far
+
+
+@dataclass(frozen=True)
+class Stats:
+    files_transferred: int = 0
+    total_size: int = 0
+    transferred_bytes: int = 0
+    literal_bytes: int = 0
+
+
+def exit_kind(code: int | None) -> ExitKind:
+    if code == 0:
+        return "ok"
+    if code == VANISHED:
+        return "vanished"
+    if code is None or code in TRANSIENT_EXITS:
+        return "transient"
+    return "permanent"
+
+
+def _slash(path: str) -> str:
+    return path.rstrip("/") + "/"
+
+
+def target_spec(plan: Plan, path: str) -> str:
+    address = plan.target.address
+    if ":" in address:  # IPv6
+        address = f"[{address}]"
+    return f"{plan.target.user}@{address}:{_slash(path)}"
+
+
+def target_ssh_command(plan: Plan) -> str:
+    """The `-e` value: how rsync on the source reaches the target (host key verified, never a prompt)."""
+    transfer = plan.transfer
+    parts = ["ssh"]
+    if transfer.source_to_target_key is not None:
+        parts += ["-i", transfer.source_to_target_key]
+    parts += [
+        "-o", f"UserKnownHostsFile={transfer.source_to_target_known_hosts}",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", "BatchMode=yes",
+        "-p", str(plan.target.ssh_port),
+        *transfer.source_to_target_options,
+    ]  # fmt: skip
+    return shlex.join(parts)
+
+
+def _common(plan: Plan, exclude: Iterable[str], chown: str | None) -> list[str]:
+    args = ["-a", "--delete", "--numeric-ids"]
+    if chown:
+        args.append(f"--chown={chown}")
+    if plan.transfer.rsync_timeout > 0:
+        args.append(f"--timeout={plan.transfer.rsync_timeout}")
+    for pattern in exclude:
+        args.append(f"--exclude={pattern}")
+    return args
+
+
+def push_command(
+    plan: Plan,
+    source_dir: str,
+    target_dir: str,
+    *,
+    exclude: Iterable[str] = (),
+    live: bool = True,
+    inplace: bool = False,
+    chown: str | None = None,
+    extra: Iterable[str] = (),
+) -> str:
+    """rsync SRC/ → user@target:DST/, to run on the source. `extra`: more rsync options, as given.
+
+    `live`: the source is serving, so apply the plan's bwlimit and nice/ionice (on both ends). In the downtime
+    window (live=False) neither applies: every second counts.
+    """
+    transfer = plan.transfer
+    nice = live and transfer.nice
+    argv = [*NICE] if nice else []
+    argv += ["rsync", *_common(plan, exclude, chown)]
+    if transfer.whole_file:
+        argv.append("--whole-file")
+    if inplace:
+        argv.append("--inplace")
+    argv += list(extra)
+    if live and transfer.bwlimit:
+        argv.append(f"--bwlimit={transfer.bwlimit}")
+    if nice:
+        argv.append("--rsync-path=" + shlex.join([*NICE, "rsync"]))
+    argv += ["--info=progress2", "--no-inc-recursive", "--stats"]
+    argv += ["-e", target_ssh_command(plan), _slash(source_dir), target_spec(plan, target_dir)]
+    return shlex.join(argv)
+
+
+def compare_command(
+    plan: Plan, source_dir: str, target_dir: str, *, exclude: Iterable[str] = (), chown: str | None = None
+) -> str:
+    """A --dry-run --checksum --itemize-changes run: it lists every item that WOULD change (none = equal)."""
+    argv = ["rsync", *_common(plan, exclude, chown), "--dry-run", "--checksum", "--itemize-changes"]
+    argv += ["-e", target_ssh_command(plan), _slash(source_dir), target_spec(plan, target_dir)]
+    return shlex.join(argv)
+
+
+_PROGRESS = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+)\s+(\d+:\d\d:\d\d)")
+_XFR = re.compile(r"xfr#(\d+)")
+
+
+def parse_progress(line: str) -> Progress | None:
+    """One --info=progress2 update, e.g. '  1,234,567  45%   12.34MB/s    0:00:05 (xfr#3, to-chk=0/10)'."""
+    match = _PROGRESS.match(line)
+    if not match:
+        return None
+    xfr = _XFR.search(line)
+    return Progress(
+        int(match.group(1).replace(",", "")),
+        int(match.group(2)),
+        match.group(3),
+        match.group(4),
+        int(xfr.group(1)) if xfr else None,
+    )
+
+
+def _stat(text: str, label: str) -> int:
+    match = re.search(rf"^{re.escape(label)}:\s*([\d,]+)", text, re.MULTILINE)
+    return int(match.group(1).replace(",", "")) if match else 0
+
+
+def parse_stats(text: str) -> Stats:
+    """The --stats block."""
+    return Stats(
+        files_transferred=_stat(text, "Number of regular files transferred"),
+        total_size=_stat(text, "Total file size"),
+        transferred_bytes=_stat(text, "Total transferred file size"),
+        literal_bytes=_stat(text, "Literal data"),
+    )
+
+
+def push(
+    host: SshHost,
+    command: str,
+    *,
+    what: str,
+    retry: Retry,
+    on_progress: Callable[[Progress], None] | None = None,
+    progress_interval: float = 2.0,
+    timeout: float | None = None,
+) -> Stats:
+    """Run a push_command on `host` (the source), retrying transient failures; returns the --stats figures.
+
+    `on_progress` is called at most every `progress_interval` seconds (and with the last update).
+    """
+    log = structlog.get_logger()
+
+    def _once() -> Stats:
+        last_sent = 0.0
+        latest: list[Progress] = []
+
+        def _line(line: str) -> None:
+            nonlocal last_sent
+            progress = parse_progress(line)
+            if progress is None:
+                return
+            latest[:] = [progress]
+            now = time.monotonic()
+            if on_progress is not None and now - last_sent >= progress_interval:
+                last_sent = now
+                on_progress(progress)
+
+        result = host.stream(command, _line, timeout=timeout, check=False)
+        kind = exit_kind(result.exit_status)
+        if kind == "vanished":
+            log.warning("rsync_files_vanished", what=what, detail="normal on a live tree")
+        elif kind != "ok":
+            raise RsyncError(what, result.exit_status, result.stderr)
+        if on_progress is not None and latest:
+            on_progress(latest[0])
+        return parse_stats(result.stdout)
+
+    return call_with_retry(_once, retry, what=f"rsync {what}")
+
+
+_DIR_TIMES_ONLY = re.compile(r"^\.d\.\.t[.\s]*$")
+
+
+def changed_items(host: SshHost, command: str, *, what: str, timeout: float | None = None) -> list[str]:
+    """Run a compare_command; the items that differ ('>fcs...... path', '*deleting path', ...)."""
+    try:
+        result = host.run(command, timeout=timeout, check=True)
+    except CommandFailed as exc:
+        raise RsyncError(what, exc.exit_status, exc.stderr) from None
+    items = []
+    for line in result.stdout.splitlines():
+        if not line.strip():
+            continue
+        flags, _, _name = line.partition(" ")
+        # A directory whose only difference is its mtime holds no different data.
+        if _DIR_TIMES_ONLY.match(flags):
+            continue
+        items.append(line)
+    return items

@@ -1,0 +1,358 @@
+"""A synchronous facade over asyncssh: one event loop thread for the process, one connection per host.
+
+Steps are plain synchronous code; asyncssh is asynchronous. All SshHosts share a single asyncio loop
+running in a daemon thread, and every public method submits a coroutine to it and waits for the answer in
+the caller's thread. Keeping callers off the loop thread matters: a blocking pymysql call through an asyncssh
+tunnel made on the loop thread would wait forever for data only that loop can deliver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import re
+import shlex
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncssh
+
+from orchestrator.plan.model import Host, Retry
+from orchestrator.retry import call_with_retry
+from orchestrator.secrets import redact
+
+T = TypeVar("T")
+
+# OpenSSH's MaxSessions defaults to 10 per connection; stay below it.
+MAX_SESSIONS_PER_CONNECTION = 8
+KEEPALIVE_INTERVAL = 15.0
+KEEPALIVE_COUNT_MAX = 3
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class TransportError(Exception):
+    """A failure reaching or talking to a host. `transient` says whether trying again may help."""
+
+    def __init__(self, message: str, transient: bool) -> None:
+        super().__init__(redact(message))
+        self.transient = transient
+
+
+class CommandFailed(TransportError):
+    """A remote command exited non-zero (with check=True)."""
+
+    def __init__(self, command: str, exit_status: int | None, stderr: str) -> None:
+        self.command = redact(command)
+        self.exit_status = exit_status
+        self.stderr = redact(stderr)
+        last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+        short = self.command if len(self.command) <= 160 else self.command[:157] + "..."
+        super().__init__(f"`{short}` exited with status {exit_status}" + (f": {last}" if last else ""), False)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_status: int | None
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+
+# --- the shared event loop ---
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def _serve() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            threading.Thread(target=_serve, name="ssh-loop", daemon=True).start()
+            ready.wait()
+            _loop = loop
+        return _loop
+
+
+def _submit(coro: Coroutine[Any, Any, T]) -> Future[T]:
+    return asyncio.run_coroutine_threadsafe(coro, _event_loop())
+
+
+def _call(coro: Coroutine[Any, Any, T]) -> T:
+    return _submit(coro).result()
+
+
+# --- errors ---
+
+_TRANSIENT = (OSError, asyncio.TimeoutError, asyncssh.ConnectionLost, asyncssh.ChannelOpenError, EOFError)
+
+
+def _connect_error(name: str, host: Host, known_hosts: Path, exc: BaseException) -> TransportError:
+    where = f"ssh {host.user}@{host.address}:{host.ssh_port} ({name})"
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return TransportError(
+            f"{where}: host key not verifiable against {known_hosts}: add the host's key there", False
+        )
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return TransportError(f"{where}: permission denied: check the user and key/agent", False)
+    if isinstance(exc, asyncssh.KeyImportError):
+        return TransportError(f"{where}: cannot load the private key: {exc}", False)
+    if isinstance(exc, asyncio.TimeoutError):
+        return TransportError(f"{where}: connection timed out after {host.connect_timeout:g} s", True)
+    if isinstance(exc, ConnectionRefusedError):
+        return TransportError(f"{where}: connection refused", True)
+    if isinstance(exc, _TRANSIENT):
+        return TransportError(f"{where}: {exc.__class__.__name__}: {exc}", True)
+    if isinstance(exc, asyncssh.DisconnectError):
+        return TransportError(f"{where}: disconnected: {exc.reason}", True)
+    return TransportError(f"{where}: {exc.__class__.__name__}: {exc}", False)
+
+
+def _env_prefix(env: dict[str, str] | None, data: str | None) -> tuple[str, str | None]:
+    """Environment for a remote command, sent on stdin so values never appear on any command line.
+
+    sshd only accepts the variables its AcceptEnv lists, so the SSH 'env' request cannot be relied on.
+    Instead a small sh prologue reads NAME=value lines until an empty line, exports them, and execs the
+    command with the rest of stdin untouched.
+    """
+    if not env:
+        return "", data
+    lines = []
+    for name, value in env.items():
+        if not _ENV_NAME.match(name) or "\n" in value or "\r" in value:
+            raise TransportError(f"environment variable {name!r} cannot be passed (name or newline)", False)
+        lines.append(f"{name}={value}\n")
+    prologue = 'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv"; done; unset kv; exec sh -c "$1"'
+    return "sh -c " + shlex.quote(prologue) + " sh ", "".join(lines) + "\n" + (data or "")
+
+
+class SshHost:
+    """One server reached over SSH: commands, streamed commands and local port forwards (for MySQL)."""
+
+    def __init__(
+        self, host: Host, *, name: str, base_dir: Path, retry: Retry, forward_agent: bool = False
+    ) -> None:
+        self.host = host
+        self.name = name
+        self.base_dir = base_dir
+        self.retry = retry
+        self.forward_agent = forward_agent
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._sessions: asyncio.Semaphore | None = None
+        self._listeners: list[asyncssh.SSHListener] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SshHost({self.name}: {self.host.user}@{self.host.address}:{self.host.ssh_port})"
+
+    def _path(self, raw: str) -> Path:
+        path = Path(os.path.expanduser(raw))
+        return path if path.is_absolute() else self.base_dir / path
+
+    @property
+    def known_hosts(self) -> Path:
+        return self._path(self.host.known_hosts)
+
+    # --- connection ---
+
+    async def _open(self) -> asyncssh.SSHClientConnection:
+        options: dict[str, Any] = {
+            "port": self.host.ssh_port,
+            "username": self.host.user,
+            "known_hosts": str(self.known_hosts),
+            "keepalive_interval": KEEPALIVE_INTERVAL,
+            "keepalive_count_max": KEEPALIVE_COUNT_MAX,
+            "connect_timeout": self.host.connect_timeout,
+            "agent_forwarding": self.forward_agent,
+            # Only what the plan says: no surprise from ~/.ssh/config.
+            "config": [],
+        }
+        if self.host.key is not None:
+            options["client_keys"] = [str(self._path(self.host.key))]
+            if not self.host.agent:
+                options["agent_path"] = None
+        return await asyncssh.connect(self.host.address, **options)
+
+    def _connect_once(self) -> asyncssh.SSHClientConnection:
+        if not self.known_hosts.is_file():
+            raise TransportError(f"ssh {self.name}: known_hosts file {self.known_hosts} is missing", False)
+        try:
+            return _call(self._open())
+        except TransportError:
+            raise
+        except Exception as exc:
+            raise _connect_error(self.name, self.host, self.known_hosts, exc) from None
+
+    def connection(self) -> asyncssh.SSHClientConnection:
+        """The host's connection, opened (with retries of transient failures) on first use or after a loss."""
+        with self._lock:
+            if self._conn is None or self._conn.is_closed():
+                self._conn = call_with_retry(self._connect_once, self.retry, what=f"ssh {self.name}")
+                self._sessions = asyncio.Semaphore(MAX_SESSIONS_PER_CONNECTION)
+            return self._conn
+
+    def _lost(self, exc: BaseException, what: str) -> TransportError:
+        if isinstance(exc, asyncssh.TimeoutError | asyncio.TimeoutError):
+            return TransportError(f"ssh {self.name}: {what}: timed out", True)
+        with self._lock:
+            self._conn = None
+        reason = f"{exc.__class__.__name__}: {exc}"
+        return TransportError(f"ssh {self.name}: {what}: connection lost ({reason})", True)
+
+    # --- commands ---
+
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+        input: str | None = None,
+    ) -> CommandResult:
+        """Run a shell command on the host and wait for it. Secrets go in `env` or `input`, not `command`."""
+        conn = self.connection()
+        prefix, data = _env_prefix(env, input)
+        full = prefix + shlex.quote(command) if prefix else command
+
+        async def _run() -> asyncssh.SSHCompletedProcess:
+            assert self._sessions is not None
+            async with self._sessions:
+                return await conn.run(full, check=False, input=data, timeout=timeout, errors="replace")
+
+        try:
+            done = _call(_run())
+        except (asyncssh.Error, *_TRANSIENT) as exc:
+            raise self._lost(exc, f"running `{command[:80]}`") from None
+        result = CommandResult(done.exit_status, str(done.stdout or ""), str(done.stderr or ""))
+        if check and result.exit_status != 0:
+            raise CommandFailed(command, result.exit_status, result.stderr)
+        return result
+
+    def stream(
+        self,
+        command: str,
+        on_line: Callable[[str], None],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
+        """Run a command, calling `on_line` (in this thread) for each stdout line split on \\r or \\n.
+
+        The full stdout is also returned (without empty lines), e.g. for rsync's --stats block.
+        """
+        conn = self.connection()
+        prefix, data = _env_prefix(env, None)
+        full = prefix + shlex.quote(command) if prefix else command
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        async def _stream() -> tuple[int | None, str]:
+            assert self._sessions is not None
+            async with self._sessions:
+                proc = await conn.create_process(full, errors="replace")
+                try:
+                    if data is not None:
+                        proc.stdin.write(data)
+                    proc.stdin.write_eof()
+                    stderr_task = asyncio.ensure_future(proc.stderr.read())
+                    while True:
+                        try:
+                            piece = await proc.stdout.readuntil(["\r", "\n"])
+                        except asyncio.IncompleteReadError as partial:
+                            if partial.partial:
+                                lines.put(str(partial.partial))
+                            break
+                        lines.put(str(piece)[:-1])
+                    stderr = await stderr_task
+                    await proc.wait_closed()
+                    return proc.exit_status, str(stderr)
+                finally:
+                    proc.close()
+
+        async def _bounded() -> tuple[int | None, str]:
+            try:
+                return await asyncio.wait_for(_stream(), timeout)
+            finally:
+                lines.put(None)
+
+        future = _submit(_bounded())
+        out: list[str] = []
+        try:
+            while True:
+                line = lines.get()
+                if line is None:
+                    break
+                if line:
+                    out.append(line)
+                    on_line(line)
+        except BaseException:
+            # The caller gave up (its callback failed, or an interrupt): do not leave the command running.
+            future.cancel()
+            raise
+        try:
+            status, stderr = future.result()
+        except (asyncssh.Error, *_TRANSIENT) as exc:
+            raise self._lost(exc, f"streaming `{command[:80]}`") from None
+        result = CommandResult(status, "\n".join(out), stderr)
+        if check and status != 0:
+            raise CommandFailed(command, status, stderr)
+        return result
+
+    # --- tunnels ---
+
+    def _forward(self, opener: Callable[[asyncssh.SSHClientConnection], Awaitable[Any]]) -> tuple[str, int]:
+        conn = self.connection()
+
+        async def _open() -> Any:
+            # asyncssh returns an awaitable context manager here, not a coroutine.
+            return await opener(conn)
+
+        try:
+            listener = _call(_open())
+        except (asyncssh.Error, *_TRANSIENT) as exc:
+            raise self._lost(exc, "opening a tunnel") from None
+        self._listeners.append(listener)
+        return "127.0.0.1", listener.get_port()
+
+    def forward_to_path(self, remote_socket: str) -> tuple[str, int]:
+        """A local TCP listener on 127.0.0.1 (free port) tunnelled to a unix socket on the host."""
+        return self._forward(lambda conn: conn.forward_local_port_to_path("127.0.0.1", 0, remote_socket))
+
+    def forward_to_port(self, remote_host: str, remote_port: int) -> tuple[str, int]:
+        """A local listener on 127.0.0.1 (free port) tunnelled to remote_host:remote_port on the host."""
+        return self._forward(lambda conn: conn.forward_local_port("127.0.0.1", 0, remote_host, remote_port))
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+            listeners, self._listeners = self._listeners, []
+
+        async def _close() -> None:
+            for listener in listeners:
+                listener.close()
+            if conn is not None:
+                conn.close()
+                await conn.wait_closed()
+
+        if conn is not None or listeners:
+            # Closing is best effort: the peer may already be gone.
+            with contextlib.suppress(Exception):
+                _submit(_close()).result(timeout=10)

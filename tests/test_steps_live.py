@@ -1,0 +1,231 @@
+"""The live, preparation and target steps on the lab: preflight, prepare_target, the pre-syncs, start_target (and
+its undo) and verify_target. Each test leaves the lab as it found it: source live, target database stopped."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from ruamel.yaml import YAML
+
+from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.lab.state import HostState, LabState
+from orchestrator.plan.model import FileTree, Plan, PresyncRounds
+from orchestrator.runtime import Runtime
+from orchestrator.steps.db_presync import DbPresync
+from orchestrator.steps.files_final import FilesFinal
+from orchestrator.steps.files_presync import FilesPresync
+from orchestrator.steps.preflight import Preflight
+from orchestrator.steps.prepare_target import PrepareTarget
+from orchestrator.steps.start_target import StartTarget
+from orchestrator.steps.verify_target import VerifyTarget
+from orchestrator.transports import mysql
+
+MY_STEPS: list[type[Step]] = [Preflight, PrepareTarget, FilesPresync, DbPresync, FilesFinal, StartTarget, VerifyTarget]
+
+
+def load_plan(path: Path) -> Plan:
+    return Plan.model_validate(YAML(typ="safe").load(path.read_text()))
+
+
+def context(rt: Runtime, step: Step, outputs: dict[str, dict[str, Any]] | None = None) -> StepContext:
+    return StepContext(
+        run_id="test", step=step.name, dry_run=rt.dry_run, rt=rt, log=structlog.get_logger(), _outputs=outputs or {}
+    )
+
+
+def run_bin(host: HostState, script: str) -> None:
+    subprocess.run([str(host.bin_dir / script)], check=True, capture_output=True, timeout=120)
+
+
+def test_describe_needs_no_connection(tmp_path: Path) -> None:
+    """A dry-run describes every step from the plan alone: these hosts do not even exist."""
+    plan = Plan.model_validate(
+        {
+            "name": "nowhere",
+            "source": {"address": "192.0.2.1", "connect_timeout": 0.1},
+            "target": {"address": "192.0.2.2", "connect_timeout": 0.1},
+            "files": [{"name": "uploads", "source": "/srv/uploads", "target": "/srv/uploads"}],
+            "database": {
+                "source": {"datadir": "/var/lib/mysql", "start": "systemctl start mariadb", "stop": "systemctl stop m"},
+                "target": {"datadir": "/var/lib/mysql", "start": "systemctl start mariadb", "stop": "systemctl stop m"},
+            },
+            "services": {"target": [{"name": "web", "start": "systemctl start nginx", "stop": "systemctl stop nginx"}]},
+            "health": {"checks": [{"kind": "http", "url": "http://192.0.2.2/healthz"}]},
+            "dns": {"api_token": {"env": "UNSET_TOKEN"}, "zone": "example.com", "records": ["www.example.com"]},
+        }
+    )
+    rt = Runtime(plan, tmp_path / "plan.yaml", dry_run=True)
+    described = {cls.name: cls().describe(context(rt, cls())) for cls in MY_STEPS}
+    assert all(described.values())
+    assert any("systemctl start nginx" in line for line in described["start_target"])
+    assert any("/srv/uploads" in line for line in described["files_presync"])
+    assert rt._hosts == {}  # nothing was connected
+    rt.close()
+
+
+# --- on the lab -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rt(lab: LabState, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
+    for key, value in lab.secrets().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("CLOUDFLARE_EMAIL", raising=False)
+    monkeypatch.delenv("CLOUDFLARE_API_KEY", raising=False)
+    runtime = Runtime(load_plan(lab.plan_file), lab.plan_file)
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+def with_plan(rt: Runtime, plan: Plan) -> Runtime:
+    rt.close()
+    return Runtime(plan, rt.plan_path)
+
+
+@pytest.mark.lab
+def test_preflight_passes_on_the_lab_and_reports_figures(rt: Runtime) -> None:
+    step = Preflight()
+    figures = step.run(context(rt, step))
+    assert figures is not None
+    assert mysql.major_version(figures["source_version"]) == figures["major_version"]
+    assert figures["major_version"] in figures["target_version"]
+    assert figures["source_bytes"] > 0 and all(free > 0 for free in figures["target_free"].values())
+
+
+@pytest.mark.lab
+def test_preflight_lists_every_problem_with_what_to_fix(rt: Runtime, lab: LabState) -> None:
+    plan = rt.plan
+    broken = plan.model_copy(
+        update={
+            # The records point at the source's real address, not this one.
+            "source": plan.source.model_copy(update={"public_address": "198.51.100.7"}),
+            "files": [*plan.files, FileTree(name="media", source=str(lab.source.path / "no-such-dir"), target="/x")],
+        }
+    )
+    broken_rt = with_plan(rt, broken)
+    try:
+        step = Preflight()
+        with pytest.raises(StepError) as failed:
+            step.run(context(broken_rt, step))
+    finally:
+        broken_rt.close()
+    message = str(failed.value)
+    assert message.startswith(f"preflight: {len(lab.records) + 1} problems: ")
+    for record in lab.records:
+        assert f"DNS record {record} points at {lab.source.address}, not the source's 198.51.100.7" in message
+    assert f"tree media: {lab.source.path / 'no-such-dir'} does not exist on the source" in message
+    assert "\n" not in message
+
+
+@pytest.fixture
+def target_stopped_after(lab: LabState) -> Iterator[None]:
+    """Whatever happens, the target's app and database end stopped and the source database runs."""
+    try:
+        yield
+    finally:
+        run_bin(lab.target, "app-stop")
+        run_bin(lab.target, "db-stop")
+        run_bin(lab.source, "db-start")
+
+
+@pytest.mark.lab
+@pytest.mark.usefixtures("target_stopped_after")
+def test_prepare_then_db_presync_logs_each_round(rt: Runtime) -> None:
+    prepare = PrepareTarget()
+    prepare.run(context(rt, prepare))
+    assert prepare.check(context(rt, prepare)) is True  # the target database no longer answers
+
+    plan = rt.plan
+    database = plan.database.model_copy(update={"presync": PresyncRounds(max_rounds=3, converged_bytes=0)})
+    rounds_rt = with_plan(rt, plan.model_copy(update={"database": database}))
+    try:
+        step = DbPresync()
+        with structlog.testing.capture_logs() as logs:
+            result = step.run(context(rounds_rt, step))
+    finally:
+        rounds_rt.close()
+    assert result is not None
+    rounds = result["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, len(rounds) + 1)) and 1 <= len(rounds) <= 3
+    # Stopped early only because a round moved nothing (converged_bytes=0).
+    assert len(rounds) == 3 or rounds[-1]["bytes"] == 0
+    assert result["converged"] == (rounds[-1]["bytes"] == 0)
+    assert result["predicted_final_seconds"] == rounds[-1]["seconds"]
+    logged = [(e["round"], e["bytes"], e["seconds"]) for e in logs if e["event"] == "db_presync_round"]
+    assert logged == [(r["round"], r["bytes"], r["seconds"]) for r in rounds]
+
+
+def source_figures(rt: Runtime) -> dict[str, Any]:
+    conn = rt.db("source")
+    tables = mysql.list_tables(conn, rt.plan.database.schemas)
+    return {"row_counts": mysql.row_counts(conn, tables), "checksums": mysql.checksums(conn, tables)}
+
+
+def healthz(host: HostState) -> int:
+    with urllib.request.urlopen(f"http://{host.address}:{host.app_port}/healthz", timeout=5) as answer:
+        return int(answer.status)
+
+
+@pytest.mark.lab
+@pytest.mark.usefixtures("target_stopped_after")
+def test_start_target_verify_then_undo_leaves_the_target_stopped(rt: Runtime, lab: LabState) -> None:
+    for cls in (PrepareTarget, FilesPresync):
+        cls().run(context(rt, cls()))
+    # What the cut-over does: figures of a quiet source, then a final pass of its cleanly stopped datadir.
+    figures = source_figures(rt)
+    run_bin(lab.source, "db-stop")
+    DbPresync().run(context(rt, DbPresync()))
+    run_bin(lab.source, "db-start")
+    outputs = {"cutover": {**figures, "writes_blocked_at": time.time()}}
+
+    start = StartTarget()
+    result = start.run(context(rt, start, outputs))
+    assert result is not None and result["services"] == ["app"]
+    assert rt.db_answers("target") and healthz(lab.target) == 200
+
+    verify = VerifyTarget()
+    verified = verify.run(context(rt, verify, outputs))
+    assert verified is not None and verified["trees_differing_items"] == {"uploads": 0}
+    assert verified["row_counts"]["compared"] == len(figures["row_counts"])
+
+    # One table's count differs from the source's: verification names it.
+    table = f"{lab.db_name}.reviews"
+    wrong = {"cutover": {**outputs["cutover"], "row_counts": {**figures["row_counts"], table: -1}}}
+    with pytest.raises(StepError, match=rf"row counts differ: {table}: source -1, target \d+"):
+        verify.run(context(rt, verify, wrong))
+
+    start.undo(context(rt, start, outputs))
+    assert not rt.db_answers("target")
+    start.undo(context(rt, start, outputs))  # idempotent: stopping what is stopped is fine
+    assert not rt.db_answers("target")
+
+
+@pytest.mark.lab
+def test_steps_in_the_window_fail_once_the_write_budget_is_spent(rt: Runtime) -> None:
+    outputs = {"cutover": {"writes_blocked_at": time.time() - rt.plan.cutover.max_write_block - 1}}
+    for cls in (FilesFinal, StartTarget, VerifyTarget):
+        step = cls()
+        with pytest.raises(StepError, match=r"more than cutover\.max_write_block"):
+            step.run(context(rt, step, outputs))
+    assert not rt.db_answers("target")  # nothing was started
+
+
+@pytest.mark.lab
+def test_preflight_refuses_a_bad_cloudflare_token_without_showing_it(
+    rt: Runtime, lab: LabState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad_token = "bad-token-0123456789abcdef"
+    monkeypatch.setenv(lab.token_env, bad_token)
+    step = Preflight()
+    with pytest.raises(StepError, match=r"^preflight: 1 problem: Cloudflare.*token") as failed:
+        step.run(context(rt, step))
+    assert bad_token not in str(failed.value)

@@ -1,0 +1,308 @@
+"""Transports: rsync command lines and parsers, retry policy, write budget (pure), then ssh, tunnels, MySQL and a
+real source → target rsync on the lab."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+from ruamel.yaml import YAML
+
+from orchestrator.engine.step import StepError
+from orchestrator.lab.state import LabState
+from orchestrator.plan.model import Host, Plan, Retry
+from orchestrator.retry import call_with_retry
+from orchestrator.runtime import Runtime, WriteBudget
+from orchestrator.transports import mysql, rsync
+from orchestrator.transports.ssh import CommandFailed, SshHost, TransportError
+
+FAST_RETRY = Retry(attempts=3, max_seconds=30, max_wait=0.05)
+
+
+def load_plan(path: Path) -> Plan:
+    return Plan.model_validate(YAML(typ="safe").load(path.read_text()))
+
+
+def minimal_plan(**transfer: object) -> Plan:
+    return Plan.model_validate(
+        {
+            "name": "unit",
+            "source": {"address": "10.0.0.1", "key": "k"},
+            "target": {"address": "10.0.0.2", "ssh_port": 2222, "user": "deploy"},
+            "database": {
+                "source": {"datadir": "/var/lib/mysql", "start": "s", "stop": "t"},
+                "target": {"datadir": "/var/lib/mysql", "start": "s", "stop": "t"},
+            },
+            "dns": {"api_token": {"env": "T"}, "zone": "example.com", "records": ["www.example.com"]},
+            "transfer": transfer,
+        }
+    )
+
+
+# --- rsync command lines and parsers (pure) ---------------------------------------------------------------------
+
+
+def test_live_push_is_niced_on_both_ends_and_bandwidth_limited() -> None:
+    plan = minimal_plan(bwlimit="50M", source_to_target_key="/root/.ssh/migrate", nice=True)
+    argv = shlex.split(rsync.push_command(plan, "/srv/up loads", "/srv/it's here", exclude=["*.tmp"]))
+    assert argv[:5] == ["nice", "-n19", "ionice", "-c3", "rsync"]
+    assert "--rsync-path=nice -n19 ionice -c3 rsync" in argv
+    assert "--bwlimit=50M" in argv and "--exclude=*.tmp" in argv and "--delete" in argv
+    assert {"--info=progress2", "--no-inc-recursive", "--stats", "--whole-file"} <= set(argv)
+    # Paths with spaces and quotes reach rsync intact, with the trailing slash that copies contents.
+    assert argv[-2:] == ["/srv/up loads/", "deploy@10.0.0.2:/srv/it's here/"]
+    ssh = shlex.split(argv[argv.index("-e") + 1])
+    assert ssh[:3] == ["ssh", "-i", "/root/.ssh/migrate"]
+    assert "StrictHostKeyChecking=yes" in ssh and "BatchMode=yes" in ssh
+    assert ssh[ssh.index("-p") + 1] == "2222"
+
+
+def test_push_in_the_downtime_window_has_no_limit_and_no_nice() -> None:
+    plan = minimal_plan(bwlimit="50M", nice=True)
+    argv = shlex.split(rsync.push_command(plan, "/a", "/b", live=False, inplace=True))
+    assert argv[0] == "rsync"
+    assert not [a for a in argv if a.startswith(("--bwlimit", "--rsync-path"))]
+    assert "--inplace" in argv
+    # No key on the source: the agent is forwarded instead, so no -i.
+    assert "-i" not in shlex.split(argv[argv.index("-e") + 1])
+
+
+def test_compare_is_a_dry_run_with_checksums_listing_items() -> None:
+    argv = shlex.split(rsync.compare_command(minimal_plan(), "/a", "/b", exclude=["cache/"]))
+    assert {"--dry-run", "--checksum", "--itemize-changes", "--delete", "--exclude=cache/"} <= set(argv)
+    assert "--info=progress2" not in argv
+
+
+def test_progress2_and_stats_are_parsed() -> None:
+    progress = rsync.parse_progress("     12,345,678  45%   12.34MB/s    0:00:05 (xfr#3, to-chk=7/10)")
+    assert progress == rsync.Progress(12_345_678, 45, "12.34MB/s", "0:00:05", 3)
+    assert rsync.parse_progress("sending incremental file list") is None
+    stats = rsync.parse_stats(
+        "Number of files: 20 (reg: 16, dir: 4)\n"
+        "Number of regular files transferred: 16\n"
+        "Total file size: 4,194,304 bytes\n"
+        "Total transferred file size: 4,000,000 bytes\n"
+        "Literal data: 3,999,999 bytes\n"
+        "Matched data: 0 bytes\n"
+    )
+    assert stats == rsync.Stats(16, 4_194_304, 4_000_000, 3_999_999)
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [(0, "ok"), (24, "vanished"), (10, "transient"), (12, "transient"), (30, "transient"), (255, "transient"),
+     (1, "permanent"), (23, "permanent"), (20, "permanent")],
+)  # fmt: skip
+def test_rsync_exit_codes_are_classified(code: int, kind: str) -> None:
+    assert rsync.exit_kind(code) == kind
+
+
+# --- retry policy, write budget, grants (pure) ------------------------------------------------------------------
+
+
+def test_transient_failures_are_retried_and_permanent_ones_are_not() -> None:
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise TransportError("connection refused", True)
+        return "ok"
+
+    with structlog.testing.capture_logs() as logs:
+        assert call_with_retry(flaky, FAST_RETRY, what="flaky") == "ok"
+    assert len(calls) == 3 and [e["event"] for e in logs] == ["retrying", "retrying"]
+
+    def denied() -> None:
+        calls.append(1)
+        raise TransportError("permission denied", False)
+
+    calls.clear()
+    with pytest.raises(TransportError, match="permission denied"):
+        call_with_retry(denied, FAST_RETRY, what="denied")
+    assert len(calls) == 1
+
+
+def test_write_budget_uses_the_journaled_start_and_names_the_action() -> None:
+    budget = WriteBudget(30)
+    budget.check("idle")  # writes are not blocked: nothing to count
+
+    with pytest.raises(StepError, match=r"more than cutover.max_write_block 30 s \(while copying uploads\)"):
+        budget.check("copying uploads", started_at=time.time() - 31)
+    budget.check("copying uploads", started_at=time.time() - 5)
+    budget.start(time.time() - 40)
+    with pytest.raises(StepError, match="writes blocked for 4"):
+        budget.check("starting the target")
+
+
+def test_privileges_come_from_global_grants_only() -> None:
+    grants = [
+        "GRANT RELOAD, PROCESS ON *.* TO `migrate`@`%` IDENTIFIED BY PASSWORD '*ABC'",
+        "GRANT SELECT, SHUTDOWN ON `app`.* TO `migrate`@`%`",
+    ]
+    assert mysql.missing_from_grants(grants, ["RELOAD", "SELECT", "SHUTDOWN"]) == {"SELECT", "SHUTDOWN"}
+    assert mysql.missing_from_grants(["GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost`"], ["SHUTDOWN"]) == set()
+    assert mysql.major_version("mariadbd  Ver 10.11.6-MariaDB-0+deb12u1 for debian") == "10.11"
+
+
+# --- on the lab -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def lab_env(lab: LabState, monkeypatch: pytest.MonkeyPatch) -> LabState:
+    for key, value in lab.secrets().items():
+        monkeypatch.setenv(key, value)
+    return lab
+
+
+@pytest.fixture
+def rt(lab_env: LabState) -> Iterator[Runtime]:
+    runtime = Runtime(load_plan(lab_env.plan_file), lab_env.plan_file)
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+@pytest.mark.lab
+def test_ssh_runs_commands_with_verified_keys(rt: Runtime) -> None:
+    result = rt.source.run("echo out; echo err >&2; exit 3", check=False)
+    assert (result.exit_status, result.stdout, result.stderr) == (3, "out\n", "err\n")
+    with pytest.raises(CommandFailed, match="exited with status 3: err") as failed:
+        rt.target.run("echo err >&2; exit 3")
+    assert failed.value.transient is False
+    assert rt.target.run("cat", input="line one\nline two\n").stdout == "line one\nline two\n"
+
+
+@pytest.mark.lab
+def test_secrets_reach_remote_commands_through_the_environment_not_the_command_line(rt: Runtime) -> None:
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    # While the command runs, no process on the host shows the secret in its arguments.
+    result = rt.source.run('echo "$TOKEN"; ps -eo args', env={"TOKEN": secret}, input=None)
+    first, _, processes = result.stdout.partition("\n")
+    assert first == secret
+    assert "ps -eo args" in processes and secret not in processes
+
+
+@pytest.mark.lab
+def test_stream_splits_progress_lines_on_carriage_returns(rt: Runtime) -> None:
+    lines: list[str] = []
+    result = rt.source.stream(r"printf '10%%\r50%%\r100%%\ndone\n'; echo warn >&2", lines.append)
+    assert lines == ["10%", "50%", "100%", "done"]
+    assert result.exit_status == 0 and result.stderr == "warn\n"
+
+
+@pytest.mark.lab
+def test_a_command_that_outlives_its_timeout_is_a_transient_error(rt: Runtime) -> None:
+    with pytest.raises(TransportError, match="timed out") as exc:
+        rt.target.run("sleep 10", timeout=0.5)
+    assert exc.value.transient is True
+    assert rt.target.run("echo still usable").stdout == "still usable\n"
+
+
+@pytest.mark.lab
+def test_wrong_known_hosts_is_refused_permanently_without_retries(lab: LabState, tmp_path: Path) -> None:
+    # A known_hosts that names the host with some other key: a man in the middle, as far as we can tell.
+    other_key = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
+    public = (tmp_path / "other.pub").read_text().split()
+    src = lab.source
+    (tmp_path / "known_hosts").write_text(f"[{src.address}]:{src.ssh_port} {public[0]} {public[1]}\n")
+    host = Host(address=src.address, ssh_port=src.ssh_port, key=str(lab.ssh_key), known_hosts="known_hosts")
+    ssh = SshHost(host, name="source", base_dir=tmp_path, retry=Retry(attempts=5, max_wait=0.05))
+    with structlog.testing.capture_logs() as logs, pytest.raises(TransportError, match="host key not verifiable"):
+        ssh.run("true")
+    ssh.close()
+    assert not [e for e in logs if e["event"] == "retrying"]
+
+
+@pytest.mark.lab
+def test_connection_refused_is_transient_and_retried(lab: LabState) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind((lab.source.address, 0))
+        port = probe.getsockname()[1]
+    host = Host(address=lab.source.address, ssh_port=port, key=str(lab.ssh_key), known_hosts=str(lab.known_hosts))
+    ssh = SshHost(host, name="source", base_dir=lab.path, retry=Retry(attempts=2, max_wait=0.05))
+    with structlog.testing.capture_logs() as logs, pytest.raises(TransportError, match="refused") as exc:
+        ssh.run("true")
+    assert exc.value.transient is True
+    assert [e["event"] for e in logs] == ["retrying"]
+
+
+@pytest.mark.lab
+def test_mysql_through_the_tunnel(rt: Runtime, lab: LabState) -> None:
+    conn = rt.db("source")
+    assert mysql.major_version(mysql.server_version(conn))
+    tables = mysql.list_tables(conn, None)
+    assert (lab.db_name, "reviews") in tables
+    assert not [t for t in tables if t[0] in mysql.SYSTEM_SCHEMAS]
+    counts = mysql.row_counts(conn, tables)
+    assert counts[f"{lab.db_name}.reviews"] > 0
+    sums = mysql.checksums(conn, tables)
+    assert set(sums) == set(counts)
+    # The same server through a TCP forward to its port (as the source sees it).
+    host, port = rt.source.forward_to_port(lab.source.address, lab.source.db_port)
+    password = rt.db_password()
+    tcp = mysql.connect(host, port, user=lab.migrate_user, password=password, connect_timeout=5, read_timeout=10,
+                        write_timeout=10)  # fmt: skip
+    try:
+        assert mysql.row_counts(tcp, tables) == counts
+    finally:
+        tcp.close()
+
+
+@pytest.mark.lab
+def test_wrong_database_password_is_a_permanent_error_without_the_password(
+    rt: Runtime, lab: LabState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(lab.db_password_env, "definitely-not-the-password")
+    with pytest.raises(mysql.DbError, match="Access denied") as exc:
+        rt.db("source")
+    assert exc.value.transient is False and exc.value.server_answered
+    assert "definitely-not-the-password" not in str(exc.value)
+
+
+@pytest.fixture
+def scratch(lab: LabState) -> Iterator[str]:
+    """A scratch directory on the target for rsync to write into."""
+    path = lab.target.path / f"scratch-{uuid.uuid4().hex[:8]}"
+    try:
+        yield str(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.lab
+def test_real_rsync_of_the_uploads_source_to_target(rt: Runtime, lab: LabState, scratch: str) -> None:
+    plan = rt.plan
+    uploads = [p for p in lab.source.uploads.rglob("*") if p.is_file()]
+    progress: list[rsync.Progress] = []
+    command = rsync.push_command(plan, str(lab.source.uploads), scratch, live=True)
+    stats = rsync.push(rt.source, command, what="uploads", retry=plan.retry, on_progress=progress.append)
+    assert stats.files_transferred == len(uploads)
+    assert stats.total_size == stats.transferred_bytes == sum(p.stat().st_size for p in uploads)
+    assert progress and progress[-1].pct == 100 and progress[-1].bytes == stats.total_size
+    # Equal trees: the checksum dry-run lists nothing; a stray file and a changed file are both listed.
+    compare = rsync.compare_command(plan, str(lab.source.uploads), scratch)
+    assert rsync.changed_items(rt.source, compare, what="uploads") == []
+    Path(scratch, "stray.txt").write_text("only on the target")
+    victim = Path(scratch) / uploads[0].relative_to(lab.source.uploads)
+    data = bytearray(victim.read_bytes())
+    data[0] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(uploads[0].stat().st_atime_ns, uploads[0].stat().st_mtime_ns))  # same size, same time
+    items = rsync.changed_items(rt.source, compare, what="uploads")
+    assert any(i.startswith("*deleting") and i.endswith("stray.txt") for i in items)
+    assert any(i.startswith("<fc") and i.endswith(victim.name) for i in items), items
+    # Another push deletes what the source does not have.
+    rsync.push(rt.source, command, what="uploads", retry=plan.retry)
+    assert not Path(scratch, "stray.txt").exists()
