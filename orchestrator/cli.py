@@ -510,8 +510,10 @@ _mount_lab()
 
 
 def main(argv: list[str] | None = None) -> None:
+    code: object = None
     try:
-        app(args=argv, standalone_mode=False)
+        # Outside standalone mode a `typer.Exit(n)` raised by a command comes back as the return value.
+        code = app(args=argv, standalone_mode=False)
     except Exit as exc:
         if exc.message:
             err.print(redact(exc.message), markup=False, soft_wrap=True)
@@ -536,7 +538,7 @@ def main(argv: list[str] | None = None) -> None:
         mlog.get_logger().error("internal error", exc_info=exc)
         err.print(f"internal error: {redact(' '.join(str(exc).split()))[:300] or type(exc).__name__}", markup=False)
         sys.exit(exit_codes.FAILED)
-    sys.exit(exit_codes.OK)
+    sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else exit_codes.OK)
 
 
 if __name__ == "__main__":
