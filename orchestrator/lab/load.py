@@ -1,0 +1,570 @@
+"""The lab's load generator: clients that find the service through DNS and write, upload and read during a move.
+
+    python -m orchestrator.lab.load --lab DIR --duration 60 --rate 20 --clients 4 --dns-ttl 5 --upload-every 5
+
+Each client behaves like a real one during a migration:
+- it resolves www.<zone> by asking the Cloudflare API double (zones, then A records) and caches the answer
+  for dns_ttl seconds; the first expiry of each client is staggered, so after a DNS flip some clients keep
+  talking to the old server for a while, as real resolvers do;
+- it posts reviews with unique ids, uploads a small file every `upload_every` reviews, and reads back its
+  last acknowledged review in between, at its share of the total rate
+  (`rate` counts every request of every client: half reviews, half reads, uploads on top);
+- a write that is not acknowledged (503, refused, timeout) is retried with the same id until it is
+  acknowledged or the run ends, re-resolving only when its cache expires.
+
+Every ACKNOWLEDGED write is one JSON line in <out>/acks.jsonl (flushed per line): the list `verify` checks on
+the target. The run's figures go to <out>/stats.json (rewritten every few seconds, final once "finished").
+<out> defaults to the lab's load/ directory. SIGTERM/SIGINT end the run cleanly, stats written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import http.client
+import itertools
+import json
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.lab.app import review_digest
+from orchestrator.lab.state import LabState
+
+ACKS_FILE = "acks.jsonl"
+STATS_FILE = "stats.json"
+HTTP_TIMEOUT = 5.0
+DNS_TIMEOUT = 3.0
+# Pause between retries of an unacknowledged write: fast enough to notice the target within a fraction of a
+# second, slow enough not to flood a server that is refusing writes.
+RETRY_DELAY = 0.1
+STATS_EVERY = 2.0
+RETRYABLE_CLIENT_ERRORS = (408, 429)
+COURSES = ("databases-101", "networks-201", "distributed-systems", "operating-systems", "compilers")
+
+
+@dataclass
+class ServerCounts:
+    writes_acked: int = 0
+    uploads_acked: int = 0
+    write_attempts_failed: int = 0
+    reads_ok: int = 0
+    reads_failed: int = 0
+
+
+@dataclass
+class LoadStats:
+    """The figures of one load run (stats.json)."""
+
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    duration_s: float = 0.0
+    finished: bool = False
+    rate: float = 0.0
+    clients: int = 0
+    dns_ttl: float = 0.0
+    upload_every: int = 0
+    writes_acked: int = 0
+    uploads_acked: int = 0
+    write_attempts_failed: int = 0
+    write_failures_by_reason: dict[str, int] = field(default_factory=dict)
+    # Writes still unacknowledged when the run ended: never acknowledged, so never counted as lost.
+    writes_pending_at_end: int = 0
+    # How long the oldest of those had been retried when the run ended (a stall no ack ever closed).
+    longest_pending_s: float = 0.0
+    # Writes the server refused as invalid (4xx): given up, never acknowledged. Should stay 0.
+    writes_rejected: int = 0
+    reads_ok: int = 0
+    reads_failed: int = 0
+    # Reads that got 404 for a review this client had been told was stored: a durability failure.
+    reads_missing: int = 0
+    longest_write_stall_s: float = 0.0
+    longest_write_stall_key: str | None = None
+    longest_ack_gap_s: float = 0.0
+    longest_ack_gap_from: float | None = None
+    dns_resolutions: int = 0
+    dns_failures: int = 0
+    # How many times a client's resolved address changed (after a DNS flip: once per client).
+    address_changes: int = 0
+    per_server: dict[str, ServerCounts] = field(default_factory=dict)
+    server_names: dict[str, str] = field(default_factory=dict)  # address → "source" / "target"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> LoadStats:
+        raw = dict(raw)
+        raw["per_server"] = {k: ServerCounts(**v) for k, v in raw.get("per_server", {}).items()}
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+class Recorder:
+    """Counters shared by every client, and the acknowledgement journal; all under one lock."""
+
+    def __init__(self, out_dir: Path, stats: LoadStats) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir = out_dir
+        self.stats = stats
+        self._lock = threading.Lock()
+        # A new run starts a new journal: verify checks the writes of the latest run.
+        self._acks = open(out_dir / ACKS_FILE, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self._ack_times: list[float] = []
+
+    def server(self, address: str) -> ServerCounts:
+        return self.stats.per_server.setdefault(address, ServerCounts())
+
+    def ack(self, record: dict[str, Any]) -> None:
+        stall = record["ack_ts"] - record["first_attempt_ts"]
+        key = record.get("id") or record.get("name")
+        line = json.dumps(record, separators=(",", ":"))
+        with self._lock:
+            self._acks.write(line + "\n")
+            self._acks.flush()
+            self._ack_times.append(record["ack_ts"])
+            counts = self.server(record["server"])
+            if record["kind"] == "upload":
+                self.stats.uploads_acked += 1
+                counts.uploads_acked += 1
+            else:
+                self.stats.writes_acked += 1
+                counts.writes_acked += 1
+            if stall > self.stats.longest_write_stall_s:
+                self.stats.longest_write_stall_s = round(stall, 3)
+                self.stats.longest_write_stall_key = key
+
+    def write_failed(self, address: str | None, reason: str) -> None:
+        with self._lock:
+            self.stats.write_attempts_failed += 1
+            by_reason = self.stats.write_failures_by_reason
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+            if address is not None:
+                self.server(address).write_attempts_failed += 1
+
+    def read(self, address: str | None, ok: bool, missing: bool = False) -> None:
+        with self._lock:
+            if ok:
+                self.stats.reads_ok += 1
+            else:
+                self.stats.reads_failed += 1
+                self.stats.reads_missing += int(missing)
+            if address is not None:
+                counts = self.server(address)
+                if ok:
+                    counts.reads_ok += 1
+                else:
+                    counts.reads_failed += 1
+
+    def count(self, name: str, by: int = 1) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + by)
+
+    def write_stats(self, *, finished: bool) -> LoadStats:
+        with self._lock:
+            self.stats.finished = finished
+            self.stats.ended_at = round(time.time(), 3)
+            self.stats.duration_s = round(self.stats.ended_at - self.stats.started_at, 3)
+            times = sorted(self._ack_times)
+            gaps = [(b - a, a) for a, b in itertools.pairwise(times)]
+            if gaps:
+                gap, at = max(gaps)
+                self.stats.longest_ack_gap_s = round(gap, 3)
+                self.stats.longest_ack_gap_from = round(at, 3)
+            payload = json.dumps(self.stats.to_json(), indent=2)
+        tmp = self.out_dir / (STATS_FILE + ".tmp")
+        tmp.write_text(payload)
+        os.replace(tmp, self.out_dir / STATS_FILE)
+        return self.stats
+
+    def close(self) -> None:
+        with self._lock:
+            self._acks.close()
+
+
+class Resolver:
+    """A caching resolver of one A record, asking the Cloudflare API (the lab's authoritative DNS)."""
+
+    def __init__(self, base_url: str, token: str, zone: str, record: str, ttl: float, first_ttl: float) -> None:
+        self._base_url = base_url.rstrip("/")
+        self._token = token
+        self._zone = zone
+        self._record = record
+        self._ttl = ttl
+        self._first_ttl = first_ttl
+        self._zone_id: str | None = None
+        self.address: str | None = None
+        self._expires = 0.0
+
+    def _get(self, path: str, query: dict[str, str]) -> list[dict[str, Any]]:
+        url = f"{self._base_url}{path}?{urllib.parse.urlencode(query)}"
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self._token}"})
+        with urllib.request.urlopen(request, timeout=DNS_TIMEOUT) as response:
+            body = json.loads(response.read())
+        if not body.get("success", False):
+            raise LookupError(f"API answered success=false for {path}")
+        return list(body.get("result") or [])
+
+    def _lookup(self) -> str:
+        if self._zone_id is None:
+            zones = self._get("/zones", {"name": self._zone})
+            if not zones:
+                raise LookupError(f"zone {self._zone} not found")
+            self._zone_id = str(zones[0]["id"])
+        records = self._get(f"/zones/{self._zone_id}/dns_records", {"name.exact": self._record, "type": "A"})
+        if not records:
+            raise LookupError(f"no A record for {self._record}")
+        return str(records[0]["content"])
+
+    def resolve(self, recorder: Recorder) -> str | None:
+        """The cached address, looked up again once expired; a failed lookup keeps the stale answer."""
+        now = time.monotonic()
+        if self.address is not None and now < self._expires:
+            return self.address
+        try:
+            address = self._lookup()
+        except (OSError, ValueError, LookupError, KeyError, http.client.HTTPException):
+            recorder.count("dns_failures")
+            self._expires = now + min(1.0, self._ttl) if self._ttl > 0 else now
+            return self.address
+        recorder.count("dns_resolutions")
+        if self.address is not None and address != self.address:
+            recorder.count("address_changes")
+        self.address = address
+        ttl = self._first_ttl if self._first_ttl >= 0 else self._ttl
+        self._first_ttl = -1.0
+        self._expires = now + ttl
+        return address
+
+
+@dataclass
+class Answer:
+    status: int  # 0 when no HTTP answer came (refused, reset, timeout)
+    body: bytes
+    reason: str  # for failures: fenced, http_<status>, refused, timeout, error
+
+
+def request(address: str, port: int, method: str, path: str, body: bytes | None = None) -> Answer:
+    conn = http.client.HTTPConnection(address, port, timeout=HTTP_TIMEOUT)
+    try:
+        headers = {"Content-Type": "application/json"} if method == "POST" else {}
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+    except ConnectionRefusedError:
+        return Answer(0, b"", "refused")
+    except TimeoutError:
+        return Answer(0, b"", "timeout")
+    except (OSError, http.client.HTTPException):
+        return Answer(0, b"", "error")
+    finally:
+        conn.close()
+    reason = f"http_{response.status}"
+    if response.status == 503 and b"fenced" in data:
+        reason = "fenced"
+    return Answer(response.status, data, reason)
+
+
+class Client:
+    """One simulated user: its own resolver cache, its own sequence of writes and reads."""
+
+    def __init__(
+        self,
+        index: int,
+        state: LabState,
+        recorder: Recorder,
+        resolver: Resolver,
+        *,
+        run_tag: str,
+        interval: float,
+        clients: int,
+        upload_every: int,
+        deadline: float,
+        stop: threading.Event,
+    ) -> None:
+        self.index = index
+        self.port = state.source.app_port
+        self.recorder = recorder
+        self.resolver = resolver
+        self.run_tag = run_tag
+        self.interval = interval
+        self.clients = clients
+        self.upload_every = upload_every
+        self.deadline = deadline
+        self.stop = stop
+        self.reviews_acked = 0
+        self.last_acked: tuple[str, str] | None = None  # (id, sha256)
+        self.pending = False
+        self.pending_since = 0.0
+
+    def over(self) -> bool:
+        return self.stop.is_set() or time.monotonic() >= self.deadline
+
+    def pause(self, seconds: float) -> None:
+        self.stop.wait(max(0.0, min(seconds, self.deadline - time.monotonic())))
+
+    def run(self) -> None:
+        # Spread the clients over one interval so their requests do not arrive in bursts.
+        next_at = time.monotonic() + self.interval * self.index / self.clients
+        seq = 0
+        while not self.over():
+            self.pause(next_at - time.monotonic())
+            if self.over():
+                break
+            if seq % 2 == 0:
+                self.write_review(seq // 2)
+                due_upload = self.upload_every > 0 and self.reviews_acked % self.upload_every == 0
+                if due_upload and self.reviews_acked > 0 and not self.over():
+                    self.write_upload(self.reviews_acked // self.upload_every)
+            else:
+                self.read()
+            seq += 1
+            next_at += self.interval
+            # A client that fell behind (a long stall) resumes its pace instead of bursting to catch up.
+            next_at = max(next_at, time.monotonic() - self.interval)
+
+    def write_until_acked(self, method: str, path: str, body: bytes) -> tuple[str, float, int, Answer] | None:
+        """Send one write again and again until acknowledged: (server, first attempt, attempts, answer)."""
+        first_attempt = time.time()
+        attempts = 0
+        self.pending = True
+        self.pending_since = first_attempt
+        while not self.over():
+            address = self.resolver.resolve(self.recorder)
+            if address is None:
+                self.recorder.write_failed(None, "unresolved")
+                self.pause(RETRY_DELAY * 5)
+                continue
+            attempts += 1
+            answer = request(address, self.port, method, path, body)
+            if answer.status in (200, 201):
+                self.pending = False
+                return address, first_attempt, attempts, answer
+            self.recorder.write_failed(address, answer.reason)
+            if 400 <= answer.status < 500 and answer.status not in RETRYABLE_CLIENT_ERRORS:
+                # The server refused this write for what it is: sending it again cannot succeed.
+                self.pending = False
+                self.recorder.count("writes_rejected")
+                return None
+            self.pause(RETRY_DELAY)
+        return None
+
+    def write_review(self, n: int) -> None:
+        review_id = f"{self.run_tag}-c{self.index}-r{n}"
+        review = {
+            "id": review_id,
+            "author": f"student-{self.index}",
+            "course": COURSES[n % len(COURSES)],
+            "rating": 1 + n % 5,
+            "body": f"Review {n} by client {self.index}: clear lectures. ({secrets.token_hex(8)})",
+        }
+        digest = review_digest(review["author"], review["course"], review["rating"], review["body"])
+        result = self.write_until_acked("POST", "/reviews", json.dumps(review).encode())
+        if result is None:
+            return
+        address, first_attempt, attempts, answer = result
+        self.recorder.ack(
+            {
+                "kind": "review",
+                "id": review_id,
+                "sha256": digest,
+                "server": address,
+                "status": answer.status,
+                "attempts": attempts,
+                "client": self.index,
+                "first_attempt_ts": round(first_attempt, 6),
+                "ack_ts": round(time.time(), 6),
+            }
+        )
+        self.reviews_acked += 1
+        self.last_acked = (review_id, digest)
+
+    def write_upload(self, n: int) -> None:
+        name = f"{self.run_tag}-c{self.index}-u{n}.bin"
+        data = os.urandom(512 + (n * 977) % 4096)
+        digest = hashlib.sha256(data).hexdigest()
+        result = self.write_until_acked("PUT", f"/uploads/{name}", data)
+        if result is None:
+            return
+        address, first_attempt, attempts, answer = result
+        with contextlib.suppress(ValueError):
+            served = json.loads(answer.body).get("sha256")
+            if served != digest:
+                # The server stored something else than what we sent: never count that as acknowledged.
+                self.recorder.write_failed(address, "bad_digest")
+                return
+        self.recorder.ack(
+            {
+                "kind": "upload",
+                "name": name,
+                "sha256": digest,
+                "size": len(data),
+                "server": address,
+                "status": answer.status,
+                "attempts": attempts,
+                "client": self.index,
+                "first_attempt_ts": round(first_attempt, 6),
+                "ack_ts": round(time.time(), 6),
+            }
+        )
+
+    def read(self) -> None:
+        address = self.resolver.resolve(self.recorder)
+        if address is None:
+            self.recorder.read(None, ok=False)
+            return
+        if self.last_acked is None:
+            # Nothing of ours to read back yet; the health check still reads through the database.
+            answer = request(address, self.port, "GET", "/healthz")
+            self.recorder.read(address, ok=answer.status == 200)
+            return
+        review_id, digest = self.last_acked
+        answer = request(address, self.port, "GET", f"/reviews/{review_id}")
+        if answer.status == 200:
+            try:
+                same = json.loads(answer.body).get("sha256") == digest
+            except ValueError:
+                same = False
+            self.recorder.read(address, ok=same, missing=not same)
+        else:
+            self.recorder.read(address, ok=False, missing=answer.status == 404)
+
+
+def dns_record_name(state: LabState) -> str:
+    """The name clients resolve: the www record of the lab's zone."""
+    return next((r for r in state.records if r.startswith("www.")), f"www.{state.zone}")
+
+
+def main_load(
+    state: LabState,
+    *,
+    duration: float,
+    rate: float,
+    clients: int,
+    dns_ttl: float,
+    upload_every: int,
+    out: Path | None,
+    stop: threading.Event | None = None,
+) -> LoadStats:
+    """Run the load for `duration` seconds (or until `stop` is set); returns the final stats.
+
+    `out` is the directory of acks.jsonl and stats.json (default: the lab's load/ directory).
+    Blocking; safe to call from a background thread (pass `stop` to end it early).
+    """
+    if rate <= 0 or clients <= 0 or duration < 0 or dns_ttl < 0:
+        raise ValueError("rate and clients must be positive, duration and dns_ttl not negative")
+    out_dir = out if out is not None else state.load_dir
+    stop = stop if stop is not None else threading.Event()
+    token = state.secrets()[state.token_env]
+    stats = LoadStats(
+        started_at=round(time.time(), 3),
+        rate=rate,
+        clients=clients,
+        dns_ttl=dns_ttl,
+        upload_every=upload_every,
+        server_names={state.source.address: "source", state.target.address: "target"},
+    )
+    recorder = Recorder(out_dir, stats)
+    run_tag = time.strftime("%H%M%S") + "-" + secrets.token_hex(3)
+    deadline = time.monotonic() + duration
+    record = dns_record_name(state)
+    workers: list[threading.Thread] = []
+    users: list[Client] = []
+    for index in range(clients):
+        # Staggered first expiry: client i keeps its first answer for (i+1)/clients of the TTL.
+        resolver = Resolver(
+            state.cf_base_url, token, state.zone, record, dns_ttl, first_ttl=dns_ttl * (index + 1) / clients
+        )
+        client = Client(
+            index,
+            state,
+            recorder,
+            resolver,
+            run_tag=run_tag,
+            interval=clients / rate,
+            clients=clients,
+            upload_every=upload_every,
+            deadline=deadline,
+            stop=stop,
+        )
+        users.append(client)
+        worker = threading.Thread(target=client.run, name=f"load-client-{index}", daemon=True)
+        workers.append(worker)
+        worker.start()
+    try:
+        next_stats = time.monotonic() + STATS_EVERY
+        while any(w.is_alive() for w in workers):
+            for worker in workers:
+                worker.join(timeout=0.2)
+            if time.monotonic() >= next_stats:
+                recorder.write_stats(finished=False)
+                next_stats = time.monotonic() + STATS_EVERY
+            if time.monotonic() > deadline + HTTP_TIMEOUT + 2 * DNS_TIMEOUT:
+                break  # every request is bounded; this only guards against a wedged socket
+    finally:
+        stop.set()
+        pending_since = [user.pending_since for user in users if user.pending]
+        stats.writes_pending_at_end = len(pending_since)
+        stats.longest_pending_s = round(time.time() - min(pending_since), 3) if pending_since else 0.0
+        final = recorder.write_stats(finished=True)
+        recorder.close()
+    return final
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.lab.load", description="Lab load generator.")
+    parser.add_argument("--lab", default=".lab", help="the lab directory (default: .lab)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds (default: 60)")
+    parser.add_argument("--rate", type=float, default=20.0, help="requests/s, all clients (default: 20)")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent clients (default: 4)")
+    parser.add_argument("--dns-ttl", type=float, default=5.0, help="seconds a client caches DNS (default: 5)")
+    parser.add_argument("--upload-every", type=int, default=5, help="an upload every N reviews; 0: none")
+    parser.add_argument("--out", type=Path, default=None, help="directory of acks.jsonl and stats.json")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stats = main_load(
+        LabState.load(args.lab),
+        duration=args.duration,
+        rate=args.rate,
+        clients=args.clients,
+        dns_ttl=args.dns_ttl,
+        upload_every=args.upload_every,
+        out=args.out,
+        stop=stop,
+    )
+    print(summary(stats))
+    return 0
+
+
+def summary(stats: LoadStats) -> str:
+    servers = ", ".join(
+        f"{address}: {c.writes_acked} writes, {c.uploads_acked} uploads, {c.reads_ok} reads"
+        for address, c in sorted(stats.per_server.items())
+    )
+    return (
+        f"load: {stats.duration_s:.1f}s, {stats.writes_acked} writes and {stats.uploads_acked} uploads"
+        f" acknowledged, {stats.write_attempts_failed} write attempts failed,"
+        f" {stats.writes_pending_at_end} pending at the end (oldest {stats.longest_pending_s:.2f}s);"
+        f" reads {stats.reads_ok} ok / {stats.reads_failed} failed ({stats.reads_missing} missing);"
+        f" longest write stall {stats.longest_write_stall_s:.2f}s, longest gap between acks"
+        f" {stats.longest_ack_gap_s:.2f}s; per server: {servers or 'none'}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Proof that nothing acknowledged was lost: every write the load generator was told was stored is on the host.
+
+    python -m orchestrator.lab.verify --lab DIR [--host target] [--load-dir DIR] [--json FILE]
+
+Reads <load dir>/acks.jsonl (written by the load generator, one line per acknowledged write) and checks, on the
+chosen host (the target by default):
+- every acknowledged review is in its database with the same content (sha256 of author, course, rating, body);
+- every acknowledged upload is in its uploads directory with the same sha256, and has its row in `uploads`.
+It adds the run's figures from stats.json (longest write stall, failed reads and writes) and whether the uploads
+trees of source and target are byte-identical. Prints a human report, writes it as JSON
+(<load dir>/verify-<host>.json by default), and exits 1 when anything acknowledged is lost, 2 when it cannot
+check (no acknowledgements journal, database unreachable), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import stat
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pymysql
+
+from orchestrator.lab.app import db_connect, review_digest
+from orchestrator.lab.load import ACKS_FILE, STATS_FILE
+from orchestrator.lab.state import LabState
+
+EXIT_OK = 0
+EXIT_LOST = 1
+EXIT_CANNOT_VERIFY = 2
+# How many lost keys / tree differences a report lists (the counts are always complete).
+LIST_LIMIT = 20
+QUERY_BATCH = 500
+SHOWN_DIFFERENCES = 5  # in the human report
+
+
+@dataclass
+class VerifyReport:
+    host: str
+    load_dir: str
+    checked_at: float = field(default_factory=lambda: round(time.time(), 3))
+    reviews_acknowledged: int = 0
+    reviews_lost: int = 0  # acknowledged, not in the database
+    reviews_altered: int = 0  # in the database with other content than acknowledged
+    uploads_acknowledged: int = 0
+    uploads_lost: int = 0  # file missing, or its sha256 differs
+    upload_rows_lost: int = 0  # row missing from `uploads`, or its sha256 differs
+    lost: list[str] = field(default_factory=list)  # the first lost review ids / upload names
+    # From the load run's stats.json (None when it has none).
+    longest_write_stall_s: float | None = None
+    longest_ack_gap_s: float | None = None
+    write_attempts_failed: int | None = None
+    writes_pending_at_end: int | None = None
+    longest_pending_s: float | None = None
+    reads_failed: int | None = None
+    reads_missing: int | None = None
+    per_server: dict[str, Any] = field(default_factory=dict)
+    server_names: dict[str, str] = field(default_factory=dict)
+    trees_identical: bool | None = None
+    # Every entry of the source's tree is on the target, identical (after a migration the target also holds
+    # what clients uploaded after the flip, so this is the property that matters then).
+    source_tree_on_target: bool | None = None
+    tree_difference_count: int = 0
+    tree_differences: list[str] = field(default_factory=list)  # the first ones
+    error: str | None = None  # why the check could not be made
+
+    @property
+    def acknowledged_lost(self) -> int:
+        return self.reviews_lost + self.reviews_altered + self.uploads_lost + self.upload_rows_lost
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.acknowledged_lost == 0
+
+    @property
+    def exit_code(self) -> int:
+        if self.error is not None:
+            return EXIT_CANNOT_VERIFY
+        return EXIT_OK if self.acknowledged_lost == 0 else EXIT_LOST
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "acknowledged_lost": self.acknowledged_lost, "ok": self.ok}
+
+
+def read_acks(path: Path) -> list[dict[str, Any]]:
+    """The acknowledged writes; a torn last line (the generator killed mid-write) was never fully acknowledged."""
+    acks: list[dict[str, Any]] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            acks.append(json.loads(line))
+        except ValueError:
+            continue
+    return acks
+
+
+def file_sha256(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def tree_entries(root: Path) -> dict[str, str]:
+    """relative path → what it is (file digest, symlink target, directory), for a byte-for-byte comparison."""
+    entries: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                entries[rel] = f"symlink {os.readlink(path)}"
+            elif stat.S_ISDIR(mode):
+                entries[rel] = "directory"
+            elif stat.S_ISREG(mode):
+                entries[rel] = f"file {file_sha256(path)}"
+            else:
+                entries[rel] = f"special {stat.S_IFMT(mode):o}"
+    return entries
+
+
+def compare_trees(a: Path, b: Path) -> list[str]:
+    """The differences between two directory trees (empty when identical)."""
+    differences = [f"not a directory: {root}" for root in (a, b) if not root.is_dir()]
+    if differences:
+        return differences
+    left, right = tree_entries(a), tree_entries(b)
+    for rel in sorted(left.keys() | right.keys()):
+        if rel not in right:
+            differences.append(f"only on source: {rel}")
+        elif rel not in left:
+            differences.append(f"only on target: {rel}")
+        elif left[rel] != right[rel]:
+            differences.append(f"differs: {rel}")
+    return differences
+
+
+def check_reviews(cur: Any, acks: list[dict[str, Any]], report: VerifyReport) -> None:
+    wanted = {a["id"]: a["sha256"] for a in acks}
+    ids = sorted(wanted)
+    found: dict[str, str] = {}
+    for start in range(0, len(ids), QUERY_BATCH):
+        batch = ids[start : start + QUERY_BATCH]
+        placeholders = ", ".join(["%s"] * len(batch))
+        cur.execute(f"SELECT id, author, course, rating, body FROM reviews WHERE id IN ({placeholders})", batch)
+        for review_id, author, course, rating, body in cur.fetchall():
+            found[review_id] = review_digest(author, course, rating, body)
+    report.reviews_acknowledged = len(wanted)
+    for review_id in ids:
+        if review_id not in found:
+            report.reviews_lost += 1
+            note = review_id
+        elif found[review_id] != wanted[review_id]:
+            report.reviews_altered += 1
+            note = f"{review_id} (altered)"
+        else:
+            continue
+        if len(report.lost) < LIST_LIMIT:
+            report.lost.append(note)
+
+
+def check_uploads(cur: Any, acks: list[dict[str, Any]], uploads_dir: Path, report: VerifyReport) -> None:
+    wanted = {a["name"]: a["sha256"] for a in acks}
+    names = sorted(wanted)
+    rows: dict[str, str] = {}
+    for start in range(0, len(names), QUERY_BATCH):
+        batch = names[start : start + QUERY_BATCH]
+        placeholders = ", ".join(["%s"] * len(batch))
+        cur.execute(f"SELECT name, sha256 FROM uploads WHERE name IN ({placeholders})", batch)
+        rows.update({name: digest for name, digest in cur.fetchall()})
+    report.uploads_acknowledged = len(wanted)
+    for name in names:
+        problems = []
+        if file_sha256(uploads_dir / name) != wanted[name]:
+            report.uploads_lost += 1
+            problems.append("file")
+        if rows.get(name) != wanted[name]:
+            report.upload_rows_lost += 1
+            problems.append("row")
+        if problems and len(report.lost) < LIST_LIMIT:
+            report.lost.append(f"upload {name} ({' and '.join(problems)})")
+
+
+def add_stats(stats_path: Path, report: VerifyReport) -> None:
+    try:
+        stats = json.loads(stats_path.read_text())
+    except (OSError, ValueError):
+        return
+    report.longest_write_stall_s = stats.get("longest_write_stall_s")
+    report.longest_ack_gap_s = stats.get("longest_ack_gap_s")
+    report.write_attempts_failed = stats.get("write_attempts_failed")
+    report.writes_pending_at_end = stats.get("writes_pending_at_end")
+    report.longest_pending_s = stats.get("longest_pending_s")
+    report.reads_failed = stats.get("reads_failed")
+    report.reads_missing = stats.get("reads_missing")
+    report.per_server = stats.get("per_server", {})
+    report.server_names = stats.get("server_names", {})
+
+
+def main_verify(
+    state: LabState, *, host: str = "target", load_dir: Path | None = None, out: Path | None = None
+) -> VerifyReport:
+    """Check every acknowledged write of the latest load run against `host`; writes the JSON report to `out`
+    (default <load dir>/verify-<host>.json) and returns it."""
+    directory = load_dir if load_dir is not None else state.load_dir
+    lab_host = state.host(host)
+    report = VerifyReport(host=host, load_dir=str(directory))
+    add_stats(directory / STATS_FILE, report)
+    differences = compare_trees(state.source.uploads, state.target.uploads)
+    report.trees_identical = not differences
+    report.source_tree_on_target = not any(d.startswith(("only on source", "differs", "not a")) for d in differences)
+    report.tree_difference_count = len(differences)
+    report.tree_differences = differences[:LIST_LIMIT]
+    try:
+        acks = read_acks(directory / ACKS_FILE)
+    except OSError as exc:
+        report.error = f"no acknowledgements journal at {directory / ACKS_FILE}: {exc.strerror}"
+    else:
+        try:
+            password = state.secrets()[state.app_password_env]
+            conn = db_connect(state, lab_host, password)
+        except (pymysql.err.MySQLError, OSError, KeyError) as exc:
+            report.error = f"cannot reach the {host} database at {lab_host.db_socket}: {type(exc).__name__}"
+        else:
+            try:
+                with conn.cursor() as cur:
+                    check_reviews(cur, [a for a in acks if a.get("kind") == "review"], report)
+                    check_uploads(cur, [a for a in acks if a.get("kind") == "upload"], lab_host.uploads, report)
+            except pymysql.err.MySQLError as exc:
+                report.error = f"query on the {host} database failed: {exc.args[0] if exc.args else exc}"
+            finally:
+                conn.close()
+    target_file = out if out is not None else directory / f"verify-{host}.json"
+    target_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target_file.with_name(target_file.name + ".tmp")
+    tmp.write_text(json.dumps(report.to_json(), indent=2))
+    os.replace(tmp, target_file)
+    return report
+
+
+def render(report: VerifyReport) -> str:
+    def figure(value: float | int | None, unit: str = "") -> str:
+        if value is None:
+            return "n/a"
+        return f"{value:.2f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+    lines = [f"verify on {report.host} ({report.load_dir})"]
+    if report.error is not None:
+        lines.append(f"  CANNOT VERIFY: {report.error}")
+    else:
+        lines += [
+            f"  reviews acknowledged      {report.reviews_acknowledged}",
+            f"  reviews lost              {report.reviews_lost}",
+            f"  reviews altered           {report.reviews_altered}",
+            f"  uploads acknowledged      {report.uploads_acknowledged}",
+            f"  uploads lost (files)      {report.uploads_lost}",
+            f"  uploads lost (rows)       {report.upload_rows_lost}",
+        ]
+    lines += [
+        f"  longest write stall       {figure(report.longest_write_stall_s, ' s')}",
+        f"  longest gap between acks  {figure(report.longest_ack_gap_s, ' s')}",
+        f"  write attempts failed     {figure(report.write_attempts_failed)}",
+        f"  writes pending at end     {figure(report.writes_pending_at_end)}"
+        f" (oldest {figure(report.longest_pending_s, ' s')})",
+        f"  reads failed              {figure(report.reads_failed)} ({figure(report.reads_missing)} missing)",
+    ]
+    if report.trees_identical:
+        lines.append("  uploads trees identical   yes (source and target, byte for byte)")
+    else:
+        lines.append(f"  uploads trees identical   no ({report.tree_difference_count} differences)")
+        contained = "yes" if report.source_tree_on_target else "no"
+        lines.append(f"  source files on target    {contained} (each file of the source, byte for byte)")
+        lines += [f"    {difference}" for difference in report.tree_differences[:SHOWN_DIFFERENCES]]
+        if report.tree_difference_count > SHOWN_DIFFERENCES:
+            lines.append(f"    ... ({report.tree_difference_count - SHOWN_DIFFERENCES} more)")
+    for address, counts in sorted(report.per_server.items()):
+        label = f"{report.server_names.get(address, '?')} {address}"
+        lines.append(
+            f"  served by {label:<25} {counts.get('writes_acked', 0)} writes,"
+            f" {counts.get('uploads_acked', 0)} uploads acknowledged, {counts.get('reads_ok', 0)} reads ok;"
+            f" {counts.get('write_attempts_failed', 0)} write attempts and {counts.get('reads_failed', 0)} reads"
+            " failed"
+        )
+    lines += [f"    lost: {key}" for key in report.lost]
+    if report.error is None:
+        verdict = "OK: nothing acknowledged was lost" if report.ok else "FAILED: acknowledged data is missing"
+        lines.append(f"  {verdict}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.lab.verify", description="Lab verify.")
+    parser.add_argument("--lab", default=".lab", help="the lab directory (default: .lab)")
+    parser.add_argument("--host", choices=["source", "target"], default="target")
+    parser.add_argument("--load-dir", type=Path, default=None, help="where acks.jsonl is (default: <lab>/load)")
+    parser.add_argument("--json", type=Path, default=None, help="report file (default: <load dir>/verify-HOST.json)")
+    args = parser.parse_args(argv)
+    report = main_verify(LabState.load(args.lab), host=args.host, load_dir=args.load_dir, out=args.json)
+    print(render(report))
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
