@@ -1,0 +1,450 @@
+"""`lab up`, `lab down`, `lab status`: the two lab hosts with their daemons, made, checked and stopped.
+
+`up` is idempotent: on a fresh directory it makes everything; on a half-made lab it finishes it; on a running lab
+it checks every part and repairs what is missing. It never starts or stops the target's database or app once the
+lab exists (a migration may have moved the service there), and it never recreates keys or secrets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import ipaddress
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from orchestrator.lab import binscripts, mariadb, planfile, procs, setup, sshd
+from orchestrator.lab.state import STATE_FILE, HostState, LabState
+
+SOURCE_ADDRESS = "127.0.0.2"
+TARGET_ADDRESS = "127.0.0.3"
+# The ports `lab up` prefers (and docker-compose.test.yml publishes); any taken one is replaced by a free one.
+DEFAULT_SSH_PORT = 2222
+DEFAULT_DB_PORT = 3307
+DEFAULT_APP_PORT = 8080
+DEFAULT_CF_PORT = 8443
+LOAD_PID_SUFFIX = ".pid"
+CF_MODULE = "orchestrator.lab.cfapi"
+MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path holds 108 bytes with its terminating NUL
+
+Say = Callable[[str], None]
+
+
+class LabError(RuntimeError):
+    """The lab could not be brought up or down; the message names the part and its log."""
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _optional_module(name: str) -> ModuleType | None:
+    """A lab module written separately (the Cloudflare double, load, verify), or None while it does not exist."""
+    if importlib.util.find_spec(name) is None:
+        return None
+    return importlib.import_module(name)
+
+
+# --- state and secrets ---------------------------------------------------------------------------------------
+
+
+def new_state(lab_dir: Path, source_address: str, target_address: str, *, default_ports: bool) -> LabState:
+    addresses = (source_address, target_address)
+    taken: list[int] = []
+
+    def pick(prefer: int) -> int:
+        port = procs.free_port(addresses, prefer=prefer if default_ports else None, avoid=taken)
+        taken.append(port)
+        return port
+
+    ssh_port, db_port, app_port = pick(DEFAULT_SSH_PORT), pick(DEFAULT_DB_PORT), pick(DEFAULT_APP_PORT)
+
+    def host(name: str, address: str, server_id: int) -> HostState:
+        return HostState(
+            name=name,
+            address=address,
+            ssh_port=ssh_port,
+            db_port=db_port,
+            app_port=app_port,
+            server_id=server_id,
+            root=str(lab_dir / name),
+        )
+
+    return LabState(
+        dir=str(lab_dir),
+        source=host("source", source_address, 1),
+        target=host("target", target_address, 2),
+    )
+
+
+def _ours_or_free(host: HostState, port: int, ours_running: bool) -> bool:
+    return ours_running or procs.port_is_free(host.address, port)
+
+
+def repair_ports(state: LabState) -> bool:
+    """Re-pick a port kind (the same on both hosts) when a stopped part of ours would find it taken by someone
+    else. Returns True when a port changed (configs, known_hosts and the plan are rewritten anyway)."""
+    changed = False
+    hosts = (state.source, state.target)
+    addresses = [h.address for h in hosts]
+    kinds: dict[str, Callable[[HostState], bool]] = {
+        "ssh_port": lambda h: sshd.running_pid(h) is not None,
+        "db_port": lambda h: db_pid(h) is not None,
+        "app_port": lambda h: app_pid(state, h) is not None,
+    }
+    for attr, is_running in kinds.items():
+        port = getattr(state.source, attr)
+        if all(_ours_or_free(h, port, is_running(h)) for h in hosts):
+            continue
+        if any(is_running(h) for h in hosts):
+            raise LabError(f"{attr.replace('_', ' ')} {port} is taken by another process while part of the lab runs")
+        others = [getattr(state.source, a) for a in kinds if a != attr]
+        new_port = procs.free_port(addresses, avoid=others)
+        for h in hosts:
+            setattr(h, attr, new_port)
+        changed = True
+    return changed
+
+
+def ensure_env_file(state: LabState) -> dict[str, str]:
+    """lab.env: the lab's secrets, random, made once (mode 0600) and kept; a missing variable is added."""
+    names = (state.token_env, state.db_password_env, state.app_password_env)
+    values = state.secrets() if state.env_file.exists() else {}
+    missing = [n for n in names if not values.get(n)]
+    if missing:
+        for name in missing:
+            values[name] = secrets.token_urlsafe(24)
+        lines = ["# The lab's secrets (made once by `lab up`). Load with: set -a; . ./lab.env; set +a"]
+        lines += [f"{k}={v}" for k, v in values.items()]
+        fd = os.open(state.env_file.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write("\n".join(lines) + "\n")
+        os.replace(state.env_file.with_suffix(".tmp"), state.env_file)
+    state.env_file.chmod(0o600)
+    return values
+
+
+# --- processes -----------------------------------------------------------------------------------------------
+
+
+def db_pid(host: HostState) -> int | None:
+    return procs.running_pid(host.db_pid_file, f"--datadir={host.datadir}")
+
+
+def app_pid(state: LabState, host: HostState) -> int | None:
+    return procs.running_pid(host.app_pid_file, binscripts.app_marker(state, host))
+
+
+def load_pids(state: LabState) -> list[int]:
+    """Load generators of this lab: pid files in load/ and any `orchestrator.lab.load` naming this lab's dir."""
+    found: set[int] = set()
+    if state.load_dir.is_dir():
+        for pid_file in state.load_dir.glob(f"*{LOAD_PID_SUFFIX}"):
+            pid = procs.running_pid(pid_file)
+            if pid is not None and pid != os.getpid():
+                found.add(pid)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            line = procs.cmdline(int(entry.name))
+            if "orchestrator.lab.load" in line and state.dir in line:
+                found.add(int(entry.name))
+    return sorted(found)
+
+
+def run_script(host: HostState, name: str, *, timeout: float = 600.0) -> None:
+    path = host.bin_dir / name
+    proc = subprocess.run(
+        [str(path)], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+    )
+    if proc.returncode != 0:
+        raise LabError(f"{path} failed (exit {proc.returncode}): {proc.stderr.strip()}")
+
+
+def cf_module() -> ModuleType | None:
+    return _optional_module(CF_MODULE)
+
+
+def cf_pid(state: LabState) -> int | None:
+    """The Cloudflare double's pid, from the pid file in cf/ (whatever its exact name)."""
+    if not state.cf_dir.is_dir():
+        return None
+    for pid_file in sorted(state.cf_dir.glob("*.pid")):
+        pid = procs.running_pid(pid_file, CF_MODULE)
+        if pid is not None:
+            return pid
+    return None
+
+
+# --- up ------------------------------------------------------------------------------------------------------
+
+
+def seed_uploads(state: LabState, uploads_size_mb: int) -> int:
+    """Demo files in the source's uploads (random bytes, so nothing compresses them away), recorded in the
+    `uploads` table. Returns how many files it wrote."""
+    uploads = state.source.uploads
+    uploads.mkdir(parents=True, exist_ok=True)
+    state.target.uploads.mkdir(parents=True, exist_ok=True)
+    total = max(1, uploads_size_mb) * 1024 * 1024
+    count = max(8, min(2000, total // (256 * 1024)))
+    size = total // count
+    written = 0
+    rows: list[str] = []
+    for index in range(1, count + 1):
+        path = uploads / f"seed-{index:04d}.bin"
+        if not (path.exists() and path.stat().st_size == size):
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_bytes(os.urandom(size))
+            tmp.replace(path)
+            written += 1
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        rows.append(f"('{path.name}', {size}, '{digest}')")
+    mariadb.run_sql(
+        state.source,
+        "INSERT INTO uploads (name, size, sha256) VALUES "
+        + ",\n".join(rows)
+        + " ON DUPLICATE KEY UPDATE size = VALUES(size), sha256 = VALUES(sha256);",
+        database=state.db_name,
+    )
+    return written
+
+
+def _load_or_new(lab_dir: Path, source_address: str, target_address: str, default_ports: bool) -> LabState:
+    if (lab_dir / STATE_FILE).exists():
+        state = LabState.load(lab_dir)
+        if state.dir != str(lab_dir):
+            raise LabError(f"{lab_dir / STATE_FILE} belongs to a lab made in {state.dir}; a lab cannot be moved")
+        return state
+    return new_state(lab_dir, source_address, target_address, default_ports=default_ports)
+
+
+def _start_sshds(state: LabState, say: Say) -> None:
+    """Both sshd; when another process took the port between our check and sshd's bind, once more on a new one."""
+    for attempt in (1, 2):
+        for host in (state.source, state.target):
+            sshd.prepare(state, host)
+        sshd.write_known_hosts(state)
+        try:
+            for host in (state.source, state.target):
+                pid = sshd.start(state, host)
+                say(f"{host.name}: sshd on {host.address}:{host.ssh_port} (pid {pid})")
+            return
+        except sshd.LabSshError:
+            if attempt == 2 or all(procs.port_is_free(h.address, h.ssh_port) for h in (state.source, state.target)):
+                raise
+            for host in (state.source, state.target):
+                sshd.stop(host)
+            repair_ports(state)
+            state.save()
+
+
+def up(
+    lab_dir: Path,
+    *,
+    db_size_mb: int = 5,
+    uploads_size_mb: int = 4,
+    source_address: str = SOURCE_ADDRESS,
+    target_address: str = TARGET_ADDRESS,
+    default_ports: bool = True,
+    say: Say = _quiet,
+) -> LabState:
+    """Bring the lab up (or finish / repair it) and return its state, saved in <dir>/lab.json.
+
+    `default_ports=False` picks random free ports even when the defaults are free: for test labs made next to
+    other labs on the same machine, where two runs racing for the same default port would collide.
+    """
+    for address in (source_address, target_address):
+        if not ipaddress.ip_address(address).is_loopback:
+            raise LabError(f"{address} is not a loopback address: the lab lives on 127.0.0.0/8 only")
+    if source_address == target_address:
+        raise LabError("the source and the target need different addresses")
+    installed = setup.ensure_system_tools()
+    if installed:
+        say(f"installed system packages: {' '.join(installed)}")
+    lab_dir = lab_dir.expanduser().absolute()
+    lab_dir.mkdir(parents=True, exist_ok=True)
+    state = _load_or_new(lab_dir, source_address, target_address, default_ports)
+    longest_socket = max(len(str(h.db_socket)) for h in (state.source, state.target))
+    if longest_socket > MAX_SOCKET_PATH:
+        raise LabError(f"the lab directory {lab_dir} is too deep: unix socket paths would pass {MAX_SOCKET_PATH} bytes")
+    if not state.cf_port and default_ports:
+        state.cf_port = DEFAULT_CF_PORT  # the double takes it when free, else picks another and records it
+    fresh_target = not mariadb.installed_marker(state.target).exists()
+    if repair_ports(state):
+        say("some ports were taken by other processes: picked new ones")
+    state.save()
+    ensure_env_file(state)
+    secrets_ = state.secrets()
+
+    # Keys and sshd: the lab key pair logs into both hosts and lets the source reach the target.
+    sshd.keygen(state.ssh_key, "migrate-lab")
+    for host in (state.source, state.target):
+        for sub in (host.run_dir, host.log_dir, host.uploads, host.app_dir):
+            sub.mkdir(parents=True, exist_ok=True)
+    _start_sshds(state, say)
+    for host in (state.source, state.target):
+        sshd.verify_login(state, host)
+    sshd.verify_source_to_target(state)
+    say("ssh: both hosts answer with verified host keys; the source reaches the target")
+
+    # MariaDB: both datadirs installed; the source runs with users, schema and data; the target stays stopped.
+    for host in (state.source, state.target):
+        binscripts.write_scripts(state, host)
+        if mariadb.install_datadir(host):
+            say(f"{host.name}: datadir installed in {host.datadir}")
+    run_script(state.source, "db-start")
+    mariadb.provision_users(state, secrets_)
+    added = mariadb.fill_reviews(state, db_size_mb)
+    say(f"source: mariadb on {state.source.address}:{state.source.db_port}, {added} seed rows added")
+    written = seed_uploads(state, uploads_size_mb)
+    say(f"source: uploads in {state.source.uploads} ({written} files written)")
+    if fresh_target:
+        # The seed's preparation: the target's database is installed but stopped (the migration overwrites it).
+        run_script(state.target, "db-stop")
+        run_script(state.target, "app-stop")
+
+    # The demo app serves on the source.
+    run_script(state.source, "app-start", timeout=60)
+    if app_pid(state, state.source) is None and _optional_module(binscripts.APP_MODULE) is not None:
+        raise LabError(f"the app of the source did not start; see {state.source.log_dir / 'app.out'}")
+    say(f"source: app on http://{state.source.address}:{state.source.app_port}")
+
+    # The Cloudflare API double: it picks and records cf_port itself.
+    cf = cf_module()
+    if cf is None:
+        say("cloudflare double: orchestrator.lab.cfapi is not installed; not started")
+    else:
+        cf.start(state)
+        say(f"cloudflare double on {state.cf_address}:{state.cf_port}")
+    state.save()
+
+    (state.path / "hooks").mkdir(exist_ok=True)
+    planfile.write_plan(state)
+    say(f"plan: {state.plan_file}")
+    return state
+
+
+# --- down ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stopped:
+    component: str
+    pid: int
+
+
+def _stop_db(host: HostState) -> tuple[Stopped, list[str]] | None:
+    pid = db_pid(host)
+    if pid is None:
+        return None
+    problems: list[str] = []
+    try:
+        run_script(host, "db-stop")
+    except (LabError, OSError) as exc:
+        problems.append(str(exc))
+        procs.stop_pid(pid, timeout=120)  # SIGTERM is a clean shutdown too
+    if procs.is_alive(pid):
+        problems.append(f"mariadbd of {host.name} (pid {pid}) is still running")
+    return Stopped(f"{host.name} mariadb", pid), problems
+
+
+def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopped]:
+    """Stop everything the lab started (load, apps, the Cloudflare double, both databases cleanly, both sshd),
+    by their pid files; keep the files unless `purge`. Returns what it stopped."""
+    lab_dir = lab_dir.expanduser().absolute()
+    stopped: list[Stopped] = []
+    if not (lab_dir / STATE_FILE).exists():
+        if purge and lab_dir.exists():
+            shutil.rmtree(lab_dir)
+        return stopped
+    state = LabState.load(lab_dir)
+    problems: list[str] = []
+
+    for pid in load_pids(state):
+        procs.stop_pid(pid, timeout=15)
+        stopped.append(Stopped("load", pid))
+    for host in (state.source, state.target):
+        pid = app_pid(state, host)
+        if pid is not None:
+            procs.stop_pid(pid, timeout=15)
+            stopped.append(Stopped(f"{host.name} app", pid))
+    cf = cf_module()
+    pid = cf_pid(state)
+    if cf is not None:
+        with contextlib.suppress(FileNotFoundError):
+            cf.stop(state)
+    if pid is not None:
+        procs.stop_pid(pid, timeout=10)
+        stopped.append(Stopped("cloudflare double", pid))
+    # Both databases shut down at once: a clean shutdown mostly waits on InnoDB flushing its own files.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for result in pool.map(_stop_db, (state.source, state.target)):
+            if result is not None:
+                stopped.append(result[0])
+                problems += result[1]
+    for host in (state.source, state.target):
+        pid = sshd.stop(host)
+        if pid is not None:
+            stopped.append(Stopped(f"{host.name} sshd", pid))
+    for item in stopped:
+        say(f"stopped {item.component} (pid {item.pid})")
+    if problems:
+        raise LabError("; ".join(problems))
+    if purge:
+        shutil.rmtree(lab_dir)
+        say(f"removed {lab_dir}")
+    return stopped
+
+
+# --- status --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Component:
+    name: str
+    pid: int | None
+    address: str
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    def line(self) -> str:
+        state = f"running (pid {self.pid})" if self.pid is not None else "stopped"
+        return f"{self.name:<20} {state:<22} {self.address}"
+
+
+def components(state: LabState) -> list[Component]:
+    """Every process the lab may run, with its pid when it runs."""
+    found: list[Component] = []
+    for host in (state.source, state.target):
+        found += [
+            Component(f"{host.name} sshd", sshd.running_pid(host), f"{host.address}:{host.ssh_port}"),
+            Component(f"{host.name} mariadb", db_pid(host), f"{host.address}:{host.db_port}"),
+            Component(f"{host.name} app", app_pid(state, host), f"{host.address}:{host.app_port}"),
+        ]
+    found.append(Component("cloudflare double", cf_pid(state), f"{state.cf_address}:{state.cf_port}"))
+    for pid in load_pids(state):
+        found.append(Component("load", pid, "-"))
+    return found
+
+
+def status(lab_dir: Path) -> list[str]:
+    """One line per component: running/stopped and address:port (plus the source's fence)."""
+    lab_dir = lab_dir.expanduser().absolute()
+    if not (lab_dir / STATE_FILE).exists():
+        return [f"no lab in {lab_dir} (run `lab up`)"]
+    state = LabState.load(lab_dir)
+    lines = [c.line() for c in components(state)]
+    for host in (state.source, state.target):
+        if host.fence_file.exists():
+            lines.append(f"{host.name + ' fence':<20} on (writes refused)")
+    return lines

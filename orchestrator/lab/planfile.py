@@ -1,0 +1,145 @@
+"""The lab's migration plan, <dir>/plan.yaml: the lab's two hosts as a user would describe two real servers.
+
+Written as commented text (it is also the example users read first), then loaded back and validated against the
+plan model, so a plan `lab up` writes can never be one `migrate apply` rejects.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from ruamel.yaml import YAML
+
+from orchestrator.lab.state import HostState, LabState
+from orchestrator.plan.model import Plan
+
+PLAN_NAME = "course-review-lab"
+
+
+def s(value: object) -> str:
+    """A YAML scalar: JSON strings are valid YAML double-quoted strings, whatever the path holds."""
+    return json.dumps(str(value))
+
+
+def _host(host: HostState, state: LabState) -> str:
+    return f"""  address: {s(host.address)}
+  ssh_port: {host.ssh_port}
+  user: root
+  key: {s(state.ssh_key)}
+  known_hosts: {s(state.known_hosts)}   # host keys are always verified"""
+
+
+def _endpoint(host: HostState) -> str:
+    return f"""    socket: {s(host.db_socket)}
+    datadir: {s(host.datadir)}
+    start: {s(host.bin_dir / "db-start")}
+    stop: {s(host.bin_dir / "db-stop")}"""
+
+
+def plan_text(state: LabState) -> str:
+    src, tgt = state.source, state.target
+    records = "\n".join(f"    - {s(r)}" for r in state.records)
+    return f"""# The lab's migration: "course reviews" moves from the source ({src.address}) to the target
+# ({tgt.address}).
+# Written by `migrate lab up`; every value comes from {state.path / "lab.json"}. Secrets are not here: they are
+# named by environment variable (see {state.env_file}: `set -a; . lab.env; set +a`).
+name: {PLAN_NAME}
+description: "course reviews: uploads + MariaDB + DNS, lab source to lab target"
+
+# Both servers are reached over SSH as root with the lab's key.
+source:
+{_host(src, state)}
+target:
+{_host(tgt, state)}
+
+# Uploaded files: pre-synced live, then the delta once writes are blocked.
+files:
+  - name: uploads
+    source: {s(src.uploads)}
+    target: {s(tgt.uploads)}
+
+# MariaDB: the datadir is pre-synced in rounds while the source runs, then FLUSH TABLES WITH READ LOCK, a clean
+# shutdown of the source and a final pass. The start/stop commands are the lab's scripts (systemctl on a real host).
+database:
+  engine: mariadb
+  user: {s(state.migrate_user)}
+  password: {{env: {state.db_password_env}}}
+  schemas: [{s(state.db_name)}]
+  source:
+{_endpoint(src)}
+  target:
+{_endpoint(tgt)}
+
+services:
+  # Started on the target once its database runs.
+  target:
+    - name: app
+      start: {s(tgt.bin_dir / "app-start")}
+      stop: {s(tgt.bin_dir / "app-stop")}
+  # The live service on the source.
+  source:
+    - name: app
+      start: {s(src.bin_dir / "app-start")}
+      stop: {s(src.bin_dir / "app-stop")}
+  # Maintenance mode: while fenced the source app answers writes with 503.
+  fence:
+    enable: {s(src.bin_dir / "fence-on")}
+    disable: {s(src.bin_dir / "fence-off")}
+
+# What must be true of the target before DNS moves.
+health:
+  checks:
+    - kind: http
+      name: app
+      url: {s(f"http://{tgt.address}:{tgt.app_port}/healthz")}
+      expect_status: 200
+      expect_body: ok
+    - kind: sql
+      name: reviews present
+      query: "SELECT COUNT(*) > 0 FROM {state.db_name}.reviews"
+      expect: "1"
+  attempts: 20
+  interval: 0.5
+
+# The commit point: the records move to the target (the lab's Cloudflare API double answers at base_url).
+dns:
+  provider: cloudflare
+  api_token: {{env: {state.token_env}}}
+  zone: {s(state.zone)}
+  records:
+{records}
+  type: A
+  content: {s(tgt.address)}
+  base_url: {s(state.cf_base_url)}
+
+cutover:
+  lock_wait_timeout: 3
+  max_write_block: 60
+
+# rsync runs on the source and pushes to the target; the source ssh's to the target from its own address.
+transfer:
+  source_to_target_key: {s(state.ssh_key)}
+  source_to_target_known_hosts: {s(state.known_hosts)}
+  source_to_target_options: ["-o", "BindAddress={src.address}"]
+
+hooks:
+  dir: {s(state.path / "hooks")}
+"""
+
+
+def validate_text(text: str) -> Plan:
+    data = YAML(typ="safe").load(io.StringIO(text))
+    return Plan.model_validate(data)
+
+
+def write_plan(state: LabState) -> Path:
+    """Write <dir>/plan.yaml (and the empty hooks dir it names); raises if the plan would not validate."""
+    text = plan_text(state)
+    validate_text(text)
+    (state.path / "hooks").mkdir(parents=True, exist_ok=True)
+    tmp = state.plan_file.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(state.plan_file)
+    return state.plan_file
