@@ -1,0 +1,200 @@
+"""Benchmark: how long writes are unavailable with `migrate apply`, against the naive procedure.
+
+    .venv/bin/python bench/cutover.py --db-size-mb 200
+
+Brings up a lab of that size (in a temporary directory unless --lab-dir), runs the lab's load (clients resolving
+through the Cloudflare double, short DNS cache) and:
+1. migrates with `migrate apply` (pre-syncs while live, then the short cut-over);
+2. puts the source back as the live side, then does the naive procedure under the same load: stop the service
+   and the database, copy everything (datadir and uploads, from scratch), start on the target, flip DNS.
+For each: the write-unavailability window seen by the clients (last write acknowledged by the source → first
+acknowledged by the target, from the load's acks), the window from the run report (writes blocked → DNS flipped),
+total time and bytes moved; then the ratio. Run by hand; not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.lab import hosts
+from orchestrator.lab.state import HostState, LabState
+from orchestrator.plan.loader import load_plan
+from orchestrator.report import render_report
+from orchestrator.runtime import Runtime
+from orchestrator.transports import rsync
+from orchestrator.transports.cloudflare import DnsClient
+
+MIGRATE = Path(sys.executable).with_name("migrate")
+
+
+@dataclass
+class Outcome:
+    name: str
+    total_seconds: float
+    client_window_seconds: float | None  # last source ack → first target ack
+    blocked_seconds: float | None  # writes blocked → DNS flipped (the procedure's own clock)
+    bytes_moved: int | None
+    writes_acked: int
+    write_attempts_failed: int
+
+
+def run_bin(host: HostState, script: str) -> None:
+    subprocess.run([str(host.bin_dir / script)], check=True, capture_output=True, timeout=600)
+
+
+def point_dns(state: LabState, address: str) -> None:
+    with DnsClient(state.secrets()[state.token_env], base_url=state.cf_base_url, timeout=10) as client:
+        zone_id = client.zone_id(state.zone)
+        for name in state.records:
+            for record in client.find_records(zone_id, name, "A"):
+                if record.content != address:
+                    client.set_content(zone_id, record, address)
+
+
+def source_live(state: LabState) -> None:
+    """The source serves again with the data it has; the target is stopped; DNS points at the source."""
+    run_bin(state.target, "app-stop")
+    run_bin(state.target, "db-stop")
+    run_bin(state.source, "db-start")
+    run_bin(state.source, "app-start")
+    run_bin(state.source, "fence-off")
+    point_dns(state, state.source.address)
+    subprocess.run(["rm", "-rf", str(state.path / ".migrate")], check=True)
+
+
+@contextmanager
+def load_running(state: LabState, out: Path, dns_ttl: float, rate: float):  # type: ignore[no-untyped-def]
+    load = subprocess.Popen(
+        [
+            sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path), "--duration", "3600",
+            "--rate", str(rate), "--clients", "4", "--dns-ttl", str(dns_ttl), "--upload-every", "5",
+            "--out", str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(3)  # writes flowing to the source first
+        yield
+        time.sleep(dns_ttl + 2)  # stale clients move over
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load.wait(timeout=60)
+
+
+def client_window(state: LabState, out: Path) -> tuple[float | None, int, int]:
+    acks = [json.loads(line) for line in (out / "acks.jsonl").read_text().splitlines() if line.strip()]
+    stats = json.loads((out / "stats.json").read_text())
+    on_source = [a["ack_ts"] for a in acks if a["server"] == state.source.address]
+    on_target = [a["ack_ts"] for a in acks if a["server"] == state.target.address]
+    window = min(on_target) - max(on_source) if on_source and on_target else None
+    return window, int(stats.get("writes_acked", 0)), int(stats.get("write_attempts_failed", 0))
+
+
+def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float) -> Outcome:
+    out = work / "load-migrate"
+    started = time.monotonic()
+    with load_running(state, out, dns_ttl, rate):
+        result = subprocess.run(
+            [str(MIGRATE), "apply", str(state.plan_file), "--yes", "--env-file", str(state.env_file)],
+            capture_output=True,
+            text=True,
+        )
+        total = time.monotonic() - started - 3
+    if result.returncode != 0:
+        sys.exit(f"migrate apply failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    reports = sorted((state.path / ".migrate").glob("*/report-*.json"), key=lambda p: p.stat().st_mtime)
+    report: dict[str, Any] = json.loads(reports[-1].read_text())
+    print(render_report(report))
+    window, acked, failed = client_window(state, out)
+    return Outcome("migrate apply", total, window, report.get("write_block_seconds"), report.get("bytes_moved"),
+                   acked, failed)  # fmt: skip
+
+
+def naive(state: LabState, work: Path, dns_ttl: float, rate: float) -> Outcome:
+    """Stop everything, copy everything from scratch, start on the target, flip DNS."""
+    plan = load_plan(state.plan_file).plan
+    for key, value in state.secrets().items():
+        os.environ.setdefault(key, value)
+    out = work / "load-naive"
+    moved = 0
+    with Runtime(plan, state.plan_file) as rt, load_running(state, out, dns_ttl, rate):
+        began = time.monotonic()
+        stopped_at = time.time()
+        run_bin(state.source, "app-stop")
+        run_bin(state.source, "db-stop")
+        for tree_source, tree_target in [
+            (plan.database.source.datadir, plan.database.target.datadir),
+            *[(tree.source, tree.target) for tree in plan.files],
+        ]:
+            rt.target.run(f"rm -rf {shlex.quote(tree_target)} && mkdir -p {shlex.quote(tree_target)}")
+            command = rsync.push_command(plan, tree_source, tree_target, live=False)
+            moved += rsync.push(rt.source, command, what="naive copy", retry=plan.retry).transferred_bytes
+        run_bin(state.target, "db-start")
+        run_bin(state.target, "app-start")
+        point_dns(state, state.target.address)
+        flipped_at = time.time()
+        total = time.monotonic() - began
+    window, acked, failed = client_window(state, out)
+    return Outcome("naive stop-copy-start", total, window, flipped_at - stopped_at, moved, acked, failed)
+
+
+def show(outcome: Outcome) -> str:
+    def secs(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f} s"
+
+    mib = "n/a" if outcome.bytes_moved is None else f"{outcome.bytes_moved / 2**20:.1f} MiB"
+    return (
+        f"{outcome.name:<24} writes unavailable (clients) {secs(outcome.client_window_seconds):>9}, "
+        f"blocked → DNS flipped {secs(outcome.blocked_seconds):>9}, total {secs(outcome.total_seconds):>9}, "
+        f"moved {mib:>10}, writes acked {outcome.writes_acked}, failed attempts {outcome.write_attempts_failed}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db-size-mb", type=int, default=200)
+    parser.add_argument("--uploads-size-mb", type=int, default=20)
+    parser.add_argument("--dns-ttl", type=float, default=1.0, help="clients' DNS cache, seconds")
+    parser.add_argument("--rate", type=float, default=40.0, help="load requests per second")
+    parser.add_argument("--lab-dir", type=Path, default=None, help="reuse/keep this lab (default: a temporary one)")
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="migrate-bench-"))
+    lab_dir = args.lab_dir or work / "lab"
+    began = time.monotonic()
+    state = hosts.up(lab_dir, db_size_mb=args.db_size_mb, uploads_size_mb=args.uploads_size_mb,
+                     default_ports=False, say=print)  # fmt: skip
+    print(f"lab up in {time.monotonic() - began:.1f} s: {lab_dir}")
+    try:
+        source_live(state)
+        ours = with_migrate(state, work, args.dns_ttl, args.rate)
+        print(show(ours))
+        source_live(state)
+        theirs = naive(state, work, args.dns_ttl, args.rate)
+        print(show(theirs))
+        if ours.client_window_seconds and theirs.client_window_seconds:
+            ratio = theirs.client_window_seconds / ours.client_window_seconds
+            print(f"naive / migrate write-unavailability window: {ratio:.1f}x")
+    finally:
+        if args.lab_dir is None:
+            hosts.down(lab_dir, purge=True)
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The run report: what each step did and when, the bytes moved, and how long writes were blocked.
+
+Built from the journal's events alone (the journal is the run's truth), so it can be made during the run by
+the finish step, after it by the CLI, or for a crashed run from what was recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.engine.journal import replay
+from orchestrator.secrets import redact_obj
+
+# Result keys of each step that count bytes that travelled over the network.
+BYTES_KEYS: dict[str, tuple[str, ...]] = {
+    "files_presync": ("bytes", "bytes_moved", "transferred_bytes"),
+    "db_presync": ("bytes", "bytes_moved", "transferred_bytes"),
+    "cutover": ("final_pass_bytes",),
+    "files_final": ("bytes", "bytes_moved", "transferred_bytes"),
+}
+
+
+def journal_path(rt: Any) -> Path:
+    """The run's journal: the runtime's when it knows it, else the engine's default place beside the plan."""
+    known = getattr(rt, "journal_path", None)
+    if known:
+        return Path(known)
+    return Path(rt.base_dir) / ".migrate" / rt.plan.name / "journal.jsonl"
+
+
+def run_events(events: list[dict[str, Any]], run_id: str | None = None) -> list[dict[str, Any]]:
+    """The events of one run (the last one, or `run_id`'s) out of a journal that may hold several."""
+    starts = [i for i, ev in enumerate(events) if ev.get("event") == "run_started"]
+    if run_id is not None:
+        starts = [i for i in starts if events[i].get("run_id") == run_id]
+    if not starts:
+        return []
+    begin = starts[-1]
+    following = [i for i in range(begin + 1, len(events)) if events[i].get("event") == "run_started"]
+    end = following[0] if following else len(events)
+    return events[begin:end]
+
+
+def _bytes_of(step: str, result: dict[str, Any]) -> int:
+    rounds = result.get("rounds")
+    if isinstance(rounds, list):  # the datadir pre-sync reports each round
+        return sum(int(r.get("bytes") or 0) for r in rounds if isinstance(r, dict))
+    total = 0
+    for key in BYTES_KEYS.get(step, ()):
+        value = result.get(key)
+        if isinstance(value, int | float):
+            total += int(value)
+            break  # the keys are synonyms: count the first one present
+    return total
+
+
+def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> dict[str, Any]:
+    """The report of the (last) run recorded in `events`. `now` closes a step still running (the caller)."""
+    state = replay(run_events(events))
+    if state is None:
+        return {"run_id": None, "status": "no run", "steps": []}
+    now = time.time() if now is None else now
+    steps: list[dict[str, Any]] = []
+    bytes_by_step: dict[str, int] = {}
+    for name, rec in state.steps.items():
+        ended = rec.ended_at if rec.ended_at is not None else (now if rec.started_at is not None else None)
+        steps.append(
+            {
+                "name": name,
+                "state": rec.state.value,
+                "started_at": rec.started_at,
+                "ended_at": ended,
+                "duration": round(ended - rec.started_at, 3) if ended and rec.started_at else None,
+                "attempts": rec.attempts,
+                "error": rec.error,
+            }
+        )
+        moved = _bytes_of(name, rec.result)
+        if moved:
+            bytes_by_step[name] = moved
+    outputs = {name: rec.result for name, rec in state.steps.items() if rec.result}
+    cutover = outputs.get("cutover", {})
+    flip = outputs.get("dns_flip", {})
+    blocked_at = cutover.get("writes_blocked_at")
+    flipped_at = flip.get("flipped_at")
+    verify = outputs.get("verify_target", {})
+    report: dict[str, Any] = {
+        "run_id": state.run_id,
+        "plan": state.plan_path,
+        "status": state.status.value,
+        "started_at": state.started_at,
+        "ended_at": state.ended_at,
+        "duration": round((state.ended_at or now) - state.started_at, 3),
+        "error": state.error,
+        "rollback_reason": state.rollback_reason,
+        "steps": steps,
+        "bytes_moved": sum(bytes_by_step.values()),
+        "bytes_by_step": bytes_by_step,
+        "cutover": {
+            "mode": cutover.get("mode"),
+            "mode_reason": cutover.get("mode_reason"),
+            "lock_attempts": cutover.get("lock_attempts"),
+            "lock_wait_seconds": cutover.get("lock_wait_seconds"),
+            "writes_blocked_at": blocked_at,
+            "lock_acquired_at": cutover.get("lock_acquired_at"),
+            "shutdown_seconds": cutover.get("shutdown_seconds"),
+            "final_pass_seconds": cutover.get("final_pass_seconds"),
+            "final_pass_bytes": cutover.get("final_pass_bytes"),
+            "binlog": cutover.get("binlog"),
+        },
+        "dns_flipped_at": flipped_at,
+        # Writes were refused from the fence until clients could reach the target through DNS.
+        "write_block_seconds": round(flipped_at - blocked_at, 3) if blocked_at and flipped_at else None,
+        "row_counts": cutover.get("row_counts"),
+        "verification": verify,
+    }
+    return redact_obj(report)  # type: ignore[return-value]
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1000):03d}" if ts else "-"
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def render_report(report: dict[str, Any]) -> str:
+    """A human summary of `build_report`'s result (times in UTC)."""
+    lines = [f"run {report.get('run_id')}: {report.get('status')} in {report.get('duration')} s"]
+    if report.get("error"):
+        lines.append(f"  error: {report['error']}")
+    lines.append(f"  {'step':<15} {'state':<12} {'start':>12} {'end':>12} {'seconds':>9}")
+    for step in report.get("steps", []):
+        duration = step.get("duration")
+        lines.append(
+            f"  {step['name']:<15} {step['state']:<12} {_when(step.get('started_at')):>12} "
+            f"{_when(step.get('ended_at')):>12} {'' if duration is None else f'{duration:.2f}':>9}"
+        )
+    moved = report.get("bytes_moved") or 0
+    per_step = ", ".join(f"{k} {_size(v)}" for k, v in (report.get("bytes_by_step") or {}).items())
+    lines.append(f"  bytes moved: {_size(moved)}" + (f" ({per_step})" if per_step else ""))
+    cut = report.get("cutover") or {}
+    if cut.get("mode"):
+        lines.append(
+            f"  cut-over mode: {cut['mode']}; lock after {cut.get('lock_wait_seconds')} s in "
+            f"{cut.get('lock_attempts')} attempt(s); source shutdown {cut.get('shutdown_seconds')} s; "
+            f"final datadir pass {cut.get('final_pass_seconds')} s ({_size(cut.get('final_pass_bytes') or 0)})"
+        )
+    if report.get("write_block_seconds") is not None:
+        lines.append(
+            f"  writes blocked {_when(cut.get('writes_blocked_at'))} → DNS flipped "
+            f"{_when(report.get('dns_flipped_at'))}: {report['write_block_seconds']:.2f} s"
+        )
+    counts = report.get("row_counts") or {}
+    if counts:
+        lines.append(f"  tables verified: {len(counts)} ({sum(counts.values())} rows at the cut-over)")
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], directory: Path) -> Path:
+    """`<directory>/report-<run id>.json`, written atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"report-{report.get('run_id')}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    tmp.replace(path)
+    return path

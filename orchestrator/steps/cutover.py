@@ -1,0 +1,442 @@
+"""Cut-over: the moment writes stop on the source and its database's final state is copied to the target.
+
+A file copy of a running InnoDB is not consistent even under FLUSH TABLES WITH READ LOCK (purge, page
+flushing and change-buffer merges keep writing), so the lock only freezes SQL writes long enough to record
+the final figures; the source database is then shut down cleanly and the final datadir pass copies files
+nothing is writing any more.
+
+Order, each fact journaled BEFORE the action it protects, so a crash at any point leaves a state undo can
+repair: fence the service → FTWRL (bounded wait, retried with backoff) → binlog position and row counts
+under the lock → clean shutdown of the source database → final datadir pass → budget check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+
+from orchestrator.engine.journal import read_events
+from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.report import journal_path, run_events
+from orchestrator.secrets import redact
+from orchestrator.transports import mysql as mysql_tx
+from orchestrator.transports import rsync
+
+ER_LOCK_WAIT_TIMEOUT = 1205
+SOURCE_DB_START_TIMEOUT = 120.0
+# Files changed on the source since the pre-sync began (less this margin, for the clock offset's error)
+# are recopied whatever their size and mtime say.
+FORCE_MARGIN = 2.0
+QUERY_SUMMARY_CHARS = 80
+# Runtime files of a server that must never travel with its datadir.
+DATADIR_EXCLUDES = ("*.sock", "*.sock.lock", "*.pid", "mysql.sock*")
+MODE_REASON = (
+    "a file copy of a running InnoDB is not consistent under FLUSH TABLES WITH READ LOCK; the source "
+    "database is stopped cleanly while writes are blocked and the final pass copies its quiet datadir"
+)
+
+# Statements that may carry a password in clear; masked before anything is logged or raised.
+_SECRET_PATTERNS = (
+    re.compile(r"(IDENTIFIED\s+(?:BY|VIA|WITH)\s+)('[^']*'|\"[^\"]*\"|\S+)", re.IGNORECASE),
+    re.compile(r"(PASSWORD\s*\(\s*)('[^']*'|\"[^\"]*\")", re.IGNORECASE),
+    re.compile(r"(PASSWORD\s*=?\s*)('[^']*'|\"[^\"]*\")", re.IGNORECASE),
+    re.compile(r"(MASTER_PASSWORD\s*=\s*)('[^']*'|\"[^\"]*\")", re.IGNORECASE),
+)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """A session that held up FLUSH TABLES WITH READ LOCK."""
+
+    id: int
+    user: str
+    command: str
+    seconds: int
+    state: str
+    query: str
+
+    def summary(self) -> str:
+        query = f": {self.query}" if self.query else ""
+        return f"#{self.id} {self.user} {self.command} for {self.seconds}s{query}"
+
+
+def mask_query(text: str | None, limit: int = QUERY_SUMMARY_CHARS) -> str:
+    """One line of a query, secrets masked, truncated: safe for logs and error messages."""
+    if not text:
+        return ""
+    line = " ".join(text.split())
+    for pattern in _SECRET_PATTERNS:
+        line = pattern.sub(lambda m: m.group(1) + "'***'", line)
+    line = redact(line)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def find_blockers(conn: pymysql.connections.Connection) -> list[Blocker]:
+    """Sessions other than ours that are running something, longest first."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT ID, USER, COMMAND, TIME, STATE, INFO FROM information_schema.PROCESSLIST "
+            "WHERE ID <> CONNECTION_ID() AND COMMAND NOT IN ('Sleep', 'Daemon', 'Binlog Dump', 'Killed') "
+            "ORDER BY TIME DESC LIMIT 10"
+        )
+        rows = cur.fetchall()
+    return [
+        Blocker(
+            id=int(row[0]),
+            user=str(row[1] or ""),
+            command=str(row[2] or ""),
+            seconds=int(row[3] or 0),
+            state=str(row[4] or ""),
+            query=mask_query(row[5]),
+        )
+        for row in rows
+    ]
+
+
+def tables_in_use(conn: pymysql.connections.Connection, limit: int = 10) -> list[str]:
+    """Tables some session holds open or locked (LOCK TABLES leaves no running query to show)."""
+    with conn.cursor() as cur:
+        cur.execute("SHOW OPEN TABLES WHERE In_use > 0")
+        rows = cur.fetchall()
+    return [f"{row[0]}.{row[1]}" for row in rows[:limit]]
+
+
+def summarize_blockers(blockers: list[Blocker], in_use: list[str] | None = None, limit: int = 3) -> str:
+    parts: list[str] = []
+    if blockers:
+        parts.append("; ".join(b.summary() for b in blockers[:limit]))
+        if len(blockers) > limit:
+            parts.append(f"and {len(blockers) - limit} more")
+    if in_use:
+        parts.append("tables in use: " + ", ".join(in_use))
+    if not parts:
+        return "no running query seen (the blocker may have finished)"
+    return "; ".join(parts)
+
+
+def backoff_delays(attempts: int, first: float) -> list[float]:
+    """Seconds to wait after each failed attempt but the last: first, 2*first, 4*first, ..."""
+    return [first * (2**i) for i in range(max(attempts - 1, 0))]
+
+
+def binlog_position(conn: pymysql.connections.Connection) -> dict[str, Any] | None:
+    """The binlog file and position (and GTID when known), or None when binary logging is off."""
+    row: tuple[Any, ...] | None = None
+    for statement in ("SHOW BINLOG STATUS", "SHOW BINARY LOG STATUS", "SHOW MASTER STATUS"):
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement)
+                row = cur.fetchone()
+            break
+        except pymysql.err.ProgrammingError:
+            continue  # syntax this server does not know: try the next spelling
+    if not row:
+        return None
+    position: dict[str, Any] = {"file": row[0], "position": int(row[1])}
+    with conn.cursor() as cur:
+        try:
+            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+            gtid = cur.fetchone()
+        except pymysql.err.MySQLError:
+            gtid = None
+    if gtid and gtid[0]:
+        position["gtid"] = gtid[0]
+    return position
+
+
+def presync_began(ctx: StepContext) -> float | None:
+    """When this run's datadir pre-sync started (orchestrator clock), from the journal; None if unknown."""
+    try:
+        events = run_events(read_events(journal_path(ctx.rt)), ctx.run_id)
+    except (OSError, ValueError):
+        return None
+    starts = [ev["ts"] for ev in events if ev.get("event") == "step_started" and ev.get("step") == "db_presync"]
+    return float(starts[0]) if starts else None
+
+
+def source_clock_offset(rt: Any) -> float:
+    """The source's clock minus ours, within about the round trip of one SSH command."""
+    asked = time.time()
+    answer = rt.source.run("date +%s.%N", timeout=30).stdout.strip()
+    answered = time.time()
+    return float(answer) - (asked + answered) / 2
+
+
+class Cutover(Step):
+    name = "cutover"
+    title = "Cut-over: fence, lock, final figures, clean shutdown of the source database, final datadir pass"
+    begins_downtime = True
+
+    def __init__(self) -> None:
+        self._lock_conn: pymysql.connections.Connection | None = None
+        self._clock_offset = 0.0
+
+    def describe(self, ctx: StepContext) -> list[str]:
+        plan = ctx.rt.plan
+        c = plan.cutover
+        fence = plan.services.fence.enable
+        lines = [
+            f"on {plan.source.address}: fence the service: {fence}"
+            if fence
+            else "no fence command: writes are blocked by the database lock only",
+            f"FLUSH TABLES WITH READ LOCK on the source database, waiting at most {c.lock_wait_timeout:g} s, "
+            f"{c.lock_attempts} tries with backoff from {c.lock_retry_backoff:g} s",
+            "under the lock: binlog position, row counts of every table"
+            + (" and CHECKSUM TABLE" if plan.database.verify.checksum else ""),
+            f"on {plan.source.address}: stop the source database cleanly: {plan.database.source.stop}",
+            f"final pass of {plan.database.source.datadir} → "
+            f"{plan.target.address}:{plan.database.target.datadir} (full speed, delta transfer; every file "
+            "changed since the pre-sync began is recopied)",
+            f"writes may stay blocked at most {c.max_write_block:g} s (cutover.max_write_block)",
+        ]
+        return lines
+
+    def check(self, ctx: StepContext) -> bool:
+        return False  # never skipped: re-running is safe and the final pass is cheap when nothing changed
+
+    def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        rt = ctx.rt
+        plan = rt.plan
+        result: dict[str, Any] = {"mode": plan.cutover.mode, "mode_reason": MODE_REASON}
+        # Measured before writes stop: one round trip less inside the window.
+        self._clock_offset = source_clock_offset(rt)
+
+        if ctx.saved("source_db_stopped"):
+            # A re-run after the shutdown began: the final figures were journaled under the lock; a
+            # stopped database has none to give. Make sure it is down (the stop is idempotent), redo the
+            # final pass.
+            ctx.log.info("cutover.resume_after_shutdown")
+            blocked_at = float(ctx.saved("writes_blocked_at"))
+            rt.budget.start(blocked_at)
+            result.update(ctx.saved("final_state") or {})
+            self._stop_source_db(ctx)
+        else:
+            try:
+                # The lock's session is opened while writes still flow: connecting is not part of the window.
+                conn = self._open_lock_session(ctx)
+                blocked_at = self._fence(ctx)
+                result["writes_blocked_at"] = blocked_at
+                lock = self._take_lock(ctx, conn)
+                result.update(lock)
+                final_state = self._final_state(ctx)
+                ctx.save("final_state", {**lock, **final_state})
+                result.update(final_state)
+                ctx.save("source_db_stopped", True)
+                result["shutdown_seconds"] = self._stop_source_db(ctx)
+            finally:
+                self._release_lock()
+        result["writes_blocked_at"] = blocked_at
+
+        rt.budget.check("finishing the cut-over's shutdown")
+        result.update(self._final_pass(ctx))
+        rt.budget.check("the final datadir pass")
+        result["write_block_seconds_so_far"] = round(time.time() - blocked_at, 3)
+        return result
+
+    def undo(self, ctx: StepContext) -> None:
+        rt = ctx.rt
+        plan = rt.plan
+        self._release_lock()
+        if ctx.saved("source_db_stopped"):
+            ctx.log.info("cutover.undo.start_source_db", command=plan.database.source.start)
+            rt.source.run(plan.database.source.start, timeout=SOURCE_DB_START_TIMEOUT)
+            self._wait_source_db(ctx, SOURCE_DB_START_TIMEOUT)
+            ctx.save("source_db_stopped", False)
+        if ctx.saved("fenced") and plan.services.fence.disable:
+            ctx.log.info("cutover.undo.lift_fence", command=plan.services.fence.disable)
+            rt.source.run(plan.services.fence.disable, timeout=60)
+            ctx.save("fenced", False)
+
+    # -- the sequence
+
+    def _fence(self, ctx: StepContext) -> float:
+        rt = ctx.rt
+        fence = rt.plan.services.fence.enable
+        saved_at = ctx.saved("writes_blocked_at")
+        # Counted from just before the fence goes up (the conservative end); on a re-run, from the first fence.
+        blocked_at = float(saved_at) if saved_at else time.time()
+        if fence:
+            ctx.save("fenced", True)
+        if not saved_at:
+            ctx.save("writes_blocked_at", blocked_at)
+        if fence:
+            rt.source.run(fence, timeout=60)
+        rt.budget.start(blocked_at)
+        ctx.log.info("cutover.fenced", fence=bool(fence))
+        return blocked_at
+
+    def _open_lock_session(self, ctx: StepContext) -> pymysql.connections.Connection:
+        rt = ctx.rt
+        c = rt.plan.cutover
+        # The session must outlive the longest lock wait: a client read timeout would drop it (and the lock).
+        conn = rt.db("source", read_timeout=max(rt.plan.database.read_timeout, c.lock_wait_timeout + 30))
+        self._lock_conn = conn
+        with conn.cursor() as cur:
+            # Whole seconds: MariaDB refuses a fractional lock_wait_timeout.
+            cur.execute("SET SESSION lock_wait_timeout = %s", (max(1, round(c.lock_wait_timeout)),))
+        return conn
+
+    def _take_lock(self, ctx: StepContext, conn: pymysql.connections.Connection) -> dict[str, Any]:
+        c = ctx.rt.plan.cutover
+        delays = backoff_delays(c.lock_attempts, c.lock_retry_backoff)
+        waited = 0.0
+        last_blockers: list[Blocker] = []
+        last_in_use: list[str] = []
+        for attempt in range(1, c.lock_attempts + 1):
+            asked = time.monotonic()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("FLUSH TABLES WITH READ LOCK")
+            except pymysql.err.OperationalError as exc:
+                waited += time.monotonic() - asked
+                if exc.args and exc.args[0] != ER_LOCK_WAIT_TIMEOUT:
+                    detail = redact(str(exc.args[-1]))
+                    raise StepError(f"FLUSH TABLES WITH READ LOCK failed: {detail}") from None
+                last_blockers = find_blockers(conn)
+                last_in_use = tables_in_use(conn)
+                ctx.log.warning(
+                    "cutover.lock_wait_timeout",
+                    attempt=attempt,
+                    of=c.lock_attempts,
+                    waited_s=round(waited, 3),
+                    blocked_by=[b.summary() for b in last_blockers],
+                    tables_in_use=last_in_use,
+                )
+                if attempt <= len(delays):
+                    ctx.rt.budget.check(f"waiting for FLUSH TABLES WITH READ LOCK ({attempt} tries)")
+                    time.sleep(delays[attempt - 1])
+                continue
+            waited += time.monotonic() - asked
+            acquired_at = time.time()
+            ctx.log.info("cutover.locked", attempt=attempt, lock_wait_s=round(waited, 3))
+            return {
+                "lock_attempts": attempt,
+                "lock_wait_seconds": round(waited, 3),
+                "lock_acquired_at": acquired_at,
+            }
+        raise StepError(
+            f"could not get FLUSH TABLES WITH READ LOCK in {c.lock_attempts} tries of "
+            f"{c.lock_wait_timeout:g} s: blocked by {summarize_blockers(last_blockers, last_in_use)}"
+        )
+
+    def _final_state(self, ctx: StepContext) -> dict[str, Any]:
+        rt = ctx.rt
+        conn = self._lock_conn
+        assert conn is not None
+        started = time.monotonic()
+        tables = mysql_tx.list_tables(conn, rt.plan.database.schemas)
+        state: dict[str, Any] = {
+            "binlog": binlog_position(conn),
+            "row_counts": dict(mysql_tx.row_counts(conn, tables)),
+        }
+        if rt.plan.database.verify.checksum:
+            state["checksums"] = dict(mysql_tx.checksums(conn, tables))
+        state["final_state_seconds"] = round(time.monotonic() - started, 3)
+        ctx.log.info("cutover.final_state", tables=len(tables), binlog=state["binlog"])
+        return state
+
+    def _stop_source_db(self, ctx: StepContext) -> float:
+        rt = ctx.rt
+        endpoint = rt.plan.database.source
+        started = time.monotonic()
+        rt.source.run(endpoint.stop, timeout=rt.plan.database.read_timeout + 300)
+        if self._source_db_answers(ctx):
+            raise StepError(
+                f"the source database still answers after its stop command ({endpoint.stop}); writes stay blocked"
+            )
+        seconds = round(time.monotonic() - started, 3)
+        ctx.log.info("cutover.source_db_stopped", seconds=seconds)
+        return seconds
+
+    def _source_db_answers(self, ctx: StepContext) -> bool:
+        conn = self._lock_conn
+        if conn is not None:
+            # The session holding the lock dies with the server: a live ping means it is still up.
+            try:
+                conn.ping(reconnect=False)
+            except (pymysql.err.MySQLError, OSError):
+                return False
+            return True
+        return bool(ctx.rt.db_answers("source"))
+
+    def _final_pass(self, ctx: StepContext) -> dict[str, Any]:
+        started = time.monotonic()
+        rt = ctx.rt
+        plan = rt.plan
+        forced = self._mark_recent_files_stale(ctx)
+        command = rsync.push_command(
+            plan,
+            plan.database.source.datadir,
+            plan.database.target.datadir,
+            exclude=DATADIR_EXCLUDES,
+            live=False,  # the downtime window: no bandwidth limit, no nice
+            inplace=True,
+            # rsync's quick check compares whole seconds by default: a file rewritten in the second it was
+            # last copied, at the same size, would be skipped. Nanoseconds close that gap.
+            # Delta transfer whatever transfer.whole_file says: the target holds a pre-synced copy of every
+            # file, so only the blocks written since travel (a hot table is mostly unchanged), and this pass
+            # is the one inside the downtime window.
+            extra=["--modify-window=-1", "--no-whole-file"],
+        )
+        stats = rsync.push(rt.source, command, what="final datadir pass", retry=plan.retry)
+        # With delta transfer, the literal data is what travelled; the files' size is what was brought up to date.
+        moved = stats.literal_bytes
+        seconds = round(time.monotonic() - started, 3)
+        ctx.log.info(
+            "cutover.final_pass", bytes=moved, files_size=stats.transferred_bytes, forced=forced, seconds=seconds
+        )
+        return {
+            "final_pass_bytes": moved,
+            "final_pass_files_size": stats.transferred_bytes,
+            "final_pass_forced_files": forced,
+            "final_pass_seconds": seconds,
+        }
+
+    def _mark_recent_files_stale(self, ctx: StepContext) -> int:
+        """Make the final pass copy every file the source changed since the pre-sync began.
+
+        Size and mtime are not proof of equal content: a file rewritten within the timestamp tick in which a
+        pre-sync round read it keeps the mtime the target copy got. Files last written before the pre-sync
+        began were copied whole by its first round. Setting the target copies' mtime to the epoch forces rsync
+        to transfer them; unknown start (no journal): every file.
+        """
+        rt = ctx.rt
+        db = rt.plan.database
+        began = presync_began(ctx)
+        newer = ""
+        if began is not None:
+            since = began + self._clock_offset - FORCE_MARGIN
+            newer = f" -newermt @{since:.3f}"
+        listing = rt.source.run(
+            f"cd {shlex.quote(db.source.datadir)} && find . -type f{newer} -print0", timeout=600
+        ).stdout
+        names = [name for name in listing.split("\0") if name]
+        if names:
+            rt.target.run(
+                f"cd {shlex.quote(db.target.datadir)} && xargs -0 -r touch -c -m -d @0 --",
+                input="\0".join(names) + "\0",
+                timeout=600,
+            )
+        ctx.log.info("cutover.forced_files", files=len(names), presync_began=began)
+        return len(names)
+
+    def _wait_source_db(self, ctx: StepContext, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not ctx.rt.db_answers("source"):
+            if time.monotonic() > deadline:
+                raise StepError(f"the source database did not answer within {timeout:g} s of its start command")
+            time.sleep(0.5)
+
+    def _release_lock(self) -> None:
+        conn, self._lock_conn = self._lock_conn, None
+        if conn is None:
+            return
+        # Closing the session releases FTWRL; a server already gone released it too.
+        with contextlib.suppress(pymysql.err.MySQLError, OSError):
+            conn.close()

@@ -1,0 +1,400 @@
+"""The whole migration on the lab, through `migrate apply` as an operator runs it.
+
+The success test runs the lab's load generator throughout (clients resolving through the Cloudflare double with a
+short cache, so some keep talking to the old server after the flip) and then proves nothing acknowledged was lost.
+The failure tests each break one thing (a health check, the write-block budget, the database lock, the DNS API)
+and prove the run rolled back: the source serves reads and writes again and DNS never moved.
+
+Every test starts and ends with the lab's source live and its target stopped (`restore_source_live`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from orchestrator import exit_codes
+from orchestrator.lab.state import HostState, LabState
+from orchestrator.lab.verify import main_verify
+from orchestrator.transports.cloudflare import DnsClient
+
+pytestmark = pytest.mark.lab
+
+MIGRATE = Path(sys.executable).with_name("migrate")
+PLAN_NAMES: set[str] = set()
+DNS_TTL = 3.0
+
+
+# --- the lab, driven from outside ------------------------------------------------------------------------------
+
+
+def run_bin(host: HostState, script: str) -> None:
+    subprocess.run([str(host.bin_dir / script)], check=True, capture_output=True, timeout=120)
+
+
+def cf_control(state: LabState, path: str, body: dict[str, Any] | None = None) -> Any:
+    token = state.secrets()[state.token_env]
+    request = urllib.request.Request(
+        f"http://{state.cf_address}:{state.cf_port}/__lab/{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method="GET" if body is None else "POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read() or b"null")
+
+
+def dns_client(state: LabState) -> DnsClient:
+    return DnsClient(state.secrets()[state.token_env], base_url=state.cf_base_url, timeout=10)
+
+
+def dns_contents(state: LabState) -> dict[str, str]:
+    """Each lab record's current content, as the Cloudflare double serves it."""
+    with dns_client(state) as client:
+        zone_id = client.zone_id(state.zone)
+        return {
+            name: ",".join(sorted(r.content for r in client.find_records(zone_id, name, "A"))) for name in state.records
+        }
+
+
+def plan_name(plan: Path) -> str:
+    return str(YAML(typ="safe").load(plan.read_text())["name"])
+
+
+def restore_source_live(state: LabState) -> None:
+    """The source serves (database, app, no fence), the target is stopped, DNS points at the source.
+
+    Copies nothing: after a successful migration the source simply becomes the live side again with the data it
+    had at the cut-over, which is what the next test needs.
+    """
+    cf_control(state, "faults", {"mode": "none"})
+    run_bin(state.target, "app-stop")
+    run_bin(state.target, "db-stop")
+    run_bin(state.source, "db-start")
+    run_bin(state.source, "app-start")
+    run_bin(state.source, "fence-off")
+    with dns_client(state) as client:
+        zone_id = client.zone_id(state.zone)
+        for name in state.records:
+            for record in client.find_records(zone_id, name, "A"):
+                if record.content != state.source.address:
+                    client.set_content(zone_id, record, state.source.address)
+    # A completed run's journal would make the next `migrate apply` of that plan a no-op.
+    for name in PLAN_NAMES | {plan_name(state.plan_file)}:
+        shutil.rmtree(state.path / ".migrate" / name, ignore_errors=True)
+
+
+@pytest.fixture
+def live_lab(lab: LabState) -> Iterator[LabState]:
+    restore_source_live(lab)
+    try:
+        yield lab
+    finally:
+        restore_source_live(lab)
+
+
+def plan_copy(state: LabState, suffix: str, changes: dict[str, dict[str, Any]]) -> Path:
+    """A copy of the lab's plan under its own name (its own journal), with some sections changed."""
+    yaml = YAML()
+    data = yaml.load(state.plan_file.read_text())
+    data["name"] = f"{data['name']}-{suffix}"
+    for section, values in changes.items():
+        if section not in data:
+            data[section] = {}
+        for key, value in values.items():
+            data[section][key] = value
+    PLAN_NAMES.add(str(data["name"]))
+    path = state.path / f"plan-{suffix}.yaml"
+    with path.open("w") as out:
+        yaml.dump(data, out)
+    return path
+
+
+def migrate_apply(state: LabState, plan: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
+    PLAN_NAMES.add(plan_name(plan))
+    return subprocess.run(
+        [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def http(state: LabState, host: HostState, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        f"http://{host.address}:{host.app_port}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def assert_source_serves_and_dns_unchanged(state: LabState) -> None:
+    review = {
+        "id": f"after-rollback-{uuid.uuid4().hex[:8]}",
+        "author": "check",
+        "course": "rollback",
+        "rating": 5,
+        "body": "the source takes writes again",
+    }
+    status, body = http(state, state.source, "POST", "/reviews", review)
+    assert status == 201, f"the source refused a write after the rollback: {status} {body[:200]!r}"
+    status, body = http(state, state.source, "GET", f"/reviews/{review['id']}")
+    assert status == 200 and json.loads(body)["body"] == review["body"]
+    assert dns_contents(state) == {name: state.source.address for name in state.records}
+
+
+def run_report(state: LabState, plan_name: str) -> dict[str, Any]:
+    reports = sorted((state.path / ".migrate" / plan_name).glob("report-*.json"), key=lambda p: p.stat().st_mtime)
+    assert reports, f"no run report for {plan_name}"
+    return json.loads(reports[-1].read_text())
+
+
+def outcome(result: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {result.returncode}\nstdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
+
+
+# --- the failure paths: each must leave the source serving and DNS where it was --------------------------------
+
+
+def test_failing_health_check_rolls_back(live_lab: LabState) -> None:
+    state = live_lab
+    plan = plan_copy(
+        state,
+        "health",
+        {
+            "health": {
+                "checks": [
+                    {
+                        "kind": "http",
+                        "name": "app never says this",
+                        "url": f"http://{state.target.address}:{state.target.app_port}/healthz",
+                        "expect_body": "a body that never comes",
+                    }
+                ],
+                "attempts": 2,
+                "interval": 0.2,
+            }
+        },
+    )
+    result = migrate_apply(state, plan)
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    assert "a body that never comes" in result.stdout + result.stderr
+    assert "rolled back" in result.stdout + result.stderr
+    assert_source_serves_and_dns_unchanged(state)
+
+
+def test_write_block_budget_exceeded_rolls_back(live_lab: LabState) -> None:
+    state = live_lab
+    plan = plan_copy(state, "budget", {"cutover": {"max_write_block": 0.05}})
+    result = migrate_apply(state, plan)
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    assert "more than cutover.max_write_block" in result.stdout + result.stderr, outcome(result)
+    assert_source_serves_and_dns_unchanged(state)
+
+
+def test_lock_held_by_another_session_gives_up_cleanly(live_lab: LabState, tmp_path: Path) -> None:
+    """A session holding a table (LOCK TABLES ... WRITE and a long query) keeps FTWRL out: bounded wait, a report
+    naming the blocker, and the source database never stopped."""
+    state = live_lab
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    holder_pid = tmp_path / "holder.pid"
+    holder_ready = tmp_path / "holder.ready"
+    # Taken right before the cut-over (the hook), so the live steps before it are not blocked by it.
+    hook = hooks / "before-cutover"
+    hook.write_text(
+        "#!/bin/bash\nset -e\n"
+        f"setsid mariadb --no-defaults --socket={state.source.db_socket} -uroot -e "
+        "\"LOCK TABLES coursereview.reviews WRITE; SELECT 'locked' INTO OUTFILE "
+        f"'{holder_ready}'; SELECT SLEEP(30);\" >/dev/null 2>&1 &\n"
+        f"echo $! > {holder_pid}\n"
+        f"for i in $(seq 100); do [ -e {holder_ready} ] && exit 0; sleep 0.1; done\nexit 1\n"
+    )
+    hook.chmod(0o755)
+    db_pid_before = state.source.db_pid_file.read_text().strip()
+    plan = plan_copy(
+        state,
+        "lock",
+        {
+            "cutover": {"lock_wait_timeout": 1, "lock_attempts": 2, "lock_retry_backoff": 0.2},
+            "hooks": {"dir": str(hooks)},
+        },
+    )
+    try:
+        started = time.monotonic()
+        result = migrate_apply(state, plan)
+        elapsed = time.monotonic() - started
+        assert result.returncode == exit_codes.FAILED, outcome(result)
+        text = " ".join((result.stdout + result.stderr).split())
+        assert "could not get FLUSH TABLES WITH READ LOCK in 2 tries of 1 s" in text, outcome(result)
+        assert "SLEEP(30)" in text and "coursereview.reviews" in text, outcome(result)
+        assert elapsed < 60, "the lock wait must be bounded"
+        # Nothing was changed: the same database process still runs on the source.
+        assert state.source.db_pid_file.read_text().strip() == db_pid_before
+    finally:
+        if holder_pid.exists():
+            os.kill(int(holder_pid.read_text()), signal.SIGTERM)
+    # The holder's session ends with its client; then the source takes writes again.
+    deadline = time.monotonic() + 30
+    while http(state, state.source, "GET", "/healthz")[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert_source_serves_and_dns_unchanged(state)
+
+
+def test_cloudflare_failing_at_the_flip_rolls_back(live_lab: LabState) -> None:
+    state = live_lab
+    plan = plan_copy(state, "dns", {"retry": {"attempts": 2, "max_seconds": 5, "max_wait": 0.2}})
+    cf_control(state, "faults", {"mode": "5xx", "count": -1, "methods": ["PATCH", "PUT"]})
+    try:
+        result = migrate_apply(state, plan)
+    finally:
+        cf_control(state, "faults", {"mode": "none"})
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    assert "dns_flip" in result.stdout + result.stderr
+    assert_source_serves_and_dns_unchanged(state)
+
+
+# --- the migration itself, under load ---------------------------------------------------------------------------
+
+
+def tree_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_migration_under_load_loses_nothing(live_lab: LabState, tmp_path: Path) -> None:
+    state = live_lab
+    load_dir = tmp_path / "load"
+    load = subprocess.Popen(
+        [
+            sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path),
+            "--duration", "120", "--rate", "20", "--clients", "4", "--dns-ttl", str(DNS_TTL),
+            "--upload-every", "5", "--out", str(load_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(2)  # writes flowing to the source before the migration begins
+        result = migrate_apply(state, state.plan_file)
+        assert result.returncode == exit_codes.OK, outcome(result)
+        # Clients with a cached answer reach the (fenced) source until their cache expires, then move.
+        time.sleep(DNS_TTL + 2)
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load_output, _ = load.communicate(timeout=60)
+    print(load_output)
+
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    report = run_report(state, "course-review-lab")
+    assert report["status"] == "completed"
+    assert report["cutover"]["mode"] == "shutdown"
+    verification = report["verification"]
+    assert verification["row_counts"]["compared"] == len(report["row_counts"]) > 0, verification
+    assert all(n == 0 for n in verification["trees_differing_items"].values()), verification
+
+    verify = main_verify(state, host="target", load_dir=load_dir)
+    print(
+        f"longest write stall {verify.longest_write_stall_s} s, longest gap between acks "
+        f"{verify.longest_ack_gap_s} s, failed reads {verify.reads_failed}, failed write attempts "
+        f"{verify.write_attempts_failed}, writes blocked (report) {report['write_block_seconds']} s"
+    )
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    # The load really crossed the migration: acknowledged writes on both servers.
+    assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
+    # The source's uploads froze at the fence: every one of them is on the target, byte for byte (the target
+    # also holds what clients uploaded after the flip).
+    source_files, target_files = tree_files(state.source.uploads), tree_files(state.target.uploads)
+    assert source_files.items() <= target_files.items()
+    # A consistent copy of a cleanly shut down datadir starts without InnoDB crash recovery.
+    assert "crash recovery" not in last_server_start(state.target), "the target's datadir copy was not clean"
+
+
+def last_server_start(host: HostState) -> str:
+    """The target server's error log since its latest start."""
+    text = (host.log_dir / "mysqld.err").read_text(errors="replace")
+    return text[text.rfind("Starting MariaDB") :]
+
+
+def test_rollback_after_the_flip_needs_consent_then_points_dns_back(live_lab: LabState) -> None:
+    state = live_lab
+    plan = plan_copy(state, "back", {})
+    result = migrate_apply(state, plan)
+    assert result.returncode == exit_codes.OK, outcome(result)
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
+    command = [str(MIGRATE), "rollback", str(plan), "--yes", "--env-file", str(state.env_file)]
+    refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == exit_codes.REFUSED, outcome(refused)
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+
+    done = subprocess.run([*command, "--discard-target-writes"], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == exit_codes.OK, outcome(done)
+    assert_source_serves_and_dns_unchanged(state)
+    assert not target_app_listens(state), "the rollback stops the target's services"
+
+
+def target_app_listens(state: LabState) -> bool:
+    try:
+        http(state, state.target, "GET", "/healthz")
+    except OSError:
+        return False
+    return True
+
+
+def test_killed_during_the_cutover_resumes_to_a_clean_target(live_lab: LabState) -> None:
+    """kill -9 right after the source database's shutdown began: `migrate apply` again finishes the run from the
+    journal (the final figures taken under the lock, not from a stopped database) and the copy is clean."""
+    state = live_lab
+    plan = plan_copy(state, "crash", {})
+    journal = state.path / ".migrate" / plan_name(plan) / "journal.jsonl"
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
+    command = [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)]
+    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and first.poll() is None:
+            if journal.exists() and '"key":"source_db_stopped","value":true' in journal.read_text():
+                first.kill()
+                break
+            time.sleep(0.01)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.wait(timeout=30)
+    assert first.returncode == -signal.SIGKILL, "the run ended before the shutdown began"
+
+    result = migrate_apply(state, plan)
+    assert result.returncode == exit_codes.OK, outcome(result)
+    report = run_report(state, plan_name(plan))
+    assert report["status"] == "completed"
+    cutover = next(s for s in report["steps"] if s["name"] == "cutover")
+    assert cutover["attempts"] == 2
+    assert report["verification"]["row_counts"]["compared"] == len(report["row_counts"]) > 0
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    assert "crash recovery" not in last_server_start(state.target)
