@@ -213,16 +213,13 @@ def _install_signal_handlers() -> None:
     signal.signal(signal.SIGTERM, to_interrupt)
 
 
-def _write_report(state_dir: Path, journal: Journal) -> Path | None:
-    try:
-        from orchestrator.report import build_report, render_report
-    except ImportError:
-        return None
+def _write_report(state_dir: Path, journal: Journal) -> Path:
+    from orchestrator.report import build_report, render_report, write_report
+
     report = build_report(journal.events)
-    state = journal.state()
-    path = state_dir / f"report-{state.run_id if state else 'unknown'}.json"
-    path.write_text(json.dumps(report, indent=2, default=str))
-    out.print(redact(render_report(report)))
+    path = write_report(report, state_dir)
+    out.print(redact(render_report(report)), markup=False)
+    out.print(f"report: {path}")
     return path
 
 

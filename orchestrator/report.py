@@ -1,7 +1,7 @@
 """The run report: what each step did and when, the bytes moved, and how long writes were blocked.
 
-Built from the journal's events alone (the journal is the run's truth), so it can be made during the run by
-the finish step, after it by the CLI, or for a crashed run from what was recorded.
+Built from the journal's events alone (the journal is the run's truth), so it can be made during the run (the
+finish step's figures), after it by the command line, or for a crashed run from what was recorded.
 """
 
 from __future__ import annotations
@@ -21,14 +21,6 @@ BYTES_KEYS: dict[str, tuple[str, ...]] = {
     "cutover": ("final_pass_bytes",),
     "files_final": ("bytes", "bytes_moved", "transferred_bytes"),
 }
-
-
-def journal_path(rt: Any) -> Path:
-    """The run's journal: the runtime's when it knows it, else the engine's default place beside the plan."""
-    known = getattr(rt, "journal_path", None)
-    if known:
-        return Path(known)
-    return Path(rt.base_dir) / ".migrate" / rt.plan.name / "journal.jsonl"
 
 
 def run_events(events: list[dict[str, Any]], run_id: str | None = None) -> list[dict[str, Any]]:

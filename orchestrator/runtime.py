@@ -116,9 +116,7 @@ class Runtime:
         ref = self.plan.database.password
         return None if ref is None else self.secret(ref)
 
-    def db(
-        self, which: Which, *, retry: bool = True, read_timeout: float | None = None
-    ) -> pymysql.Connection:
+    def db(self, which: Which, *, retry: bool = True, read_timeout: float | None = None) -> pymysql.Connection:
         """A new autocommit connection to that host's database through an SSH tunnel (closed by close())."""
         database = self.plan.database
         password = self.db_password()

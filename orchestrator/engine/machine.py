@@ -237,6 +237,7 @@ class Engine:
             _saved=dict(rec.saved),
             _outputs=state.outputs,
             _save=self._save,
+            _history=lambda: self.journal.events,
         )
 
     def _save(self, step: str, key: str, value: Any) -> None:

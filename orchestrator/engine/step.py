@@ -34,6 +34,7 @@ class StepContext:
     _saved: dict[str, Any] = field(default_factory=dict)
     _outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     _save: Callable[[str, str, Any], None] | None = None
+    _history: Callable[[], list[dict[str, Any]]] | None = None
     started_at: float = field(default_factory=time.time)
 
     def save(self, key: str, value: Any) -> None:
@@ -45,6 +46,10 @@ class StepContext:
     def saved(self, key: str, default: Any = None) -> Any:
         """A value this step saved earlier in this run, even before a crash."""
         return self._saved.get(key, default)
+
+    def history(self) -> list[dict[str, Any]]:
+        """The run's journal so far, oldest first (empty in a dry-run)."""
+        return self._history() if self._history is not None else []
 
     def output(self, step: str) -> dict[str, Any]:
         """The result dict of an earlier completed step ({} if it has none)."""

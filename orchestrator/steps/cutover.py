@@ -21,10 +21,9 @@ from typing import Any
 
 import pymysql
 
-from orchestrator.engine.journal import read_events
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.report import journal_path, run_events
 from orchestrator.secrets import redact
+from orchestrator.steps.db_presync import DATADIR_EXCLUDES
 from orchestrator.transports import mysql as mysql_tx
 from orchestrator.transports import rsync
 
@@ -34,8 +33,6 @@ SOURCE_DB_START_TIMEOUT = 120.0
 # are recopied whatever their size and mtime say.
 FORCE_MARGIN = 2.0
 QUERY_SUMMARY_CHARS = 80
-# Runtime files of a server that must never travel with its datadir.
-DATADIR_EXCLUDES = ("*.sock", "*.sock.lock", "*.pid", "mysql.sock*")
 MODE_REASON = (
     "a file copy of a running InnoDB is not consistent under FLUSH TABLES WITH READ LOCK; the source "
     "database is stopped cleanly while writes are blocked and the final pass copies its quiet datadir"
@@ -152,10 +149,7 @@ def binlog_position(conn: pymysql.connections.Connection) -> dict[str, Any] | No
 
 def presync_began(ctx: StepContext) -> float | None:
     """When this run's datadir pre-sync started (orchestrator clock), from the journal; None if unknown."""
-    try:
-        events = run_events(read_events(journal_path(ctx.rt)), ctx.run_id)
-    except (OSError, ValueError):
-        return None
+    events = ctx.history()
     starts = [ev["ts"] for ev in events if ev.get("event") == "step_started" and ev.get("step") == "db_presync"]
     return float(starts[0]) if starts else None
 

@@ -16,9 +16,7 @@ def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool) -> dict[str, Any]
     """Push one tree source → target, logging progress; the figures of the transfer."""
     rt = ctx.rt
     plan = rt.plan
-    command = rsync.push_command(
-        plan, tree.source, tree.target, exclude=tree.exclude, live=live, chown=tree.owner
-    )
+    command = rsync.push_command(plan, tree.source, tree.target, exclude=tree.exclude, live=live, chown=tree.owner)
 
     def _progress(p: rsync.Progress) -> None:
         ctx.log.info("rsync_progress", tree=tree.name, bytes=p.bytes, pct=p.pct, files=p.files_done,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator.engine.journal import read_events
 from orchestrator.engine.step import Step, StepContext
-from orchestrator.report import build_report, journal_path, render_report, write_report
+from orchestrator.report import build_report
 
 
 class Finish(Step):
@@ -22,7 +21,7 @@ class Finish(Step):
             lines = [f"the source {plan.source.address} stays fenced (refuses writes)"]
         if plan.finish.drain_seconds:
             lines.append(f"wait {plan.finish.drain_seconds:g} s for traffic to leave the source")
-        lines.append(f"write the run report beside the journal ({journal_path(ctx.rt).parent})")
+        lines.append("write the run report beside the journal")
         return lines
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
@@ -38,16 +37,11 @@ class Finish(Step):
                 rt.source.run(service.stop, timeout=300)
                 stopped.append(service.name)
                 ctx.log.info("finish.source_service_stopped", service=service.name)
-        path = journal_path(rt)
-        report = build_report(read_events(path), now=time.time())
-        written = write_report(report, path.parent)
-        ctx.log.info("finish.report", path=str(written))
-        for line in render_report(report).splitlines():
-            ctx.log.info(line)
+        # The full report (this step included) is written by the command line once the run has ended.
+        report = build_report(ctx.history(), now=time.time())
         return {
             "source": plan.finish.source,
             "source_services_stopped": stopped,
-            "report": str(written),
             "write_block_seconds": report.get("write_block_seconds"),
             "bytes_moved": report.get("bytes_moved"),
         }

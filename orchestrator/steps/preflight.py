@@ -50,10 +50,7 @@ def du_bytes(host: SshHost, paths: list[str]) -> dict[str, int]:
 
 def free_space(host: SshHost, path: str) -> tuple[str, int]:
     """(mount point, free bytes) of the filesystem that holds `path` or its nearest existing ancestor."""
-    script = (
-        f"p={shlex.quote(path)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
-        'df -P -B1 "$p" | tail -n 1'
-    )
+    script = f'p={shlex.quote(path)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -P -B1 "$p" | tail -n 1'
     fields = host.run(script, timeout=COMMAND_TIMEOUT).stdout.split()
     if len(fields) < 6:
         raise TransportError(f"unexpected df output for {path}", False)

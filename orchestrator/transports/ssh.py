@@ -146,9 +146,7 @@ def _env_prefix(env: dict[str, str] | None, data: str | None) -> tuple[str, str 
 class SshHost:
     """One server reached over SSH: commands, streamed commands and local port forwards (for MySQL)."""
 
-    def __init__(
-        self, host: Host, *, name: str, base_dir: Path, retry: Retry, forward_agent: bool = False
-    ) -> None:
+    def __init__(self, host: Host, *, name: str, base_dir: Path, retry: Retry, forward_agent: bool = False) -> None:
         self.host = host
         self.name = name
         self.base_dir = base_dir
