@@ -17,7 +17,7 @@ from orchestrator import secrets
 from orchestrator.engine.step import StepError
 from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
 from orchestrator.retry import call_with_retry
-from orchestrator.transports import mysql
+from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import SshHost
 
 if TYPE_CHECKING:
@@ -188,6 +188,11 @@ class Runtime:
     # --- lifecycle ---
 
     def close(self) -> None:
+        source = self._hosts.get("source")
+        if source is not None and not self.dry_run:
+            # The source's shared SSH connection to the target (rsync's) must not outlive the run.
+            with contextlib.suppress(Exception):
+                source.run(rsync.close_master_command(self.plan), timeout=15, check=False)
         for conn in self._connections:
             with contextlib.suppress(Exception):  # the server may have gone away first
                 conn.close()

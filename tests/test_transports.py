@@ -61,8 +61,9 @@ def test_live_push_is_niced_on_both_ends_and_bandwidth_limited() -> None:
     # Paths with spaces and quotes reach rsync intact, with the trailing slash that copies contents.
     assert argv[-2:] == ["/srv/up loads/", "deploy@10.0.0.2:/srv/it's here/"]
     ssh = shlex.split(argv[argv.index("-e") + 1])
-    assert ssh[:3] == ["ssh", "-i", "/root/.ssh/migrate"]
+    assert ssh[0] == "ssh" and ssh[ssh.index("-i") + 1] == "/root/.ssh/migrate"
     assert "StrictHostKeyChecking=yes" in ssh and "BatchMode=yes" in ssh
+    assert "ControlMaster=auto" in ssh and f"ControlPersist={rsync.CONTROL_PERSIST}" in ssh
     assert ssh[ssh.index("-p") + 1] == "2222"
 
 
@@ -306,3 +307,18 @@ def test_real_rsync_of_the_uploads_source_to_target(rt: Runtime, lab: LabState, 
     # Another push deletes what the source does not have.
     rsync.push(rt.source, command, what="uploads", retry=plan.retry)
     assert not Path(scratch, "stray.txt").exists()
+
+
+@pytest.mark.lab
+def test_rsync_hops_share_one_ssh_connection_that_the_runtime_closes(lab_env: LabState, scratch: str) -> None:
+    runtime = Runtime(load_plan(lab_env.plan_file), lab_env.plan_file)
+    plan = runtime.plan
+    check = f"{rsync.target_ssh_command(plan, control='no')} -O check {plan.target.user}@{plan.target.address}"
+    try:
+        command = rsync.push_command(plan, str(lab_env.source.uploads), scratch, live=True)
+        rsync.push(runtime.source, command, what="uploads", retry=plan.retry)
+        assert runtime.source.run(check, check=False).exit_status == 0, "a master connection serves later hops"
+    finally:
+        runtime.close()
+    # The master lives on the source (this machine in the lab): after close it is gone.
+    assert subprocess.run(["sh", "-c", check], capture_output=True, timeout=30).returncode != 0

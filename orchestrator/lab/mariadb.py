@@ -157,12 +157,14 @@ def db_stop_script(host: HostState) -> str:
 set -uo pipefail
 {_running_check_sh(host)}
 pid=$(running) || exit 0
-if ! {q(tool(ADMIN))} --no-defaults --socket={q(host.db_socket)} -uroot shutdown >/dev/null 2>&1; then
-  kill -TERM "$pid" 2>/dev/null || true
-fi
-for _ in $(seq 1 6000); do
-  kill -0 "$pid" 2>/dev/null || exit 0
-  sleep 0.1
+# SIGTERM is mariadbd's normal shutdown, the same as `mariadb-admin shutdown`, whose wait polls once a second;
+# polling here every 20 ms returns as soon as the server is gone (this runs inside the migration's downtime).
+kill -TERM "$pid" 2>/dev/null || true
+for _ in $(seq 1 30000); do
+  # Gone, or a zombie: its shutdown is complete; only its parent's reaping (which can lag here) is left.
+  state=$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null) || exit 0
+  [ -z "$state" ] || [ "$state" = Z ] && exit 0
+  sleep 0.02
 done
 echo "db-stop: mariadbd of {host.name} (pid $pid) still running after 600 s" >&2
 exit 1

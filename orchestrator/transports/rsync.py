@@ -74,10 +74,19 @@ def target_spec(plan: Plan, path: str) -> str:
     return f"{plan.target.user}@{address}:{_slash(path)}"
 
 
-def target_ssh_command(plan: Plan) -> str:
+# rsync on the source reaches the target many times (pre-syncs, final passes, comparisons). One shared SSH
+# connection saves a handshake (~0.2 s) on every hop, three or more of them inside the downtime window.
+# The master lives on the source, exits by itself after CONTROL_PERSIST idle seconds, and the runtime closes it.
+CONTROL_PATH = "/tmp/migrate-ssh-%C"
+CONTROL_PERSIST = 120
+
+
+def target_ssh_command(plan: Plan, *, control: str = "auto") -> str:
     """The `-e` value: how rsync on the source reaches the target (host key verified, never a prompt)."""
     transfer = plan.transfer
-    parts = ["ssh"]
+    parts = ["ssh", "-o", f"ControlMaster={control}", "-o", f"ControlPath={CONTROL_PATH}"]
+    if control == "auto":
+        parts += ["-o", f"ControlPersist={CONTROL_PERSIST}"]
     if transfer.source_to_target_key is not None:
         parts += ["-i", transfer.source_to_target_key]
     parts += [
@@ -88,6 +97,12 @@ def target_ssh_command(plan: Plan) -> str:
         *transfer.source_to_target_options,
     ]  # fmt: skip
     return shlex.join(parts)
+
+
+def close_master_command(plan: Plan) -> str:
+    """Run on the source: ends the shared SSH connection to the target, if there is one."""
+    login = f"{plan.target.user}@{plan.target.address}"
+    return f"{target_ssh_command(plan, control='no')} -O exit {shlex.quote(login)} 2>/dev/null || true"
 
 
 def _common(plan: Plan, exclude: Iterable[str], chown: str | None) -> list[str]:
