@@ -378,7 +378,11 @@ class Cutover(Step):
             # is the one inside the downtime window.
             extra=["--modify-window=-1", "--no-whole-file"],
         )
-        stats = rsync.push(rt.source, command, what="final datadir pass", retry=plan.retry)
+        # Bounded by what is left of the write-block budget, retries included: a pass that cannot finish in time
+        # fails here and the run rolls back, instead of keeping writes blocked past the budget.
+        remaining = max(1.0, rt.budget.remaining() or plan.cutover.max_write_block)
+        retry = plan.retry.model_copy(update={"max_seconds": remaining})
+        stats = rsync.push(rt.source, command, what="final datadir pass", retry=retry, timeout=remaining)
         # With delta transfer, the literal data is what travelled; the files' size is what was brought up to date.
         moved = stats.literal_bytes
         seconds = round(time.monotonic() - started, 3)

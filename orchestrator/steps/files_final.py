@@ -33,6 +33,9 @@ class FilesFinal(Step):
         trees: dict[str, Any] = {}
         for tree in ctx.rt.plan.files:
             budget.check(f"starting the final copy of tree {tree.name}", since)
-            trees[tree.name] = sync_tree(ctx, tree, live=False)
+            remaining = budget.remaining(since)
+            trees[tree.name] = sync_tree(
+                ctx, tree, live=False, time_left=None if remaining is None else max(1.0, remaining)
+            )
             budget.check(f"the final copy of tree {tree.name}", since)
         return {"trees": trees, "bytes": sum(t["bytes"] for t in trees.values())}

@@ -12,8 +12,11 @@ from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError
 
 
-def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool) -> dict[str, Any]:
-    """Push one tree source → target, logging progress; the figures of the transfer."""
+def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool, time_left: float | None = None) -> dict[str, Any]:
+    """Push one tree source → target, logging progress; the figures of the transfer.
+
+    `time_left` bounds the push, retries included (inside the downtime window: what is left of the budget).
+    """
     rt = ctx.rt
     plan = rt.plan
     command = rsync.push_command(plan, tree.source, tree.target, exclude=tree.exclude, live=live, chown=tree.owner)
@@ -25,7 +28,10 @@ def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool) -> dict[str, Any]
     started = time.monotonic()
     try:
         rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=60)
-        stats = rsync.push(rt.source, command, what=f"tree {tree.name}", retry=plan.retry, on_progress=_progress)
+        retry = plan.retry if time_left is None else plan.retry.model_copy(update={"max_seconds": time_left})
+        stats = rsync.push(
+            rt.source, command, what=f"tree {tree.name}", retry=retry, on_progress=_progress, timeout=time_left
+        )
     except TransportError as exc:
         raise StepError(f"copying tree {tree.name}: {exc}") from None
     seconds = round(time.monotonic() - started, 3)
