@@ -31,8 +31,8 @@ app = typer.Typer(
     help="Move a web service (files + MySQL/MariaDB + Cloudflare DNS) to a new server with seconds of downtime.",
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 # The composition: which steps and which runtime a plan gets. Tests of the engine replace these.
@@ -67,6 +67,14 @@ StateDirOpt = Annotated[
     Path | None,
     typer.Option("--state-dir", help="where the journal, lock and logs live [default: <plan dir>/.migrate/<name>]"),
 ]
+ReverseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--reverse",
+        help="the reverse run (<name>-reverse): move the service back from the target to the source after the "
+        "DNS flip, carrying the target's writes",
+    ),
+]
 
 
 # --------------------------------------------------------------------------------------------------- helpers
@@ -77,6 +85,40 @@ def _load(plan_path: Path):  # -> LoadedPlan
         return load_plan(plan_path)
     except PlanError as exc:
         raise Exit(exit_codes.BAD_INPUT, "\n".join(getattr(exc, "lines", None) or [str(exc)])) from None
+
+
+def _run_plan(loaded: Any, reverse: bool) -> Plan:
+    """The plan a command drives: the file's, or its reversal (target back to source) with --reverse."""
+    if not reverse:
+        return loaded.plan
+    from pydantic import ValidationError
+
+    try:
+        return loaded.plan.reversed()
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        problem = str(first["msg"]).removeprefix("Value error, ")
+        raise Exit(
+            exit_codes.BAD_INPUT, f"{loaded.path}: the reversed plan is not valid: {where}: {problem}".rstrip(": ")
+        ) from None
+
+
+def _require_forward_committed(plan_path: Path, forward: Plan) -> None:
+    """A reverse run carries the target's writes back: there must be a forward run past its DNS flip."""
+    sdir = _state_dir(plan_path, forward, None)
+    journal_path = sdir / "journal.jsonl"
+    state = Journal(journal_path).state() if journal_path.exists() else None
+    if state is None or state.status not in (RunStatus.COMPLETED, RunStatus.FAILED_AFTER_COMMIT):
+        where = "has no run" if state is None else f"run {state.run_id} is {state.status.value}"
+        raise Exit(
+            exit_codes.REFUSED,
+            f"plan '{forward.name}' {where}: nothing to reverse, the service never moved to the target "
+            f"(a run that has not flipped DNS is undone with `migrate rollback {plan_path}`)",
+        )
+    holder = is_locked(sdir / "lock")
+    if holder is not None:
+        raise Exit(exit_codes.REFUSED, f"the forward run of plan '{forward.name}' is running: {holder.describe()}")
 
 
 def _load_env_file(env_file: Path | None) -> None:
@@ -248,12 +290,21 @@ def apply(
     force: Annotated[bool, typer.Option("--force", help="resume even though the plan changed")] = False,
     env_file: EnvFileOpt = None,
     state_dir: StateDirOpt = None,
+    reverse: ReverseOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the migration (or resume an unfinished one)."""
     mlog.configure(verbose=verbose)
     loaded = _load(plan_path)
-    plan = loaded.plan
+    plan = _run_plan(loaded, reverse)
+    if reverse:
+        try:
+            _require_forward_committed(plan_path, loaded.plan)
+        except Exit as refused:
+            if not dry_run:
+                raise
+            # A dry-run of the way back is a fine rehearsal before the forward run; it says what would refuse.
+            out.print(f"note: {refused.message}; a real `apply --reverse` would refuse now", markup=False)
     _load_env_file(env_file)
     _resolve_secrets(plan, plan_path)
     steps = steps_factory(plan)
@@ -275,7 +326,8 @@ def apply(
         journal = Journal(journal_path)
         state = journal.state()
         if state is not None and state.status == RunStatus.COMPLETED:
-            out.print(f"run {state.run_id} completed; nothing to do (status: `migrate status {plan_path}`)")
+            again = " --reverse" if reverse else ""
+            out.print(f"run {state.run_id} completed; nothing to do (status: `migrate status {plan_path}{again}`)")
             return
         if state is not None and state.status == RunStatus.ROLLED_BACK:
             _archive(journal_path, state)
@@ -371,11 +423,13 @@ def status(
     plan_path: PlanArg,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
     state_dir: StateDirOpt = None,
+    reverse: ReverseOpt = False,
 ) -> None:
     """Where the run stands: each step's state and duration, and what the next action would be."""
     loaded = _load(plan_path)
-    steps = steps_factory(loaded.plan)
-    sdir = _state_dir(plan_path, loaded.plan, state_dir)
+    plan = _run_plan(loaded, reverse)
+    steps = steps_factory(plan)
+    sdir = _state_dir(plan_path, plan, state_dir)
     state = Journal(sdir / "journal.jsonl").state() if (sdir / "journal.jsonl").exists() else None
     holder = is_locked(sdir / "lock")
     if as_json:
@@ -405,7 +459,7 @@ def status(
         out.print_json(json.dumps(doc, default=str))
         return
     if state is None:
-        out.print(f"plan '{loaded.plan.name}': no run yet")
+        out.print(f"plan '{plan.name}': no run yet")
     else:
         _print_state(state, steps)
         if state.plan_sha256 != loaded.sha256:
@@ -427,12 +481,13 @@ def rollback(
     yes: Annotated[bool, typer.Option("--yes", "-y")] = False,
     env_file: EnvFileOpt = None,
     state_dir: StateDirOpt = None,
+    reverse: ReverseOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Undo the run: compensations in reverse order, so the source serves as before."""
     mlog.configure(verbose=verbose)
     loaded = _load(plan_path)
-    plan = loaded.plan
+    plan = _run_plan(loaded, reverse)
     _load_env_file(env_file)
     _resolve_secrets(plan, plan_path)
     steps = steps_factory(plan)
@@ -453,10 +508,17 @@ def rollback(
             out.print(f"run {state.run_id} is already rolled back")
             return
         if state.committed and not discard_target_writes:
+            discard = "--discard-target-writes to point DNS back anyway"
+            # A reverse run has no reverse of its own: moving forward again is a new run of the plan.
+            advice = (
+                f"Pass {discard}."
+                if reverse
+                else f"Run `migrate apply {plan_path} --reverse` to carry them back, or pass {discard}."
+            )
             raise Exit(
                 exit_codes.REFUSED,
                 f"run {state.run_id} is past the DNS flip: the target has taken writes since, and rolling back would "
-                "lose them. Pass --discard-target-writes to point DNS back anyway.",
+                f"lose them. {advice}",
             )
         if state.committed and not yes and not _typed_plan_name(plan, "to discard the target's writes"):
             raise Exit(exit_codes.REFUSED, "not confirmed")

@@ -87,6 +87,7 @@ def restore_source_live(state: LabState) -> None:
     run_bin(state.source, "db-start")
     run_bin(state.source, "app-start")
     run_bin(state.source, "fence-off")
+    run_bin(state.target, "fence-off")  # a reverse run leaves the target fenced
     with dns_client(state) as client:
         zone_id = client.zone_id(state.zone)
         for name in state.records:
@@ -96,6 +97,7 @@ def restore_source_live(state: LabState) -> None:
     # A completed run's journal would make the next `migrate apply` of that plan a no-op.
     for name in PLAN_NAMES | {plan_name(state.plan_file)}:
         shutil.rmtree(state.path / ".migrate" / name, ignore_errors=True)
+        shutil.rmtree(state.path / ".migrate" / f"{name}-reverse", ignore_errors=True)
 
 
 @pytest.fixture
@@ -124,11 +126,11 @@ def plan_copy(state: LabState, suffix: str, changes: dict[str, dict[str, Any]]) 
     return path
 
 
-def migrate_apply(state: LabState, plan: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def migrate_apply(state: LabState, plan: Path, *options: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
     PLAN_NAMES.add(plan_name(plan))
     return subprocess.run(
-        [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)],
+        [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file), *options],
         env=env,
         capture_output=True,
         text=True,
@@ -398,3 +400,120 @@ def test_killed_during_the_cutover_resumes_to_a_clean_target(live_lab: LabState)
     assert report["verification"]["row_counts"]["compared"] == len(report["row_counts"]) > 0
     assert dns_contents(state) == {name: state.target.address for name in state.records}
     assert "crash recovery" not in last_server_start(state.target)
+
+
+# --- the reverse migration: back to the source after the flip, with the target's writes ---------------------------
+
+
+def start_load(state: LabState, load_dir: Path, duration: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path),
+            "--duration", str(duration), "--rate", "20", "--clients", "4", "--dns-ttl", str(DNS_TTL),
+            "--upload-every", "5", "--out", str(load_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+
+
+def a_review(label: str) -> dict[str, Any]:
+    return {
+        "id": f"{label}-{uuid.uuid4().hex[:8]}",
+        "author": "check",
+        "course": "reverse",
+        "rating": 4,
+        "body": f"written {label}",
+    }
+
+
+def test_reverse_migration_carries_the_target_writes_back(live_lab: LabState, tmp_path: Path) -> None:
+    state = live_lab
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, duration=400)
+    try:
+        time.sleep(2)  # writes flowing to the source before the migration begins
+        forward = migrate_apply(state, state.plan_file)
+        assert forward.returncode == exit_codes.OK, outcome(forward)
+        # The service lives on the target now: clients move there as their DNS caches expire, and it takes writes.
+        time.sleep(DNS_TTL + 2)
+        on_target = a_review("on-the-target")
+        status, body = http(state, state.target, "POST", "/reviews", on_target)
+        assert status == 201, f"the target refused a write after the flip: {status} {body[:200]!r}"
+
+        back = migrate_apply(state, state.plan_file, "--reverse")
+        assert back.returncode == exit_codes.OK, outcome(back)
+        time.sleep(DNS_TTL + 2)
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load_output, _ = load.communicate(timeout=60)
+    print(load_output)
+
+    assert dns_contents(state) == {name: state.source.address for name in state.records}
+    # The source takes writes again, and holds what the target took between the two migrations.
+    on_source = a_review("back-on-the-source")
+    status, body = http(state, state.source, "POST", "/reviews", on_source)
+    assert status == 201, f"the source refused a write after the reverse run: {status} {body[:200]!r}"
+    for review in (on_target, on_source):
+        status, body = http(state, state.source, "GET", f"/reviews/{review['id']}")
+        assert status == 200 and json.loads(body)["body"] == review["body"], (status, body[:200])
+    # The target is fenced now, as the source was after the forward run.
+    status, _ = http(state, state.target, "POST", "/reviews", a_review("on-the-fenced-target"))
+    assert status == 503
+
+    report = run_report(state, f"{plan_name(state.plan_file)}-reverse")
+    assert report["status"] == "completed"
+    assert report["verification"]["row_counts"]["compared"] == len(report["row_counts"]) > 0
+    verify = main_verify(state, host="source", load_dir=load_dir)
+    print(
+        f"reverse run: writes blocked (report) {report['write_block_seconds']} s; longest write stall "
+        f"{verify.longest_write_stall_s} s, failed write attempts {verify.write_attempts_failed}, "
+        f"acknowledged {verify.reviews_acknowledged} reviews / {verify.uploads_acknowledged} uploads, "
+        f"lost {verify.acknowledged_lost}"
+    )
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    # Acknowledged writes on both servers: the target's (between the two migrations) are on the source too.
+    assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
+    # Every upload the target held at the reverse cut-over is on the source, byte for byte.
+    target_files, source_files = tree_files(state.target.uploads), tree_files(state.source.uploads)
+    assert target_files.items() <= source_files.items()
+    assert "crash recovery" not in last_server_start(state.source), "the source's datadir copy was not clean"
+
+    # The reverse run has its own status and rollback; the forward rollback now points at --reverse.
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
+    shown = subprocess.run(
+        [str(MIGRATE), "status", str(state.plan_file), "--reverse", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == exit_codes.OK, outcome(shown)
+    assert json.loads(shown.stdout)["run"]["status"] == "completed"
+    rollback = [str(MIGRATE), "rollback", str(state.plan_file), "--yes", "--env-file", str(state.env_file)]
+    forward_refused = subprocess.run(rollback, env=env, capture_output=True, text=True, timeout=60)
+    assert forward_refused.returncode == exit_codes.REFUSED, outcome(forward_refused)
+    assert f"migrate apply {state.plan_file} --reverse" in " ".join(forward_refused.stderr.split())
+    reverse_refused = subprocess.run([*rollback, "--reverse"], env=env, capture_output=True, text=True, timeout=60)
+    assert reverse_refused.returncode == exit_codes.REFUSED, outcome(reverse_refused)
+    assert dns_contents(state) == {name: state.source.address for name in state.records}
+
+
+def test_reverse_needs_a_forward_run_past_the_flip(live_lab: LabState) -> None:
+    state = live_lab
+    plan = plan_copy(state, "rev", {"cutover": {"max_write_block": 0.05}})
+    never = migrate_apply(state, plan, "--reverse")
+    assert never.returncode == exit_codes.REFUSED, outcome(never)
+    assert "has no run: nothing to reverse" in " ".join(never.stderr.split()), outcome(never)
+
+    # A run that failed before the flip rolled back: there is nothing on the target to carry back.
+    rolled_back = migrate_apply(state, plan)
+    assert rolled_back.returncode == exit_codes.FAILED, outcome(rolled_back)
+    refused = migrate_apply(state, plan, "--reverse")
+    assert refused.returncode == exit_codes.REFUSED, outcome(refused)
+    text = " ".join(refused.stderr.split())
+    assert "is rolled_back: nothing to reverse" in text and "migrate rollback" in text, outcome(refused)
+    assert not (state.path / ".migrate" / f"{plan_name(plan)}-reverse").exists(), "a refused reverse run began"
+    assert_source_serves_and_dns_unchanged(state)

@@ -450,3 +450,129 @@ def test_empty_secret_asks_for_a_reference(tmp_path: Path) -> None:
     path = broken(tmp_path, "api_token: {env: CLOUDFLARE_API_TOKEN}", "api_token:")
     expected = f"{path}:21:3: dns.api_token: a reference is needed here: {{env: VARIABLE}} or {{file: /path/to/file}}"
     assert str(error_of(path)) == expected
+
+
+# --- the reverse run's plan (`migrate apply --reverse`) ---------------------------------------------------------------
+
+REVERSIBLE_PLAN = (
+    SMALL_PLAN
+    + """\
+services:
+  source:
+    - {name: web, start: systemctl start nginx, stop: systemctl stop nginx}
+  target:
+    - {name: web, start: systemctl start nginx, stop: systemctl stop nginx}
+    - {name: php, start: systemctl start php-fpm, stop: systemctl stop php-fpm}
+  fence:
+    enable: touch /srv/maintenance
+    disable: rm -f /srv/maintenance
+  target_fence:
+    enable: touch /srv/maintenance-target
+    disable: rm -f /srv/maintenance-target
+health:
+  checks:
+    - {kind: http, url: "http://203.0.113.20:8080/healthz", host_header: example.com}
+    - {kind: tcp, host: 203.0.113.20, port: 3306}
+    - {kind: sql, query: SELECT 1, expect: "1"}
+    - {kind: command, run: systemctl is-active nginx}
+transfer:
+  source_to_target_key: /root/.ssh/to-target
+  source_to_target_options: ["-o", "BindAddress=203.0.113.10"]
+"""
+)
+
+
+def test_reverse_section_and_target_fence_validate(tmp_path: Path) -> None:
+    text = REVERSIBLE_PLAN + (
+        "reverse:\n"
+        "  transfer:\n"
+        "    source_to_target_key: /root/.ssh/to-source\n"
+        '    source_to_target_options: ["-o", "BindAddress=203.0.113.20"]\n'
+        "  health:\n"
+        "    checks:\n"
+        '      - {kind: http, url: "http://203.0.113.10:9090/healthz"}\n'
+        "    attempts: 3\n"
+    )
+    plan = load_plan(write(tmp_path, text)).plan
+    assert plan.services.target_fence.disable == "rm -f /srv/maintenance-target"
+    assert plan.reverse is not None and plan.reverse.transfer is not None and plan.reverse.health is not None
+    assert plan.reverse.transfer.source_to_target_key == "/root/.ssh/to-source"
+    assert plan.reverse.health.attempts == 3
+    # Both are optional: a plan without them has an empty target fence and no overrides.
+    small = load_plan(write(tmp_path, SMALL_PLAN, "small.yaml")).plan
+    assert small.reverse is None and small.services.target_fence.disable is None
+
+
+def test_unknown_key_inside_reverse_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, SMALL_PLAN + "reverse:\n  transfr: {}\n")
+    assert str(error_of(path)) == f"{path}:27:3: reverse.transfr: unknown key 'transfr' (did you mean 'transfer'?)"
+    path = write(tmp_path, SMALL_PLAN + "reverse:\n  transfer:\n    bwlimt: 10M\n")
+    assert str(error_of(path)).startswith(f"{path}:28:5: reverse.transfer.bwlimt: unknown key 'bwlimt'")
+    path = write(tmp_path, SMALL_PLAN + "reverse:\n  health:\n    checks:\n      - {kind: ftp, url: x}\n")
+    assert "reverse.health.checks[0].kind: unknown kind 'ftp'" in str(error_of(path))
+
+
+def test_reversed_swaps_every_pair(tmp_path: Path) -> None:
+    text = REVERSIBLE_PLAN.replace("target:\n  address: 203.0.113.20\n", "target:\n  address: 10.0.0.20\n")
+    text = text.replace("source: /var/www/shop/uploads", "source: /srv/old/uploads")
+    text = text.replace("    target: /var/www/shop/uploads", "    target: /srv/new/uploads")
+    text = text.replace("    datadir: /var/lib/mysql\n", "    datadir: /srv/old/mysql\n", 1)
+    text = text.replace("target:\n    datadir: /var/lib/mysql", "target:\n    datadir: /srv/new/mysql")
+    text = text.replace("  address: 10.0.0.20\n", "  address: 10.0.0.20\n  public_address: 203.0.113.20\n")
+    forward = load_plan(write(tmp_path, text)).plan
+    back = forward.reversed()
+
+    assert back.name == "shop-reverse"
+    assert (back.source, back.target) == (forward.target, forward.source)
+    assert [(t.source, t.target) for t in back.files] == [("/srv/new/uploads", "/srv/old/uploads")]
+    assert (back.database.source.datadir, back.database.target.datadir) == ("/srv/new/mysql", "/srv/old/mysql")
+    assert back.database.password == forward.database.password
+    assert [s.name for s in back.services.source] == ["web", "php"]
+    assert [s.name for s in back.services.target] == ["web"]
+    assert back.services.fence == forward.services.target_fence
+    assert back.services.target_fence == forward.services.fence
+    # DNS goes back to where it pointed before the forward run: the source's public address.
+    assert back.dns_content == forward.source.dns_content == "203.0.113.10"
+    assert back.dns.records == forward.dns.records
+    # Without overrides: the forward transfer, and the health checks aimed at the source.
+    assert back.transfer == forward.transfer
+    http, tcp, sql, command = back.health.checks
+    assert http.url == "http://203.0.113.10:8080/healthz" and http.host_header == "example.com"
+    assert (tcp.host, tcp.port) == ("203.0.113.10", 3306)
+    assert sql == forward.health.checks[2]
+    assert command.on == "source" and command.run == "systemctl is-active nginx"
+    assert back.reverse is None
+
+
+def test_reversed_takes_the_overrides(tmp_path: Path) -> None:
+    text = REVERSIBLE_PLAN + (
+        "reverse:\n"
+        "  transfer:\n"
+        "    source_to_target_key: /root/.ssh/to-source\n"
+        "  health:\n"
+        "    checks:\n"
+        '      - {kind: http, url: "http://203.0.113.10:9090/ready"}\n'
+    )
+    forward = load_plan(write(tmp_path, text)).plan
+    back = forward.reversed()
+    assert back.transfer.source_to_target_key == "/root/.ssh/to-source"
+    assert [check.url for check in back.health.checks] == ["http://203.0.113.10:9090/ready"]
+    assert back.reverse is None
+
+
+def test_reversed_source_keeps_the_address_dns_pointed_at(tmp_path: Path) -> None:
+    # The forward flip wrote dns.content: the reverse run must find the records there before it flips them back.
+    text = SMALL_PLAN.replace("  records: [example.com]\n", "  records: [example.com]\n  content: 198.51.100.7\n")
+    forward = load_plan(write(tmp_path, text)).plan
+    back = forward.reversed()
+    assert back.source.dns_content == "198.51.100.7"
+    assert back.dns_content == "203.0.113.10"
+
+
+def test_double_reversal_gives_back_the_forward_plan(tmp_path: Path) -> None:
+    forward = load_plan(write(tmp_path, REVERSIBLE_PLAN)).plan
+    again = forward.reversed().reversed()
+    for section in ("source", "target", "files", "database", "services", "health", "transfer", "cutover", "finish"):
+        assert getattr(again, section) == getattr(forward, section), section
+    assert again.dns_content == forward.dns_content
+    assert again.dns.records == forward.dns.records

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -173,6 +174,11 @@ class Services(Strict):
         default_factory=list, description="the service on the source (stopped when finish.source is 'stop')"
     )
     fence: SourceFence = Field(default_factory=SourceFence)
+    target_fence: SourceFence = Field(
+        default_factory=SourceFence,
+        description="how the TARGET refuses writes and takes them again: used when the service moves back "
+        "(`migrate apply --reverse`); its 'disable' runs on the target once its services start",
+    )
     stop_target_first: bool = Field(
         default=True, description="preflight stops the target's database and services (the seed's preparation)"
     )
@@ -283,6 +289,22 @@ class Retry(Strict):
     max_wait: float = Field(default=10.0, gt=0, description="longest wait between tries")
 
 
+class ReverseOverrides(Strict):
+    """What a reverse run (`migrate apply --reverse`: back from the target to the source after the DNS flip) cannot
+    derive from the forward plan. Everything else is the forward plan with source and target swapped."""
+
+    transfer: Transfer | None = Field(
+        default=None,
+        description="how the TARGET reaches the source over ssh (rsync runs on the target in a reverse run); "
+        "default: the forward transfer section",
+    )
+    health: HealthChecks | None = Field(
+        default=None,
+        description="checks that prove the source serves again; default: the forward checks with the target's "
+        "address replaced by the source's (http urls, tcp hosts) and command checks run on the other host",
+    )
+
+
 class Plan(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="the plan's name, typed to confirm")
     description: str | None = None
@@ -298,6 +320,9 @@ class Plan(Strict):
     transfer: Transfer = Field(default_factory=Transfer)
     hooks: Hooks = Field(default_factory=Hooks)
     retry: Retry = Field(default_factory=Retry)
+    reverse: ReverseOverrides | None = Field(
+        default=None, description="overrides for the reverse run (`migrate apply --reverse`)"
+    )
 
     @model_validator(mode="after")
     def _no_clashes(self, info: ValidationInfo) -> Plan:
@@ -313,3 +338,66 @@ class Plan(Strict):
     @property
     def dns_content(self) -> str:
         return self.dns.content or self.target.dns_content
+
+    def reversed(self) -> Plan:
+        """The plan that moves the service back: the target becomes the source and the source the target.
+
+        Every pair swaps (hosts, file trees, database endpoints, services, fences); DNS points back at the source;
+        transfer and health come from `reverse` when given, else from the forward plan with the hosts swapped.
+        """
+        data = self.model_dump(mode="python")
+        new_source = data["target"]
+        if self.dns.content is not None and self.dns.content != self.target.dns_content:
+            # The records point at dns.content now: that is the reversed source's public address.
+            new_source = {**new_source, "public_address": self.dns.content}
+        data["name"] = f"{self.name}-reverse"
+        data["source"], data["target"] = new_source, data["source"]
+        data["files"] = [{**tree, "source": tree["target"], "target": tree["source"]} for tree in data["files"]]
+        database = data["database"]
+        database["source"], database["target"] = database["target"], database["source"]
+        services = data["services"]
+        services["source"], services["target"] = services["target"], services["source"]
+        services["fence"], services["target_fence"] = services["target_fence"], services["fence"]
+        data["dns"]["content"] = self.source.dns_content
+        overrides = self.reverse
+        if overrides is not None and overrides.transfer is not None:
+            data["transfer"] = overrides.transfer.model_dump(mode="python")
+        if overrides is not None and overrides.health is not None:
+            data["health"] = overrides.health.model_dump(mode="python")
+        else:
+            data["health"] = _health_swapped(self.health, self._address_swaps()).model_dump(mode="python")
+        data["reverse"] = None
+        return Plan.model_validate(data)
+
+    def _address_swaps(self) -> dict[str, str]:
+        """Target address → the source's matching address (lower case, as urlsplit gives host names)."""
+        swaps = {self.target.address.lower(): self.source.address}
+        if self.target.public_address:
+            swaps[self.target.public_address.lower()] = self.source.dns_content
+        return swaps
+
+
+def _swap_url_host(url: str, swaps: dict[str, str]) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname
+    if host is None or host not in swaps:
+        return url
+    new_host = swaps[host]
+    shown = f"[{new_host}]" if ":" in new_host else new_host
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    port = f":{parts.port}" if parts.port is not None else ""
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{shown}{port}"))
+
+
+def _health_swapped(health: HealthChecks, swaps: dict[str, str]) -> HealthChecks:
+    checks: list[HttpCheck | TcpCheck | SqlCheck | CommandCheck] = []
+    for check in health.checks:
+        if isinstance(check, HttpCheck):
+            checks.append(check.model_copy(update={"url": _swap_url_host(check.url, swaps)}))
+        elif isinstance(check, TcpCheck):
+            checks.append(check.model_copy(update={"host": swaps.get(check.host.lower(), check.host)}))
+        elif isinstance(check, CommandCheck):
+            checks.append(check.model_copy(update={"on": "source" if check.on == "target" else "target"}))
+        else:
+            checks.append(check)
+    return health.model_copy(update={"checks": checks})

@@ -1,4 +1,6 @@
-"""Start the target: its database (waiting until it answers), then its services, in the plan's order."""
+"""Start the target: its database (waiting until it answers), then its services, in the plan's order, then lift the
+target's own fence when the plan declares one (a host fenced before, like the old source in a reverse run, takes
+writes again)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ class StartTarget(Step):
         lines = [f"on the target ({plan.target.address}): start the database: {plan.database.target.start},"
                  " then wait until it answers"]  # fmt: skip
         lines += [f"on the target: start service {s.name}: {s.start}" for s in plan.services.target]
+        if plan.services.target_fence.disable:
+            lines.append(f"on the target: lift its fence: {plan.services.target_fence.disable}")
         return lines
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
@@ -68,10 +72,20 @@ class StartTarget(Step):
             ctx.log.info("target_service_started", service=service.name)
             started.append(service.name)
             rt.budget.check(f"starting target service {service.name}", since)
-        return {"db_ready_seconds": round(ready_seconds, 3), "services": started}
+        unfence = plan.services.target_fence.disable
+        if unfence:
+            try:
+                rt.target.run(unfence, timeout=COMMAND_TIMEOUT)
+            except TransportError as exc:
+                raise StepError(f"lifting the target's fence: {exc}") from None
+            ctx.log.info("target_fence_lifted")
+        return {"db_ready_seconds": round(ready_seconds, 3), "services": started, "fence_lifted": bool(unfence)}
 
     def undo(self, ctx: StepContext) -> None:
-        """Stop the services (reverse order), then the database; every stop is tried even if one fails."""
+        """Stop the services (reverse order), then the database; every stop is tried even if one fails.
+
+        A lifted target fence is not put back: with its services stopped the target takes no writes anyway.
+        """
         rt = ctx.rt
         plan = rt.plan
         failures = []
