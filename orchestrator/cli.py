@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
+import structlog
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -104,6 +105,24 @@ def _run_plan(loaded: Any, reverse: bool) -> Plan:
         ) from None
 
 
+def _reverse_state(plan_path: Path, forward: Plan) -> RunState | None:
+    """The state of the plan's reverse run, if it has one."""
+    try:
+        path = _state_dir(plan_path, forward.reversed(), None) / "journal.jsonl"
+    except ValueError:  # a plan that cannot be reversed has no reverse run
+        return None
+    return Journal(path).state() if path.exists() else None
+
+
+def _moved_back(forward: RunState, back: RunState) -> bool:
+    """The forward run completed, then a reverse run completed after it: the service is on the source again."""
+    return (
+        forward.status == RunStatus.COMPLETED
+        and back.status == RunStatus.COMPLETED
+        and (back.ended_at or 0) > (forward.ended_at or 0)
+    )
+
+
 def _require_forward_committed(plan_path: Path, forward: Plan) -> None:
     """A reverse run carries the target's writes back: there must be a forward run past its DNS flip."""
     sdir = _state_dir(plan_path, forward, None)
@@ -186,7 +205,18 @@ def _fmt_duration(seconds: float | None) -> str:
     return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
 
 
-def _next_action(state: RunState | None, steps: Sequence[Step]) -> str:
+def _next_action(state: RunState | None, steps: Sequence[Step], reverse: bool = False) -> str:
+    text = _next_action_text(state, steps)
+    return (
+        text.replace("`migrate apply`", "`migrate apply --reverse`").replace(
+            "`migrate rollback`", "`migrate rollback --reverse`"
+        )
+        if reverse
+        else text
+    )
+
+
+def _next_action_text(state: RunState | None, steps: Sequence[Step]) -> str:
     if state is None:
         return "`migrate apply` starts a new run"
     if state.status == RunStatus.COMPLETED:
@@ -253,6 +283,32 @@ def _install_signal_handlers() -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, to_interrupt)
+
+
+def _engine(
+    plan: Plan,
+    plan_path: Path,
+    loaded: Any,
+    steps: Sequence[Step],
+    journal: Journal,
+    *,
+    confirm: Callable[[Step], bool],
+) -> Engine:
+    return Engine(
+        steps,
+        journal,
+        config=EngineConfig(str(plan_path), plan.name, loaded.sha256, loaded.text),
+        rt=runtime_factory(plan, plan_path, False),
+        hooks=_hooks(plan, plan_path),
+        confirm=confirm,
+        log=mlog.get_logger(),
+    )
+
+
+def _close(rt: Any) -> None:
+    close = getattr(rt, "close", None)
+    if close is not None:
+        close()
 
 
 def _write_report(state_dir: Path, journal: Journal) -> Path:
@@ -325,6 +381,13 @@ def apply(
             log.warning("took over a stale lock", left_by=lock.stale_holder.describe())
         journal = Journal(journal_path)
         state = journal.state()
+        back = None if reverse or state is None else _reverse_state(plan_path, loaded.plan)
+        if state is not None and back is not None and _moved_back(state, back):
+            # The service went to the target and came back: a new forward run starts from here.
+            _archive(_state_dir(plan_path, loaded.plan.reversed(), None) / "journal.jsonl", back)
+            _archive(journal_path, state)
+            journal, state = Journal(journal_path), None
+            log.info("the service was moved back since the last run; starting a new run")
         if state is not None and state.status == RunStatus.COMPLETED:
             again = " --reverse" if reverse else ""
             out.print(f"run {state.run_id} completed; nothing to do (status: `migrate status {plan_path}{again}`)")
@@ -338,21 +401,11 @@ def apply(
                 f"{plan_path}: the plan changed since run {state.run_id} began "
                 f"({_plan_diff(state.plan_text, loaded.text)}); restore it, or resume with --force",
             )
-        engine = Engine(
-            steps,
-            journal,
-            config=EngineConfig(str(plan_path), plan.name, loaded.sha256, loaded.text),
-            rt=runtime_factory(plan, plan_path, False),
-            hooks=_hooks(plan, plan_path),
-            confirm=_confirmer(plan, yes),
-            log=log,
-        )
+        engine = _engine(plan, plan_path, loaded, steps, journal, confirm=_confirmer(plan, yes))
         try:
             outcome = _drive(engine, state, journal, sdir)
         finally:
-            close = getattr(engine.rt, "close", None)
-            if close:
-                close()
+            _close(engine.rt)
         final = journal.state()
         if outcome == Outcome.COMPLETED or (final and final.status == RunStatus.ROLLED_BACK):
             _write_report(sdir, journal)
@@ -364,7 +417,7 @@ def apply(
         }[outcome]
         if code != exit_codes.OK and final is not None:
             _print_state(final, steps)
-            err.print(f"next: {_next_action(final, steps)}")
+            err.print(f"next: {_next_action(final, steps, reverse)}")
         raise Exit(code)
     finally:
         lock.release()
@@ -413,9 +466,7 @@ def _dry_run(plan: Plan, plan_path: Path, steps: Sequence[Step], journal_path: P
         fired = {k: v for k, v in fired.items() if v}
         out.print("\nhooks: " + ("; ".join(f"{k}: {', '.join(v)}" for k, v in fired.items()) or "none"))
     finally:
-        close = getattr(rt, "close", None)
-        if close:
-            close()
+        _close(rt)
 
 
 @app.command()
@@ -435,7 +486,7 @@ def status(
     if as_json:
         doc: dict[str, Any] = {
             "run": None,
-            "next": _next_action(state, steps),
+            "next": _next_action(state, steps, reverse),
             "locked_by": holder.__dict__ if holder else None,
         }
         if state is not None:
@@ -466,7 +517,7 @@ def status(
             out.print("[yellow]the plan file changed since this run began[/]")
     if holder is not None:
         out.print(f"running now: {holder.describe()}")
-    out.print(f"next: {_next_action(state, steps)}")
+    out.print(f"next: {_next_action(state, steps, reverse)}")
 
 
 @app.command()
@@ -507,6 +558,13 @@ def rollback(
         if state.status == RunStatus.ROLLED_BACK:
             out.print(f"run {state.run_id} is already rolled back")
             return
+        back = None if reverse else _reverse_state(plan_path, loaded.plan)
+        if back is not None and back.status != RunStatus.ROLLED_BACK:
+            raise Exit(
+                exit_codes.REFUSED,
+                f"run {back.run_id} (--reverse) is {back.status.value}: the service is being or has been moved back; "
+                f"see `migrate status {plan_path} --reverse`",
+            )
         if state.committed and not discard_target_writes:
             discard = "--discard-target-writes to point DNS back anyway"
             # A reverse run has no reverse of its own: moving forward again is a new run of the plan.
@@ -523,38 +581,22 @@ def rollback(
         if state.committed and not yes and not _typed_plan_name(plan, "to discard the target's writes"):
             raise Exit(exit_codes.REFUSED, "not confirmed")
         mlog.log_to_file(sdir / f"run-{state.run_id}.log.jsonl")
-        engine = Engine(
-            steps,
-            journal,
-            config=EngineConfig(str(plan_path), plan.name, loaded.sha256, loaded.text),
-            rt=runtime_factory(plan, plan_path, False),
-            hooks=_hooks(plan, plan_path),
-            confirm=lambda _s: True,
-            log=mlog.get_logger(),
-        )
-        structlog_bind(state.run_id)
+        engine = _engine(plan, plan_path, loaded, steps, journal, confirm=lambda _step: True)
+        structlog.contextvars.bind_contextvars(run_id=state.run_id)
         try:
             outcome = engine.rollback(reason=state.rollback_reason or "requested by the operator")
         finally:
-            close = getattr(engine.rt, "close", None)
-            if close:
-                close()
+            _close(engine.rt)
         if outcome == Outcome.ROLLED_BACK:
             out.print(f"run {state.run_id} rolled back: the source serves as before")
             raise Exit(exit_codes.OK)
         final = journal.state()
         if final is not None:
             _print_state(final, steps)
-            err.print(f"next: {_next_action(final, steps)}")
+            err.print(f"next: {_next_action(final, steps, reverse)}")
         raise Exit(exit_codes.NEEDS_ATTENTION)
     finally:
         lock.release()
-
-
-def structlog_bind(run_id: str) -> None:
-    import structlog
-
-    structlog.contextvars.bind_contextvars(run_id=run_id)
 
 
 def _mount_lab() -> None:

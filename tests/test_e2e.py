@@ -495,10 +495,18 @@ def test_reverse_migration_carries_the_target_writes_back(live_lab: LabState, tm
     rollback = [str(MIGRATE), "rollback", str(state.plan_file), "--yes", "--env-file", str(state.env_file)]
     forward_refused = subprocess.run(rollback, env=env, capture_output=True, text=True, timeout=60)
     assert forward_refused.returncode == exit_codes.REFUSED, outcome(forward_refused)
-    assert f"migrate apply {state.plan_file} --reverse" in " ".join(forward_refused.stderr.split())
+    assert "(--reverse) is completed" in " ".join(forward_refused.stderr.split()), outcome(forward_refused)
     reverse_refused = subprocess.run([*rollback, "--reverse"], env=env, capture_output=True, text=True, timeout=60)
     assert reverse_refused.returncode == exit_codes.REFUSED, outcome(reverse_refused)
     assert dns_contents(state) == {name: state.source.address for name in state.records}
+
+    # There and back again: the next forward apply is a new run, the two finished journals kept in history.
+    again = migrate_apply(state, state.plan_file)
+    assert again.returncode == exit_codes.OK, outcome(again)
+    assert "nothing to do" not in again.stdout
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    for name in (plan_name(state.plan_file), f"{plan_name(state.plan_file)}-reverse"):
+        assert len(list((state.path / ".migrate" / name / "history").glob("*.journal.jsonl"))) == 1, name
 
 
 def test_reverse_needs_a_forward_run_past_the_flip(live_lab: LabState) -> None:
