@@ -19,9 +19,9 @@ system-packages:
 
 lint: venv
 	$(BIN)/ruff check orchestrator tests bench
+	$(BIN)/ruff format --check orchestrator tests bench
 
-test: venv system-packages
-	$(BIN)/ruff check orchestrator tests bench
+test: venv system-packages lint
 	$(BIN)/pytest -q
 
 demo: venv system-packages
