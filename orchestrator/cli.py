@@ -32,8 +32,16 @@ app = typer.Typer(
     help="Move a web service (files + MySQL/MariaDB + Cloudflare DNS) to a new server with seconds of downtime.",
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _console(*, stderr: bool) -> Console:
+    # Piped into a log or CI, rich would wrap everything at 80 columns: give tables room instead.
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=None if stream.isatty() else 200)
+
+
+out = _console(stderr=False)
+err = _console(stderr=True)
 
 
 # The composition: which steps and which runtime a plan gets. Tests of the engine replace these.
@@ -60,13 +68,13 @@ class Exit(Exception):
         self.message = message
 
 
-PlanArg = Annotated[Path, typer.Argument(help="the plan file (YAML)", show_default=False)]
+PlanArg = Annotated[Path, typer.Argument(help="the plan file (YAML)", show_default=False, metavar="PLAN")]
 EnvFileOpt = Annotated[
     Path | None, typer.Option("--env-file", help="KEY=VALUE file loaded into the environment (secrets)")
 ]
 StateDirOpt = Annotated[
     Path | None,
-    typer.Option("--state-dir", help="where the journal, lock and logs live [default: <plan dir>/.migrate/<name>]"),
+    typer.Option("--state-dir", help="where the journal, lock and logs live \\[default: <plan dir>/.migrate/<name>]"),
 ]
 ReverseOpt = Annotated[
     bool,
@@ -144,9 +152,11 @@ def _load_env_file(env_file: Path | None) -> None:
     if env_file is None:
         return
     try:
-        lines = env_file.read_text().splitlines()
+        lines = env_file.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise Exit(exit_codes.BAD_INPUT, f"{env_file}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise Exit(exit_codes.BAD_INPUT, f"{env_file}: cannot read: not UTF-8 text") from None
     for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -305,6 +315,16 @@ def _engine(
     )
 
 
+def _acquire(lock: PlanLock) -> None:
+    try:
+        lock.acquire()
+    except LockHeld as exc:
+        raise Exit(exit_codes.REFUSED, str(exc)) from None
+    except OSError as exc:
+        where = exc.filename or lock.path
+        raise Exit(exit_codes.BAD_INPUT, f"state directory: cannot use {where}: {exc.strerror}") from None
+
+
 def _close(rt: Any) -> None:
     close = getattr(rt, "close", None)
     if close is not None:
@@ -347,7 +367,7 @@ def apply(
     env_file: EnvFileOpt = None,
     state_dir: StateDirOpt = None,
     reverse: ReverseOpt = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug detail on the console")] = False,
 ) -> None:
     """Run the migration (or resume an unfinished one)."""
     mlog.configure(verbose=verbose)
@@ -362,7 +382,13 @@ def apply(
             # A dry-run of the way back is a fine rehearsal before the forward run; it says what would refuse.
             out.print(f"note: {refused.message}; a real `apply --reverse` would refuse now", markup=False)
     _load_env_file(env_file)
-    _resolve_secrets(plan, plan_path)
+    try:
+        _resolve_secrets(plan, plan_path)
+    except Exit as missing:
+        if not dry_run:
+            raise
+        # A rehearsal contacts nothing, so it goes on; the real run would stop here.
+        out.print(f"note: {missing.message}: a real run would stop here (exit {missing.code})", markup=False)
     steps = steps_factory(plan)
     sdir = _state_dir(plan_path, plan, state_dir)
     journal_path = sdir / "journal.jsonl"
@@ -371,10 +397,7 @@ def apply(
         return
     _install_signal_handlers()
     lock = PlanLock(sdir / "lock", "migrate apply")
-    try:
-        lock.acquire()
-    except LockHeld as exc:
-        raise Exit(exit_codes.REFUSED, str(exc)) from None
+    _acquire(lock)
     log = mlog.get_logger()
     try:
         if lock.stale_holder is not None:
@@ -529,26 +552,26 @@ def rollback(
             "--discard-target-writes", help="after the DNS flip: point DNS back and lose what the target took"
         ),
     ] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for the plan's name")] = False,
     env_file: EnvFileOpt = None,
     state_dir: StateDirOpt = None,
     reverse: ReverseOpt = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug detail on the console")] = False,
 ) -> None:
     """Undo the run: compensations in reverse order, so the source serves as before."""
     mlog.configure(verbose=verbose)
     loaded = _load(plan_path)
     plan = _run_plan(loaded, reverse)
+    sdir = _state_dir(plan_path, plan, state_dir)
+    if not (sdir / "journal.jsonl").exists():
+        out.print(f"plan '{plan.name}' has no run: nothing to roll back")
+        return
     _load_env_file(env_file)
     _resolve_secrets(plan, plan_path)
     steps = steps_factory(plan)
-    sdir = _state_dir(plan_path, plan, state_dir)
     _install_signal_handlers()
     lock = PlanLock(sdir / "lock", "migrate rollback")
-    try:
-        lock.acquire()
-    except LockHeld as exc:
-        raise Exit(exit_codes.REFUSED, str(exc)) from None
+    _acquire(lock)
     try:
         journal = Journal(sdir / "journal.jsonl")
         state = journal.state()
@@ -579,7 +602,7 @@ def rollback(
                 f"lose them. {advice}",
             )
         if state.committed and not yes and not _typed_plan_name(plan, "to discard the target's writes"):
-            raise Exit(exit_codes.REFUSED, "not confirmed")
+            raise Exit(exit_codes.REFUSED, "not confirmed (type the plan's name at a terminal, or pass --yes)")
         mlog.log_to_file(sdir / f"run-{state.run_id}.log.jsonl")
         engine = _engine(plan, plan_path, loaded, steps, journal, confirm=lambda _step: True)
         structlog.contextvars.bind_contextvars(run_id=state.run_id)
@@ -610,6 +633,11 @@ def _mount_lab() -> None:
 _mount_lab()
 
 
+def _is_usage_error(exc: Exception) -> bool:
+    # Click's ClickException, whether typer vendors click or depends on it: both carry format_message().
+    return callable(getattr(exc, "format_message", None)) and hasattr(exc, "exit_code")
+
+
 def main(argv: list[str] | None = None) -> None:
     code: object = None
     try:
@@ -617,28 +645,27 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, standalone_mode=False)
     except Exit as exc:
         if exc.message:
-            err.print(redact(exc.message), markup=False, soft_wrap=True)
+            err.print(redact(exc.message), markup=False)
         sys.exit(exc.code)
     except HookFailed as exc:
-        err.print(redact(str(exc)), markup=False, soft_wrap=True)
+        err.print(redact(str(exc)), markup=False)
         sys.exit(exit_codes.FAILED)
-    except (KeyboardInterrupt, EOFError):
+    except (KeyboardInterrupt, EOFError, typer.Abort):
         err.print("interrupted")
         sys.exit(exit_codes.INTERRUPTED)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except Exception as exc:  # click usage errors and the like: one line, exit 2
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            err.print(f"error: {exc.format_message()}", markup=False, soft_wrap=True)
+    except Exception as exc:
+        if _is_usage_error(exc):
+            if type(exc).__name__ != "NoArgsIsHelpError":  # the help was printed: that is the message
+                err.print(f"error: {exc.format_message()} (see --help)", markup=False)  # type: ignore[attr-defined]
             sys.exit(exit_codes.BAD_INPUT)
-        if isinstance(exc, click.exceptions.Abort):
-            err.print("aborted")
-            sys.exit(exit_codes.INTERRUPTED)
         mlog.get_logger().error("internal error", exc_info=exc)
-        err.print(f"internal error: {redact(' '.join(str(exc).split()))[:300] or type(exc).__name__}", markup=False)
-        sys.exit(exit_codes.FAILED)
+        detail = redact(" ".join(str(exc).split()))[:300] or type(exc).__name__
+        err.print(
+            f"internal error ({type(exc).__name__}): {detail}; `migrate status` shows the run's state", markup=False
+        )
+        sys.exit(exit_codes.INTERNAL)
     sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else exit_codes.OK)
 
 
