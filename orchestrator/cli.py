@@ -136,7 +136,13 @@ def _require_forward_committed(plan_path: Path, forward: Plan) -> None:
     sdir = _state_dir(plan_path, forward, None)
     journal_path = sdir / "journal.jsonl"
     state = Journal(journal_path).state() if journal_path.exists() else None
-    if state is None or state.status not in (RunStatus.COMPLETED, RunStatus.FAILED_AFTER_COMMIT):
+    if state is not None and state.status == RunStatus.FAILED_AFTER_COMMIT:
+        raise Exit(
+            exit_codes.REFUSED,
+            f"plan '{forward.name}': run {state.run_id} failed after its DNS flip; finish it first with "
+            f"`migrate apply {plan_path}`, then reverse",
+        )
+    if state is None or state.status != RunStatus.COMPLETED:
         where = "has no run" if state is None else f"run {state.run_id} is {state.status.value}"
         raise Exit(
             exit_codes.REFUSED,
@@ -293,6 +299,8 @@ def _install_signal_handlers() -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, to_interrupt)
+    # The operator's SSH session dropping must not leave writes blocked: treated as an interruption (roll back).
+    signal.signal(signal.SIGHUP, to_interrupt)
 
 
 def _engine(
@@ -582,11 +590,13 @@ def rollback(
             out.print(f"run {state.run_id} is already rolled back")
             return
         back = None if reverse else _reverse_state(plan_path, loaded.plan)
-        if back is not None and back.status != RunStatus.ROLLED_BACK:
+        if back is not None:
+            # Even a rolled-back reverse run has pre-synced the target's live data over the source's datadir and
+            # trees: undoing the forward run would start the source on that copy.
             raise Exit(
                 exit_codes.REFUSED,
-                f"run {back.run_id} (--reverse) is {back.status.value}: the service is being or has been moved back; "
-                f"see `migrate status {plan_path} --reverse`",
+                f"run {back.run_id} (--reverse) is {back.status.value}: the source's data was overwritten by the way "
+                f"back; see `migrate status {plan_path} --reverse`",
             )
         if state.committed and not discard_target_writes:
             discard = "--discard-target-writes to point DNS back anyway"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+import structlog.tracebacks
 
 from orchestrator.secrets import redact, redact_obj
 
@@ -20,6 +21,11 @@ _configured_file: logging.Handler | None = None
 
 def _redact_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
     return redact_obj(event_dict)  # type: ignore[return-value]
+
+
+def _redact_rendered(_logger: Any, _name: str, rendered: Any) -> Any:
+    # Last in the chain, after tracebacks were rendered: whatever reached the text is masked too.
+    return redact(rendered) if isinstance(rendered, str) else rendered
 
 
 def _shared_processors() -> list[Any]:
@@ -53,7 +59,14 @@ def configure(*, verbose: bool = False, quiet: bool = False) -> None:
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 _drop_keys("run_id"),
                 _short_time,
-                structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), pad_event_to=30, sort_keys=False),
+                structlog.dev.ConsoleRenderer(
+                    colors=sys.stderr.isatty(),
+                    pad_event_to=30,
+                    sort_keys=False,
+                    # Frame locals may hold a password (a connection's arguments): never render them.
+                    exception_formatter=structlog.dev.plain_traceback,
+                ),
+                _redact_rendered,
             ],
         )
     )
@@ -78,8 +91,11 @@ def log_to_file(path: Path) -> None:
             foreign_pre_chain=_shared_processors(),
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.dict_tracebacks,
+                structlog.processors.ExceptionRenderer(
+                    structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+                ),
                 structlog.processors.JSONRenderer(default=str),
+                _redact_rendered,
             ],
         )
     )

@@ -115,3 +115,18 @@ def test_a_torn_last_journal_line_is_ignored(tmp_path: Path) -> None:
     state = Journal(path).state()
     assert state is not None and state.status == RunStatus.RUNNING
     assert state.step("a").result == {"n": 1} and state.step("b").state.value == "pending"
+
+
+def test_an_append_after_a_torn_line_is_not_lost(tmp_path: Path) -> None:
+    """The records written after a crash mid-append must be readable: the torn tail is cut before appending."""
+    path = tmp_path / "journal.jsonl"
+    journal = Journal(path)
+    journal.append("run_started", run_id="r1", plan_path="p", plan_sha256="h", plan_text="", steps=["a"])
+    with path.open("ab") as f:
+        f.write(b'{"seq":2,"ts":1.0,"event":"step_sta')
+    resumed = Journal(path)
+    resumed.append("step_started", step="a")
+    resumed.append("step_completed", step="a", result={}, commit_point=True)
+    resumed.append("run_completed")
+    state = Journal(path).state()
+    assert state is not None and state.status == RunStatus.COMPLETED and state.committed

@@ -74,7 +74,9 @@ class HookRunner:
         """Run every hook of `event`. Raises HookFailed when a `before-*` hook fails."""
         results = []
         for path in self.hooks_for(event):
-            full_env = {**os.environ, **self.base_env, **env, "MIGRATE_EVENT": event}
+            # Hooks get the documented MIGRATE_* variables, never a secret `migrate` holds (from --env-file or not).
+            inherited = {k: v for k, v in os.environ.items() if redact(v) == v}
+            full_env = {**inherited, **self.base_env, **env, "MIGRATE_EVENT": event}
             full_env = {k: redact(v) if k == "MIGRATE_ERROR" else v for k, v in full_env.items()}
             try:
                 proc = subprocess.run(

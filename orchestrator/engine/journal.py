@@ -118,6 +118,8 @@ def replay(events: list[dict[str, Any]]) -> RunState | None:
             rec.state, rec.ended_at, rec.result = StepState.DONE, ev["ts"], ev.get("result") or {}
             if ev.get("commit_point"):
                 state.committed = True
+        elif kind == "committed":
+            state.committed = True
         elif kind == "step_failed" and rec:
             rec.state, rec.ended_at, rec.error = StepState.FAILED, ev["ts"], ev.get("error")
             state.error = ev.get("error")
@@ -161,11 +163,16 @@ class Journal:
         record.update(fields)
         record = redact_obj(record)  # type: ignore[assignment]
         if self.path is not None:
-            line = json.dumps(record, default=str, separators=(",", ":")) + "\n"
+            line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
             new_file = not self.path.exists()
+            if not new_file:
+                _drop_torn_tail(self.path)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
-                os.write(fd, line.encode())
+                view = memoryview(line)
+                while view:  # a short write (signal, full disk) must not leave half a record behind
+                    written = os.write(fd, view)
+                    view = view[written:]
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -186,6 +193,22 @@ def read_events(path: Path) -> list[dict[str, Any]]:
             # Only the last line can be torn by a crash mid-write; what it announced never began.
             break
     return events
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut the file back to its last complete line, so a record appended after a crash is never glued to a torn one."""
+    with path.open("rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        keep = f.read().rfind(b"\n") + 1
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _fsync_dir(directory: Path) -> None:

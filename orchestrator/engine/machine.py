@@ -126,7 +126,8 @@ class Engine:
                     continue
                 if rec.state == StepState.RUNNING:
                     self.log.warning("step was in flight when the run stopped; re-entering it from its start")
-                if step.begins_downtime and not self.config.dry_run:
+                # The gate stands before the downtime; a downtime step re-entered on resume is already past it.
+                if step.begins_downtime and rec.state == StepState.PENDING and not self.config.dry_run:
                     if not self.confirm(step):
                         self.journal.append("gate_declined", step=step.name)
                         self.log.warning("not confirmed: stopping before the downtime; nothing past this was done")
@@ -177,14 +178,18 @@ class Engine:
         self.log.error("step failed", error=error)
         if not isinstance(exc, StepError | HookFailed | Interrupted):
             self.log.debug("failure detail", exc_info=exc)
-        self.hooks.fire("on-failure", **self._hook_env(state, step), MIGRATE_ERROR=error)
         if state.committed:
             self.log.error(
                 "failed after the commit point: the target is serving; fix the cause and run `migrate apply` "
                 "again to finish"
             )
+            self.hooks.fire("on-failure", **self._hook_env(state, step), MIGRATE_ERROR=error)
             return Outcome.NEEDS_ATTENTION
-        return self.rollback(reason=f"{step.name} failed: {error}")
+        # Service first: the rollback runs before the operator's on-failure hooks (a notification can wait;
+        # blocked writes cannot).
+        outcome = self.rollback(reason=f"{step.name} failed: {error}")
+        self.hooks.fire("on-failure", **self._hook_env(self._require_state(), step), MIGRATE_ERROR=error)
+        return outcome
 
     # -------------------------------------------------------------- rollback
     def rollback(self, *, reason: str) -> Outcome:
@@ -238,6 +243,7 @@ class Engine:
             _outputs=state.outputs,
             _save=self._save,
             _history=lambda: self.journal.events,
+            _commit=lambda step, reason: self.journal.append("committed", step=step, reason=reason),
         )
 
     def _save(self, step: str, key: str, value: Any) -> None:

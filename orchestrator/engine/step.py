@@ -35,6 +35,7 @@ class StepContext:
     _outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     _save: Callable[[str, str, Any], None] | None = None
     _history: Callable[[], list[dict[str, Any]]] | None = None
+    _commit: Callable[[str, str], None] | None = None
     started_at: float = field(default_factory=time.time)
 
     def save(self, key: str, value: Any) -> None:
@@ -46,6 +47,15 @@ class StepContext:
     def saved(self, key: str, default: Any = None) -> Any:
         """A value this step saved earlier in this run, even before a crash."""
         return self._saved.get(key, default)
+
+    def commit(self, reason: str) -> None:
+        """Declare the run committed from here on, before this step completes (journaled at once).
+
+        For a step whose effect may already be partly visible to clients (a DNS flip that moved some records):
+        a later failure then leaves the run to be finished forward (`migrate apply`) instead of rolled back.
+        """
+        if self._commit is not None:
+            self._commit(self.step, reason)
 
     def history(self) -> list[dict[str, Any]]:
         """The run's journal so far, oldest first (empty in a dry-run)."""

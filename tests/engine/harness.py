@@ -62,6 +62,10 @@ class FileStep(Step):
             raise StepError(f"failed with token {secret}")
         if os.environ.get("HARNESS_PAUSE_INSIDE") == self.name:
             _pause(f"inside {self.name}")
+        if os.environ.get("HARNESS_COMMIT_FAIL") == self.name and not (WORLD / "commit-failed-once").exists():
+            (WORLD / "commit-failed-once").write_text("")
+            ctx.commit("part of the effect is visible")
+            raise StepError(f"{self.name} failed after committing")
         if os.environ.get("HARNESS_FAIL") == self.name:
             raise StepError(f"{self.name} failed on purpose")
         self.effect.write_text("done")

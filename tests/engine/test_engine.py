@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ dns:
 
 HOOK_WAIT = """#!/bin/sh
 env | grep '^MIGRATE_' | sort > "$HARNESS_WORLD/hook-env-$MIGRATE_STEP"
+env | sort > "$HARNESS_WORLD/hook-fullenv-$MIGRATE_STEP"
 if [ "$MIGRATE_STEP" = "$HARNESS_PAUSE_BEFORE" ]; then
   echo "before $MIGRATE_STEP $$" > "$HARNESS_WORLD/paused"
   echo $$ > "$HARNESS_WORLD/hook.pid"
@@ -60,6 +62,7 @@ class World:
         hook.write_text(HOOK_WAIT)
         hook.chmod(0o755)
         self.state_dir = root / ".migrate" / "harness"
+        self.procs: list[subprocess.Popen[str]] = []
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "MIGRATE_"))}
@@ -82,7 +85,7 @@ class World:
         )
 
     def start(self, *args: str, **extra: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             self.cmd(*args),
             env=self.env(**extra),
             stdout=subprocess.PIPE,
@@ -91,6 +94,8 @@ class World:
             cwd=Path(__file__).resolve().parents[2],
             stdin=subprocess.DEVNULL,
         )
+        self.procs.append(proc)
+        return proc
 
     def wait_paused(self, proc: subprocess.Popen[str], timeout: float = 30) -> str:
         deadline = time.monotonic() + timeout
@@ -133,8 +138,13 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> World:
-    return World(tmp_path)
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path)
+    yield w
+    # Whatever a failed assertion left running: the paused `migrate` processes and a paused hook.
+    for proc in w.procs:
+        if proc.poll() is None:
+            w.kill9(proc)
 
 
 def test_forward_runs_every_step_once_and_completes(world: World) -> None:
@@ -197,7 +207,7 @@ def test_kill9_inside_a_step_reenters_it_from_its_start(world: World, step: str)
     expected.insert(STEP_NAMES.index(step), f"run {step}")  # the interrupted step is re-entered from its start
     assert world.actions() == expected
     assert world.effects() == set(STEP_NAMES)
-    # A torn journal line cannot exist (we were paused), but its replay must still show one attempt per step.
+    # The journal shows the interrupted step started twice: once before the kill, once on resume.
     starts = [e["step"] for e in world.journal() if e["event"] == "step_started"]
     assert starts.count(step) == 2
 
@@ -339,6 +349,7 @@ def test_planted_secret_never_reaches_any_output(world: World) -> None:
     assert "***" in res.stderr
     files = [p for p in world.root.rglob("*") if p.is_file()]
     assert any(p.name.startswith("run-") for p in files), "the run's JSON log exists"
+    assert any(p.name.startswith("hook-fullenv-") for p in files), "hooks dumped their whole environment"
     for path in files:
         assert SECRET not in path.read_text(errors="replace"), path
     status = world.run("status", str(world.plan))
@@ -351,3 +362,23 @@ def test_missing_secret_is_bad_input_and_changes_nothing(world: World) -> None:
     assert res.returncode == exit_codes.BAD_INPUT
     assert res.stderr.strip().count("\n") == 0 and "HARNESS_TOKEN" in res.stderr
     assert world.actions() == [] and not world.state_dir.exists()
+
+
+def test_a_step_that_commits_midway_is_finished_forward_not_rolled_back(world: World) -> None:
+    res = world.run("apply", str(world.plan), "--yes", HARNESS_COMMIT_FAIL="start")
+    assert res.returncode == exit_codes.NEEDS_ATTENTION, res.stderr
+    assert not any(a.startswith("undo") for a in world.actions())
+    assert world.status_json()["run"]["status"] == "failed_after_commit"
+    assert [e["reason"] for e in world.journal() if e["event"] == "committed"] == ["part of the effect is visible"]
+    res = world.run("apply", str(world.plan), "--yes", HARNESS_COMMIT_FAIL="start")
+    assert res.returncode == exit_codes.OK, res.stderr
+    assert world.effects() == set(STEP_NAMES)
+
+
+def test_resuming_a_started_downtime_step_does_not_ask_again(world: World) -> None:
+    proc = world.start("apply", str(world.plan), "--yes", HARNESS_PAUSE_INSIDE="cutover")
+    world.wait_paused(proc)
+    world.kill9(proc)
+    res = world.run("apply", str(world.plan))  # no --yes and no terminal: the gate would decline
+    assert res.returncode == exit_codes.OK, res.stderr
+    assert world.effects() == set(STEP_NAMES)
