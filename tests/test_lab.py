@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pymysql
 import pytest
+import typer
 from ruamel.yaml import YAML
 
-from orchestrator.lab import hosts, planfile, procs, setup, sshd
+from orchestrator.lab import cli, hosts, planfile, procs, setup, sshd
 from orchestrator.lab.mariadb import SCHEMA_SQL, run_sql
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
@@ -353,3 +354,122 @@ def test_compose_file_matches_the_native_lab() -> None:
     for service in services.values():
         build = service["build"]
         assert (REPO / build["context"] / build["dockerfile"]).is_file()
+
+
+# --- refusals: a mistyped --dir or argument changes nothing ----------------------------------------------------
+
+MIGRATE = Path(sys.executable).with_name("migrate")
+
+
+def migrate_lab(*args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HOME": str(home)} if home is not None else None
+    return subprocess.run(
+        [str(MIGRATE), "lab", *args], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+
+
+def assert_refused_in_one_line(proc: subprocess.CompletedProcess[str], code: int = 2) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def precious_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "my-project"
+    folder.mkdir()
+    (folder / "precious.txt").write_text("years of work")
+    return folder
+
+
+def fake_lab(lab_dir: Path) -> LabState:
+    """A lab's lab.json with nothing running: what `lab down --purge` may delete."""
+    lab_dir.mkdir(parents=True, exist_ok=True)
+    state = hosts.new_state(lab_dir, hosts.SOURCE_ADDRESS, hosts.TARGET_ADDRESS, default_ports=False)
+    state.save()
+    return state
+
+
+def test_purge_refuses_a_directory_that_is_not_a_lab(tmp_path: Path) -> None:
+    folder = precious_dir(tmp_path)
+    with pytest.raises(hosts.LabRefused, match="not a lab"):
+        hosts.down(folder, purge=True)
+    line = assert_refused_in_one_line(migrate_lab("down", "--dir", str(folder), "--purge"))
+    assert str(folder) in line and "nothing deleted" in line
+    assert (folder / "precious.txt").read_text() == "years of work"
+
+    # A lab.json copied from another lab does not make a folder a lab either.
+    other = fake_lab(tmp_path / "other-lab")
+    (folder / "lab.json").write_bytes((other.path / "lab.json").read_bytes())
+    with pytest.raises(hosts.LabRefused, match="made elsewhere"):
+        hosts.down(folder, purge=True)
+    assert_refused_in_one_line(migrate_lab("down", "--dir", str(folder), "--purge"))
+    assert (folder / "precious.txt").read_text() == "years of work"
+
+    # The lab itself is purged.
+    proc = migrate_lab("down", "--dir", str(other.path), "--purge")
+    assert proc.returncode == 0, proc.stderr
+    assert not other.path.exists()
+    assert (folder / "precious.txt").exists()
+
+
+def test_up_refuses_root_home_system_and_foreign_directories(tmp_path: Path) -> None:
+    folder = precious_dir(tmp_path)
+    before = sorted(folder.iterdir())
+    with pytest.raises(hosts.LabRefused, match="not empty"):
+        hosts.up(folder)
+    line = assert_refused_in_one_line(migrate_lab("up", "--dir", str(folder)))
+    assert "not empty" in line
+    assert sorted(folder.iterdir()) == before
+
+    home = tmp_path / "home"
+    home.mkdir()  # empty: refused for being the home directory, not for its content
+    assert "home directory" in assert_refused_in_one_line(migrate_lab("up", "--dir", str(home), home=home))
+    assert list(home.iterdir()) == []
+    assert "home directory" in assert_refused_in_one_line(migrate_lab("up", "--dir", "~", home=home))
+    for system in ("/", "/usr", "/etc", "/var/lib", "/proc/self"):
+        assert_refused_in_one_line(migrate_lab("up", "--dir", system))
+    assert not Path("/lab.json").exists() and not Path("/usr/lab.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["up", "--dir", "{new}", "--source-address", "banana"],
+        ["up", "--dir", "{new}", "--target-address", "10.0.0.1"],
+        ["up", "--dir", "{new}", "--source-address", "127.0.0.9", "--target-address", "127.0.0.9"],
+        ["up", "--dir", "{new}", "--db-size", "0"],
+        ["up", "--dir", "{new}", "--uploads-size", "-4"],
+        ["verify", "--dir", "{new}", "--host", "nowhere"],
+        ["verify", "--dir", "{new}"],
+        ["load", "--dir", "{new}", "--rate", "0"],
+        ["load", "--dir", "{new}", "--clients", "-1"],
+        ["status", "--dir", "/nonexistent/lab"],
+        ["down", "--dir", "/nonexistent/lab"],
+    ],
+)
+def test_bad_lab_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[str]) -> None:
+    new = tmp_path / "new-lab"
+    proc = migrate_lab(*[a.replace("{new}", str(new)) for a in args])
+    assert_refused_in_one_line(proc)
+    assert not new.exists(), "a refused command wrote something"
+
+
+def test_a_failing_part_of_the_lab_is_one_line_naming_it_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = fake_lab(tmp_path / "lab").source
+    host.bin_dir.mkdir(parents=True)
+    script = host.bin_dir / "db-start"
+    log = host.log_dir / "mysqld.err"
+    script.write_text(
+        f"#!/bin/sh\necho 'db-start: mariadbd did not start; see {log}' >&2\necho 'disk full' >&2\nexit 1\n"
+    )
+    script.chmod(0o755)
+    with pytest.raises(typer.Exit) as exit_info, cli._one_line_errors("up"):
+        hosts.run_script(host, "db-start")
+    assert exit_info.value.exit_code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert "db-start" in lines[0] and str(log) in lines[0] and "disk full" in lines[0]

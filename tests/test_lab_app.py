@@ -14,17 +14,23 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from orchestrator.lab import load as load_mod
 from orchestrator.lab import verify as verify_mod
 from orchestrator.lab.app import db_connect, review_digest
 from orchestrator.lab.load import ACKS_FILE, STATS_FILE, LoadStats, Recorder, Resolver, dns_record_name, main_load
 from orchestrator.lab.state import HostState, LabState
-from orchestrator.lab.verify import compare_trees, main_verify, read_acks
+from orchestrator.lab.verify import VerifyReport, compare_trees, compare_uploads, main_verify, read_acks, render
+
+# How long a test waits for something the lab is expected to do: generous, for a loaded 2-core machine. Only a
+# hang reaches it; a test never waits longer than its condition needs.
+WAIT_LIMIT = 60.0
 
 
 def _run_script(host: HostState, name: str) -> None:
@@ -103,6 +109,64 @@ def fenced(host: HostState) -> Iterator[None]:
 
 def access_log_lines(host: HostState) -> list[dict[str, Any]]:
     return [json.loads(line) for line in host.access_log.read_text().splitlines() if line.strip()]
+
+
+def wait_for(condition: Callable[[], bool], what: str, limit: float = WAIT_LIMIT) -> None:
+    """Poll `condition` until it holds; fail naming `what` only when it never did within `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting after {limit:.0f} s for {what}")
+        time.sleep(0.1)
+
+
+def running_stats(out: Path) -> dict[str, Any]:
+    """The stats a running load writes every few seconds ({} until the first)."""
+    try:
+        return dict(json.loads((out / STATS_FILE).read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def acks_so_far(out: Path) -> list[dict[str, Any]]:
+    return read_acks(out / ACKS_FILE) if (out / ACKS_FILE).exists() else []
+
+
+class BackgroundLoad:
+    """A load run in a thread, until the test has seen what it waits for and stops it."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.result: list[LoadStats] = []
+        self.errors: list[BaseException] = []
+
+    @property
+    def stats(self) -> LoadStats:
+        assert not self.errors, f"the load failed: {self.errors[0]!r}"
+        assert self.result, "the load returned no stats"
+        return self.result[0]
+
+
+@contextlib.contextmanager
+def background_load(lab: LabState, out: Path, **options: Any) -> Iterator[BackgroundLoad]:
+    """Run main_load in a thread for as long as the block lasts (its duration is only a safety net); on the way
+    out, always ask it to stop and wait for it, so no test leaves a load running behind it."""
+    run = BackgroundLoad()
+
+    def target() -> None:
+        try:
+            run.result.append(main_load(lab, duration=WAIT_LIMIT * 2, out=out, stop=run.stop, **options))
+        except BaseException as exc:  # reported by .stats in the test's own thread
+            run.errors.append(exc)
+
+    worker = threading.Thread(target=target, name="test-load", daemon=True)
+    worker.start()
+    try:
+        yield run
+    finally:
+        run.stop.set()
+        worker.join(timeout=WAIT_LIMIT)
+    assert not worker.is_alive(), f"the load did not stop within {WAIT_LIMIT:.0f} s of being asked"
 
 
 # ----------------------------------------------------------------------------------------------------- app
@@ -258,15 +322,21 @@ def set_dns(lab: LabState, content: str) -> None:
 
 
 @pytest.mark.lab
-def test_resolver_caches_for_its_ttl_then_follows_a_flip(lab: LabState, tmp_path: Path) -> None:
+def test_resolver_caches_for_its_ttl_then_follows_a_flip(
+    lab: LabState, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The resolver's clock is the test's: "still cached" and "expired" do not depend on how fast the machine is.
+    clock = [1000.0]
+    monkeypatch.setattr(load_mod, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
     recorder = Recorder(tmp_path, LoadStats())
     token = lab.secrets()[lab.token_env]
-    resolver = Resolver(lab.cf_base_url, token, lab.zone, dns_record_name(lab), ttl=0.3, first_ttl=0.3)
+    resolver = Resolver(lab.cf_base_url, token, lab.zone, dns_record_name(lab), ttl=30, first_ttl=30)
     assert resolver.resolve(recorder) == lab.source.address
     set_dns(lab, lab.target.address)
     try:
+        clock[0] += 29
         assert resolver.resolve(recorder) == lab.source.address, "the answer must stay cached for its TTL"
-        time.sleep(0.4)
+        clock[0] += 2
         assert resolver.resolve(recorder) == lab.target.address
     finally:
         set_dns(lab, lab.source.address)
@@ -334,18 +404,15 @@ def test_load_then_verify_passes_and_catches_every_loss(lab: LabState, tmp_path:
 @pytest.mark.lab
 def test_unacknowledged_writes_are_retried_until_acknowledged(lab: LabState, tmp_path: Path) -> None:
     out = tmp_path / "load"
-    holder: dict[str, LoadStats] = {}
-    worker = threading.Thread(
-        target=lambda: holder.update(
-            stats=main_load(lab, duration=3.0, rate=30, clients=2, dns_ttl=1, upload_every=3, out=out)
-        )
-    )
-    worker.start()
-    time.sleep(0.8)
-    with fenced(lab.source):
-        time.sleep(0.8)
-    worker.join(timeout=30)
-    stats = holder["stats"]
+    with background_load(lab, out, rate=30, clients=2, dns_ttl=1, upload_every=3) as run:
+        wait_for(lambda: len(acks_so_far(out)) >= 3, "the first acknowledged writes")
+        with fenced(lab.source):
+            wait_for(
+                lambda: running_stats(out).get("write_failures_by_reason", {}).get("fenced", 0) > 0,
+                "writes refused by the fence",
+            )
+        wait_for(lambda: any(a["attempts"] > 1 for a in acks_so_far(out)), "a write acknowledged after a retry")
+    stats = run.stats
     assert stats.write_failures_by_reason.get("fenced", 0) > 0
     assert stats.longest_write_stall_s > 0
     acks = read_acks(out / ACKS_FILE)
@@ -359,23 +426,24 @@ def test_unacknowledged_writes_are_retried_until_acknowledged(lab: LabState, tmp
 @pytest.mark.lab
 def test_clients_follow_the_dns_record_and_retry_where_it_points(lab: LabState, tmp_path: Path) -> None:
     out = tmp_path / "load"
-    holder: dict[str, LoadStats] = {}
-    worker = threading.Thread(
-        target=lambda: holder.update(
-            stats=main_load(lab, duration=4.0, rate=30, clients=3, dns_ttl=0.5, upload_every=3, out=out)
-        )
-    )
-    worker.start()
-    try:
-        time.sleep(1.0)
-        # The record moves to the target, where no app serves here: clients reach it once their cache expires,
-        # their writes fail there and stay pending until the record comes back.
-        set_dns(lab, lab.target.address)
-        time.sleep(1.2)
-    finally:
-        set_dns(lab, lab.source.address)
-        worker.join(timeout=30)
-    stats = holder["stats"]
+    clients = 3
+    with background_load(lab, out, rate=30, clients=clients, dns_ttl=0.5, upload_every=3) as run:
+        try:
+            wait_for(lambda: len(acks_so_far(out)) >= 3, "the first acknowledged writes")
+            # The record moves to the target, where no app serves here: clients reach it once their cache
+            # expires, their writes fail there and stay pending until the record comes back.
+            set_dns(lab, lab.target.address)
+
+            def every_client_tried_the_target() -> bool:
+                stats = running_stats(out)
+                failed = stats.get("per_server", {}).get(lab.target.address, {}).get("write_attempts_failed", 0)
+                return stats.get("address_changes", 0) >= clients and failed > 0
+
+            wait_for(every_client_tried_the_target, "every client to follow the record to the target")
+        finally:
+            set_dns(lab, lab.source.address)
+        wait_for(lambda: any(a["attempts"] > 1 for a in acks_so_far(out)), "a pending write acknowledged back")
+    stats = run.stats
     assert stats.address_changes >= stats.clients
     target = stats.per_server[lab.target.address]
     assert target.write_attempts_failed > 0
@@ -467,3 +535,54 @@ def test_recorder_measures_the_longest_stall_and_gap(tmp_path: Path) -> None:
     assert (stats.longest_ack_gap_s, stats.longest_ack_gap_from) == (3.0, 11.5)
     assert [a["id"] for a in read_acks(tmp_path / ACKS_FILE)] == ["a", "b", "c"]
     assert json.loads((tmp_path / STATS_FILE).read_text())["writes_acked"] == 3
+
+
+def uploads_lab(tmp_path: Path) -> LabState:
+    """A lab layout on disk only (no daemons): enough to compare the two hosts' uploads trees."""
+
+    def host(name: str, address: str, server_id: int) -> HostState:
+        return HostState(name, address, 2222, 3307, 8080, server_id, str(tmp_path / name))
+
+    state = LabState(dir=str(tmp_path), source=host("source", "127.0.0.2", 1), target=host("target", "127.0.0.3", 2))
+    for root in (state.source.uploads, state.target.uploads):
+        root.mkdir(parents=True)
+    return state
+
+
+def test_verify_reports_uploads_made_after_the_flip_apart_from_differences(tmp_path: Path) -> None:
+    state = uploads_lab(tmp_path)
+    for name in ("seed-1.bin", "seed-2.bin"):
+        data = os.urandom(100)
+        (state.source.uploads / name).write_bytes(data)
+        (state.target.uploads / name).write_bytes(data)
+    for index in range(3):  # uploaded on the target after the flip
+        (state.target.uploads / f"late-{index}.bin").write_bytes(os.urandom(50))
+
+    report = VerifyReport(host="target", load_dir=str(tmp_path))
+    compare_uploads(state, "target", report)
+    # The fields tests and scripts read stay as they were: strictly, the trees differ.
+    assert (report.trees_identical, report.source_tree_on_target, report.tree_difference_count) == (False, True, 3)
+    assert (report.other_tree_on_host, report.other_tree_files, report.only_on_host) == (True, 2, 3)
+    text = render(report)
+    assert "uploads of the source     all 2 on the target, identical byte for byte" in text
+    assert "uploads made on the target after the flip: 3" in text
+    assert "MISSING" not in text and "late-0.bin" not in text and "identical   no" not in text
+    assert text.splitlines()[-1] == "  OK: nothing acknowledged was lost"
+
+    # A file of the source that is not on the target byte for byte is a difference, said plainly and listed.
+    (state.target.uploads / "seed-2.bin").write_bytes(b"torn")
+    report = VerifyReport(host="target", load_dir=str(tmp_path))
+    compare_uploads(state, "target", report)
+    assert (report.source_tree_on_target, report.other_tree_on_host, report.other_tree_missing) == (False, False, 1)
+    text = render(report)
+    assert "uploads of the source     1 MISSING or different on the target" in text
+    assert "    differs: seed-2.bin" in text
+    assert "late-0.bin" not in text
+    assert "but 1 uploads of the source are missing or different on the target" in text.splitlines()[-1]
+
+    # Seen from the source (after a move back), the target's files are the ones that must all be there.
+    report = VerifyReport(host="source", load_dir=str(tmp_path))
+    compare_uploads(state, "source", report)
+    assert (report.other_host, report.other_tree_files, report.other_tree_missing, report.only_on_host) == (
+        "target", 5, 4, 0,
+    )  # fmt: skip

@@ -9,33 +9,66 @@ import contextlib
 import importlib
 import os
 import signal
+import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
+import pymysql
 import typer
 
 from orchestrator.lab import hosts
-from orchestrator.lab.setup import SetupError
 from orchestrator.lab.state import STATE_FILE, LabState
 
 lab_app = typer.Typer(help="The local lab: two hosts on loopback addresses, a Cloudflare double, a demo app.")
 
 DirOption = typer.Option(Path(".lab"), "--dir", help="the lab directory")
 
+# Exit codes: a refused request changed nothing; a failure of the lab itself names the part and its log.
+EXIT_REFUSED = 2
+EXIT_LAB_FAILED = 1
+# What a part of the lab raises when it fails: its own errors (all RuntimeError), the OS, a script, the database.
+LAB_FAILURES = (RuntimeError, OSError, subprocess.SubprocessError, pymysql.err.MySQLError)
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _refuse(message: str) -> NoReturn:
+    typer.echo(_one_line(message), err=True)
+    raise typer.Exit(EXIT_REFUSED)
+
+
+@contextlib.contextmanager
+def _one_line_errors(command: str) -> Iterator[None]:
+    """Every error of a lab command as one line on stderr: exit 2 when refused, 1 when the lab failed."""
+    try:
+        yield
+    except (hosts.LabRefused, ValueError) as exc:
+        _refuse(f"lab {command}: {exc}")
+    except LAB_FAILURES as exc:
+        typer.echo(_one_line(f"lab {command} failed: {exc}"), err=True)
+        raise typer.Exit(EXIT_LAB_FAILED) from None
+
 
 def _state(lab_dir: Path) -> LabState:
+    lab_dir = lab_dir.expanduser().absolute()
     if not (lab_dir / STATE_FILE).exists():
-        typer.echo(f"no lab in {lab_dir.absolute()} (run `lab up` first)", err=True)
-        raise typer.Exit(2)
-    return LabState.load(lab_dir.absolute())
+        _refuse(f"no lab in {lab_dir} (run `lab up` first)")
+    state = hosts.lab_state_of(lab_dir)
+    if state is None:
+        _refuse(f"{lab_dir / STATE_FILE} is unreadable or belongs to a lab made elsewhere")
+    return state
 
 
 @lab_app.command()
 def up(
     lab_dir: Path = DirOption,
-    db_size: int = typer.Option(5, "--db-size", min=1, help="MB of demo reviews in the source database"),
-    uploads_size: int = typer.Option(4, "--uploads-size", min=1, help="MB of demo files in the source's uploads"),
+    db_size: int = typer.Option(5, "--db-size", help="MB of demo reviews in the source database (at least 1)"),
+    uploads_size: int = typer.Option(4, "--uploads-size", help="MB of demo files in the source's uploads (at least 1)"),
     source_address: str = typer.Option(hosts.SOURCE_ADDRESS, "--source-address", help="loopback address"),
     target_address: str = typer.Option(hosts.TARGET_ADDRESS, "--target-address", help="loopback address"),
     random_ports: bool = typer.Option(
@@ -45,7 +78,7 @@ def up(
     """Make the lab (or finish / repair it): sshd, MariaDB and the app per host, the Cloudflare double, plan.yaml.
 
     Addresses and ports are chosen when the lab is made and kept afterwards (lab.json)."""
-    try:
+    with _one_line_errors("up"):
         state = hosts.up(
             lab_dir,
             db_size_mb=db_size,
@@ -55,9 +88,6 @@ def up(
             default_ports=not random_ports,
             say=typer.echo,
         )
-    except (hosts.LabError, SetupError, OSError) as exc:
-        typer.echo(f"lab up failed: {exc}", err=True)
-        raise typer.Exit(1) from None
     typer.echo(f"lab is up in {state.dir}; secrets in {state.env_file}; plan in {state.plan_file}")
 
 
@@ -66,12 +96,11 @@ def down(
     lab_dir: Path = DirOption,
     purge: bool = typer.Option(False, "--purge", help="also delete the lab directory"),
 ) -> None:
-    """Stop everything the lab started (files are kept unless --purge)."""
-    try:
+    """Stop everything the lab started (files are kept unless --purge: only a lab directory is ever deleted)."""
+    if not (lab_dir.expanduser() / STATE_FILE).exists():
+        _refuse(f"no lab in {lab_dir.expanduser().absolute()} (no {STATE_FILE}): nothing stopped, nothing deleted")
+    with _one_line_errors("down"):
         stopped = hosts.down(lab_dir, purge=purge, say=typer.echo)
-    except hosts.LabError as exc:
-        typer.echo(f"lab down: {exc}", err=True)
-        raise typer.Exit(1) from None
     if not stopped:
         typer.echo("nothing was running")
 
@@ -79,6 +108,7 @@ def down(
 @lab_app.command()
 def status(lab_dir: Path = DirOption) -> None:
     """One line per component of the lab: running or stopped, and where."""
+    _state(lab_dir)
     for line in hosts.status(lab_dir):
         typer.echo(line)
 
@@ -94,6 +124,8 @@ def load(
     out: Path | None = typer.Option(None, help="directory of acks.jsonl and stats.json (default: <lab>/load)"),
 ) -> None:
     """Clients that find the service through DNS and write, upload and read while it moves."""
+    if not (rate > 0 and clients >= 1 and duration >= 0 and dns_ttl >= 0 and upload_every >= 0):
+        _refuse("lab load: --rate and --clients must be positive; --duration, --dns-ttl, --upload-every not negative")
     state = _state(lab_dir)
     load_mod = importlib.import_module("orchestrator.lab.load")
     stop = threading.Event()
@@ -103,21 +135,22 @@ def load(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    # A pid file in load/ lets `lab down` find and stop this run.
-    state.load_dir.mkdir(parents=True, exist_ok=True)
     pid_file = state.load_dir / f"cli-{os.getpid()}{hosts.LOAD_PID_SUFFIX}"
-    pid_file.write_text(f"{os.getpid()}\n")
     try:
-        stats = load_mod.main_load(
-            state,
-            duration=duration,
-            rate=rate,
-            clients=clients,
-            dns_ttl=dns_ttl,
-            upload_every=upload_every,
-            out=out,
-            stop=stop,
-        )
+        with _one_line_errors("load"):
+            # A pid file in load/ lets `lab down` find and stop this run.
+            state.load_dir.mkdir(parents=True, exist_ok=True)
+            pid_file.write_text(f"{os.getpid()}\n")
+            stats = load_mod.main_load(
+                state,
+                duration=duration,
+                rate=rate,
+                clients=clients,
+                dns_ttl=dns_ttl,
+                upload_every=upload_every,
+                out=out,
+                stop=stop,
+            )
     finally:
         with contextlib.suppress(OSError):
             pid_file.unlink()
@@ -133,11 +166,11 @@ def verify(
 ) -> None:
     """Check that every acknowledged write of the last load run is on the host, and that the uploads match."""
     if host not in ("source", "target"):
-        typer.echo("--host must be source or target", err=True)
-        raise typer.Exit(2)
+        _refuse(f"lab verify: --host must be source or target, not {host!r}")
     state = _state(lab_dir)
     verify_mod = importlib.import_module("orchestrator.lab.verify")
-    report = verify_mod.main_verify(state, host=host, load_dir=load_dir, out=json_out)
+    with _one_line_errors("verify"):
+        report = verify_mod.main_verify(state, host=host, load_dir=load_dir, out=json_out)
     typer.echo(verify_mod.render(report))
     raise typer.Exit(report.exit_code)
 

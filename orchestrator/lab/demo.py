@@ -36,8 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     lab_dir: Path = args.dir.resolve()
 
     say(f"bringing up a fresh lab in {lab_dir}")
-    hosts.down(lab_dir, purge=True)
-    hosts.up(lab_dir, db_size_mb=args.db_size, say=lambda line: print(f"   {line}", flush=True))
+    try:
+        hosts.down(lab_dir, purge=True)
+        hosts.up(lab_dir, db_size_mb=args.db_size, say=lambda line: print(f"   {line}", flush=True))
+    except hosts.LabRefused as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
+    except hosts.LabError as exc:
+        print(f"demo: the lab did not come up: {exc}", file=sys.stderr)
+        return 1
     state = LabState.load(lab_dir)
     plan, env_file = str(state.plan_file), str(state.env_file)
 

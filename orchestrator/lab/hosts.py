@@ -43,6 +43,24 @@ class LabError(RuntimeError):
     """The lab could not be brought up or down; the message names the part and its log."""
 
 
+class LabRefused(LabError):
+    """A request the lab refuses before changing anything: a bad argument, or a directory that is not a lab."""
+
+
+# Directories a lab is never made in nor purged: a typo'd --dir must not fill or wipe one of them.
+SYSTEM_DIRS = frozenset(
+    Path(p)
+    for p in (
+        "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt",
+        "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv", "/sys", "/tmp", "/usr", "/usr/bin",
+        "/usr/lib", "/usr/local", "/usr/local/bin", "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/log",
+        "/var/tmp", "/var/www",
+    )
+)  # fmt: skip
+# Nothing of a lab lives under these pseudo-filesystems.
+SYSTEM_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
 def _quiet(_: str) -> None:
     pass
 
@@ -52,6 +70,63 @@ def _optional_module(name: str) -> ModuleType | None:
     if importlib.util.find_spec(name) is None:
         return None
     return importlib.import_module(name)
+
+
+# --- the lab directory ----------------------------------------------------------------------------------------
+
+
+def check_address(address: str) -> None:
+    """A lab host's address: an IP address on the loopback network (the lab never listens anywhere else)."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        raise LabRefused(f"{address!r} is not an IP address (the lab's hosts use 127.0.0.0/8)") from None
+    if not parsed.is_loopback:
+        raise LabRefused(f"{address} is not a loopback address: the lab lives on 127.0.0.0/8 only")
+
+
+def protected_dir(path: Path) -> str | None:
+    """Why `path` may never be a lab directory (the filesystem root, a home directory, a system directory),
+    or None when it may be one."""
+    resolved = path.expanduser().resolve()
+    if resolved == Path("/"):
+        return "the filesystem root"
+    if resolved == Path.home().resolve():
+        return "your home directory"
+    if resolved in SYSTEM_DIRS or any(resolved.is_relative_to(tree) for tree in SYSTEM_TREES):
+        return "a system directory"
+    return None
+
+
+def lab_state_of(lab_dir: Path) -> LabState | None:
+    """The lab whose directory `lab_dir` is: its lab.json exists, reads, and names this very directory;
+    None otherwise (no lab.json, an unreadable one, or one copied from another lab)."""
+    lab_dir = lab_dir.expanduser().absolute()
+    if not (lab_dir / STATE_FILE).is_file():
+        return None
+    try:
+        state = LabState.load(lab_dir)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if Path(state.dir).resolve() != lab_dir.resolve():
+        return None
+    return state
+
+
+def check_dir_for_up(lab_dir: Path) -> None:
+    """`lab up` makes or repairs a lab only in a directory of its own: missing, empty, or already a lab."""
+    lab_dir = lab_dir.expanduser().absolute()
+    reason = protected_dir(lab_dir)
+    if reason is not None:
+        raise LabRefused(f"{lab_dir} is {reason}: a lab needs a directory of its own (e.g. --dir .lab)")
+    if lab_dir.exists() and not lab_dir.is_dir():
+        raise LabRefused(f"{lab_dir} exists and is not a directory")
+    if (lab_dir / STATE_FILE).exists():
+        if lab_state_of(lab_dir) is None:
+            raise LabRefused(f"{lab_dir / STATE_FILE} is unreadable or belongs to a lab made elsewhere")
+        return
+    if lab_dir.is_dir() and any(lab_dir.iterdir()):
+        raise LabRefused(f"{lab_dir} is not empty and holds no lab ({STATE_FILE}): choose a new or empty directory")
 
 
 # --- state and secrets ---------------------------------------------------------------------------------------
@@ -166,7 +241,10 @@ def run_script(host: HostState, name: str, *, timeout: float = 600.0) -> None:
         [str(path)], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
     )
     if proc.returncode != 0:
-        raise LabError(f"{path} failed (exit {proc.returncode}): {proc.stderr.strip()}")
+        # One line: the script's first line on stderr names what failed and its log, the last one says why.
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()] or ["no message"]
+        said = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+        raise LabError(f"{path} failed (exit {proc.returncode}): {said}")
 
 
 def cf_module() -> ModuleType | None:
@@ -262,10 +340,12 @@ def up(
     other labs on the same machine, where two runs racing for the same default port would collide.
     """
     for address in (source_address, target_address):
-        if not ipaddress.ip_address(address).is_loopback:
-            raise LabError(f"{address} is not a loopback address: the lab lives on 127.0.0.0/8 only")
-    if source_address == target_address:
-        raise LabError("the source and the target need different addresses")
+        check_address(address)
+    if ipaddress.ip_address(source_address) == ipaddress.ip_address(target_address):
+        raise LabRefused("the source and the target need different addresses")
+    if db_size_mb < 1 or uploads_size_mb < 1:
+        raise LabRefused("the database and uploads sizes are whole megabytes, at least 1")
+    check_dir_for_up(lab_dir)
     installed = setup.ensure_system_tools()
     if installed:
         say(f"installed system packages: {' '.join(installed)}")
@@ -363,9 +443,17 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
     stopped: list[Stopped] = []
     if not (lab_dir / STATE_FILE).exists():
         if purge and lab_dir.exists():
-            shutil.rmtree(lab_dir)
+            # Only a lab is ever deleted: a mistyped --dir must not wipe whatever folder it names.
+            raise LabRefused(f"{lab_dir} is not a lab (no {STATE_FILE}): nothing deleted")
         return stopped
-    state = LabState.load(lab_dir)
+    state = lab_state_of(lab_dir)
+    if state is None:
+        # A copied lab.json names another lab's pid files: stopping or deleting anything would hit the wrong lab.
+        raise LabRefused(f"{lab_dir / STATE_FILE} is unreadable or belongs to a lab made elsewhere: nothing done")
+    if purge:
+        reason = protected_dir(lab_dir)
+        if reason is not None:
+            raise LabRefused(f"{lab_dir} is {reason}: not deleted")
     problems: list[str] = []
 
     for pid in load_pids(state):

@@ -6,10 +6,11 @@ Reads <load dir>/acks.jsonl (written by the load generator, one line per acknowl
 chosen host (the target by default):
 - every acknowledged review is in its database with the same content (sha256 of author, course, rating, body);
 - every acknowledged upload is in its uploads directory with the same sha256, and has its row in `uploads`.
-It adds the run's figures from stats.json (longest write stall, failed reads and writes) and whether the uploads
-trees of source and target are byte-identical. Prints a human report, writes it as JSON
-(<load dir>/verify-<host>.json by default), and exits 1 when anything acknowledged is lost, 2 when it cannot
-check (no acknowledgements journal, database unreachable), 0 otherwise.
+It adds the run's figures from stats.json (longest write stall, failed reads and writes) and compares the uploads
+trees: whether every file of the other host (the one the service moved from) is on the checked host byte for byte,
+and how many files only the checked host has (uploads made there after the flip: expected). Prints a human report,
+writes it as JSON (<load dir>/verify-<host>.json by default), and exits 1 when anything acknowledged is lost, 2 when
+it cannot check (no acknowledgements journal, database unreachable), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -62,12 +63,18 @@ class VerifyReport:
     reads_missing: int | None = None
     per_server: dict[str, Any] = field(default_factory=dict)
     server_names: dict[str, str] = field(default_factory=dict)
-    trees_identical: bool | None = None
+    trees_identical: bool | None = None  # both trees hold exactly the same entries
     # Every entry of the source's tree is on the target, identical (after a migration the target also holds
     # what clients uploaded after the flip, so this is the property that matters then).
     source_tree_on_target: bool | None = None
     tree_difference_count: int = 0
     tree_differences: list[str] = field(default_factory=list)  # the first ones
+    # The same comparison seen from the checked host: the other host is the one the service moved from.
+    other_host: str = ""
+    other_tree_files: int = 0  # files (and links) in the other host's uploads
+    other_tree_missing: int = 0  # entries of the other host missing on this host, or different
+    other_tree_on_host: bool | None = None  # other_tree_missing == 0: all of them here, byte for byte
+    only_on_host: int = 0  # files only on this host: uploads made here after the flip (or not yet copied back)
     error: str | None = None  # why the check could not be made
 
     @property
@@ -133,7 +140,12 @@ def compare_trees(a: Path, b: Path) -> list[str]:
     differences = [f"not a directory: {root}" for root in (a, b) if not root.is_dir()]
     if differences:
         return differences
-    left, right = tree_entries(a), tree_entries(b)
+    return tree_differences(tree_entries(a), tree_entries(b))
+
+
+def tree_differences(left: dict[str, str], right: dict[str, str]) -> list[str]:
+    """The differences between two trees' entries, the left one being the source's."""
+    differences: list[str] = []
     for rel in sorted(left.keys() | right.keys()):
         if rel not in right:
             differences.append(f"only on source: {rel}")
@@ -206,6 +218,27 @@ def add_stats(stats_path: Path, report: VerifyReport) -> None:
     report.server_names = stats.get("server_names", {})
 
 
+def compare_uploads(state: LabState, host: str, report: VerifyReport) -> None:
+    """Both uploads trees, compared: both ways (trees_identical) and from the checked host's side, where files
+    only on the checked host are uploads made there after the flip, not differences."""
+    roots = [state.source.uploads, state.target.uploads]
+    missing_roots = [f"not a directory: {root}" for root in roots if not root.is_dir()]
+    source_entries = tree_entries(roots[0]) if roots[0].is_dir() else {}
+    target_entries = tree_entries(roots[1]) if roots[1].is_dir() else {}
+    differences = missing_roots or tree_differences(source_entries, target_entries)
+    report.trees_identical = not differences
+    report.source_tree_on_target = not any(d.startswith(("only on source", "differs", "not a")) for d in differences)
+    report.tree_difference_count = len(differences)
+    report.tree_differences = differences[:LIST_LIMIT]
+
+    here, other = (target_entries, source_entries) if host == "target" else (source_entries, target_entries)
+    report.other_host = "source" if host == "target" else "target"
+    report.other_tree_files = sum(1 for kind in other.values() if kind != "directory")
+    report.other_tree_missing = len(missing_roots) + sum(1 for rel, kind in other.items() if here.get(rel) != kind)
+    report.other_tree_on_host = report.other_tree_missing == 0
+    report.only_on_host = sum(1 for rel, kind in here.items() if rel not in other and kind != "directory")
+
+
 def main_verify(
     state: LabState, *, host: str = "target", load_dir: Path | None = None, out: Path | None = None
 ) -> VerifyReport:
@@ -215,11 +248,7 @@ def main_verify(
     lab_host = state.host(host)
     report = VerifyReport(host=host, load_dir=str(directory))
     add_stats(directory / STATS_FILE, report)
-    differences = compare_trees(state.source.uploads, state.target.uploads)
-    report.trees_identical = not differences
-    report.source_tree_on_target = not any(d.startswith(("only on source", "differs", "not a")) for d in differences)
-    report.tree_difference_count = len(differences)
-    report.tree_differences = differences[:LIST_LIMIT]
+    compare_uploads(state, host, report)
     try:
         acks = read_acks(directory / ACKS_FILE)
     except OSError as exc:
@@ -273,15 +302,7 @@ def render(report: VerifyReport) -> str:
         f" (oldest {figure(report.longest_pending_s, ' s')})",
         f"  reads failed              {figure(report.reads_failed)} ({figure(report.reads_missing)} missing)",
     ]
-    if report.trees_identical:
-        lines.append("  uploads trees identical   yes (source and target, byte for byte)")
-    else:
-        lines.append(f"  uploads trees identical   no ({report.tree_difference_count} differences)")
-        contained = "yes" if report.source_tree_on_target else "no"
-        lines.append(f"  source files on target    {contained} (each file of the source, byte for byte)")
-        lines += [f"    {difference}" for difference in report.tree_differences[:SHOWN_DIFFERENCES]]
-        if report.tree_difference_count > SHOWN_DIFFERENCES:
-            lines.append(f"    ... ({report.tree_difference_count - SHOWN_DIFFERENCES} more)")
+    lines += render_uploads(report)
     for address, counts in sorted(report.per_server.items()):
         label = f"{report.server_names.get(address, '?')} {address}"
         lines.append(
@@ -293,8 +314,35 @@ def render(report: VerifyReport) -> str:
     lines += [f"    lost: {key}" for key in report.lost]
     if report.error is None:
         verdict = "OK: nothing acknowledged was lost" if report.ok else "FAILED: acknowledged data is missing"
+        if report.ok and report.other_tree_missing:
+            verdict += (
+                f"; but {report.other_tree_missing} uploads of the {report.other_host} are missing or different"
+                f" on the {report.host} (listed above)"
+            )
         lines.append(f"  {verdict}")
     return "\n".join(lines)
+
+
+def render_uploads(report: VerifyReport) -> list[str]:
+    """The uploads comparison as the checked host's operator reads it: are the other host's files all here, byte
+    for byte; and how many files only this host has (made here after the flip: expected, not a difference)."""
+    host, other = report.host, report.other_host
+    label = f"uploads of the {other}"
+    if report.other_tree_on_host:
+        lines = [f"  {label:<25} all {report.other_tree_files} on the {host}, identical byte for byte"]
+    else:
+        lines = [f"  {label:<25} {report.other_tree_missing} MISSING or different on the {host}"]
+        # The differences that matter: what the other host has and this one lacks or holds otherwise.
+        here_only = f"only on {host}"
+        wanted = [d for d in report.tree_differences if not d.startswith(here_only)]
+        lines += [f"    {difference}" for difference in wanted[:SHOWN_DIFFERENCES]]
+        if report.other_tree_missing > SHOWN_DIFFERENCES:
+            lines.append(f"    ... ({report.other_tree_missing - min(len(wanted), SHOWN_DIFFERENCES)} more)")
+    if host == "target":
+        lines.append(f"  uploads made on the target after the flip: {report.only_on_host} (only there, as expected)")
+    else:
+        lines.append(f"  uploads only on the source: {report.only_on_host} (made there since the last copy)")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
