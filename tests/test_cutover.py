@@ -7,6 +7,8 @@ leave the source serving as before.
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,16 +17,17 @@ import pytest
 import structlog
 
 from orchestrator import secrets
-from orchestrator.engine.step import StepContext
+from orchestrator.engine.step import StepContext, StepError
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report import build_report, render_report
-from orchestrator.runtime import Runtime
+from orchestrator.runtime import Runtime, WriteBudget
 from orchestrator.steps import STEP_ORDER, build_steps
 from orchestrator.steps.cutover import Blocker, Cutover, backoff_delays, mask_query, summarize_blockers
 from orchestrator.steps.dns_flip import DnsFlip
+from orchestrator.steps.start_target import COMMAND_TIMEOUT, StartTarget
 from orchestrator.transports.cloudflare import DnsError
-from tests.test_e2e import cf_control, dns_contents, http, live_lab, plan_copy  # noqa: F401 - a fixture
+from tests.test_e2e import cf_control, dns_client, dns_contents, http, live_lab, plan_copy  # noqa: F401 - a fixture
 
 # --- pure logic -------------------------------------------------------------------------------------------------
 
@@ -101,6 +104,50 @@ def test_report_of_an_older_run_is_not_mixed_with_the_newer() -> None:
     assert build_report(events)["bytes_moved"] == 0
 
 
+class CommandLog:
+    """A host that records the commands it is asked to run, with their timeouts."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float | None]] = []
+
+    def run(self, command: str, *, timeout: float | None = None, **_: Any) -> None:
+        self.calls.append((command, timeout))
+
+
+class OfflineRuntime:
+    """Just what StartTarget uses of the runtime: the plan, the budget, the target host, a database that answers."""
+
+    def __init__(self, max_write_block: float) -> None:
+        self.plan = load_plan(Path(__file__).parents[1] / "plans" / "course-review.yaml").plan
+        self.budget = WriteBudget(max_write_block)
+        self.target = CommandLog()
+
+    def db(self, which: str, **_: Any) -> object:
+        return object()
+
+    def release(self, conn: object) -> None:
+        pass
+
+
+def test_start_target_fences_first_keeps_the_fence_and_bounds_each_command_by_the_budget() -> None:
+    rt = OfflineRuntime(max_write_block=60.0)
+    outputs = {"cutover": {"writes_blocked_at": time.time() - 53.0}}  # about 7 s of the budget left
+    result = StartTarget().run(Recorder().context(rt, "start_target", outputs))  # type: ignore[arg-type]
+    assert result is not None and result["target_fenced"] is True
+    commands = [command for command, _ in rt.target.calls]
+    fence = rt.plan.services.target_fence
+    # Fenced before anything starts; the fence is left for the DNS flip to lift.
+    assert commands[0] == fence.enable
+    assert commands[1] == rt.plan.database.target.start
+    assert commands[2:] == [service.start for service in rt.plan.services.target]
+    assert fence.disable not in commands
+    assert all(timeout is not None and 1.0 <= timeout <= 7.5 for _, timeout in rt.target.calls), rt.target.calls
+    # Outside a window (no cut-over journaled) the fixed timeout applies.
+    free = OfflineRuntime(max_write_block=60.0)
+    StartTarget().run(Recorder().context(free, "start_target"))  # type: ignore[arg-type]
+    assert {timeout for _, timeout in free.target.calls} == {COMMAND_TIMEOUT}
+
+
 # --- the step on the lab ----------------------------------------------------------------------------------------
 
 
@@ -109,10 +156,16 @@ class Recorder:
 
     def __init__(self) -> None:
         self.saved: dict[str, Any] = {}
+        self.commits: list[str] = []
 
-    def context(self, rt: Runtime, step: str = "cutover") -> StepContext:
+    def context(
+        self, rt: Runtime, step: str = "cutover", outputs: dict[str, dict[str, Any]] | None = None
+    ) -> StepContext:
         def _save(_step: str, key: str, value: Any) -> None:
             self.saved[key] = value
+
+        def _commit(_step: str, reason: str) -> None:
+            self.commits.append(reason)
 
         return StepContext(
             run_id="test",
@@ -121,7 +174,9 @@ class Recorder:
             rt=rt,
             log=structlog.get_logger("test"),
             _saved=dict(self.saved),
+            _outputs=outputs or {},
             _save=_save,
+            _commit=_commit,
         )
 
 
@@ -206,3 +261,44 @@ def test_dns_flip_failing_midway_restores_the_records_it_flipped(
     finally:
         cf_control(state, "faults", {"mode": "none"})
         rt.close()
+
+
+@pytest.mark.lab
+def test_dns_flip_resumed_past_the_budget_finishes_a_partial_flip_then_lets_the_target_write(
+    live_lab: LabState,  # noqa: F811
+    runtime: Runtime,
+) -> None:
+    """What a kill -9 mid-flip leaves: the target fenced, the first record flipped (its old content journaled), the
+    write-block budget long spent. Rolling back now would help nobody: the resumed flip finishes, commits, and only
+    then lifts the target's fence. Undo (`rollback --discard-target-writes`) fences it again and restores DNS."""
+    state = live_lab
+    subprocess.run([str(state.target.bin_dir / "fence-on")], check=True, timeout=60)
+    outputs = {"cutover": {"writes_blocked_at": time.time() - runtime.plan.cutover.max_write_block - 30}}
+    journal = Recorder()
+    first = state.records[0]
+    with dns_client(state) as client:
+        zone_id = client.zone_id(state.zone)
+        record = client.find_records(zone_id, first, "A")[0]
+        journal.saved["old_records"] = {
+            record.id: {"id": record.id, "name": record.name, "type": "A", "content": record.content,
+                        "ttl": record.ttl, "proxied": record.proxied}
+        }  # fmt: skip
+        client.set_content(zone_id, record, state.target.address)
+
+    step = DnsFlip()
+    assert step.check(journal.context(runtime, "dns_flip", outputs)) is False
+    result = step.run(journal.context(runtime, "dns_flip", outputs))
+    assert result is not None and result["target_fence_lifted"] is True
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    assert not state.target.fence_file.exists(), "the flip lifts the target's fence once every record points at it"
+    assert journal.commits, "the commit is journaled before the target may take writes"
+    assert step.check(journal.context(runtime, "dns_flip", outputs)) is True
+
+    step.undo(journal.context(runtime, "dns_flip", outputs))
+    assert state.target.fence_file.exists(), "undo fences the target again"
+    assert dns_contents(state) == {name: state.source.address for name in state.records}
+
+    # A flip that has moved nothing still respects the budget: it fails before touching DNS.
+    with pytest.raises(StepError, match=r"more than cutover\.max_write_block"):
+        DnsFlip().run(Recorder().context(runtime, "dns_flip", outputs))
+    assert dns_contents(state) == {name: state.source.address for name in state.records}

@@ -278,6 +278,122 @@ def test_cloudflare_failing_at_the_flip_rolls_back(live_lab: LabState) -> None:
     assert_source_serves_and_dns_unchanged(state)
 
 
+def record_ids(state: LabState) -> dict[str, str]:
+    """Each lab record's id: the path of its edits, /zones/{zone}/dns_records/{id}."""
+    with dns_client(state) as client:
+        zone_id = client.zone_id(state.zone)
+        return {name: client.find_records(zone_id, name, "A")[0].id for name in state.records}
+
+
+def fail_edits_of_second_record(state: LabState) -> str:
+    """From now on every edit of the plan's second record fails with 5xx; the first record's edits succeed."""
+    second = state.records[1]
+    cf_control(
+        state,
+        "faults",
+        {"mode": "5xx", "count": -1, "methods": ["PATCH", "PUT"], "path_contains": record_ids(state)[second]},
+    )
+    return second
+
+
+def write_probe_hook(hooks: Path, host: HostState, out: Path) -> None:
+    """A before-step hook that, right before the DNS flip, POSTs a review to `host`'s app and notes the status."""
+    hooks.mkdir(exist_ok=True)
+    hook = hooks / "before-step"
+    hook.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, urllib.error, urllib.request, uuid\n"
+        "if os.environ.get('MIGRATE_STEP') == 'dns_flip':\n"
+        "    review = {'id': 'probe-' + uuid.uuid4().hex[:8], 'author': 'probe', 'course': 'flip', 'rating': 3,\n"
+        "              'body': 'written on the target before the DNS flip'}\n"
+        f"    request = urllib.request.Request('http://{host.address}:{host.app_port}/reviews',\n"
+        "        data=json.dumps(review).encode(), method='POST', headers={'Content-Type': 'application/json'})\n"
+        "    try:\n"
+        "        status = urllib.request.urlopen(request, timeout=10).status\n"
+        "    except urllib.error.HTTPError as exc:\n"
+        "        status = exc.code\n"
+        f"    with open({str(out)!r}, 'a') as probe:\n"
+        "        probe.write(f'{status}\\n')\n"
+    )
+    hook.chmod(0o755)
+
+
+def writes_on(host: HostState, since: float) -> list[dict[str, Any]]:
+    """The writes (POST, PUT) `host`'s app answered since `since`, from its access log."""
+    if not host.access_log.exists():
+        return []
+    entries = [json.loads(line) for line in host.access_log.read_text().splitlines() if line.strip()]
+    return [e for e in entries if e.get("ts", 0) >= since and e.get("method") in ("POST", "PUT")]
+
+
+def test_flip_failing_on_the_second_record_rolls_back_and_the_target_took_no_write(
+    live_lab: LabState, tmp_path: Path
+) -> None:
+    """The first record moves, the second's edit fails: the run rolls back (DNS restored, target stopped), and the
+    target, fenced from its start until the flip would have completed, acknowledged no write meanwhile."""
+    state = live_lab
+    hooks, probe = tmp_path / "hooks", tmp_path / "probe-statuses"
+    write_probe_hook(hooks, state.target, probe)
+    plan = plan_copy(
+        state,
+        "flip2",
+        {"retry": {"attempts": 2, "max_seconds": 5, "max_wait": 0.2}, "hooks": {"dir": str(hooks)}},
+    )
+    began = time.time()
+    requests_before = len(cf_control(state, "state")["requests"])
+    second = fail_edits_of_second_record(state)
+    try:
+        result = migrate_apply(state, plan)
+    finally:
+        cf_control(state, "faults", {"mode": "none"})
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    assert "dns_flip" in result.stdout + result.stderr and "rolled back" in result.stdout + result.stderr
+    # The first record did move (and was put back): the failure really was half-way.
+    first_id = record_ids(state)[state.records[0]]
+    requests = cf_control(state, "state")["requests"][requests_before:]
+    edits = [r for r in requests if r["method"] in ("PATCH", "PUT")]
+    assert sum(1 for r in edits if first_id in r["path"] and r["status"] == 200) == 2, edits
+    assert any(record_ids(state)[second] in r["path"] and r["status"] >= 500 for r in edits), edits
+
+    # The target was up and serving reads, yet refused the write POSTed to it before the flip.
+    assert probe.read_text().split() == ["503"], "the target app was not up and fenced before the DNS flip"
+    acknowledged = [w for w in writes_on(state.target, began) if isinstance(w["status"], int) and w["status"] < 300]
+    assert acknowledged == [], f"the target acknowledged writes a rollback then discarded: {acknowledged}"
+    assert state.target.fence_file.exists(), "the rolled-back target must stay fenced"
+    assert not target_app_listens(state), "the rollback stops the target's services"
+    assert_source_serves_and_dns_unchanged(state)
+
+
+def test_partial_flip_without_a_target_fence_is_finished_forward_not_rolled_back(live_lab: LabState) -> None:
+    """Without a target fence the target takes writes as soon as it starts: once one record points at it, a rollback
+    would lose them. The run stops needing attention (exit 4), DNS half-flipped, and `migrate apply` finishes it."""
+    state = live_lab
+    plan = plan_copy(
+        state,
+        "nofence",
+        {"services": {"target_fence": {}}, "retry": {"attempts": 2, "max_seconds": 5, "max_wait": 0.2}},
+    )
+    second = fail_edits_of_second_record(state)
+    try:
+        stuck = migrate_apply(state, plan)
+    finally:
+        cf_control(state, "faults", {"mode": "none"})
+    assert stuck.returncode == exit_codes.NEEDS_ATTENTION, outcome(stuck)
+    assert "rolled back" not in stuck.stdout + stuck.stderr, outcome(stuck)
+    assert dns_contents(state) == {state.records[0]: state.target.address, second: state.source.address}
+    # The target keeps serving (and taking writes): nothing it acknowledged is thrown away.
+    review = a_review("half-flipped")
+    status, body = http(state, state.target, "POST", "/reviews", review)
+    assert status == 201, f"the target refused a write after a partial flip: {status} {body[:200]!r}"
+
+    done = migrate_apply(state, plan)
+    assert done.returncode == exit_codes.OK, outcome(done)
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    assert run_report(state, plan_name(plan))["status"] == "completed"
+    status, body = http(state, state.target, "GET", f"/reviews/{review['id']}")
+    assert status == 200 and json.loads(body)["body"] == review["body"]
+
+
 # --- the migration itself, under load ---------------------------------------------------------------------------
 
 
@@ -343,11 +459,14 @@ def last_server_start(host: HostState) -> str:
 
 
 def test_rollback_after_the_flip_needs_consent_then_points_dns_back(live_lab: LabState) -> None:
+    """With `finish.source: stop` the source's services are stopped at the end; discarding the target's writes
+    starts them again (as well as the source database), fences the target and points DNS back."""
     state = live_lab
-    plan = plan_copy(state, "back", {})
+    plan = plan_copy(state, "back", {"finish": {"source": "stop"}})
     result = migrate_apply(state, plan)
     assert result.returncode == exit_codes.OK, outcome(result)
     assert dns_contents(state) == {name: state.target.address for name in state.records}
+    assert not app_listens(state, state.source), "finish.source: stop stops the source's services"
 
     env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
     command = [str(MIGRATE), "rollback", str(plan), "--yes", "--env-file", str(state.env_file)]
@@ -359,14 +478,19 @@ def test_rollback_after_the_flip_needs_consent_then_points_dns_back(live_lab: La
     assert done.returncode == exit_codes.OK, outcome(done)
     assert_source_serves_and_dns_unchanged(state)
     assert not target_app_listens(state), "the rollback stops the target's services"
+    assert state.target.fence_file.exists(), "the rollback fences the target again"
 
 
-def target_app_listens(state: LabState) -> bool:
+def app_listens(state: LabState, host: HostState) -> bool:
     try:
-        http(state, state.target, "GET", "/healthz")
+        http(state, host, "GET", "/healthz")
     except OSError:
         return False
     return True
+
+
+def target_app_listens(state: LabState) -> bool:
+    return app_listens(state, state.target)
 
 
 def test_killed_during_the_cutover_resumes_to_a_clean_target(live_lab: LabState) -> None:

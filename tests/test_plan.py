@@ -47,7 +47,10 @@ dns:
   records: [example.com]
 cutover:
   max_write_block: 60
+services:
+  fence: {enable: touch /srv/maintenance, disable: rm -f /srv/maintenance}
 """
+SMALL_FENCE = "services:\n  fence: {enable: touch /srv/maintenance, disable: rm -f /srv/maintenance}\n"
 
 
 def write(tmp_path: Path, text: str | bytes, name: str = "plan.yaml") -> Path:
@@ -172,13 +175,13 @@ def test_unknown_health_check_kind_points_at_kind(tmp_path: Path) -> None:
     text = SMALL_PLAN + "health:\n  checks:\n    - kind: http\n      url: http://203.0.113.20/\n    - kind: ping\n"
     path = write(tmp_path, text)
     message = str(error_of(path))
-    assert message.startswith(f"{path}:30:7: health.checks[1].kind: unknown kind 'ping'")
+    assert message.startswith(f"{path}:32:7: health.checks[1].kind: unknown kind 'ping'")
 
 
 def test_missing_field_in_a_health_check(tmp_path: Path) -> None:
     text = SMALL_PLAN + "health:\n  checks:\n    - kind: tcp\n      host: 203.0.113.20\n"
     path = write(tmp_path, text)
-    assert str(error_of(path)) == f"{path}:28:7: health.checks[0].port: field required"
+    assert str(error_of(path)) == f"{path}:30:7: health.checks[0].port: field required"
 
 
 # --- dangerous values -----------------------------------------------------------------------------------------------
@@ -249,6 +252,53 @@ def test_cross_checks_also_guard_plans_built_in_code(tmp_path: Path) -> None:
         Plan.model_validate(data)
 
 
+# --- fences: a fence that cannot be lifted, files moved with nothing stopping uploads ------------------------------
+
+
+def test_fence_without_a_way_to_lift_it_is_refused(tmp_path: Path) -> None:
+    # A rollback would leave the source fenced while saying it serves.
+    path = broken(tmp_path, "  fence: {enable: touch /srv/maintenance, disable: rm -f /srv/maintenance}",
+                  "  fence: {enable: touch /srv/maintenance}")  # fmt: skip
+    assert str(error_of(path)) == (
+        f"{path}:27:3: services.fence.disable: required with services.fence.enable: a rollback runs it so the "
+        "source takes writes again (without it the source would stay fenced while the run says it serves)"
+    )
+
+
+def test_target_fence_without_a_way_to_lift_it_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, SMALL_PLAN + "  target_fence:\n    enable: touch /srv/maintenance-target\n")
+    assert str(error_of(path)).startswith(
+        f"{path}:28:3: services.target_fence.disable: required with services.target_fence.enable: the DNS flip runs it"
+    )
+
+
+def test_moving_files_without_a_source_fence_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, SMALL_PLAN.removesuffix(SMALL_FENCE))
+    error = error_of(path)
+    assert str(error).startswith(f"{path}:6:1: files: moving files needs services.fence.enable")
+    assert "uploads after the final file sync" in str(error) and "would be lost" in str(error)
+    # Built in code, the same plan is refused too.
+    data = load_plan(write(tmp_path, SMALL_PLAN, "fenced.yaml")).plan.model_dump()
+    data["services"]["fence"] = {}
+    with pytest.raises(ValidationError, match=r"files: moving files needs services\.fence\.enable"):
+        Plan.model_validate(data)
+
+
+def test_a_plan_without_files_needs_no_fence(tmp_path: Path) -> None:
+    text = SMALL_PLAN.removesuffix(SMALL_FENCE).replace(
+        "files:\n  - name: uploads\n    source: /var/www/shop/uploads\n    target: /var/www/shop/uploads\n", ""
+    )
+    plan = load_plan(write(tmp_path, text)).plan
+    assert plan.files == [] and plan.services.fence.enable is None
+
+
+def test_reverse_problem_names_the_missing_target_fence(tmp_path: Path) -> None:
+    assert load_plan(write(tmp_path, REVERSIBLE_PLAN)).plan.reverse_problem() is None
+    problem = load_plan(write(tmp_path, SMALL_PLAN, "small.yaml")).plan.reverse_problem()
+    assert problem is not None and "services.target_fence.enable" in problem
+    assert load_plan(EXAMPLE).plan.reverse_problem() is None
+
+
 # --- secrets are never echoed ---------------------------------------------------------------------------------------
 
 SECRET = "cf-7Hq2xZsecretTOKEN9"
@@ -304,7 +354,7 @@ def test_yaml_syntax_error_points_at_its_line(tmp_path: Path) -> None:
 
 def test_duplicate_key(tmp_path: Path) -> None:
     path = write(tmp_path, SMALL_PLAN + "name: again\n")
-    assert str(error_of(path)) == f"{path}:26:1: duplicate key 'name'"
+    assert str(error_of(path)) == f"{path}:28:1: duplicate key 'name'"
 
 
 def test_binary_garbage(tmp_path: Path) -> None:
@@ -455,7 +505,7 @@ def test_empty_secret_asks_for_a_reference(tmp_path: Path) -> None:
 # --- the reverse run's plan (`migrate apply --reverse`) ---------------------------------------------------------------
 
 REVERSIBLE_PLAN = (
-    SMALL_PLAN
+    SMALL_PLAN.removesuffix(SMALL_FENCE)
     + """\
 services:
   source:
@@ -505,9 +555,9 @@ def test_reverse_section_and_target_fence_validate(tmp_path: Path) -> None:
 
 def test_unknown_key_inside_reverse_is_an_error(tmp_path: Path) -> None:
     path = write(tmp_path, SMALL_PLAN + "reverse:\n  transfr: {}\n")
-    assert str(error_of(path)) == f"{path}:27:3: reverse.transfr: unknown key 'transfr' (did you mean 'transfer'?)"
+    assert str(error_of(path)) == f"{path}:29:3: reverse.transfr: unknown key 'transfr' (did you mean 'transfer'?)"
     path = write(tmp_path, SMALL_PLAN + "reverse:\n  transfer:\n    bwlimt: 10M\n")
-    assert str(error_of(path)).startswith(f"{path}:28:5: reverse.transfer.bwlimt: unknown key 'bwlimt'")
+    assert str(error_of(path)).startswith(f"{path}:30:5: reverse.transfer.bwlimt: unknown key 'bwlimt'")
     path = write(tmp_path, SMALL_PLAN + "reverse:\n  health:\n    checks:\n      - {kind: ftp, url: x}\n")
     assert "reverse.health.checks[0].kind: unknown kind 'ftp'" in str(error_of(path))
 
@@ -562,7 +612,7 @@ def test_reversed_takes_the_overrides(tmp_path: Path) -> None:
 
 def test_reversed_source_keeps_the_address_dns_pointed_at(tmp_path: Path) -> None:
     # The forward flip wrote dns.content: the reverse run must find the records there before it flips them back.
-    text = SMALL_PLAN.replace("  records: [example.com]\n", "  records: [example.com]\n  content: 198.51.100.7\n")
+    text = REVERSIBLE_PLAN.replace("  records: [example.com]\n", "  records: [example.com]\n  content: 198.51.100.7\n")
     forward = load_plan(write(tmp_path, text)).plan
     back = forward.reversed()
     assert back.source.dns_content == "198.51.100.7"

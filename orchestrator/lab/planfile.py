@@ -87,7 +87,8 @@ services:
   fence:
     enable: {s(src.bin_dir / "fence-on")}
     disable: {s(src.bin_dir / "fence-off")}
-  # The same for the target: used when the service moves back (`migrate apply --reverse`).
+  # The same for the target: fenced before its app starts (health checks are reads), lifted once every DNS record
+  # points at it, so a flip failing half-way rolls back without losing a write. Also what `--reverse` fences.
   target_fence:
     enable: {s(tgt.bin_dir / "fence-on")}
     disable: {s(tgt.bin_dir / "fence-off")}

@@ -94,4 +94,37 @@ def cross_field_problems(plan: Plan) -> list[tuple[Location, str]]:
     for index, name in enumerate(names):
         if name in names[:index]:
             problems.append((("files", index, "name"), f"another tree is already named '{name}'"))
+
+    problems += fence_problems(plan)
+    return problems
+
+
+def fence_problems(plan: Plan) -> list[tuple[Location, str]]:
+    """A fence that cannot be lifted, or files moved with nothing stopping uploads on the source."""
+    problems: list[tuple[Location, str]] = []
+    fence, target_fence = plan.services.fence, plan.services.target_fence
+    if fence.enable and not fence.disable:
+        problems.append(
+            (
+                ("services", "fence", "disable"),
+                "required with services.fence.enable: a rollback runs it so the source takes writes again "
+                "(without it the source would stay fenced while the run says it serves)",
+            )
+        )
+    if target_fence.enable and not target_fence.disable:
+        problems.append(
+            (
+                ("services", "target_fence", "disable"),
+                "required with services.target_fence.enable: the DNS flip runs it so the target takes writes "
+                "(without it the target would refuse every write after the migration)",
+            )
+        )
+    if plan.files and not fence.enable:
+        problems.append(
+            (
+                ("files",),
+                "moving files needs services.fence.enable (how the source refuses writes): without a fence the "
+                "source keeps accepting uploads after the final file sync, and those would be lost when DNS moves",
+            )
+        )
     return problems

@@ -173,11 +173,16 @@ class Services(Strict):
     source: list[Service] = Field(
         default_factory=list, description="the service on the source (stopped when finish.source is 'stop')"
     )
-    fence: SourceFence = Field(default_factory=SourceFence)
+    fence: SourceFence = Field(
+        default_factory=SourceFence,
+        description="how the source refuses writes from the cut-over on ('enable') and takes them again on rollback "
+        "('disable'); required when the plan moves files",
+    )
     target_fence: SourceFence = Field(
         default_factory=SourceFence,
-        description="how the TARGET refuses writes and takes them again: used when the service moves back "
-        "(`migrate apply --reverse`); its 'disable' runs on the target once its services start",
+        description="how the TARGET refuses writes and takes them again: 'enable' runs before its services start "
+        "(it serves reads, refuses writes), 'disable' once every DNS record points at it (the commit point); "
+        "required by `migrate apply --reverse`",
     )
     stop_target_first: bool = Field(
         default=True, description="preflight stops the target's database and services (the seed's preparation)"
@@ -338,6 +343,16 @@ class Plan(Strict):
     @property
     def dns_content(self) -> str:
         return self.dns.content or self.target.dns_content
+
+    def reverse_problem(self) -> str | None:
+        """Why this plan cannot be moved back with `migrate apply --reverse`, or None when it can."""
+        if self.services.target_fence.enable is None:
+            return (
+                "the plan declares no services.target_fence.enable: a reverse run must stop the target (the live "
+                "side after the flip) from taking writes before its final copy, or the writes it takes meanwhile "
+                "would be lost"
+            )
+        return None
 
     def reversed(self) -> Plan:
         """The plan that moves the service back: the target becomes the source and the source the target.

@@ -1,6 +1,12 @@
-"""Start the target: its database (waiting until it answers), then its services, in the plan's order, then lift the
-target's own fence when the plan declares one (a host fenced before, like the old source in a reverse run, takes
-writes again)."""
+"""Start the target: fence it first (when the plan says how), then its database (waiting until it answers), then
+its services in the plan's order.
+
+The target's fence stays up: health checks are reads and pass, but no client write is acknowledged on the target
+before every DNS record points at it. The DNS flip lifts the fence once the last record is read back — that is
+the commit point. Were the target to take writes earlier, a flip failing half-way would roll back and lose them.
+
+Every command runs inside the downtime window, so its timeout is bounded by what is left of the write-block budget.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,8 @@ from orchestrator.transports.ssh import TransportError
 COMMAND_TIMEOUT = 300.0
 DB_READY_TIMEOUT = 120.0
 POLL_INTERVAL = 0.5
+# Journaled before the target's fence goes up, so a rollback or the DNS flip knows it was put there by this run.
+TARGET_FENCED = "target_fenced"
 
 
 def wait_db_answers(ctx: StepContext, timeout: float) -> float:
@@ -36,55 +44,66 @@ def wait_db_answers(ctx: StepContext, timeout: float) -> float:
         time.sleep(POLL_INTERVAL)
 
 
+def window_timeout(ctx: StepContext, since: float | None, limit: float = COMMAND_TIMEOUT) -> float:
+    """`limit`, cut to what is left of the write-block budget (at least 1 s) while writes are blocked."""
+    remaining = ctx.rt.budget.remaining(since)
+    return limit if remaining is None else max(1.0, min(limit, remaining))
+
+
 class StartTarget(Step):
     name = "start_target"
-    title = "Start the target's database and services"
+    title = "Start the target's database and services (fenced: no writes before the DNS flip)"
 
     def describe(self, ctx: StepContext) -> list[str]:
         plan = ctx.rt.plan
-        lines = [f"on the target ({plan.target.address}): start the database: {plan.database.target.start},"
-                 " then wait until it answers"]  # fmt: skip
+        lines = []
+        fence = plan.services.target_fence.enable
+        if fence:
+            lines.append(f"on the target ({plan.target.address}): fence it (refuse writes until the DNS flip): {fence}")
+        lines.append(f"on the target ({plan.target.address}): start the database: {plan.database.target.start},"
+                     " then wait until it answers")  # fmt: skip
         lines += [f"on the target: start service {s.name}: {s.start}" for s in plan.services.target]
-        if plan.services.target_fence.disable:
-            lines.append(f"on the target: lift its fence: {plan.services.target_fence.disable}")
+        if not fence:
+            lines.append("the plan declares no target fence: the target takes writes as soon as its services start")
         return lines
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         rt = ctx.rt
         plan = rt.plan
         since = blocked_since(ctx)
+        fence = plan.services.target_fence.enable
+        if fence:
+            rt.budget.check("fencing the target", since)
+            ctx.save(TARGET_FENCED, True)
+            try:
+                rt.target.run(fence, timeout=window_timeout(ctx, since))
+            except TransportError as exc:
+                raise StepError(f"fencing the target: {exc}") from None
+            ctx.log.info("target_fenced")
         rt.budget.check("starting the target database", since)
         try:
-            rt.target.run(plan.database.target.start, timeout=COMMAND_TIMEOUT)
+            rt.target.run(plan.database.target.start, timeout=window_timeout(ctx, since))
         except TransportError as exc:
             raise StepError(f"starting the target database: {exc}") from None
-        remaining = rt.budget.remaining(since)
-        wait_limit = DB_READY_TIMEOUT if remaining is None else max(1.0, min(DB_READY_TIMEOUT, remaining))
-        ready_seconds = wait_db_answers(ctx, wait_limit)
+        ready_seconds = wait_db_answers(ctx, window_timeout(ctx, since, DB_READY_TIMEOUT))
         ctx.log.info("target_database_ready", seconds=round(ready_seconds, 3))
         rt.budget.check("waiting for the target database", since)
         started = []
         for service in plan.services.target:
             try:
-                rt.target.run(service.start, timeout=COMMAND_TIMEOUT)
+                rt.target.run(service.start, timeout=window_timeout(ctx, since))
             except TransportError as exc:
                 raise StepError(f"starting target service {service.name}: {exc}") from None
             ctx.log.info("target_service_started", service=service.name)
             started.append(service.name)
             rt.budget.check(f"starting target service {service.name}", since)
-        unfence = plan.services.target_fence.disable
-        if unfence:
-            try:
-                rt.target.run(unfence, timeout=COMMAND_TIMEOUT)
-            except TransportError as exc:
-                raise StepError(f"lifting the target's fence: {exc}") from None
-            ctx.log.info("target_fence_lifted")
-        return {"db_ready_seconds": round(ready_seconds, 3), "services": started, "fence_lifted": bool(unfence)}
+        return {"db_ready_seconds": round(ready_seconds, 3), "services": started, "target_fenced": bool(fence)}
 
     def undo(self, ctx: StepContext) -> None:
         """Stop the services (reverse order), then the database; every stop is tried even if one fails.
 
-        A lifted target fence is not put back: with its services stopped the target takes no writes anyway.
+        The target's fence, when this run put it up, stays up: the target must not take writes a rolled-back
+        migration would not carry anywhere (`migrate apply` puts it up again anyway).
         """
         rt = ctx.rt
         plan = rt.plan
