@@ -100,6 +100,9 @@ def _run_plan(loaded: Any, reverse: bool) -> Plan:
     """The plan a command drives: the file's, or its reversal (target back to source) with --reverse."""
     if not reverse:
         return loaded.plan
+    problem = loaded.plan.reverse_problem()
+    if problem is not None:
+        raise Exit(exit_codes.BAD_INPUT, f"{loaded.path}: cannot reverse: {problem}")
     from pydantic import ValidationError
 
     try:
