@@ -56,7 +56,10 @@ def test_describe_needs_no_connection(tmp_path: Path) -> None:
                 "source": {"datadir": "/var/lib/mysql", "start": "systemctl start mariadb", "stop": "systemctl stop m"},
                 "target": {"datadir": "/var/lib/mysql", "start": "systemctl start mariadb", "stop": "systemctl stop m"},
             },
-            "services": {"target": [{"name": "web", "start": "systemctl start nginx", "stop": "systemctl stop nginx"}]},
+            "services": {
+                "target": [{"name": "web", "start": "systemctl start nginx", "stop": "systemctl stop nginx"}],
+                "fence": {"enable": "touch /srv/maintenance", "disable": "rm -f /srv/maintenance"},
+            },
             "health": {"checks": [{"kind": "http", "url": "http://192.0.2.2/healthz"}]},
             "dns": {"api_token": {"env": "UNSET_TOKEN"}, "zone": "example.com", "records": ["www.example.com"]},
         }

@@ -8,6 +8,11 @@ nothing is writing any more.
 Order, each fact journaled BEFORE the action it protects, so a crash at any point leaves a state undo can
 repair: fence the service → FTWRL (bounded wait, retried with backoff) → binlog position and row counts
 under the lock → clean shutdown of the source database → final datadir pass → budget check.
+
+"Stopped" is proven, not assumed: a stop command may return while the server is still shutting down (MariaDB
+closes client connections early, before InnoDB has flushed), so after it the step waits until no process on
+the source holds the datadir's InnoDB files open. Everything after the fence is bounded by what is left of
+the write-block budget (cutover.max_write_block).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import contextlib
 import re
 import shlex
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +32,17 @@ from orchestrator.secrets import redact
 from orchestrator.steps.db_presync import DATADIR_EXCLUDES
 from orchestrator.transports import mysql as mysql_tx
 from orchestrator.transports import rsync
+from orchestrator.transports.ssh import TransportError
 
 ER_LOCK_WAIT_TIMEOUT = 1205
 SOURCE_DB_START_TIMEOUT = 120.0
+# How often the source is asked whether anything still holds the datadir's InnoDB files open.
+RELEASE_POLL_INTERVAL = 0.05
+# The datadir's InnoDB files (ibdata*, ib_logfile*, ibtmp1, redo and temporary directories of MySQL 8, undo
+# tablespaces): the server holds them open until its shutdown has flushed everything.
+INNODB_FILES = ("ib*", "#innodb_redo/*", "#innodb_temp/*", "undo*")
+MAX_HOLDERS_LISTED = 5
+RUNNING = "(running)"
 # Files changed on the source since the pre-sync began (less this margin, for the clock offset's error)
 # are recopied whatever their size and mtime say.
 FORCE_MARGIN = 2.0
@@ -38,13 +52,11 @@ MODE_REASON = (
     "database is stopped cleanly while writes are blocked and the final pass copies its quiet datadir"
 )
 
-# Statements that may carry a password in clear; masked before anything is logged or raised.
-_SECRET_PATTERNS = (
-    re.compile(r"(IDENTIFIED\s+(?:BY|VIA|WITH)\s+)('[^']*'|\"[^\"]*\"|\S+)", re.IGNORECASE),
-    re.compile(r"(PASSWORD\s*\(\s*)('[^']*'|\"[^\"]*\")", re.IGNORECASE),
-    re.compile(r"(PASSWORD\s*=?\s*)('[^']*'|\"[^\"]*\")", re.IGNORECASE),
-    re.compile(r"(MASTER_PASSWORD\s*=\s*)('[^']*'|\"[^\"]*\")", re.IGNORECASE),
-)
+# A statement that may carry a password (SET PASSWORD, IDENTIFIED BY [PASSWORD] / AS / USING / VIA, PASSWORD(),
+# MASTER_PASSWORD=, ...) has EVERY string literal masked: listing the forms one by one always misses one.
+_SECRET_STATEMENT = re.compile(r"PASSWORD|IDENTIFIED|\bUSING\s+['\"]", re.IGNORECASE)
+# A quoted literal with its escapes ('it''s', 'a\'b'), or an unterminated one (a truncated query) to the end.
+_LITERAL = re.compile(r"""'(?:[^'\\]|\\.|'')*(?:'|$)|"(?:[^"\\]|\\.|"")*(?:"|$)""", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -68,8 +80,8 @@ def mask_query(text: str | None, limit: int = QUERY_SUMMARY_CHARS) -> str:
     if not text:
         return ""
     line = " ".join(text.split())
-    for pattern in _SECRET_PATTERNS:
-        line = pattern.sub(lambda m: m.group(1) + "'***'", line)
+    if _SECRET_STATEMENT.search(line):
+        line = _LITERAL.sub("'***'", line)
     line = redact(line)
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
@@ -162,6 +174,80 @@ def source_clock_offset(rt: Any) -> float:
     return float(answer) - (asked + answered) / 2
 
 
+def glob_escape(path: str) -> str:
+    """`path` as a literal for find's -lname (fnmatch): its *, ?, [ and backslashes escaped."""
+    return re.sub(r"([*?\[\\])", r"\\\1", path)
+
+
+def innodb_holders_command(datadir: str, pids: Iterable[int] = ()) -> str:
+    """A command for the source: '/proc/<pid>/fd <file>' for every open descriptor on the datadir's InnoDB files,
+    and '/proc/<pid>/fd (running)' for each of `pids` (the server's, seen before its stop) still running.
+
+    /proc/<pid>/fd/* links name the real path, so `datadir` must be resolved (readlink -f) first. Processes that
+    vanish during the scan, and those the ssh user may not look into, are silently skipped: see
+    `innodb_files_visible` for the latter. A zombie (exited, not yet reaped) is not running.
+    """
+    base = glob_escape(datadir.rstrip("/") or "/")
+    tests = " -o ".join(f"-lname {shlex.quote(base + '/' + name)}" for name in INNODB_FILES)
+    command = f"find /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \\( {tests} \\) -printf '%h %l\\n' 2>/dev/null"
+    for pid in sorted(set(pids)):
+        stat = f"/proc/{int(pid)}/stat"
+        command += (
+            f"; s=$(sed 's/.*) //' {stat} 2>/dev/null | cut -d' ' -f1)"
+            f'; [ -n "$s" ] && [ "$s" != Z ] && echo \'/proc/{int(pid)}/fd {RUNNING}\''
+        )
+    return command + "; true"
+
+
+def parse_holders(output: str) -> dict[int, set[str]]:
+    """innodb_holders_command's output → {pid: {open InnoDB files}}."""
+    holders: dict[int, set[str]] = {}
+    for line in output.splitlines():
+        fd_dir, _, target = line.partition(" ")
+        parts = fd_dir.split("/")  # /proc/<pid>/fd
+        if len(parts) == 4 and parts[2].isdigit():
+            holders.setdefault(int(parts[2]), set()).add(target)
+    return holders
+
+
+def describe_holders(holders: dict[int, set[str]]) -> str:
+    items = []
+    for pid, files in sorted(holders.items()):
+        held = sorted(files - {RUNNING})
+        items.append(f"pid {pid} holds {', '.join(held[:2])} open" if held else f"pid {pid} still runs")
+    more = f" and {len(items) - MAX_HOLDERS_LISTED} more" if len(items) > MAX_HOLDERS_LISTED else ""
+    return "; ".join(items[:MAX_HOLDERS_LISTED]) + more
+
+
+def real_datadir(host: Any, datadir: str) -> str:
+    """The datadir with every symbolic link resolved, as the kernel names its files in /proc/<pid>/fd."""
+    resolved = host.run(f"readlink -f -- {shlex.quote(datadir)}", timeout=60).stdout.strip()
+    return resolved or datadir
+
+
+def innodb_holders(
+    host: Any, datadir: str, timeout: float | None = 60.0, pids: Iterable[int] = ()
+) -> dict[int, set[str]]:
+    """Processes on `host` that hold the InnoDB files of the (resolved) `datadir` open, and those of `pids` alive."""
+    return parse_holders(host.run(innodb_holders_command(datadir, pids), timeout=timeout, check=False).stdout)
+
+
+def innodb_files_visible(host: Any, datadir: str) -> tuple[set[int], str | None]:
+    """While the database runs: the pids holding its InnoDB files, or why none can be seen.
+
+    The check that the database has really stopped relies on seeing them: an ssh user who may not look into
+    the server's /proc/<pid>/fd sees nothing, and nothing would look like stopped.
+    """
+    holders = innodb_holders(host, datadir)
+    if holders:
+        return set(holders), None
+    return set(), (
+        f"no process is seen holding the InnoDB files of {datadir} open while the database runs: the cut-over "
+        "could not prove the source database has stopped; connect as root (or as the database's user) and check "
+        "that database.source.datadir is the server's datadir"
+    )
+
+
 class Cutover(Step):
     name = "cutover"
     title = "Cut-over: fence, lock, final figures, clean shutdown of the source database, final datadir pass"
@@ -170,6 +256,9 @@ class Cutover(Step):
     def __init__(self) -> None:
         self._lock_conn: pymysql.connections.Connection | None = None
         self._clock_offset = 0.0
+        self._datadir = ""
+        # The database server's processes, seen holding its InnoDB files before the stop: they must be gone after.
+        self._server_pids: set[int] = set()
 
     def describe(self, ctx: StepContext) -> list[str]:
         plan = ctx.rt.plan
@@ -200,6 +289,7 @@ class Cutover(Step):
         result: dict[str, Any] = {"mode": plan.cutover.mode, "mode_reason": MODE_REASON}
         # Measured before writes stop: one round trip less inside the window.
         self._clock_offset = source_clock_offset(rt)
+        self._datadir = real_datadir(rt.source, plan.database.source.datadir)
 
         if ctx.saved("source_db_stopped"):
             # A re-run after the shutdown began: the final figures were journaled under the lock; a
@@ -214,6 +304,10 @@ class Cutover(Step):
             try:
                 # The lock's session is opened while writes still flow: connecting is not part of the window.
                 conn = self._open_lock_session(ctx)
+                # Before the window too: proving the shutdown later needs the server's open files to be visible.
+                self._server_pids, blind = innodb_files_visible(rt.source, self._datadir)
+                if blind:
+                    raise StepError(blind)
                 blocked_at = self._fence(ctx)
                 result["writes_blocked_at"] = blocked_at
                 lock = self._take_lock(ctx, conn)
@@ -221,6 +315,7 @@ class Cutover(Step):
                 final_state = self._final_state(ctx)
                 ctx.save("final_state", {**lock, **final_state})
                 result.update(final_state)
+                rt.budget.check("about to stop the source database")
                 ctx.save("source_db_stopped", True)
                 result["shutdown_seconds"] = self._stop_source_db(ctx)
             finally:
@@ -323,30 +418,89 @@ class Cutover(Step):
         rt = ctx.rt
         conn = self._lock_conn
         assert conn is not None
+        budget = rt.budget
         started = time.monotonic()
-        tables = mysql_tx.list_tables(conn, rt.plan.database.schemas)
-        state: dict[str, Any] = {
-            "binlog": binlog_position(conn),
-            "row_counts": dict(mysql_tx.row_counts(conn, tables)),
-        }
-        if rt.plan.database.verify.checksum:
-            state["checksums"] = dict(mysql_tx.checksums(conn, tables))
+        doing = "reading the source's final figures"
+
+        def _limit(table: str) -> float | None:
+            # One query per table, each bounded by what is left of the budget (a query cut short closes the
+            # lock's session, which releases the lock: the step fails and undo lifts the fence).
+            budget.check(f"{doing}: {table}")
+            remaining = budget.remaining()
+            return None if remaining is None else max(remaining, 0.1)
+
+        try:
+            tables = mysql_tx.list_tables(conn, rt.plan.database.schemas)
+            state: dict[str, Any] = {"binlog": binlog_position(conn)}
+            doing = "counting the source's rows under the lock"
+            state["row_counts"] = dict(mysql_tx.row_counts(conn, tables, limit=_limit))
+            if rt.plan.database.verify.checksum:
+                doing = "checksumming the source's tables under the lock"
+                state["checksums"] = dict(mysql_tx.checksums(conn, tables, limit=_limit))
+        except pymysql.err.MySQLError:
+            budget.check(doing)  # a query cut short by the budget: say so
+            raise
         state["final_state_seconds"] = round(time.monotonic() - started, 3)
         ctx.log.info("cutover.final_state", tables=len(tables), binlog=state["binlog"])
         return state
+
+    def _time_left(self, ctx: StepContext) -> float:
+        """Seconds the next action inside the window may take: what is left of the budget."""
+        remaining = ctx.rt.budget.remaining()
+        return ctx.rt.plan.cutover.max_write_block if remaining is None else max(remaining, 0.1)
 
     def _stop_source_db(self, ctx: StepContext) -> float:
         rt = ctx.rt
         endpoint = rt.plan.database.source
         started = time.monotonic()
-        rt.source.run(endpoint.stop, timeout=rt.plan.database.read_timeout + 300)
+        stop_timeout = min(rt.plan.database.read_timeout + 300, self._time_left(ctx))
+        try:
+            rt.source.run(endpoint.stop, timeout=stop_timeout)
+        except TransportError:
+            rt.budget.check("stopping the source database")  # cut short by the budget: say so
+            raise
+        # First the files (a stop command may return while the server is still shutting down, and a server
+        # about to close its connections may still answer), then the server itself must be gone.
+        self._wait_innodb_released(ctx)
         if self._source_db_answers(ctx):
             raise StepError(
-                f"the source database still answers after its stop command ({endpoint.stop}); writes stay blocked"
+                f"the source database is still running after its stop command ({endpoint.stop}): it still"
+                " answers; writes stay blocked"
             )
         seconds = round(time.monotonic() - started, 3)
         ctx.log.info("cutover.source_db_stopped", seconds=seconds)
         return seconds
+
+    def _wait_innodb_released(self, ctx: StepContext) -> None:
+        """Wait until no process on the source holds the datadir's InnoDB files open, within the budget.
+
+        A stop command may return before the server is gone (it only signalled it, or gave up waiting): until
+        then InnoDB may still be flushing, and a copy of the datadir would not be consistent. The server's
+        processes seen before the stop must have exited too (after closing InnoDB, a server still closes its
+        binary and Aria logs in the datadir).
+        """
+        rt = ctx.rt
+        datadir = self._datadir or real_datadir(rt.source, rt.plan.database.source.datadir)
+        started = time.monotonic()
+        polls = 0
+        while True:
+            try:
+                holders = innodb_holders(rt.source, datadir, timeout=self._time_left(ctx), pids=self._server_pids)
+            except TransportError:
+                rt.budget.check("waiting for the source database to stop")
+                raise
+            polls += 1
+            if not holders:
+                ctx.log.info("cutover.innodb_released", waited_s=round(time.monotonic() - started, 3), polls=polls)
+                return
+            remaining = rt.budget.remaining()
+            if remaining is None or remaining <= 0:
+                raise StepError(
+                    f"the source database is still running after its stop command ({rt.plan.database.source.stop}):"
+                    f" {describe_holders(holders)} after {time.monotonic() - started:.1f} s, and the write-block"
+                    f" budget (cutover.max_write_block {rt.plan.cutover.max_write_block:g} s) is spent"
+                )
+            time.sleep(min(RELEASE_POLL_INTERVAL, remaining))
 
     def _source_db_answers(self, ctx: StepContext) -> bool:
         conn = self._lock_conn

@@ -7,9 +7,22 @@ import time
 from typing import Any
 
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.plan.model import FileTree
+from orchestrator.plan.model import FileTree, Plan
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError
+
+
+def tree_push_command(plan: Plan, tree: FileTree, *, live: bool) -> str:
+    """The rsync that pushes one tree, run on the source.
+
+    Inside the downtime window (live=False) mtimes are compared to the nanosecond: rsync's default quick check
+    compares whole seconds, so a file rewritten at the same size within the second the pre-sync copied it would
+    look unchanged and its last write would be lost.
+    """
+    extra = [] if live else ["--modify-window=-1"]
+    return rsync.push_command(
+        plan, tree.source, tree.target, exclude=tree.exclude, live=live, chown=tree.owner, extra=extra
+    )
 
 
 def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool, time_left: float | None = None) -> dict[str, Any]:
@@ -19,7 +32,7 @@ def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool, time_left: float 
     """
     rt = ctx.rt
     plan = rt.plan
-    command = rsync.push_command(plan, tree.source, tree.target, exclude=tree.exclude, live=live, chown=tree.owner)
+    command = tree_push_command(plan, tree, live=live)
 
     def _progress(p: rsync.Progress) -> None:
         ctx.log.info("rsync_progress", tree=tree.name, bytes=p.bytes, pct=p.pct, files=p.files_done,

@@ -6,13 +6,16 @@ discovering them one run at a time.
 
 from __future__ import annotations
 
+import posixpath
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 import pymysql
 
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.secrets import redact
+from orchestrator.steps.cutover import innodb_files_visible
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import SshHost, TransportError
 
@@ -22,6 +25,53 @@ ER_ACCESS_DENIED = 1045
 COMMAND_TIMEOUT = 60.0
 # sshd's PATH for a non-login command often lacks sbin, where mariadbd lives.
 _PATH = 'PATH="$PATH:/usr/sbin:/usr/local/sbin:/sbin"; '
+
+
+# Server variables naming where the database keeps files: a directory each, or a file whose directory counts.
+# Only those the server has are checked (MySQL has no aria_log_dir_path, binary logging may be off).
+DIRECTORY_VARIABLES = (
+    "innodb_log_group_home_dir",
+    "innodb_undo_directory",
+    "innodb_data_home_dir",
+    "aria_log_dir_path",
+)
+FILE_VARIABLES = ("log_bin_basename", "log_bin_index")
+MAX_LINKS_LISTED = 5
+
+
+def database_directories(server_datadir: str, variables: Mapping[str, str]) -> dict[str, str]:
+    """The directory each variable puts database files in, absolute and normalized.
+
+    Relative values are relative to the datadir (the server's working directory); an empty directory variable
+    means the datadir itself, an empty file variable means the feature is off.
+    """
+    found: dict[str, str] = {}
+    for name in (*DIRECTORY_VARIABLES, *FILE_VARIABLES):
+        if name not in variables:
+            continue
+        value = (variables[name] or "").strip()
+        if name in FILE_VARIABLES:
+            if not value:
+                continue
+            value = posixpath.dirname(value) or "."
+        found[name] = posixpath.normpath(posixpath.join(server_datadir, value or "."))
+    return found
+
+
+def is_within(path: str, root: str) -> bool:
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith(root if root == "/" else root + "/")
+
+
+def outside_datadir(datadir: str, directories: Mapping[str, str], values: Mapping[str, str]) -> list[str]:
+    """One problem per variable whose (resolved) directory is not inside the (resolved) datadir."""
+    return [
+        f"the source database keeps files outside its datadir: {name} = {values.get(name) or directory}"
+        f" (resolves to {directory}, not under {datadir}); the final pass copies the datadir only: move them"
+        " into it"
+        for name, directory in sorted(directories.items())
+        if not is_within(directory, datadir)
+    ]
 
 
 class Problems:
@@ -68,6 +118,8 @@ class Preflight(Step):
             f" {plan.target.user}@{plan.target.address} with verified host keys",
             "ssh from the source to the target (the way rsync will), rsync present on both",
             f"the source database answers with {', '.join(NEEDED_PRIVILEGES)}; same major version on the target",
+            f"the source database keeps every file under {plan.database.source.datadir} (InnoDB logs and undo,"
+            " binary and Aria logs), no symbolic links there, and its open InnoDB files are visible",
             "enough free space on the target for the datadir and the file trees (+10%)",
             f"Cloudflare token valid; records {', '.join(plan.dns.records)} point at {plan.source.dns_content}",
         ]
@@ -83,6 +135,8 @@ class Preflight(Step):
             if reachable[which]:
                 self._rsync(ctx, which, problems)
         source_version = self._source_db(ctx, problems, figures)
+        if reachable["source"] and source_version is not None:
+            self._datadir(ctx, problems)
         if reachable["target"]:
             self._target_version(ctx, problems, figures, source_version)
         if reachable["source"] and reachable["target"]:
@@ -154,6 +208,62 @@ class Preflight(Step):
             user = ctx.rt.plan.database.user
             problems.add(f"database user {user} lacks {', '.join(sorted(missing))} on the source: GRANT them ON *.*")
         return version
+
+    def _datadir(self, ctx: StepContext, problems: Problems) -> None:
+        """The database lives entirely in database.source.datadir, holds no links, and its shutdown can be proven.
+
+        The final pass copies that one directory with rsync -a: files the server keeps elsewhere (redo or undo
+        logs, binary logs, Aria logs) would not travel, and a symbolic link (or an .isl file naming a tablespace
+        elsewhere) would be copied as a pointer to a path on the target, whatever lies there.
+        """
+        rt = ctx.rt
+        plan_datadir = rt.plan.database.source.datadir
+        names = (*DIRECTORY_VARIABLES, *FILE_VARIABLES)
+        try:
+            conn = rt.db("source")
+            with conn.cursor() as cur:
+                cur.execute("SELECT @@datadir")
+                row = cur.fetchone()
+                server_datadir = str(row[0]) if row else plan_datadir
+                cur.execute(
+                    "SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names
+                )
+                values = {str(name): str(value or "") for name, value in cur.fetchall()}
+            directories = database_directories(server_datadir, values)
+            # Resolved on the source, links included (readlink -m: the path need not exist).
+            paths = [plan_datadir, server_datadir, *directories.values()]
+            command = "readlink -m -- " + " ".join(shlex.quote(path) for path in paths)
+            resolved = rt.source.run(command, timeout=COMMAND_TIMEOUT).stdout.splitlines()
+            if len(resolved) != len(paths):
+                raise TransportError(f"unexpected readlink output for {len(paths)} paths", False)
+            datadir, server_real = resolved[0], resolved[1]
+            links = rt.source.run(
+                f"find -H {shlex.quote(datadir)} \\( -type l -o -name '*.isl' \\) -print 2>/dev/null"
+                f" | head -n {MAX_LINKS_LISTED + 1}",
+                timeout=COMMAND_TIMEOUT,
+                check=False,
+            ).stdout.splitlines()
+            _pids, blind = innodb_files_visible(rt.source, datadir)
+        except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
+            problems.add(f"source datadir: {exc}")
+            return
+        if server_real != datadir:
+            problems.add(
+                f"the source database's datadir is {server_datadir}, not database.source.datadir {plan_datadir}:"
+                " fix database.source.datadir"
+            )
+            return
+        resolved_directories = dict(zip(directories, resolved[2:], strict=True))
+        for problem in outside_datadir(datadir, resolved_directories, values):
+            problems.add(problem)
+        if links:
+            listed = ", ".join(links[:MAX_LINKS_LISTED]) + (" and more" if len(links) > MAX_LINKS_LISTED else "")
+            problems.add(
+                f"the source datadir holds symbolic links or .isl files ({listed}): rsync would copy them as"
+                " pointers to paths on the target; move the files they point at into the datadir"
+            )
+        if blind:
+            problems.add(blind)
 
     def _target_version(
         self, ctx: StepContext, problems: Problems, figures: dict[str, Any], source_version: str | None

@@ -2,6 +2,10 @@
 
 Data: every table's row count (and CHECKSUM TABLE when the plan asks) equals the source's figures taken under
 the cut-over's lock, and every file tree is equal (an rsync --dry-run --checksum would change nothing).
+
+All of it runs while writes are blocked: every try, query and comparison is bounded by what is left of the
+write-block budget, so a verification that cannot finish in time fails (and the run rolls back) instead of
+keeping writes blocked past cutover.max_write_block.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pymysql
 
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import CommandCheck, HealthCheck, HttpCheck, SqlCheck, TcpCheck
-from orchestrator.steps.files_final import blocked_since
+from orchestrator.steps.files_final import Window, blocked_since
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -41,11 +45,15 @@ def check_label(check: HealthCheck) -> str:
     return f"command on {check.on}: {check.run[:40]}"
 
 
-def _http(check: HttpCheck) -> None:
+def _bounded(timeout: float, time_left: float | None) -> float:
+    return timeout if time_left is None else min(timeout, time_left)
+
+
+def _http(check: HttpCheck, time_left: float | None) -> None:
     headers = {"Host": check.host_header} if check.host_header else {}
     request = urllib.request.Request(check.url, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=check.timeout) as response:
+        with urllib.request.urlopen(request, timeout=_bounded(check.timeout, time_left)) as response:
             status, body = response.status, response.read(1 << 20).decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         status, body = exc.code, exc.read(1 << 20).decode("utf-8", "replace")
@@ -58,32 +66,37 @@ def _http(check: HttpCheck) -> None:
         raise CheckFailed(f"body lacks {check.expect_body!r}")
 
 
-def _tcp(check: TcpCheck) -> None:
+def _tcp(check: TcpCheck, time_left: float | None) -> None:
     try:
-        with socket.create_connection((check.host, check.port), timeout=check.timeout):
+        with socket.create_connection((check.host, check.port), timeout=_bounded(check.timeout, time_left)):
             pass
     except OSError as exc:
         raise CheckFailed(f"cannot connect ({exc.strerror or exc})") from None
 
 
-def _sql(ctx: StepContext, check: SqlCheck) -> None:
+def _sql(ctx: StepContext, check: SqlCheck, time_left: float | None) -> None:
+    rt = ctx.rt
+    conn = None
     try:
-        conn = ctx.rt.db("target", retry=False)
+        conn = rt.db("target", retry=False, read_timeout=_bounded(rt.plan.database.read_timeout, time_left))
         with conn.cursor() as cur:
             cur.execute(check.query)
             row = cur.fetchone()
     except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
         raise CheckFailed(str(exc)) from None
+    finally:
+        if conn is not None:
+            rt.release(conn)  # one connection per try: do not pile them up until the run ends
     if check.expect is not None:
         got = None if row is None or row[0] is None else str(row[0])
         if got != check.expect:
             raise CheckFailed(f"answered {got!r}, expected {check.expect!r}")
 
 
-def _command(ctx: StepContext, check: CommandCheck) -> None:
+def _command(ctx: StepContext, check: CommandCheck, time_left: float | None) -> None:
     host = ctx.rt.target if check.on == "target" else ctx.rt.source
     try:
-        result = host.run(check.run, timeout=check.timeout, check=False)
+        result = host.run(check.run, timeout=_bounded(check.timeout, time_left), check=False)
     except TransportError as exc:
         raise CheckFailed(str(exc)) from None
     if result.exit_status != 0:
@@ -91,15 +104,16 @@ def _command(ctx: StepContext, check: CommandCheck) -> None:
         raise CheckFailed(f"exit {result.exit_status}" + (f": {last}" if last else ""))
 
 
-def run_check(ctx: StepContext, check: HealthCheck) -> None:
+def run_check(ctx: StepContext, check: HealthCheck, time_left: float | None = None) -> None:
+    """One try of a check, its own timeout bounded by `time_left` seconds (None: the check's timeout)."""
     if isinstance(check, HttpCheck):
-        _http(check)
+        _http(check, time_left)
     elif isinstance(check, TcpCheck):
-        _tcp(check)
+        _tcp(check, time_left)
     elif isinstance(check, SqlCheck):
-        _sql(ctx, check)
+        _sql(ctx, check, time_left)
     else:
-        _command(ctx, check)
+        _command(ctx, check, time_left)
 
 
 def _listed(items: list[str]) -> str:
@@ -135,28 +149,37 @@ class VerifyTarget(Step):
             lines += [f"rsync --dry-run --checksum of tree {t.name} must list no change" for t in plan.files]
         return lines
 
-    def health(self, ctx: StepContext) -> tuple[dict[str, int], list[str]]:
-        """Tries each check until it passes; the tries each needed, and the failures."""
+    def health(self, ctx: StepContext, window: Window) -> tuple[dict[str, int], list[str]]:
+        """Tries each check until it passes; the tries each needed, and the failures.
+
+        Tries stop when the budget is spent (StepError), whatever attempts times timeouts would allow.
+        """
         plan = ctx.rt.plan
         tries: dict[str, int] = {}
         failures: list[str] = []
         for check in plan.health.checks:
             label = check_label(check)
             for attempt in range(1, plan.health.attempts + 1):
+                window.check(f"health check {label}, try {attempt} of {plan.health.attempts}")
                 try:
-                    run_check(ctx, check)
+                    run_check(ctx, check, window.left())
                     tries[label] = attempt
                     break
                 except CheckFailed as exc:
+                    # A try cut short by the budget is not the check's failure: say the budget ran out.
+                    window.check(f"health check {label}, try {attempt} of {plan.health.attempts}")
                     if attempt == plan.health.attempts:
                         failures.append(f"health check {label} failed {attempt} times: {exc}")
                     else:
-                        time.sleep(plan.health.interval)
+                        time.sleep(window.left(plan.health.interval) or 0.0)
             ctx.log.info("health_check", check=label, passed=label in tries, tries=tries.get(label))
         return tries, failures
 
-    def database(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
-        """Row counts (and checksums) of the target against the source's, taken under the cut-over's lock."""
+    def database(self, ctx: StepContext, window: Window) -> tuple[dict[str, Any], list[str]]:
+        """Row counts (and checksums) of the target against the source's, taken under the cut-over's lock.
+
+        One query per table, each bounded by what is left of the budget, which is checked between tables.
+        """
         rt = ctx.rt
         plan = rt.plan
         verify = plan.database.verify
@@ -166,8 +189,15 @@ class VerifyTarget(Step):
         if not (verify.row_counts or verify.checksum):
             return figures, problems
         wanted = [("row counts", "row_counts", verify.row_counts), ("checksums", "checksums", verify.checksum)]
+        doing = "reading the target's tables"
+        read_timeout = plan.database.read_timeout
+
+        def _limit(table: str) -> float | None:
+            window.check(f"{doing}: {table}")
+            return window.left(read_timeout)
+
         try:
-            conn = rt.db("target")
+            conn = rt.db("target", read_timeout=window.left(read_timeout))
             tables = mysql.list_tables(conn, plan.database.schemas)
             for label, key, enabled in wanted:
                 if not enabled:
@@ -176,16 +206,21 @@ class VerifyTarget(Step):
                 if expected is None:
                     problems.append(f"no source {label} were recorded by the cut-over step")
                     continue
+                doing = f"reading the target's {label}"
                 read = mysql.row_counts if key == "row_counts" else mysql.checksums
-                actual = read(conn, tables)
+                actual = read(conn, tables, limit=_limit)
                 figures[key] = {"tables": len(actual), "compared": len(expected)}
                 problems += compare_figures(label, expected, actual)
         except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
+            window.check(doing)  # a query cut short by the budget: say so
             problems.append(f"reading the target database: {exc}")
         return figures, problems
 
-    def trees(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
-        """Every file tree equal: an rsync --dry-run --checksum from the source lists no change."""
+    def trees(self, ctx: StepContext, window: Window) -> tuple[dict[str, Any], list[str]]:
+        """Every file tree equal: an rsync --dry-run --checksum from the source lists no change.
+
+        It reads whole trees on both sides: each comparison is bounded by what is left of the budget.
+        """
         rt = ctx.rt
         plan = rt.plan
         problems: list[str] = []
@@ -195,10 +230,14 @@ class VerifyTarget(Step):
         for tree in plan.files:
             command = rsync.compare_command(plan, tree.source, tree.target, exclude=tree.exclude,
                                             chown=tree.owner)  # fmt: skip
+            doing = f"comparing tree {tree.name}"
+            window.check(doing)
             try:
-                items = rsync.changed_items(rt.source, command, what=f"compare of tree {tree.name}")
+                items = rsync.changed_items(rt.source, command, what=f"compare of tree {tree.name}",
+                                            timeout=window.left())  # fmt: skip
             except TransportError as exc:
-                problems.append(f"comparing tree {tree.name}: {exc}")
+                window.check(doing)  # a comparison cut short by the budget: say so
+                problems.append(f"{doing}: {exc}")
                 continue
             trees[tree.name] = len(items)
             if items:
@@ -206,21 +245,21 @@ class VerifyTarget(Step):
         return {"trees_differing_items": trees}, problems
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
-        budget = ctx.rt.budget
-        since = blocked_since(ctx)
-        budget.check("starting the verification", since)
+        window = Window(ctx.rt.budget, blocked_since(ctx))
+        window.check("starting the verification")
         # The three checks are independent and each takes time inside the downtime window: run them side by side
-        # (the database and the trees in threads, carrying the log context; the health checks here).
+        # (the database and the trees in threads, carrying the log context; the health checks here). Each is
+        # bounded by the budget, so leaving the pool (which waits for both threads) is bounded too.
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
-            db_future = pool.submit(contextvars.copy_context().run, self.database, ctx)
-            trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)
-            tries, problems = self.health(ctx)
+            db_future = pool.submit(contextvars.copy_context().run, self.database, ctx, window)
+            trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx, window)
+            tries, problems = self.health(ctx, window)
             db_figures, db_problems = db_future.result()
             tree_figures, tree_problems = trees_future.result()
         figures = {**db_figures, **tree_figures}
         problems += db_problems + tree_problems
         if problems:
             raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
-        budget.check("the data verification", since)
+        window.check("the data verification")
         ctx.log.info("target_verified", **{k: v for k, v in figures.items() if not isinstance(v, dict)})
         return {"health_tries": tries, **figures}

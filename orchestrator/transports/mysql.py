@@ -6,8 +6,9 @@ blocking call through a tunnel whose peer vanished must end, not hang.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import pymysql
 
@@ -139,26 +140,58 @@ def _quoted(schema: str, table: str) -> str:
     return "`" + schema.replace("`", "``") + "`.`" + table.replace("`", "``") + "`"
 
 
-def row_counts(conn: pymysql.Connection, tables: Iterable[tuple[str, str]]) -> dict[str, int]:
-    """Exact row counts (COUNT(*)), keyed "schema.table"."""
-    counts: dict[str, int] = {}
+# Called before each table's query with "schema.table": may raise to stop there, and returns how many seconds that
+# query may take (None: the connection's own read timeout).
+TableLimit = Callable[[str], float | None]
+
+
+@contextlib.contextmanager
+def read_timeout(conn: pymysql.Connection, seconds: float | None) -> Iterator[None]:
+    """Bound the reads of the next statements to `seconds` (None: unchanged); the connection's timeout after.
+
+    pymysql applies `_read_timeout` to its socket before every read, so changing it bounds the next query. A query
+    that outlives it ends with error 2013 and the connection is closed (the server stops the query on its own
+    once it notices).
+    """
+    if seconds is None:
+        yield
+        return
+    before = conn._read_timeout
+    conn._read_timeout = seconds
+    try:
+        yield
+    finally:
+        conn._read_timeout = before
+
+
+def _per_table(
+    conn: pymysql.Connection, tables: Iterable[tuple[str, str]], sql: str, limit: TableLimit | None
+) -> dict[str, tuple[object, ...] | None]:
+    rows: dict[str, tuple[object, ...] | None] = {}
     with conn.cursor() as cur:
         for schema, table in tables:
-            cur.execute(f"SELECT COUNT(*) FROM {_quoted(schema, table)}")
-            row = cur.fetchone()
-            counts[f"{schema}.{table}"] = int(row[0]) if row else 0
-    return counts
+            name = f"{schema}.{table}"
+            seconds = limit(name) if limit is not None else None
+            with read_timeout(conn, seconds):
+                cur.execute(sql.format(table=_quoted(schema, table)))
+                rows[name] = cur.fetchone()
+    return rows
 
 
-def checksums(conn: pymysql.Connection, tables: Iterable[tuple[str, str]]) -> dict[str, int | None]:
+def row_counts(
+    conn: pymysql.Connection, tables: Iterable[tuple[str, str]], *, limit: TableLimit | None = None
+) -> dict[str, int]:
+    """Exact row counts (COUNT(*)), keyed "schema.table". `limit`: see TableLimit (one query per table)."""
+    rows = _per_table(conn, tables, "SELECT COUNT(*) FROM {table}", limit)
+    return {name: int(str(row[0])) if row else 0 for name, row in rows.items()}
+
+
+def checksums(
+    conn: pymysql.Connection, tables: Iterable[tuple[str, str]], *, limit: TableLimit | None = None
+) -> dict[str, int | None]:
     """CHECKSUM TABLE of each table (reads whole tables), keyed "schema.table"; None for a missing table."""
-    sums: dict[str, int | None] = {}
-    with conn.cursor() as cur:
-        for schema, table in tables:
-            cur.execute(f"CHECKSUM TABLE {_quoted(schema, table)}")
-            row = cur.fetchone()
-            sums[f"{schema}.{table}"] = None if not row or row[1] is None else int(row[1])
-    return sums
+    rows = _per_table(conn, tables, "CHECKSUM TABLE {table}", limit)
+    return {name: None if not row or row[1] is None else int(str(row[1])) for name, row in rows.items()}
 
 
 def answers(conn: pymysql.Connection) -> bool:
