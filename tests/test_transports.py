@@ -322,3 +322,12 @@ def test_rsync_hops_share_one_ssh_connection_that_the_runtime_closes(lab_env: La
         runtime.close()
     # The master lives on the source (this machine in the lab): after close it is gone.
     assert subprocess.run(["sh", "-c", check], capture_output=True, timeout=30).returncode != 0
+
+
+@pytest.mark.lab
+def test_a_command_past_its_timeout_is_stopped_on_the_host(rt: Runtime, tmp_path: Path) -> None:
+    marker = tmp_path / "still-ran"
+    with pytest.raises(TransportError):
+        rt.source.run(f"sleep 5 && touch {marker}", timeout=1)
+    time.sleep(5.5)
+    assert not marker.exists(), "the timed-out command went on running on the host"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import queue
 import re
@@ -143,6 +144,17 @@ def _env_prefix(env: dict[str, str] | None, data: str | None) -> tuple[str, str 
     return "sh -c " + shlex.quote(prologue) + " sh ", "".join(lines) + "\n" + (data or "")
 
 
+def _stopped_at_deadline(command: str, timeout: float | None) -> str:
+    """The command, stopped on the host itself shortly after our deadline.
+
+    Closing the channel does not stop a remote command that is not writing (sshd's signal requests are not reliable
+    either): coreutils `timeout` signals the command's whole process group on the host, and KILLs it 5 s later.
+    """
+    if timeout is None:
+        return command
+    return f"timeout -k 5 {math.ceil(timeout) + 1} sh -c {shlex.quote(command)}"
+
+
 class SshHost:
     """One server reached over SSH: commands, streamed commands and local port forwards (for MySQL)."""
 
@@ -228,12 +240,22 @@ class SshHost:
         """Run a shell command on the host and wait for it. Secrets go in `env` or `input`, not `command`."""
         conn = self.connection()
         prefix, data = _env_prefix(env, input)
-        full = prefix + shlex.quote(command) if prefix else command
+        full = _stopped_at_deadline(prefix + shlex.quote(command) if prefix else command, timeout)
 
         async def _run() -> asyncssh.SSHCompletedProcess:
             assert self._sessions is not None
             async with self._sessions:
-                return await conn.run(full, check=False, input=data, timeout=timeout, errors="replace")
+                proc = await conn.create_process(full, input=data, errors="replace")
+                try:
+                    return await proc.wait(check=False, timeout=timeout)
+                except asyncssh.TimeoutError:
+                    # A command past its deadline must not keep running on the host (an rsync inside the
+                    # downtime window, a stop command): ask sshd to signal it, then close the channel.
+                    with contextlib.suppress(Exception):
+                        proc.terminate()
+                    raise
+                finally:
+                    proc.close()
 
         try:
             done = _call(_run())
@@ -259,7 +281,7 @@ class SshHost:
         """
         conn = self.connection()
         prefix, data = _env_prefix(env, None)
-        full = prefix + shlex.quote(command) if prefix else command
+        full = _stopped_at_deadline(prefix + shlex.quote(command) if prefix else command, timeout)
         lines: queue.Queue[str | None] = queue.Queue()
 
         async def _stream() -> tuple[int | None, str]:
