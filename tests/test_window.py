@@ -32,11 +32,12 @@ from orchestrator.steps.cutover import (
     parse_holders,
     real_datadir,
 )
-from orchestrator.steps.files_final import FilesFinal, Window
+from orchestrator.steps.files_final import FilesFinal
 from orchestrator.steps.files_presync import tree_push_command
 from orchestrator.steps.preflight import Preflight, database_directories, is_within, outside_datadir
 from orchestrator.steps.start_target import StartTarget
 from orchestrator.steps.verify_target import VerifyTarget
+from orchestrator.steps.window import Window
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import TransportError
 from tests.test_e2e import assert_source_serves_and_dns_unchanged, live_lab  # noqa: F401 - a fixture

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.steps.files_final import blocked_since
+from orchestrator.steps.window import blocked_since
 from orchestrator.transports import mysql
 from orchestrator.transports.ssh import TransportError
 

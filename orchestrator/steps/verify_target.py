@@ -22,7 +22,7 @@ import pymysql
 
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import CommandCheck, HealthCheck, HttpCheck, SqlCheck, TcpCheck
-from orchestrator.steps.files_final import Window, blocked_since
+from orchestrator.steps.window import Window, blocked_since
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import TransportError
 
