@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -275,8 +276,42 @@ def _archive(journal_path: Path, state: RunState) -> None:
     journal_path.rename(history / f"{state.run_id}.journal.jsonl")
 
 
-def _confirmer(plan: Plan, yes: bool) -> Callable[[Step], bool]:
+POSTPONE_REMINDER_SECONDS = 30.0
+
+
+def _postpone_flag(plan: Plan, plan_path: Path) -> Path | None:
+    if plan.cutover.postpone_flag is None:
+        return None
+    flag = Path(os.path.expanduser(plan.cutover.postpone_flag))
+    return flag if flag.is_absolute() else plan_path.resolve().parent / flag
+
+
+def _wait_while_postponed(plan: Plan, plan_path: Path, step: Step) -> None:
+    """Hold the run before the downtime while the plan's postpone flag file exists (the operator says when)."""
+    flag = _postpone_flag(plan, plan_path)
+    if flag is None:
+        return
+    log = mlog.get_logger()
+    since = time.monotonic()
+    reminded = -POSTPONE_REMINDER_SECONDS
+    while flag.exists():
+        waited = time.monotonic() - since
+        if waited - reminded >= POSTPONE_REMINDER_SECONDS:
+            log.warning(
+                "cut-over postponed: delete the flag file to begin the downtime; Ctrl-C rolls back",
+                flag=str(flag),
+                next=step.name,
+                waited=f"{waited:.0f}s",
+            )
+            reminded = waited
+        time.sleep(0.5)
+    if time.monotonic() - since > 0.5:
+        log.info("postpone flag removed: going on", flag=str(flag))
+
+
+def _confirmer(plan: Plan, plan_path: Path, yes: bool) -> Callable[[Step], bool]:
     def confirm(step: Step) -> bool:
+        _wait_while_postponed(plan, plan_path, step)
         if yes:
             return True
         if not sys.stdin.isatty():
@@ -435,7 +470,7 @@ def apply(
                 f"{plan_path}: the plan changed since run {state.run_id} began "
                 f"({_plan_diff(state.plan_text, loaded.text)}); restore it, or resume with --force",
             )
-        engine = _engine(plan, plan_path, loaded, steps, journal, confirm=_confirmer(plan, yes))
+        engine = _engine(plan, plan_path, loaded, steps, journal, confirm=_confirmer(plan, plan_path, yes))
         try:
             outcome = _drive(engine, state, journal, sdir)
         finally:
@@ -489,6 +524,8 @@ def _dry_run(plan: Plan, plan_path: Path, steps: Sequence[Step], journal_path: P
             flags = []
             if step.begins_downtime:
                 flags.append("DOWNTIME BEGINS: asks for confirmation first")
+                if plan.cutover.postpone_flag:
+                    flags.append(f"waits while {plan.cutover.postpone_flag} exists")
             if step.commit_point:
                 flags.append("COMMIT POINT: no automatic rollback after it")
             out.print(
@@ -551,6 +588,9 @@ def status(
             out.print("[yellow]the plan file changed since this run began[/]")
     if holder is not None:
         out.print(f"running now: {holder.describe()}")
+    flag = _postpone_flag(plan, plan_path)
+    if flag is not None and flag.exists():
+        out.print(f"the cut-over is postponed while {flag} exists: delete it to begin the downtime")
     out.print(f"next: {_next_action(state, steps, reverse)}")
 
 

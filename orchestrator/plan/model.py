@@ -255,6 +255,11 @@ class Cutover(Strict):
         default="shutdown",
         description="final database pass: 'shutdown' stops the source database cleanly and copies its delta",
     )
+    postpone_flag: str | None = Field(
+        default=None,
+        description="a file on the machine running migrate (relative to the plan): while it exists, the run waits "
+        "before the downtime begins (pre-syncs done); delete it to go on",
+    )
 
 
 class Finish(Strict):

@@ -382,3 +382,21 @@ def test_resuming_a_started_downtime_step_does_not_ask_again(world: World) -> No
     res = world.run("apply", str(world.plan))  # no --yes and no terminal: the gate would decline
     assert res.returncode == exit_codes.OK, res.stderr
     assert world.effects() == set(STEP_NAMES)
+
+
+def test_postpone_flag_holds_the_run_before_the_downtime_until_deleted(world: World) -> None:
+    world.plan.write_text(PLAN + "cutover:\n  postpone_flag: hold-cutover\n")
+    flag = world.root / "hold-cutover"
+    flag.write_text("")
+    proc = world.start("apply", str(world.plan), "--yes")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "run copy" not in world.actions():
+        time.sleep(0.05)
+    time.sleep(1.0)  # held: the cut-over must not begin while the flag exists
+    assert world.actions() == ["run prepare", "run copy"] and proc.poll() is None
+    status = world.run("status", str(world.plan))
+    assert f"postponed while {flag} exists" in " ".join(status.stdout.split())
+    flag.unlink()
+    assert proc.wait(timeout=30) == exit_codes.OK
+    assert world.effects() == set(STEP_NAMES)
+    assert "cut-over postponed" in (proc.stderr.read() if proc.stderr else "")
