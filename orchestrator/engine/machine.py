@@ -147,7 +147,8 @@ class Engine:
                     duration=duration,
                     commit_point=step.commit_point,
                 )
-                self.log.info("step done", duration=f"{duration:.2f}s")
+                following = self.steps[index + 1].title if index + 1 < len(self.steps) else "the end of the run"
+                self.log.info("step done", duration=f"{duration:.2f}s", next=following)
             except BaseException as exc:
                 if isinstance(exc, KeyboardInterrupt):
                     exc = Interrupted("interrupted by the operator")
