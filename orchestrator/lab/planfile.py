@@ -133,26 +133,13 @@ hooks:
   dir: {s(state.path / "hooks")}
 
 # `migrate apply --reverse` moves the service back after the flip, carrying the target's writes: the same steps with
-# source and target swapped. Only what cannot be derived is written here: how the target reaches the source, and
-# the checks that prove the source serves again.
+# source and target swapped. Only what cannot be derived is written here: how the target reaches the source. The
+# health checks are derived (the forward checks, aimed at the source's address).
 reverse:
   transfer:
     source_to_target_key: {s(state.ssh_key)}
     source_to_target_known_hosts: {s(state.known_hosts)}
     source_to_target_options: ["-o", "BindAddress={tgt.address}"]
-  health:
-    checks:
-      - kind: http
-        name: app
-        url: {s(f"http://{src.address}:{src.app_port}/healthz")}
-        expect_status: 200
-        expect_body: ok
-      - kind: sql
-        name: reviews present
-        query: "SELECT COUNT(*) > 0 FROM {state.db_name}.reviews"
-        expect: "1"
-    attempts: 20
-    interval: 0.5
 """
 
 
