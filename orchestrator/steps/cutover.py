@@ -30,6 +30,7 @@ import pymysql
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.secrets import redact
 from orchestrator.steps.db_presync import DATADIR_EXCLUDES
+from orchestrator.steps.window import bounded_retry
 from orchestrator.transports import mysql as mysql_tx
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError
@@ -535,7 +536,7 @@ class Cutover(Step):
         # Bounded by what is left of the write-block budget, retries included: a pass that cannot finish in time
         # fails here and the run rolls back, instead of keeping writes blocked past the budget.
         remaining = max(1.0, rt.budget.remaining() or plan.cutover.max_write_block)
-        retry = plan.retry.model_copy(update={"max_seconds": remaining})
+        retry = bounded_retry(plan.retry, remaining)
         stats = rsync.push(rt.source, command, what="final datadir pass", retry=retry, timeout=remaining)
         # With delta transfer, the literal data is what travelled; the files' size is what was brought up to date.
         moved = stats.literal_bytes

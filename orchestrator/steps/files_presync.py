@@ -8,6 +8,7 @@ from typing import Any
 
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan
+from orchestrator.steps.window import bounded_retry
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -41,9 +42,13 @@ def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool, time_left: float 
     started = time.monotonic()
     try:
         rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=60)
-        retry = plan.retry if time_left is None else plan.retry.model_copy(update={"max_seconds": time_left})
         stats = rsync.push(
-            rt.source, command, what=f"tree {tree.name}", retry=retry, on_progress=_progress, timeout=time_left
+            rt.source,
+            command,
+            what=f"tree {tree.name}",
+            retry=bounded_retry(plan.retry, time_left),
+            on_progress=_progress,
+            timeout=time_left,
         )
     except TransportError as exc:
         raise StepError(f"copying tree {tree.name}: {exc}") from None

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from orchestrator.engine.step import StepContext
+from orchestrator.plan.model import Retry
 from orchestrator.runtime import WriteBudget
 
 # The shortest timeout given to an action inside the window: even an action started with a few milliseconds of
 # budget left gets a real deadline (and fails on it) rather than a zero timeout that would mean "no wait".
 MIN_TIMEOUT = 0.1
+
+
+def bounded_retry(policy: Retry, time_left: float | None) -> Retry:
+    """The plan's retry policy, with its tries ending when `time_left` does (retries included in the budget)."""
+    return policy if time_left is None else policy.model_copy(update={"max_seconds": time_left})
 
 
 def blocked_since(ctx: StepContext) -> float | None:
