@@ -12,15 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.engine.journal import replay
+from orchestrator.results import CutoverResult, DbFinalResult, DnsFlipResult, VerifyResult, result_of
 from orchestrator.secrets import redact_obj
-
-# Result keys of each step that count bytes that travelled over the network.
-BYTES_KEYS: dict[str, tuple[str, ...]] = {
-    "files_presync": ("bytes", "bytes_moved", "transferred_bytes"),
-    "db_presync": ("bytes", "bytes_moved", "transferred_bytes"),
-    "cutover": ("final_pass_bytes",),
-    "files_final": ("bytes", "bytes_moved", "transferred_bytes"),
-}
 
 
 def run_events(events: list[dict[str, Any]], run_id: str | None = None) -> list[dict[str, Any]]:
@@ -34,19 +27,6 @@ def run_events(events: list[dict[str, Any]], run_id: str | None = None) -> list[
     following = [i for i in range(begin + 1, len(events)) if events[i].get("event") == "run_started"]
     end = following[0] if following else len(events)
     return events[begin:end]
-
-
-def _bytes_of(step: str, result: dict[str, Any]) -> int:
-    rounds = result.get("rounds")
-    if isinstance(rounds, list):  # the datadir pre-sync reports each round
-        return sum(int(r.get("bytes") or 0) for r in rounds if isinstance(r, dict))
-    total = 0
-    for key in BYTES_KEYS.get(step, ()):
-        value = result.get(key)
-        if isinstance(value, int | float):
-            total += int(value)
-            break  # the keys are synonyms: count the first one present
-    return total
 
 
 def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> dict[str, Any]:
@@ -70,15 +50,16 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
                 "error": rec.error,
             }
         )
-        moved = _bytes_of(name, rec.result)
+        moved = result_of(name, rec.result).bytes_moved()
         if moved:
             bytes_by_step[name] = moved
     outputs = {name: rec.result for name, rec in state.steps.items() if rec.result}
-    cutover = outputs.get("cutover", {})
-    flip = outputs.get("dns_flip", {})
-    blocked_at = cutover.get("writes_blocked_at")
-    flipped_at = flip.get("flipped_at")
-    verify = outputs.get("verify_target", {})
+    cutover = CutoverResult.of(outputs.get("cutover"))
+    final_pass = DbFinalResult.of(outputs.get("db_final"))
+    flip = DnsFlipResult.of(outputs.get("dns_flip"))
+    blocked_at = cutover.writes_blocked_at
+    flipped_at = flip.flipped_at
+    verify = VerifyResult.of(outputs.get("verify_target")).journal() if "verify_target" in outputs else {}
     report: dict[str, Any] = {
         "run_id": state.run_id,
         "plan": state.plan_path,
@@ -92,21 +73,21 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "bytes_moved": sum(bytes_by_step.values()),
         "bytes_by_step": bytes_by_step,
         "cutover": {
-            "mode": cutover.get("mode"),
-            "mode_reason": cutover.get("mode_reason"),
-            "lock_attempts": cutover.get("lock_attempts"),
-            "lock_wait_seconds": cutover.get("lock_wait_seconds"),
+            "mode": cutover.mode,
+            "mode_reason": cutover.mode_reason,
+            "lock_attempts": cutover.lock_attempts,
+            "lock_wait_seconds": cutover.lock_wait_seconds,
             "writes_blocked_at": blocked_at,
-            "lock_acquired_at": cutover.get("lock_acquired_at"),
-            "shutdown_seconds": cutover.get("shutdown_seconds"),
-            "final_pass_seconds": cutover.get("final_pass_seconds"),
-            "final_pass_bytes": cutover.get("final_pass_bytes"),
-            "binlog": cutover.get("binlog"),
+            "lock_acquired_at": cutover.lock_acquired_at,
+            "shutdown_seconds": cutover.shutdown_seconds,
+            "final_pass_seconds": final_pass.final_pass_seconds,
+            "final_pass_bytes": final_pass.final_pass_bytes if "db_final" in outputs else None,
+            "binlog": cutover.binlog.journal() if cutover.binlog else None,
         },
         "dns_flipped_at": flipped_at,
         # Writes were refused from the fence until clients could reach the target through DNS.
         "write_block_seconds": round(flipped_at - blocked_at, 3) if blocked_at and flipped_at else None,
-        "row_counts": cutover.get("row_counts"),
+        "row_counts": cutover.row_counts,
         "verification": verify,
     }
     return redact_obj(report)  # type: ignore[return-value]

@@ -1,4 +1,5 @@
-"""The domain objects steps use (`ctx.rt`), built from the plan and opened lazily.
+"""The domain objects steps use (`ctx.rt`, see `orchestrator.contracts.StepRuntime`), built from the plan and
+opened lazily.
 
 Nothing is connected until a step asks for it, so a dry-run that only describes never touches a host.
 """
@@ -7,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,44 +19,12 @@ from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
 from orchestrator.retry import call_with_retry
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import SshHost
+from orchestrator.window import DowntimeWindow
 
 if TYPE_CHECKING:
     from orchestrator.transports.cloudflare import DnsClient
 
 Which = Literal["source", "target"]
-
-
-class WriteBudget:
-    """How long writes have been blocked, against cutover.max_write_block.
-
-    The cut-over step calls `start()` when it blocks writes and journals that moment; a resumed run passes the
-    journaled time as `started_at` instead.
-    """
-
-    def __init__(self, max_seconds: float) -> None:
-        self.max_seconds = max_seconds
-        self.started_at: float | None = None
-
-    def start(self, at: float | None = None) -> float:
-        self.started_at = time.time() if at is None else at
-        return self.started_at
-
-    def elapsed(self, started_at: float | None = None) -> float | None:
-        since = self.started_at if self.started_at is not None else started_at
-        return None if since is None else max(0.0, time.time() - since)
-
-    def remaining(self, started_at: float | None = None) -> float | None:
-        elapsed = self.elapsed(started_at)
-        return None if elapsed is None else self.max_seconds - elapsed
-
-    def check(self, what: str, started_at: float | None = None) -> None:
-        """Raise StepError once writes have been blocked longer than allowed (no-op while writes flow)."""
-        elapsed = self.elapsed(started_at)
-        if elapsed is not None and elapsed > self.max_seconds:
-            raise StepError(
-                f"writes blocked for {elapsed:.1f} s, more than cutover.max_write_block"
-                f" {self.max_seconds:g} s (while {what})"
-            )
 
 
 class Runtime:
@@ -65,7 +33,8 @@ class Runtime:
         self.plan_path = Path(plan_path)
         self.base_dir = self.plan_path.resolve().parent
         self.dry_run = dry_run
-        self.budget = WriteBudget(plan.cutover.max_write_block)
+        # The downtime window's budget, begun by the cut-over (steps see it as ctx.window).
+        self.window = DowntimeWindow(plan.cutover.max_write_block)
         self._hosts: dict[str, SshHost] = {}
         self._tunnels: dict[str, tuple[object, tuple[str, int]]] = {}
         self._connections: list[pymysql.Connection] = []

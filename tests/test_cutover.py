@@ -21,12 +21,15 @@ from orchestrator.engine.step import StepContext, StepError
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report import build_report, render_report
-from orchestrator.runtime import Runtime, WriteBudget
+from orchestrator.runtime import Runtime
 from orchestrator.steps import STEP_ORDER, build_steps
-from orchestrator.steps.cutover import Blocker, Cutover, backoff_delays, mask_query, summarize_blockers
+from orchestrator.steps.common import COMMAND_TIMEOUT
+from orchestrator.steps.cutover import Cutover, backoff_delays
 from orchestrator.steps.dns_flip import DnsFlip
-from orchestrator.steps.start_target import COMMAND_TIMEOUT, StartTarget
+from orchestrator.steps.start_target import StartTarget
 from orchestrator.transports.cloudflare import DnsError
+from orchestrator.transports.mysql import Blocker, mask_query, summarize_blockers
+from orchestrator.window import DowntimeWindow
 from tests.test_e2e import cf_control, dns_client, dns_contents, http, live_lab, plan_copy  # noqa: F401 - a fixture
 
 # --- pure logic -------------------------------------------------------------------------------------------------
@@ -64,7 +67,7 @@ def test_blocker_summary_names_queries_and_locked_tables() -> None:
 
 def _events() -> list[dict[str, Any]]:
     t = 1_000.0
-    steps = ["files_presync", "db_presync", "cutover", "dns_flip", "finish"]
+    steps = ["files_presync", "db_presync", "cutover", "db_final", "dns_flip", "finish"]
     events: list[dict[str, Any]] = [
         {"event": "run_started", "ts": t, "run_id": "r1", "plan_sha256": "x", "plan_path": "p.yaml", "steps": steps}
     ]
@@ -74,9 +77,9 @@ def _events() -> list[dict[str, Any]]:
         "cutover": {
             "mode": "shutdown",
             "writes_blocked_at": t + 10.0,
-            "final_pass_bytes": 50,
             "row_counts": {"a.b": 3},
         },
+        "db_final": {"final_pass_bytes": 50},
         "dns_flip": {"flipped_at": t + 13.5},
     }
     for i, name in enumerate(steps[:-1]):
@@ -92,6 +95,7 @@ def test_report_gives_durations_bytes_and_the_write_block_window() -> None:
     assert steps["cutover"]["duration"] == 1.5
     assert steps["finish"]["state"] == "running" and steps["finish"]["duration"] == 1.0
     assert report["bytes_moved"] == 1000 + 5100 + 50
+    assert report["bytes_by_step"]["db_final"] == 50
     assert report["write_block_seconds"] == 3.5
     text = render_report(report)
     assert "writes blocked" in text and "3.50 s" in text and "shutdown" in text
@@ -115,11 +119,11 @@ class CommandLog:
 
 
 class OfflineRuntime:
-    """Just what StartTarget uses of the runtime: the plan, the budget, the target host, a database that answers."""
+    """Just what StartTarget uses of the runtime: the plan, the window, the target host, a database that answers."""
 
     def __init__(self, max_write_block: float) -> None:
         self.plan = load_plan(Path(__file__).parents[1] / "plans" / "course-review.yaml").plan
-        self.budget = WriteBudget(max_write_block)
+        self.window = DowntimeWindow(max_write_block)
         self.target = CommandLog()
 
     def db(self, which: str, **_: Any) -> object:
@@ -131,8 +135,8 @@ class OfflineRuntime:
 
 def test_start_target_fences_first_keeps_the_fence_and_bounds_each_command_by_the_budget() -> None:
     rt = OfflineRuntime(max_write_block=60.0)
-    outputs = {"cutover": {"writes_blocked_at": time.time() - 53.0}}  # about 7 s of the budget left
-    result = StartTarget().run(Recorder().context(rt, "start_target", outputs))  # type: ignore[arg-type]
+    rt.window.begin(time.time() - 53.0)  # about 7 s of the budget left
+    result = StartTarget().run(Recorder().context(rt, "start_target"))  # type: ignore[arg-type]
     assert result is not None and result["target_fenced"] is True
     commands = [command for command, _ in rt.target.calls]
     fence = rt.plan.services.target_fence
@@ -273,7 +277,8 @@ def test_dns_flip_resumed_past_the_budget_finishes_a_partial_flip_then_lets_the_
     then lifts the target's fence. Undo (`rollback --discard-target-writes`) fences it again and restores DNS."""
     state = live_lab
     subprocess.run([str(state.target.bin_dir / "fence-on")], check=True, timeout=60)
-    outputs = {"cutover": {"writes_blocked_at": time.time() - runtime.plan.cutover.max_write_block - 30}}
+    blocked_at = runtime.window.begin(time.time() - runtime.plan.cutover.max_write_block - 30)
+    outputs = {"cutover": {"writes_blocked_at": blocked_at}}
     journal = Recorder()
     first = state.records[0]
     with dns_client(state) as client:

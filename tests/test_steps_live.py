@@ -18,6 +18,7 @@ from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import FileTree, Plan, PresyncRounds
 from orchestrator.runtime import Runtime
+from orchestrator.steps.db_final import DbFinal
 from orchestrator.steps.db_presync import DbPresync
 from orchestrator.steps.files_final import FilesFinal
 from orchestrator.steps.files_presync import FilesPresync
@@ -27,7 +28,9 @@ from orchestrator.steps.start_target import StartTarget
 from orchestrator.steps.verify_target import VerifyTarget
 from orchestrator.transports import mysql
 
-MY_STEPS: list[type[Step]] = [Preflight, PrepareTarget, FilesPresync, DbPresync, FilesFinal, StartTarget, VerifyTarget]
+MY_STEPS: list[type[Step]] = [
+    Preflight, PrepareTarget, FilesPresync, DbPresync, DbFinal, FilesFinal, StartTarget, VerifyTarget
+]  # fmt: skip
 
 
 def load_plan(path: Path) -> Plan:
@@ -188,7 +191,7 @@ def test_start_target_verify_then_undo_leaves_the_target_stopped(rt: Runtime, la
     run_bin(lab.source, "db-stop")
     DbPresync().run(context(rt, DbPresync()))
     run_bin(lab.source, "db-start")
-    outputs = {"cutover": {**figures, "writes_blocked_at": time.time()}}
+    outputs = {"cutover": {**figures, "writes_blocked_at": rt.window.begin()}}
 
     start = StartTarget()
     result = start.run(context(rt, start, outputs))
@@ -214,8 +217,8 @@ def test_start_target_verify_then_undo_leaves_the_target_stopped(rt: Runtime, la
 
 @pytest.mark.lab
 def test_steps_in_the_window_fail_once_the_write_budget_is_spent(rt: Runtime) -> None:
-    outputs = {"cutover": {"writes_blocked_at": time.time() - rt.plan.cutover.max_write_block - 1}}
-    for cls in (FilesFinal, StartTarget, VerifyTarget):
+    outputs = {"cutover": {"writes_blocked_at": rt.window.begin(time.time() - rt.plan.cutover.max_write_block - 1)}}
+    for cls in (DbFinal, FilesFinal, StartTarget, VerifyTarget):
         step = cls()
         with pytest.raises(StepError, match=r"more than cutover\.max_write_block"):
             step.run(context(rt, step, outputs))

@@ -17,11 +17,10 @@ import pytest
 import structlog
 from ruamel.yaml import YAML
 
-from orchestrator.engine.step import StepError
 from orchestrator.lab.state import LabState
 from orchestrator.plan.model import Host, Plan, Retry
 from orchestrator.retry import call_with_retry
-from orchestrator.runtime import Runtime, WriteBudget
+from orchestrator.runtime import Runtime
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import CommandFailed, SshHost, TransportError
 
@@ -131,18 +130,6 @@ def test_transient_failures_are_retried_and_permanent_ones_are_not() -> None:
     with pytest.raises(TransportError, match="permission denied"):
         call_with_retry(denied, FAST_RETRY, what="denied")
     assert len(calls) == 1
-
-
-def test_write_budget_uses_the_journaled_start_and_names_the_action() -> None:
-    budget = WriteBudget(30)
-    budget.check("idle")  # writes are not blocked: nothing to count
-
-    with pytest.raises(StepError, match=r"more than cutover.max_write_block 30 s \(while copying uploads\)"):
-        budget.check("copying uploads", started_at=time.time() - 31)
-    budget.check("copying uploads", started_at=time.time() - 5)
-    budget.start(time.time() - 40)
-    with pytest.raises(StepError, match="writes blocked for 4"):
-        budget.check("starting the target")
 
 
 def test_privileges_come_from_global_grants_only() -> None:

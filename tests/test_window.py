@@ -21,25 +21,26 @@ from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import CommandCheck, FileTree, HealthChecks, Plan
-from orchestrator.runtime import Runtime, WriteBudget
-from orchestrator.steps.cutover import (
-    Cutover,
+from orchestrator.probes import (
     describe_holders,
     glob_escape,
     innodb_holders,
     innodb_holders_command,
-    mask_query,
     parse_holders,
     real_datadir,
 )
+from orchestrator.runtime import Runtime
+from orchestrator.steps.common import tree_push_command
+from orchestrator.steps.cutover import Cutover
+from orchestrator.steps.db_final import DbFinal
 from orchestrator.steps.files_final import FilesFinal
-from orchestrator.steps.files_presync import tree_push_command
 from orchestrator.steps.preflight import Preflight, database_directories, is_within, outside_datadir
 from orchestrator.steps.start_target import StartTarget
 from orchestrator.steps.verify_target import VerifyTarget
-from orchestrator.steps.window import Window
 from orchestrator.transports import mysql, rsync
+from orchestrator.transports.mysql import mask_query
 from orchestrator.transports.ssh import TransportError
+from orchestrator.window import DowntimeWindow
 from tests.test_e2e import assert_source_serves_and_dns_unchanged, live_lab  # noqa: F401 - a fixture
 
 # --- pure logic -------------------------------------------------------------------------------------------------
@@ -135,14 +136,16 @@ def test_open_innodb_files_are_found_by_their_real_path() -> None:
 
 
 def test_window_bounds_each_action_by_what_is_left_of_the_budget() -> None:
-    unbounded = Window(WriteBudget(30), None)
-    assert unbounded.left() is None and unbounded.left(5.0) == 5.0
-    window = Window(WriteBudget(30), time.time() - 28)
-    left = window.left()
+    unbounded = DowntimeWindow(30)
+    assert unbounded.timeout() is None and unbounded.timeout(5.0) == 5.0
+    window = DowntimeWindow(30)
+    window.begin(time.time() - 28)
+    left = window.timeout()
     assert left is not None and 0 < left <= 2
-    assert window.left(0.5) == 0.5
-    spent = Window(WriteBudget(30), time.time() - 31)
-    assert spent.left() == pytest.approx(0.1)  # still a real deadline, never "no timeout"
+    assert window.timeout(0.5) == 0.5
+    spent = DowntimeWindow(30)
+    spent.begin(time.time() - 31)
+    assert spent.timeout() == pytest.approx(0.1)  # still a real deadline, never "no timeout"
     with pytest.raises(StepError, match=r"more than cutover.max_write_block 30 s \(while comparing tree x\)"):
         spent.check("comparing tree x")
 
@@ -156,7 +159,13 @@ class Recorder:
     def __init__(self) -> None:
         self.saved: dict[str, Any] = {}
 
-    def context(self, rt: Runtime, step: Step, outputs: dict[str, dict[str, Any]] | None = None) -> StepContext:
+    def context(
+        self,
+        rt: Runtime,
+        step: Step,
+        outputs: dict[str, dict[str, Any]] | None = None,
+        window: DowntimeWindow | None = None,
+    ) -> StepContext:
         def _save(_step: str, key: str, value: Any) -> None:
             self.saved[key] = value
 
@@ -169,7 +178,29 @@ class Recorder:
             _saved=dict(self.saved),
             _outputs=outputs or {},
             _save=_save,
+            window=window,  # type: ignore[arg-type]  # None: the runtime's
         )
+
+
+class StandsStillUntilTheStop:
+    """A clock that stands still until the cut-over journals that it stops the source database, then runs.
+
+    However slow the machine is before the stop (the lock, the row counts), the budget is spent waiting for the
+    server to stop, never before: what fails the step is the server that does not stop, as the test means.
+    """
+
+    def __init__(self, journal: Recorder) -> None:
+        self.journal = journal
+        self.still = time.time()
+        self.offset: float | None = None
+
+    def __call__(self) -> float:
+        now = time.time()
+        if self.offset is None:
+            if not self.journal.saved.get("source_db_stopped"):
+                return self.still
+            self.offset = now - self.still
+        return now - self.offset
 
 
 @pytest.fixture
@@ -209,7 +240,7 @@ def test_a_health_check_that_would_outlast_the_budget_fails_on_the_budget(
     plan = lab_plan.model_copy(update={"health": HealthChecks(checks=[slow], attempts=3), "database": database})
     rt = runtime(lab, plan, runtimes)
     # One second of budget left: the check would pass after 4 s, so finishing it would overrun the budget.
-    outputs = {"cutover": {"writes_blocked_at": time.time() - plan.cutover.max_write_block + 1.0}}
+    outputs = {"cutover": {"writes_blocked_at": rt.window.begin(time.time() - plan.cutover.max_write_block + 1.0)}}
     step = VerifyTarget()
     with pytest.raises(
         StepError, match=r"more than cutover\.max_write_block .*\(while health check slow, try 1 of 3\)"
@@ -254,7 +285,7 @@ def test_row_counts_that_cannot_finish_in_time_fail_on_the_budget(
     rt = runtime(lab, plan, runtimes)
     outputs = {
         "cutover": {
-            "writes_blocked_at": time.time() - plan.cutover.max_write_block + 1.5,
+            "writes_blocked_at": rt.window.begin(time.time() - plan.cutover.max_write_block + 1.5),
             "row_counts": {locked_probe_table: 0},
         }
     }
@@ -349,6 +380,7 @@ def test_a_stop_command_that_returns_at_once_still_gives_a_consistent_copy(
     outputs = {"cutover": result}
     start = StartTarget()
     try:
+        DbFinal().run(journal.context(rt, DbFinal(), outputs))
         FilesFinal().run(journal.context(rt, FilesFinal(), outputs))
         start.run(journal.context(rt, start, outputs))
         # The target starts on the copy and holds exactly the source's final figures.
@@ -382,10 +414,11 @@ def test_a_stop_command_that_does_nothing_fails_the_cutover_and_undo_restores(
     rt = runtime(live, plan, runtimes)
     journal = Recorder()
     step = Cutover()
+    window = DowntimeWindow(plan.cutover.max_write_block, clock=StandsStillUntilTheStop(journal))
     # Named by the open-files check (the server's pid and an InnoDB file it holds), within the budget.
     still = r"the source database is still running after its stop command \(true\): pid \d+ holds \S+/ib"
     with pytest.raises(StepError, match=still):
-        step.run(journal.context(rt, step))
+        step.run(journal.context(rt, step, window=window))
     assert rt.db_answers("source")
     Cutover().undo(journal.context(rt, step))
     assert not live.source.fence_file.exists()

@@ -15,11 +15,26 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
+
+P = TypeVar("P")
 
 
 class StepError(Exception):
     """An expected failure of a step, with a message an operator can act on (one line, no secrets)."""
+
+
+class WriteWindow(Protocol):
+    """The downtime window as steps see it (the domain's implementation comes with the runtime, `rt.window`)."""
+
+    def bind(self, history: Callable[[], list[dict[str, Any]]]) -> WriteWindow: ...
+    def begin(self, at: float | None = None) -> float: ...
+    def remaining(self) -> float | None: ...
+    def timeout(self, cap: float | None = None) -> float | None: ...
+    def bounded(self, policy: P) -> P: ...
+    def check(self, what: str) -> None: ...
+    @property
+    def blocked_at(self) -> float | None: ...
 
 
 @dataclass
@@ -37,6 +52,15 @@ class StepContext:
     _history: Callable[[], list[dict[str, Any]]] | None = None
     _commit: Callable[[str, str], None] | None = None
     started_at: float = field(default_factory=time.time)
+    # The downtime window (remaining budget, bounded timeouts and retries); by default the runtime's, bound to
+    # this run's journal so a resumed run counts from the journaled moment writes were blocked.
+    window: WriteWindow = None  # type: ignore[assignment]  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.window is None:
+            window = getattr(self.rt, "window", None)
+            if window is not None:
+                self.window = window.bind(self.history)
 
     def save(self, key: str, value: Any) -> None:
         """Journal (and fsync) a value before acting on it, e.g. a DNS record's old content before the edit."""

@@ -1,7 +1,12 @@
 """The migration's steps, in the order the engine runs them.
 
 Each step lives in its own module `orchestrator.steps.<name>` and is the one `Step` subclass there whose `name` is
-the module's name; `build_steps` finds it by that name so a module may keep helper classes beside its step.
+the module's name; `build_steps` finds it by that name. Steps never import each other: what they share lives in
+`orchestrator.steps.common` (and `orchestrator.probes`, `orchestrator.results`, `orchestrator.window`).
+
+The cut-over is chosen by `cutover.mode`: each mode is a sibling sequence of steps between the shared pre-sync of
+the file trees and the shared end (file delta, start, verify, DNS flip, finish). Another mode (e.g. replication)
+plugs in as one more entry of CUTOVER_MODES, with its own step modules.
 """
 
 from __future__ import annotations
@@ -12,18 +17,23 @@ import inspect
 from orchestrator.engine.step import Step
 from orchestrator.plan.model import Plan
 
-STEP_ORDER: tuple[str, ...] = (
-    "preflight",
-    "prepare_target",
-    "files_presync",
-    "db_presync",
-    "cutover",
-    "files_final",
-    "start_target",
-    "verify_target",
-    "dns_flip",
-    "finish",
-)
+BEFORE_CUTOVER: tuple[str, ...] = ("preflight", "prepare_target", "files_presync")
+CUTOVER_MODES: dict[str, tuple[str, ...]] = {
+    # Pre-sync the live datadir, stop the source database cleanly under the lock, copy its quiet datadir's delta.
+    "shutdown": ("db_presync", "cutover", "db_final"),
+}
+AFTER_CUTOVER: tuple[str, ...] = ("files_final", "start_target", "verify_target", "dns_flip", "finish")
+
+
+def step_order(mode: str) -> tuple[str, ...]:
+    """Every step's name, in run order, for a cut-over mode."""
+    try:
+        return BEFORE_CUTOVER + CUTOVER_MODES[mode] + AFTER_CUTOVER
+    except KeyError:
+        raise LookupError(f"no steps for cutover.mode {mode!r}") from None
+
+
+STEP_ORDER: tuple[str, ...] = step_order("shutdown")
 
 
 def step_class(name: str) -> type[Step]:
@@ -36,6 +46,5 @@ def step_class(name: str) -> type[Step]:
 
 
 def build_steps(plan: Plan) -> list[Step]:
-    """One instance of every step, in run order. Steps read the plan from the runtime, not from here."""
-    del plan  # every step applies to every plan today; kept so a plan can later select steps
-    return [step_class(name)() for name in STEP_ORDER]
+    """One instance of every step of the plan's cut-over mode, in run order (steps read the plan from the runtime)."""
+    return [step_class(name)() for name in step_order(plan.cutover.mode)]

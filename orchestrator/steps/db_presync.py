@@ -12,12 +12,12 @@ import shlex
 import time
 from typing import Any
 
+from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.results import DbPresyncResult, PresyncRound
+from orchestrator.steps.common import DATADIR_EXCLUDES
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError
-
-# Runtime files of a server that must never travel with its datadir.
-DATADIR_EXCLUDES = ("*.sock", "*.sock.lock", "*.pid", "mysql.sock*")
 
 
 class DbPresync(Step):
@@ -25,7 +25,7 @@ class DbPresync(Step):
     title = "Pre-sync the live database datadir in rounds"
 
     def describe(self, ctx: StepContext) -> list[str]:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         db = plan.database
         return [
             f"on the source: rsync --inplace {db.source.datadir}/ → {plan.target.address}:{db.target.datadir}/,"
@@ -33,7 +33,7 @@ class DbPresync(Step):
         ]
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
-        rt = ctx.rt
+        rt = runtime(ctx)
         plan = rt.plan
         db = plan.database
         if rt.db_answers("target"):
@@ -46,7 +46,7 @@ class DbPresync(Step):
             plan, db.source.datadir, db.target.datadir, exclude=DATADIR_EXCLUDES, live=True, inplace=True,
             extra=["--modify-window=-1", "--no-whole-file"],
         )  # fmt: skip
-        rounds: list[dict[str, Any]] = []
+        rounds: list[PresyncRound] = []
         try:
             rt.target.run(f"mkdir -p {shlex.quote(db.target.datadir)}", timeout=60)
             for number in range(1, db.presync.max_rounds + 1):
@@ -64,7 +64,7 @@ class DbPresync(Step):
                 # changed blocks only).
                 sent = stats.literal_bytes
                 rounds.append(
-                    {"round": number, "bytes": sent, "files_size": stats.transferred_bytes, "seconds": seconds}
+                    PresyncRound(round=number, bytes=sent, files_size=stats.transferred_bytes, seconds=seconds)
                 )
                 ctx.log.info("db_presync_round", round=number, bytes=sent, files_size=stats.transferred_bytes,
                              seconds=seconds, total_size=stats.total_size)  # fmt: skip
@@ -72,18 +72,14 @@ class DbPresync(Step):
                     break
         except TransportError as exc:
             raise StepError(f"datadir pre-sync: {exc}") from None
-        converged = rounds[-1]["bytes"] <= db.presync.converged_bytes
+        converged = rounds[-1].bytes <= db.presync.converged_bytes
         if not converged:
-            ctx.log.warning("db_presync_not_converged", rounds=len(rounds), last_bytes=rounds[-1]["bytes"])
-        if rounds[-1]["seconds"] > plan.cutover.max_write_block:
+            ctx.log.warning("db_presync_not_converged", rounds=len(rounds), last_bytes=rounds[-1].bytes)
+        if rounds[-1].seconds > plan.cutover.max_write_block:
             ctx.log.warning(
                 "db_presync_slower_than_budget",
-                last_round_seconds=rounds[-1]["seconds"],
+                last_round_seconds=rounds[-1].seconds,
                 max_write_block=plan.cutover.max_write_block,
                 hint="the final pass may not fit cutover.max_write_block; the run would roll back if it does not",
             )
-        return {
-            "rounds": rounds,
-            "converged": converged,
-            "predicted_final_seconds": rounds[-1]["seconds"],
-        }
+        return DbPresyncResult(rounds=rounds, converged=converged, predicted_final_seconds=rounds[-1].seconds).journal()

@@ -17,7 +17,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.results import DnsFlipResult, RecordSnapshot
 from orchestrator.retry import call_with_retry
 from orchestrator.transports.ssh import TransportError
 
@@ -27,15 +29,12 @@ TARGET_FENCE_LIFTED = "target_fence_lifted"
 FENCE_COMMAND_TIMEOUT = 120.0
 
 
-def _record_dict(record: Any) -> dict[str, Any]:
-    return {
-        "id": record.id,
-        "name": record.name,
-        "type": record.type,
-        "content": record.content,
-        "ttl": record.ttl,
-        "proxied": record.proxied,
-    }
+def _snapshot(record: Any) -> dict[str, Any]:
+    """A record as it is now, for the journal (what undo puts back)."""
+    return RecordSnapshot(
+        id=record.id, name=record.name, type=record.type, content=record.content, ttl=record.ttl,
+        proxied=record.proxied,
+    ).model_dump(mode="json")  # fmt: skip
 
 
 class DnsFlip(Step):
@@ -44,7 +43,7 @@ class DnsFlip(Step):
     commit_point = True
 
     def describe(self, ctx: StepContext) -> list[str]:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         dns = plan.dns
         new = plan.dns_content
         lines = [
@@ -63,7 +62,7 @@ class DnsFlip(Step):
         return lines
 
     def check(self, ctx: StepContext) -> bool:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         fence = plan.services.target_fence
         if fence.enable and fence.disable and not ctx.saved(TARGET_FENCE_LIFTED):
             return False  # the records may all be flipped, but the target still refuses writes
@@ -71,7 +70,7 @@ class DnsFlip(Step):
         return self._all_point_at(ctx, zone_id, plan.dns_content)
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
-        rt = ctx.rt
+        rt = runtime(ctx)
         plan = rt.plan
         new = plan.dns_content
         fenced = plan.services.target_fence.enable is not None
@@ -89,7 +88,7 @@ class DnsFlip(Step):
             if not fenced:
                 ctx.commit(self._partial_reason(already))
         else:
-            rt.budget.check("flipping DNS", started_at=self._blocked_at(ctx))
+            ctx.window.check("flipping DNS")
         old: dict[str, dict[str, Any]] = dict(ctx.saved(OLD_RECORDS) or {})
         flipped: list[str] = []
         try:
@@ -98,7 +97,7 @@ class DnsFlip(Step):
                     if record.content == new:
                         continue  # already flipped (a re-run after a crash): its old content is journaled
                     # Journal first: whatever happens next, undo knows what to put back.
-                    old.setdefault(record.id, _record_dict(record))
+                    old.setdefault(record.id, _snapshot(record))
                     ctx.save(OLD_RECORDS, old)
                     self._set(ctx, zone_id, record, new)
                     flipped.append(record.name)
@@ -115,21 +114,19 @@ class DnsFlip(Step):
             raise
         lifted = self._lift_target_fence(ctx)
         flipped_at = time.time()
-        blocked_at = self._blocked_at(ctx)
-        result: dict[str, Any] = {
-            "records": sorted({r["name"] for r in old.values()} | set(flipped) | set(already)),
-            "new_content": new,
-            "old": list(old.values()),
-            "flipped_at": flipped_at,
-            "target_fence_lifted": lifted,
-        }
-        if blocked_at is not None:
-            result["write_block_seconds"] = round(flipped_at - blocked_at, 3)
-        return result
+        blocked_at = ctx.window.blocked_at
+        return DnsFlipResult(
+            records=sorted({r["name"] for r in old.values()} | set(flipped) | set(already)),
+            new_content=new,
+            old=[RecordSnapshot.of(r) for r in old.values()],
+            flipped_at=flipped_at,
+            target_fence_lifted=lifted,
+            write_block_seconds=None if blocked_at is None else round(flipped_at - blocked_at, 3),
+        ).journal()
 
     def undo(self, ctx: StepContext) -> None:
         """Fence the target again (nothing more may be written there), then put back every record's old content."""
-        rt = ctx.rt
+        rt = runtime(ctx)
         failures: list[str] = []
         fence = rt.plan.services.target_fence.enable
         if fence:
@@ -141,20 +138,20 @@ class DnsFlip(Step):
         old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
         if old:
             zone_id = self._zone_id(ctx)
-            for saved in old.values():
-                current = [r for r in self._find(ctx, zone_id, saved["name"]) if r.id == saved["id"]]
+            for saved in (RecordSnapshot.of(r) for r in old.values()):
+                current = [r for r in self._find(ctx, zone_id, saved.name) if r.id == saved.id]
                 if not current:
-                    failures.append(f"cannot restore DNS record {saved['name']}: record id {saved['id']} is gone")
+                    failures.append(f"cannot restore DNS record {saved.name}: record id {saved.id} is gone")
                     continue
                 record = current[0]
-                if record.content == saved["content"]:
+                if record.content == saved.content:
                     continue
                 try:
-                    self._set(ctx, zone_id, record, saved["content"])
+                    self._set(ctx, zone_id, record, saved.content)
                 except Exception as exc:  # every record is tried; the rollback reports them all
-                    failures.append(f"restoring DNS record {saved['name']}: {exc}")
+                    failures.append(f"restoring DNS record {saved.name}: {exc}")
                     continue
-                ctx.log.info("dns_flip.restored", record=saved["name"], content=saved["content"])
+                ctx.log.info("dns_flip.restored", record=saved.name, content=saved.content)
         if failures:
             raise StepError("; ".join(failures))
 
@@ -169,14 +166,14 @@ class DnsFlip(Step):
 
     def _lift_target_fence(self, ctx: StepContext) -> bool:
         """The commit: journal it, then let the target take writes. False when the plan declares no target fence."""
-        fence = ctx.rt.plan.services.target_fence
+        fence = runtime(ctx).plan.services.target_fence
         if not (fence.enable and fence.disable):
             return False
         # Committed before the command: if it fails (or half-works) the target may take writes, and a rollback
         # would lose them. `migrate apply` lifts it again.
         ctx.commit("every DNS record points at the target: lifting the target's fence")
         try:
-            ctx.rt.target.run(fence.disable, timeout=FENCE_COMMAND_TIMEOUT)
+            runtime(ctx).target.run(fence.disable, timeout=FENCE_COMMAND_TIMEOUT)
         except TransportError as exc:
             raise StepError(
                 f"every DNS record points at the target but lifting its fence failed ({exc}): it refuses writes "
@@ -194,44 +191,39 @@ class DnsFlip(Step):
             return flipped
         if not attempted:
             return []
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         moved: list[str] = []
         try:
             for name in plan.dns.records:
                 # One try each: the API just failed us, and an interrupted operator should not wait on retries.
-                records = ctx.rt.dns.find_records(zone_id, name, plan.dns.type)
+                records = runtime(ctx).dns.find_records(zone_id, name, plan.dns.type)
                 moved += [r.name for r in records if r.content == new]
         except Exception as exc:
             ctx.log.warning("dns_flip.read_back_failed", error=str(exc))
             return ["(unknown: DNS could not be read back after an edit was tried)"]
         return moved
 
-    @staticmethod
-    def _blocked_at(ctx: StepContext) -> float | None:
-        value = ctx.output("cutover").get("writes_blocked_at")
-        return float(value) if value is not None else None
-
     def _zone_id(self, ctx: StepContext) -> str:
-        plan = ctx.rt.plan
-        return call_with_retry(lambda: ctx.rt.dns.zone_id(plan.dns.zone), plan.retry, what="DNS zone lookup")
+        plan = runtime(ctx).plan
+        return call_with_retry(lambda: runtime(ctx).dns.zone_id(plan.dns.zone), plan.retry, what="DNS zone lookup")
 
     def _find(self, ctx: StepContext, zone_id: str, name: str) -> list[Any]:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         return call_with_retry(
-            lambda: ctx.rt.dns.find_records(zone_id, name, plan.dns.type), plan.retry, what=f"DNS lookup {name}"
+            lambda: runtime(ctx).dns.find_records(zone_id, name, plan.dns.type), plan.retry, what=f"DNS lookup {name}"
         )
 
     def _all_point_at(self, ctx: StepContext, zone_id: str, content: str) -> bool:
-        for name in ctx.rt.plan.dns.records:
+        for name in runtime(ctx).plan.dns.records:
             records = self._find(ctx, zone_id, name)
             if not records or any(r.content != content for r in records):
                 return False
         return True
 
     def _set(self, ctx: StepContext, zone_id: str, record: Any, content: str) -> Any:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         updated = call_with_retry(
-            lambda: ctx.rt.dns.set_content(zone_id, record, content), plan.retry, what=f"DNS edit {record.name}"
+            lambda: runtime(ctx).dns.set_content(zone_id, record, content), plan.retry, what=f"DNS edit {record.name}"
         )
         if updated.content != content:
             raise StepError(f"DNS record {record.name} reads back {updated.content}, expected {content}")

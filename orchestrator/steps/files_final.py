@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext
-from orchestrator.steps.files_presync import sync_tree
-from orchestrator.steps.window import Window, blocked_since
+from orchestrator.results import FilesResult
+from orchestrator.steps.common import sync_tree
 
 
 class FilesFinal(Step):
@@ -14,7 +15,7 @@ class FilesFinal(Step):
     title = "Copy the file trees' delta (writes blocked)"
 
     def describe(self, ctx: StepContext) -> list[str]:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         if not plan.files:
             return ["no file trees in the plan"]
         return [
@@ -24,10 +25,10 @@ class FilesFinal(Step):
         ]
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
-        window = Window(ctx.rt.budget, blocked_since(ctx))
-        trees: dict[str, Any] = {}
-        for tree in ctx.rt.plan.files:
-            window.check(f"starting the final copy of tree {tree.name}")
-            trees[tree.name] = sync_tree(ctx, tree, live=False, time_left=window.left())
-            window.check(f"the final copy of tree {tree.name}")
-        return {"trees": trees, "bytes": sum(t["bytes"] for t in trees.values())}
+        result = FilesResult()
+        for tree in runtime(ctx).plan.files:
+            ctx.window.check(f"starting the final copy of tree {tree.name}")
+            result.trees[tree.name] = sync_tree(ctx, tree, live=False)
+            ctx.window.check(f"the final copy of tree {tree.name}")
+        result.bytes = sum(t.bytes for t in result.trees.values())
+        return result.journal()

@@ -13,19 +13,17 @@ from typing import Any
 
 import pymysql
 
+from orchestrator import probes
+from orchestrator.contracts import Which, runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.secrets import redact
-from orchestrator.steps.cutover import innodb_files_visible
 from orchestrator.transports import mysql, rsync
-from orchestrator.transports.ssh import SshHost, TransportError
+from orchestrator.transports.ssh import TransportError
 
 NEEDED_PRIVILEGES = ("RELOAD", "SELECT", "SHUTDOWN", "PROCESS")
 SPACE_MARGIN = 1.10
 ER_ACCESS_DENIED = 1045
 COMMAND_TIMEOUT = 60.0
-# sshd's PATH for a non-login command often lacks sbin, where mariadbd lives.
-_PATH = 'PATH="$PATH:/usr/sbin:/usr/local/sbin:/sbin"; '
-
 
 # Server variables naming where the database keeps files: a directory each, or a file whose directory counts.
 # Only those the server has are checked (MySQL has no aria_log_dir_path, binary logging may be off).
@@ -82,29 +80,7 @@ class Problems:
         self.items.append(text)
 
 
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
-
-
-def du_bytes(host: SshHost, paths: list[str]) -> dict[str, int]:
-    """Apparent size in bytes of each existing path on the host."""
-    quoted = " ".join(shlex.quote(p) for p in paths)
-    result = host.run(f"du -sb {quoted} 2>/dev/null", timeout=600, check=False)
-    sizes: dict[str, int] = {}
-    for line in result.stdout.splitlines():
-        size, _, path = line.partition("\t")
-        if size.isdigit():
-            sizes[path] = int(size)
-    return sizes
-
-
-def free_space(host: SshHost, path: str) -> tuple[str, int]:
-    """(mount point, free bytes) of the filesystem that holds `path` or its nearest existing ancestor."""
-    script = f'p={shlex.quote(path)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -P -B1 "$p" | tail -n 1'
-    fields = host.run(script, timeout=COMMAND_TIMEOUT).stdout.split()
-    if len(fields) < 6:
-        raise TransportError(f"unexpected df output for {path}", False)
-    return fields[5], int(fields[3])
+_first_line = probes.parse_first_line
 
 
 class Preflight(Step):
@@ -112,7 +88,7 @@ class Preflight(Step):
     title = "Preflight checks (reads only)"
 
     def describe(self, ctx: StepContext) -> list[str]:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         return [
             f"ssh to the source {plan.source.user}@{plan.source.address} and the target"
             f" {plan.target.user}@{plan.target.address} with verified host keys",
@@ -148,20 +124,20 @@ class Preflight(Step):
         ctx.log.info("preflight_passed", **{k: v for k, v in figures.items() if not isinstance(v, dict)})
         return figures
 
-    def _ssh(self, ctx: StepContext, which: str, problems: Problems) -> bool:
+    def _ssh(self, ctx: StepContext, which: Which, problems: Problems) -> bool:
         try:
-            ctx.rt.host(which).run("true", timeout=COMMAND_TIMEOUT)
+            runtime(ctx).host(which).run("true", timeout=COMMAND_TIMEOUT)
             return True
         except TransportError as exc:
             problems.add(f"{which} ssh: {exc}")
             return False
 
     def _source_to_target(self, ctx: StepContext, problems: Problems) -> None:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         login = rsync.target_spec(plan, "").rsplit(":", 1)[0]
         command = f"{rsync.target_ssh_command(plan)} {shlex.quote(login)} true"
         try:
-            result = ctx.rt.source.run(command, timeout=COMMAND_TIMEOUT, check=False)
+            result = runtime(ctx).source.run(command, timeout=COMMAND_TIMEOUT, check=False)
         except TransportError as exc:
             problems.add(f"ssh from the source to the target: {exc}")
             return
@@ -172,28 +148,29 @@ class Preflight(Step):
                 " check transfer.source_to_target_key / _known_hosts and the target's authorized_keys"
             )
 
-    def _rsync(self, ctx: StepContext, which: str, problems: Problems) -> None:
+    def _rsync(self, ctx: StepContext, which: Which, problems: Problems) -> None:
         try:
-            result = ctx.rt.host(which).run(_PATH + "command -v rsync", timeout=COMMAND_TIMEOUT, check=False)
+            present = probes.ask(runtime(ctx).host(which), probes.has_program("rsync"), timeout=COMMAND_TIMEOUT)
         except TransportError as exc:
             problems.add(f"rsync on the {which}: {exc}")
             return
-        if result.exit_status != 0:
+        if not present:
             problems.add(f"rsync is not installed on the {which}: install it")
 
     def _trees(self, ctx: StepContext, problems: Problems) -> None:
-        for tree in ctx.rt.plan.files:
+        rt = runtime(ctx)
+        for tree in rt.plan.files:
             try:
-                result = ctx.rt.source.run(f"test -d {shlex.quote(tree.source)}", timeout=COMMAND_TIMEOUT, check=False)
+                exists = probes.ask(rt.source, probes.directory_exists(tree.source), timeout=COMMAND_TIMEOUT)
             except TransportError as exc:
                 problems.add(f"tree {tree.name}: {exc}")
                 continue
-            if result.exit_status != 0:
+            if not exists:
                 problems.add(f"tree {tree.name}: {tree.source} does not exist on the source: fix files[].source")
 
     def _source_db(self, ctx: StepContext, problems: Problems, figures: dict[str, Any]) -> str | None:
         try:
-            conn = ctx.rt.db("source")
+            conn = runtime(ctx).db("source")
             version = mysql.server_version(conn)
             missing = mysql.missing_privileges(conn, NEEDED_PRIVILEGES)
         except mysql.DbError as exc:
@@ -205,7 +182,7 @@ class Preflight(Step):
             return None
         figures["source_version"] = version
         if missing:
-            user = ctx.rt.plan.database.user
+            user = runtime(ctx).plan.database.user
             problems.add(f"database user {user} lacks {', '.join(sorted(missing))} on the source: GRANT them ON *.*")
         return version
 
@@ -216,7 +193,7 @@ class Preflight(Step):
         logs, binary logs, Aria logs) would not travel, and a symbolic link (or an .isl file naming a tablespace
         elsewhere) would be copied as a pointer to a path on the target, whatever lies there.
         """
-        rt = ctx.rt
+        rt = runtime(ctx)
         plan_datadir = rt.plan.database.source.datadir
         names = (*DIRECTORY_VARIABLES, *FILE_VARIABLES)
         try:
@@ -232,18 +209,10 @@ class Preflight(Step):
             directories = database_directories(server_datadir, values)
             # Resolved on the source, links included (readlink -m: the path need not exist).
             paths = [plan_datadir, server_datadir, *directories.values()]
-            command = "readlink -m -- " + " ".join(shlex.quote(path) for path in paths)
-            resolved = rt.source.run(command, timeout=COMMAND_TIMEOUT).stdout.splitlines()
-            if len(resolved) != len(paths):
-                raise TransportError(f"unexpected readlink output for {len(paths)} paths", False)
+            resolved = probes.ask(rt.source, probes.resolved_paths(paths), timeout=COMMAND_TIMEOUT)
             datadir, server_real = resolved[0], resolved[1]
-            links = rt.source.run(
-                f"find -H {shlex.quote(datadir)} \\( -type l -o -name '*.isl' \\) -print 2>/dev/null"
-                f" | head -n {MAX_LINKS_LISTED + 1}",
-                timeout=COMMAND_TIMEOUT,
-                check=False,
-            ).stdout.splitlines()
-            _pids, blind = innodb_files_visible(rt.source, datadir)
+            links = probes.ask(rt.source, probes.links_in(datadir, MAX_LINKS_LISTED), timeout=COMMAND_TIMEOUT)
+            _pids, blind = probes.innodb_files_visible(rt.source, datadir)
         except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
             problems.add(f"source datadir: {exc}")
             return
@@ -268,16 +237,14 @@ class Preflight(Step):
     def _target_version(
         self, ctx: StepContext, problems: Problems, figures: dict[str, Any], source_version: str | None
     ) -> None:
-        command = _PATH + "(mariadbd --version || mysqld --version) 2>/dev/null"
         try:
-            result = ctx.rt.target.run(command, timeout=COMMAND_TIMEOUT, check=False)
+            target_version = probes.ask(runtime(ctx).target, probes.database_server_version(), timeout=COMMAND_TIMEOUT)
         except TransportError as exc:
             problems.add(f"target database version: {exc}")
             return
-        if result.exit_status != 0 or not result.stdout.strip():
+        if not target_version:
             problems.add("neither mariadbd nor mysqld found on the target: install the database server")
             return
-        target_version = _first_line(result.stdout)
         figures["target_version"] = target_version
         if source_version is None:
             return
@@ -294,15 +261,16 @@ class Preflight(Step):
             )
 
     def _space(self, ctx: StepContext, problems: Problems, figures: dict[str, Any]) -> None:
-        plan = ctx.rt.plan
+        rt = runtime(ctx)
+        plan = rt.plan
         pairs = [(plan.database.source.datadir, plan.database.target.datadir)]
         pairs += [(tree.source, tree.target) for tree in plan.files]
         try:
-            sizes = du_bytes(ctx.rt.source, [source for source, _ in pairs])
+            sizes = probes.ask(rt.source, probes.sizes([source for source, _ in pairs]), timeout=600)
             needed: dict[str, int] = {}
             free: dict[str, int] = {}
             for source, target in pairs:
-                mount, available = free_space(ctx.rt.target, target)
+                mount, available = probes.ask(rt.target, probes.free_space(target), timeout=COMMAND_TIMEOUT)
                 free[mount] = available
                 needed[mount] = needed.get(mount, 0) + sizes.get(source, 0)
         except TransportError as exc:
@@ -319,9 +287,9 @@ class Preflight(Step):
                 )
 
     def _dns(self, ctx: StepContext, problems: Problems) -> None:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         try:
-            client = ctx.rt.dns
+            client = runtime(ctx).dns
             client.verify_token()
             zone_id = client.zone_id(plan.dns.zone)
             for name in plan.dns.records:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.results import PrepareTargetResult
+from orchestrator.steps.common import COMMAND_TIMEOUT, run_services
 from orchestrator.transports.ssh import TransportError
-
-STOP_TIMEOUT = 300.0
 
 
 class PrepareTarget(Step):
@@ -15,7 +16,7 @@ class PrepareTarget(Step):
     title = "Stop the target's services and database"
 
     def describe(self, ctx: StepContext) -> list[str]:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         if not plan.services.stop_target_first:
             return ["leave the target as it is (services.stop_target_first is false)"]
         lines = [f"on the target ({plan.target.address}): stop service {s.name}: {s.stop}"
@@ -24,26 +25,26 @@ class PrepareTarget(Step):
         return lines
 
     def check(self, ctx: StepContext) -> bool:
-        if not ctx.rt.plan.services.stop_target_first:
+        rt = runtime(ctx)
+        if not rt.plan.services.stop_target_first:
             return True
-        return not ctx.rt.db_answers("target")
+        return not rt.db_answers("target")
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
-        rt = ctx.rt
+        rt = runtime(ctx)
         plan = rt.plan
         if not plan.services.stop_target_first:
             ctx.log.info("target_left_running", reason="services.stop_target_first is false")
-            return {"stopped": []}
-        stopped = []
+            return PrepareTargetResult().journal()
+        stopped = run_services(
+            ctx, rt.target, reversed(plan.services.target), "stop", event="target_service_stopped",
+            keep_going=False, kind="target service",
+        )  # fmt: skip
         try:
-            for service in reversed(plan.services.target):
-                rt.target.run(service.stop, timeout=STOP_TIMEOUT)
-                ctx.log.info("target_service_stopped", service=service.name)
-                stopped.append(service.name)
-            rt.target.run(plan.database.target.stop, timeout=STOP_TIMEOUT)
+            rt.target.run(plan.database.target.stop, timeout=COMMAND_TIMEOUT)
         except TransportError as exc:
             raise StepError(f"stopping the target failed: {exc}") from None
         if rt.db_answers("target"):
             raise StepError("the target database still answers after its stop command: check database.target.stop")
         ctx.log.info("target_database_stopped")
-        return {"stopped": [*stopped, "database"]}
+        return PrepareTargetResult(stopped=[*stopped.done, "database"]).journal()

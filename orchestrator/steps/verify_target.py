@@ -20,9 +20,10 @@ from typing import Any
 
 import pymysql
 
-from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.contracts import runtime
+from orchestrator.engine.step import Step, StepContext, StepError, WriteWindow
 from orchestrator.plan.model import CommandCheck, HealthCheck, HttpCheck, SqlCheck, TcpCheck
-from orchestrator.steps.window import Window, blocked_since
+from orchestrator.results import Compared, CutoverResult, VerifyResult
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -45,15 +46,11 @@ def check_label(check: HealthCheck) -> str:
     return f"command on {check.on}: {check.run[:40]}"
 
 
-def _bounded(timeout: float, time_left: float | None) -> float:
-    return timeout if time_left is None else min(timeout, time_left)
-
-
-def _http(check: HttpCheck, time_left: float | None) -> None:
+def _http(check: HttpCheck, timeout: float) -> None:
     headers = {"Host": check.host_header} if check.host_header else {}
     request = urllib.request.Request(check.url, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=_bounded(check.timeout, time_left)) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             status, body = response.status, response.read(1 << 20).decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         status, body = exc.code, exc.read(1 << 20).decode("utf-8", "replace")
@@ -66,19 +63,19 @@ def _http(check: HttpCheck, time_left: float | None) -> None:
         raise CheckFailed(f"body lacks {check.expect_body!r}")
 
 
-def _tcp(check: TcpCheck, time_left: float | None) -> None:
+def _tcp(check: TcpCheck, timeout: float) -> None:
     try:
-        with socket.create_connection((check.host, check.port), timeout=_bounded(check.timeout, time_left)):
+        with socket.create_connection((check.host, check.port), timeout=timeout):
             pass
     except OSError as exc:
         raise CheckFailed(f"cannot connect ({exc.strerror or exc})") from None
 
 
-def _sql(ctx: StepContext, check: SqlCheck, time_left: float | None) -> None:
-    rt = ctx.rt
+def _sql(ctx: StepContext, check: SqlCheck, window: WriteWindow) -> None:
+    rt = runtime(ctx)
     conn = None
     try:
-        conn = rt.db("target", retry=False, read_timeout=_bounded(rt.plan.database.read_timeout, time_left))
+        conn = rt.db("target", retry=False, read_timeout=window.timeout(rt.plan.database.read_timeout))
         with conn.cursor() as cur:
             cur.execute(check.query)
             row = cur.fetchone()
@@ -93,10 +90,10 @@ def _sql(ctx: StepContext, check: SqlCheck, time_left: float | None) -> None:
             raise CheckFailed(f"answered {got!r}, expected {check.expect!r}")
 
 
-def _command(ctx: StepContext, check: CommandCheck, time_left: float | None) -> None:
-    host = ctx.rt.target if check.on == "target" else ctx.rt.source
+def _command(ctx: StepContext, check: CommandCheck, timeout: float) -> None:
+    host = runtime(ctx).host(check.on)
     try:
-        result = host.run(check.run, timeout=_bounded(check.timeout, time_left), check=False)
+        result = host.run(check.run, timeout=timeout, check=False)
     except TransportError as exc:
         raise CheckFailed(str(exc)) from None
     if result.exit_status != 0:
@@ -104,16 +101,17 @@ def _command(ctx: StepContext, check: CommandCheck, time_left: float | None) -> 
         raise CheckFailed(f"exit {result.exit_status}" + (f": {last}" if last else ""))
 
 
-def run_check(ctx: StepContext, check: HealthCheck, time_left: float | None = None) -> None:
-    """One try of a check, its own timeout bounded by `time_left` seconds (None: the check's timeout)."""
+def run_check(ctx: StepContext, check: HealthCheck) -> None:
+    """One try of a check, its own timeout bounded by what is left of the downtime window."""
+    window = ctx.window
     if isinstance(check, HttpCheck):
-        _http(check, time_left)
+        _http(check, window.timeout(check.timeout) or check.timeout)
     elif isinstance(check, TcpCheck):
-        _tcp(check, time_left)
+        _tcp(check, window.timeout(check.timeout) or check.timeout)
     elif isinstance(check, SqlCheck):
-        _sql(ctx, check, time_left)
+        _sql(ctx, check, window)
     else:
-        _command(ctx, check, time_left)
+        _command(ctx, check, window.timeout(check.timeout) or check.timeout)
 
 
 def _listed(items: list[str]) -> str:
@@ -138,7 +136,7 @@ class VerifyTarget(Step):
     title = "Verify the target: health checks, row counts, file trees"
 
     def describe(self, ctx: StepContext) -> list[str]:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         lines = [f"health check {check_label(c)} (up to {plan.health.attempts} tries)" for c in plan.health.checks]
         verify = plan.database.verify
         if verify.row_counts:
@@ -149,12 +147,13 @@ class VerifyTarget(Step):
             lines += [f"rsync --dry-run --checksum of tree {t.name} must list no change" for t in plan.files]
         return lines
 
-    def health(self, ctx: StepContext, window: Window) -> tuple[dict[str, int], list[str]]:
+    def health(self, ctx: StepContext) -> tuple[dict[str, int], list[str]]:
         """Tries each check until it passes; the tries each needed, and the failures.
 
         Tries stop when the budget is spent (StepError), whatever attempts times timeouts would allow.
         """
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
+        window = ctx.window
         tries: dict[str, int] = {}
         failures: list[str] = []
         for check in plan.health.checks:
@@ -162,7 +161,7 @@ class VerifyTarget(Step):
             for attempt in range(1, plan.health.attempts + 1):
                 window.check(f"health check {label}, try {attempt} of {plan.health.attempts}")
                 try:
-                    run_check(ctx, check, window.left())
+                    run_check(ctx, check)
                     tries[label] = attempt
                     break
                 except CheckFailed as exc:
@@ -171,58 +170,62 @@ class VerifyTarget(Step):
                     if attempt == plan.health.attempts:
                         failures.append(f"health check {label} failed {attempt} times: {exc}")
                     else:
-                        time.sleep(window.left(plan.health.interval) or 0.0)
+                        time.sleep(window.timeout(plan.health.interval) or 0.0)
             ctx.log.info("health_check", check=label, passed=label in tries, tries=tries.get(label))
         return tries, failures
 
-    def database(self, ctx: StepContext, window: Window) -> tuple[dict[str, Any], list[str]]:
+    def database(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
         """Row counts (and checksums) of the target against the source's, taken under the cut-over's lock.
 
         One query per table, each bounded by what is left of the budget, which is checked between tables.
         """
-        rt = ctx.rt
+        rt = runtime(ctx)
         plan = rt.plan
+        window = ctx.window
         verify = plan.database.verify
-        source = ctx.output("cutover")
-        figures: dict[str, Any] = {}
+        source = CutoverResult.of(ctx.output("cutover"))
+        figures: dict[str, Compared] = {}
         problems: list[str] = []
         if not (verify.row_counts or verify.checksum):
             return figures, problems
-        wanted = [("row counts", "row_counts", verify.row_counts), ("checksums", "checksums", verify.checksum)]
+        wanted = [
+            ("row counts", "row_counts", verify.row_counts, source.row_counts),
+            ("checksums", "checksums", verify.checksum, source.checksums),
+        ]
         doing = "reading the target's tables"
         read_timeout = plan.database.read_timeout
 
         def _limit(table: str) -> float | None:
             window.check(f"{doing}: {table}")
-            return window.left(read_timeout)
+            return window.timeout(read_timeout)
 
         try:
-            conn = rt.db("target", read_timeout=window.left(read_timeout))
+            conn = rt.db("target", read_timeout=window.timeout(read_timeout))
             tables = mysql.list_tables(conn, plan.database.schemas)
-            for label, key, enabled in wanted:
+            for label, key, enabled, expected in wanted:
                 if not enabled:
                     continue
-                expected = source.get(key)
                 if expected is None:
                     problems.append(f"no source {label} were recorded by the cut-over step")
                     continue
                 doing = f"reading the target's {label}"
                 read = mysql.row_counts if key == "row_counts" else mysql.checksums
                 actual = read(conn, tables, limit=_limit)
-                figures[key] = {"tables": len(actual), "compared": len(expected)}
+                figures[key] = Compared(tables=len(actual), compared=len(expected))
                 problems += compare_figures(label, expected, actual)
         except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
             window.check(doing)  # a query cut short by the budget: say so
             problems.append(f"reading the target database: {exc}")
         return figures, problems
 
-    def trees(self, ctx: StepContext, window: Window) -> tuple[dict[str, Any], list[str]]:
+    def trees(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
         """Every file tree equal: an rsync --dry-run --checksum from the source lists no change.
 
         It reads whole trees on both sides: each comparison is bounded by what is left of the budget.
         """
-        rt = ctx.rt
+        rt = runtime(ctx)
         plan = rt.plan
+        window = ctx.window
         problems: list[str] = []
         trees: dict[str, int] = {}
         if not plan.database.verify.files:
@@ -234,7 +237,7 @@ class VerifyTarget(Step):
             window.check(doing)
             try:
                 items = rsync.changed_items(rt.source, command, what=f"compare of tree {tree.name}",
-                                            timeout=window.left())  # fmt: skip
+                                            timeout=window.timeout())  # fmt: skip
             except TransportError as exc:
                 window.check(doing)  # a comparison cut short by the budget: say so
                 problems.append(f"{doing}: {exc}")
@@ -245,21 +248,20 @@ class VerifyTarget(Step):
         return {"trees_differing_items": trees}, problems
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
-        window = Window(ctx.rt.budget, blocked_since(ctx))
-        window.check("starting the verification")
+        ctx.window.check("starting the verification")
         # The three checks are independent and each takes time inside the downtime window: run them side by side
         # (the database and the trees in threads, carrying the log context; the health checks here). Each is
         # bounded by the budget, so leaving the pool (which waits for both threads) is bounded too.
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
-            db_future = pool.submit(contextvars.copy_context().run, self.database, ctx, window)
-            trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx, window)
-            tries, problems = self.health(ctx, window)
+            db_future = pool.submit(contextvars.copy_context().run, self.database, ctx)
+            trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)
+            tries, problems = self.health(ctx)
             db_figures, db_problems = db_future.result()
             tree_figures, tree_problems = trees_future.result()
-        figures = {**db_figures, **tree_figures}
         problems += db_problems + tree_problems
         if problems:
             raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
-        window.check("the data verification")
-        ctx.log.info("target_verified", **{k: v for k, v in figures.items() if not isinstance(v, dict)})
-        return {"health_tries": tries, **figures}
+        ctx.window.check("the data verification")
+        result = VerifyResult(health_tries=tries, **db_figures, **tree_figures)
+        ctx.log.info("target_verified", tables=result.row_counts.tables if result.row_counts else None)
+        return result.journal()

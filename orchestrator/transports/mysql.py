@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pymysql
 
@@ -17,6 +19,13 @@ from orchestrator.secrets import redact
 SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
 # Client error codes meaning "could not reach / lost the server": trying again may help.
 _TRANSIENT_CODES = {2002, 2003, 2006, 2013, 2055, 1040, 1053, 1205, 1213}
+ER_LOCK_WAIT_TIMEOUT = 1205
+QUERY_SUMMARY_CHARS = 80
+# A statement that may carry a password (SET PASSWORD, IDENTIFIED BY [PASSWORD] / AS / USING / VIA, PASSWORD(),
+# MASTER_PASSWORD=, ...) has EVERY string literal masked: listing the forms one by one always misses one.
+_SECRET_STATEMENT = re.compile(r"PASSWORD|IDENTIFIED|\bUSING\s+['\"]", re.IGNORECASE)
+# A quoted literal with its escapes ('it''s', 'a\'b'), or an unterminated one (a truncated query) to the end.
+_LITERAL = re.compile(r"""'(?:[^'\\]|\\.|'')*(?:'|$)|"(?:[^"\\]|\\.|"")*(?:"|$)""", re.DOTALL)
 
 
 class DbError(Exception):
@@ -116,10 +125,6 @@ def missing_from_grants(grants: Iterable[str], needed: Iterable[str]) -> set[str
     return {p.upper() for p in needed} - held
 
 
-def has_privileges(conn: pymysql.Connection, needed: Iterable[str]) -> bool:
-    return not missing_privileges(conn, needed)
-
-
 def list_tables(conn: pymysql.Connection, schemas: list[str] | None = None) -> list[tuple[str, str]]:
     """Base tables (no views) of the given schemas, or of every non-system schema, sorted."""
     sql = "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'"
@@ -199,3 +204,151 @@ def answers(conn: pymysql.Connection) -> bool:
         return _scalar(conn, "SELECT 1") == 1
     except pymysql.MySQLError:
         return False
+
+
+# --- the cut-over's lock session ---
+
+
+def set_lock_wait_timeout(conn: pymysql.Connection, seconds: float) -> None:
+    """Bound this session's wait for a lock (whole seconds: MariaDB refuses a fractional lock_wait_timeout)."""
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION lock_wait_timeout = %s", (max(1, round(seconds)),))
+
+
+def flush_tables_with_read_lock(conn: pymysql.Connection) -> bool:
+    """FLUSH TABLES WITH READ LOCK: True once held (until the session closes), False when the wait timed out.
+
+    Any other failure raises DbError (message redacted).
+    """
+    try:
+        with conn.cursor() as cur:
+            cur.execute("FLUSH TABLES WITH READ LOCK")
+    except pymysql.err.OperationalError as exc:
+        if exc.args and exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
+            return False
+        raise DbError(f"FLUSH TABLES WITH READ LOCK failed: {exc.args[-1] if exc.args else exc}", False) from None
+    return True
+
+
+def session_alive(conn: pymysql.Connection) -> bool:
+    """Does this session's server still answer? (A session dies with its server.)"""
+    try:
+        conn.ping(reconnect=False)
+    except (pymysql.err.MySQLError, OSError):
+        return False
+    return True
+
+
+def close_quietly(conn: pymysql.Connection) -> None:
+    """Close a session (releasing its locks); a server already gone released them too."""
+    with contextlib.suppress(pymysql.err.MySQLError, OSError):
+        conn.close()
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """A session that held up FLUSH TABLES WITH READ LOCK."""
+
+    id: int
+    user: str
+    command: str
+    seconds: int
+    state: str
+    query: str
+
+    def summary(self) -> str:
+        query = f": {self.query}" if self.query else ""
+        return f"#{self.id} {self.user} {self.command} for {self.seconds}s{query}"
+
+
+def mask_query(text: str | None, limit: int = QUERY_SUMMARY_CHARS) -> str:
+    """One line of a query, secrets masked, truncated: safe for logs and error messages."""
+    if not text:
+        return ""
+    line = " ".join(text.split())
+    if _SECRET_STATEMENT.search(line):
+        line = _LITERAL.sub("'***'", line)
+    line = redact(line)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def blockers_from_rows(rows: Iterable[tuple[Any, ...]]) -> list[Blocker]:
+    """PROCESSLIST rows (ID, USER, COMMAND, TIME, STATE, INFO) → blockers, queries masked."""
+    return [
+        Blocker(
+            id=int(row[0]),
+            user=str(row[1] or ""),
+            command=str(row[2] or ""),
+            seconds=int(row[3] or 0),
+            state=str(row[4] or ""),
+            query=mask_query(row[5]),
+        )
+        for row in rows
+    ]
+
+
+def find_blockers(conn: pymysql.Connection) -> list[Blocker]:
+    """Sessions other than ours that are running something, longest first."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT ID, USER, COMMAND, TIME, STATE, INFO FROM information_schema.PROCESSLIST "
+            "WHERE ID <> CONNECTION_ID() AND COMMAND NOT IN ('Sleep', 'Daemon', 'Binlog Dump', 'Killed') "
+            "ORDER BY TIME DESC LIMIT 10"
+        )
+        return blockers_from_rows(cur.fetchall())
+
+
+def tables_in_use(conn: pymysql.Connection, limit: int = 10) -> list[str]:
+    """Tables some session holds open or locked (LOCK TABLES leaves no running query to show)."""
+    with conn.cursor() as cur:
+        cur.execute("SHOW OPEN TABLES WHERE In_use > 0")
+        rows = cur.fetchall()
+    return [f"{row[0]}.{row[1]}" for row in rows[:limit]]
+
+
+def summarize_blockers(blockers: list[Blocker], in_use: list[str] | None = None, limit: int = 3) -> str:
+    parts: list[str] = []
+    if blockers:
+        parts.append("; ".join(b.summary() for b in blockers[:limit]))
+        if len(blockers) > limit:
+            parts.append(f"and {len(blockers) - limit} more")
+    if in_use:
+        parts.append("tables in use: " + ", ".join(in_use))
+    if not parts:
+        return "no running query seen (the blocker may have finished)"
+    return "; ".join(parts)
+
+
+# --- positions ---
+
+# Spellings of "where the binary log ends", newest first: MySQL 8.4 dropped SHOW MASTER STATUS.
+BINLOG_STATUS_STATEMENTS = ("SHOW BINLOG STATUS", "SHOW BINARY LOG STATUS", "SHOW MASTER STATUS")
+
+
+def binlog_position(conn: pymysql.Connection) -> dict[str, Any] | None:
+    """The binlog file and position (and GTID when known), or None when binary logging is off."""
+    row: tuple[Any, ...] | None = None
+    for statement in BINLOG_STATUS_STATEMENTS:
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement)
+                row = cur.fetchone()
+            break
+        except pymysql.err.ProgrammingError:
+            continue  # syntax this server does not know: try the next spelling
+    if not row:
+        return None
+    position: dict[str, Any] = {"file": row[0], "position": int(row[1])}
+    gtid = gtid_binlog_pos(conn)
+    if gtid:
+        position["gtid"] = gtid
+    return position
+
+
+def gtid_binlog_pos(conn: pymysql.Connection) -> str | None:
+    """MariaDB's GTID of the last event in the binary log (None where the server has no such variable)."""
+    try:
+        value = _scalar(conn, "SELECT @@GLOBAL.gtid_binlog_pos")
+    except pymysql.err.MySQLError:
+        return None
+    return str(value) if value else None

@@ -1,0 +1,77 @@
+"""What steps depend on, as protocols: a host they run commands on, and the runtime that hands them hosts,
+database connections, the DNS client and the downtime window.
+
+`orchestrator.runtime.Runtime` is the real implementation; offline tests give steps a recording host and a small
+runtime of their own. `runtime(ctx)` is the typed view of `ctx.rt`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    import pymysql
+
+    from orchestrator.engine.step import StepContext
+    from orchestrator.plan.model import DatabaseEndpoint, Plan
+    from orchestrator.transports.ssh import CommandResult
+    from orchestrator.window import DowntimeWindow
+
+Which = Literal["source", "target"]
+
+
+class Host(Protocol):
+    """A machine steps run shell commands on (SshHost; a recording host in offline tests)."""
+
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+        input: str | None = None,
+    ) -> CommandResult: ...
+
+    def stream(
+        self,
+        command: str,
+        on_line: Callable[[str], None],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult: ...
+
+
+class StepRuntime(Protocol):
+    """The domain objects a step may use (`ctx.rt`)."""
+
+    plan: Plan
+    window: DowntimeWindow
+
+    def host(self, which: Which) -> Host: ...
+
+    @property
+    def source(self) -> Host: ...
+
+    @property
+    def target(self) -> Host: ...
+
+    def endpoint(self, which: Which) -> DatabaseEndpoint: ...
+
+    def db(self, which: Which, *, retry: bool = True, read_timeout: float | None = None) -> pymysql.Connection: ...
+
+    def db_answers(self, which: Which) -> bool: ...
+
+    def release(self, conn: pymysql.Connection) -> None: ...
+
+    @property
+    def dns(self) -> Any: ...
+
+
+def runtime(ctx: StepContext) -> StepRuntime:
+    """`ctx.rt`, typed: what a step may use of the runtime."""
+    rt: StepRuntime = ctx.rt
+    return rt

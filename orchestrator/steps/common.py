@@ -1,0 +1,160 @@
+"""What several steps share, written once: the datadir's excludes, when the pre-sync began, a tree's push, the
+loops that start and stop services, and the wait until a database answers.
+
+Not a step: steps import this module, never each other.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from orchestrator.contracts import Host, Which, runtime
+from orchestrator.engine.step import StepContext, StepError
+from orchestrator.plan.model import FileTree, Plan, Service
+from orchestrator.results import TreeFigures
+from orchestrator.transports import mysql, rsync
+from orchestrator.transports.ssh import TransportError
+
+# Runtime files of a server that must never travel with its datadir.
+DATADIR_EXCLUDES = ("*.sock", "*.sock.lock", "*.pid", "mysql.sock*")
+COMMAND_TIMEOUT = 300.0
+DB_POLL_INTERVAL = 0.5
+
+
+def presync_began(ctx: StepContext) -> float | None:
+    """When this run's datadir pre-sync started (orchestrator clock), from the journal; None if unknown."""
+    events = ctx.history()
+    starts = [ev["ts"] for ev in events if ev.get("event") == "step_started" and ev.get("step") == "db_presync"]
+    return float(starts[0]) if starts else None
+
+
+# --- file trees ---
+
+
+def tree_push_command(plan: Plan, tree: FileTree, *, live: bool) -> str:
+    """The rsync that pushes one tree, run on the source.
+
+    Inside the downtime window (live=False) mtimes are compared to the nanosecond: rsync's default quick check
+    compares whole seconds, so a file rewritten at the same size within the second the pre-sync copied it would
+    look unchanged and its last write would be lost.
+    """
+    extra = [] if live else ["--modify-window=-1"]
+    return rsync.push_command(
+        plan, tree.source, tree.target, exclude=tree.exclude, live=live, chown=tree.owner, extra=extra
+    )
+
+
+def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool) -> TreeFigures:
+    """Push one tree source → target, logging progress; the figures of the transfer.
+
+    Inside the downtime window the push, retries included, is bounded by what is left of the budget.
+    """
+    rt = runtime(ctx)
+    plan = rt.plan
+    window = ctx.window
+    command = tree_push_command(plan, tree, live=live)
+
+    def _progress(p: rsync.Progress) -> None:
+        ctx.log.info("rsync_progress", tree=tree.name, bytes=p.bytes, pct=p.pct, files=p.files_done,
+                     rate=p.rate, eta=p.eta)  # fmt: skip
+
+    started = time.monotonic()
+    try:
+        rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=60)
+        stats = rsync.push(
+            rt.source,  # type: ignore[arg-type]
+            command,
+            what=f"tree {tree.name}",
+            retry=window.bounded(plan.retry),
+            on_progress=_progress,
+            timeout=window.timeout(),
+        )
+    except TransportError as exc:
+        raise StepError(f"copying tree {tree.name}: {exc}") from None
+    figures = TreeFigures(
+        bytes=stats.transferred_bytes,
+        files=stats.files_transferred,
+        total_size=stats.total_size,
+        seconds=round(time.monotonic() - started, 3),
+    )
+    ctx.log.info("tree_synced", tree=tree.name, **figures.journal())
+    return figures
+
+
+# --- services ---
+
+
+@dataclass
+class ServicesOutcome:
+    done: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+def run_services(
+    ctx: StepContext,
+    host: Host,
+    services: Iterable[Service],
+    action: Literal["start", "stop"],
+    *,
+    event: str,
+    keep_going: bool,
+    kind: str = "service",
+    timeout: Callable[[], float | None] = lambda: COMMAND_TIMEOUT,
+    before: Callable[[Service], None] | None = None,
+    after: Callable[[Service], None] | None = None,
+) -> ServicesOutcome:
+    """Start or stop each service in the order given, logging `event` for each.
+
+    `keep_going`: try every service and collect the failures (a compensation); otherwise the first failure
+    raises StepError. `before` runs ahead of each command (journal first), `after` once it succeeded.
+    """
+    outcome = ServicesOutcome()
+    for service in services:
+        if before is not None:
+            before(service)
+        command = service.start if action == "start" else service.stop
+        try:
+            host.run(command, timeout=timeout())
+        except TransportError as exc:
+            if not keep_going:
+                verb = "starting" if action == "start" else "stopping"
+                raise StepError(f"{verb} {kind} {service.name}: {exc}") from None
+            outcome.failures.append(f"service {service.name}: {exc}")
+            continue
+        ctx.log.info(event, service=service.name)
+        outcome.done.append(service.name)
+        if after is not None:
+            after(service)
+    return outcome
+
+
+# --- databases ---
+
+
+def wait_db_answers(ctx: StepContext, which: Which, timeout: float, *, refusal_is_up: bool = False) -> float:
+    """Seconds until that database answered after its start command; StepError when it does not in `timeout`.
+
+    A server that answers but refuses our login is running: with `refusal_is_up` that counts as answering, else
+    it fails at once (waiting would not help).
+    """
+    rt = runtime(ctx)
+    started = time.monotonic()
+    while True:
+        try:
+            conn = rt.db(which, retry=False, read_timeout=10.0)
+            rt.release(conn)
+            return time.monotonic() - started
+        except mysql.DbError as exc:
+            if exc.server_answered:
+                if refusal_is_up:
+                    return time.monotonic() - started
+                raise StepError(f"the {which} database answers but refuses the connection: {exc}") from None
+        if time.monotonic() - started > timeout:
+            raise StepError(
+                f"the {which} database did not answer within {timeout:.0f} s of its start command: see its error log"
+            )
+        time.sleep(DB_POLL_INTERVAL)

@@ -1,0 +1,129 @@
+"""The downtime window: how long writes have been blocked, against `cutover.max_write_block`.
+
+One object per run (`Runtime.window`), handed to every step as `ctx.window`. It is started by the step that blocks
+writes (`begin`, at the moment it journals as `writes_blocked_at`); a run resumed in another process recalls that
+moment from the journal (`bind`), so the budget keeps counting from the first fence, not from the resume.
+
+Every action inside the window asks it for its bound:
+- `remaining()`: seconds left of the budget (None while writes flow);
+- `timeout(cap)`: the timeout of the next action: what is left, at most `cap`, never below one floor (`FLOOR`);
+- `bounded(policy)`: a retry policy whose tries end when the budget does;
+- `check(what)`: the StepError that fails the step once the budget is spent (naming cutover.max_write_block).
+
+Made to grow into a hard budget: `reserve` keeps seconds back for the rollback's own work, and the budget counts
+only time actually blocked (`lift` closes an interval, `begin` opens the next one: a fence lifted between lock
+attempts does not count while writes flow).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from orchestrator.engine.step import StepError
+from orchestrator.plan.model import Retry
+
+# The shortest timeout given to an action inside the window: even an action started with a few milliseconds of
+# budget left gets a real deadline (and fails on it) rather than a zero timeout that would mean "no wait".
+FLOOR = 0.1
+# The journal keys the step that blocks writes saves (step_saved events), and its result carries.
+BLOCKED_AT_KEY = "writes_blocked_at"
+
+History = Callable[[], list[dict[str, Any]]]
+P = TypeVar("P", bound=Retry)
+
+
+def journaled_blocked_at(events: list[dict[str, Any]]) -> float | None:
+    """The first moment writes were blocked in the journal's last run, or None."""
+    starts = [i for i, ev in enumerate(events) if ev.get("event") == "run_started"]
+    for ev in events[starts[-1] if starts else 0 :]:
+        kind = ev.get("event")
+        if kind == "step_saved" and ev.get("key") == BLOCKED_AT_KEY and ev.get("value"):
+            return float(ev["value"])
+        if kind == "step_completed" and (ev.get("result") or {}).get(BLOCKED_AT_KEY):
+            return float(ev["result"][BLOCKED_AT_KEY])
+    return None
+
+
+class DowntimeWindow:
+    def __init__(self, max_seconds: float, *, reserve: float = 0.0, clock: Callable[[], float] = time.time) -> None:
+        self.max_seconds = max_seconds
+        # Seconds kept back for the rollback's own work: the actions inside the window may use the rest.
+        self.reserve = reserve
+        self._clock = clock
+        # Intervals during which writes were blocked: [start, end]; end None while blocked now.
+        self._intervals: list[list[float | None]] = []
+        self._history: History | None = None
+
+    # --- opening and closing
+
+    def begin(self, at: float | None = None) -> float:
+        """Writes are blocked from `at` (now by default); a no-op returning the start while already blocked."""
+        self._recall()
+        if self._intervals and self._intervals[-1][1] is None:
+            return float(self._intervals[-1][0])  # type: ignore[arg-type]
+        start = self._clock() if at is None else at
+        self._intervals.append([start, None])
+        return start
+
+    def lift(self, at: float | None = None) -> None:
+        """Writes flow again from `at`: the time until the next `begin` does not count against the budget."""
+        if self._intervals and self._intervals[-1][1] is None:
+            self._intervals[-1][1] = self._clock() if at is None else at
+
+    def bind(self, history: History) -> DowntimeWindow:
+        """Recall, from the run's journal, a window begun in an earlier process (read lazily, once)."""
+        if not self._intervals:
+            self._history = history
+        return self
+
+    def _recall(self) -> None:
+        history, self._history = self._history, None
+        if history is not None and not self._intervals:
+            since = journaled_blocked_at(history())
+            if since is not None:
+                self._intervals.append([since, None])
+
+    # --- what steps ask
+
+    @property
+    def blocked_at(self) -> float | None:
+        """When writes were first blocked in this run (None: they never were)."""
+        self._recall()
+        return float(self._intervals[0][0]) if self._intervals else None  # type: ignore[arg-type]
+
+    def elapsed(self) -> float | None:
+        """Seconds writes have been blocked so far (None: never)."""
+        self._recall()
+        if not self._intervals:
+            return None
+        now = self._clock()
+        return sum(max(0.0, (end if end is not None else now) - start) for start, end in self._intervals)  # type: ignore[operator]
+
+    def remaining(self) -> float | None:
+        """Seconds the actions inside the window may still take (None while writes were never blocked)."""
+        elapsed = self.elapsed()
+        return None if elapsed is None else self.max_seconds - self.reserve - elapsed
+
+    def timeout(self, cap: float | None = None) -> float | None:
+        """The timeout of the next action: what is left (at least FLOOR), at most `cap`; `cap` outside the window."""
+        remaining = self.remaining()
+        if remaining is None:
+            return cap
+        bounded = max(remaining, FLOOR)
+        return bounded if cap is None else min(cap, bounded)
+
+    def bounded(self, policy: P) -> P:
+        """The retry policy with its tries ending when the budget does (retries count against the budget)."""
+        left = self.timeout()
+        return policy if left is None else policy.model_copy(update={"max_seconds": left})
+
+    def check(self, what: str) -> None:
+        """StepError once writes have been blocked longer than allowed; a no-op while writes flow."""
+        elapsed = self.elapsed()
+        if elapsed is not None and elapsed > self.max_seconds - self.reserve:
+            raise StepError(
+                f"writes blocked for {elapsed:.1f} s, more than cutover.max_write_block"
+                f" {self.max_seconds:g} s (while {what})"
+            )

@@ -1,0 +1,367 @@
+"""Steps and their parts without a host: probes parsed from fixture output, the downtime window, the typed results,
+the cut-over mode's step sequence, and steps driven against a recording host (commands recorded, fixture output
+returned). Pure logic: what these steps do on real hosts is proven on the lab (test_cutover, test_window,
+test_steps_live, test_e2e).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from orchestrator import probes
+from orchestrator.engine.step import StepContext, StepError
+from orchestrator.plan.loader import load_plan
+from orchestrator.plan.model import Plan, Retry
+from orchestrator.results import CutoverResult, DbPresyncResult, FilesResult, VerifyResult, result_of
+from orchestrator.steps import CUTOVER_MODES, STEP_ORDER, step_class, step_order
+from orchestrator.steps.db_final import DbFinal
+from orchestrator.steps.finish import STOPPED_SERVICES, Finish
+from orchestrator.steps.prepare_target import PrepareTarget
+from orchestrator.transports.mysql import blockers_from_rows
+from orchestrator.transports.ssh import CommandResult, TransportError
+from orchestrator.window import DowntimeWindow, journaled_blocked_at
+
+PLAN_FILE = Path(__file__).parents[1] / "plans" / "course-review.yaml"
+
+
+# --- a recording host -----------------------------------------------------------------------------------------
+
+
+class RecordingHost:
+    """Records every command; answers with the first fixture whose pattern the command matches (else empty, 0)."""
+
+    def __init__(self, answers: list[tuple[str, str]] | None = None, *, fail: str | None = None) -> None:
+        self.answers = answers or []
+        self.fail = fail
+        self.calls: list[dict[str, Any]] = []
+
+    def _answer(self, command: str) -> CommandResult:
+        if self.fail is not None and re.search(self.fail, command):
+            raise TransportError(f"`{command}` failed", False)
+        for pattern, output in self.answers:
+            if re.search(pattern, command):
+                return CommandResult(0, output, "")
+        return CommandResult(0, "", "")
+
+    def run(self, command: str, *, timeout: float | None = None, input: str | None = None, **_: Any) -> CommandResult:
+        self.calls.append({"command": command, "timeout": timeout, "input": input})
+        return self._answer(command)
+
+    def stream(
+        self, command: str, on_line: Callable[[str], None], *, timeout: float | None = None, **_: Any
+    ) -> CommandResult:
+        self.calls.append({"command": command, "timeout": timeout, "input": None})
+        result = self._answer(command)
+        for line in result.stdout.splitlines():
+            on_line(line)
+        return result
+
+    @property
+    def commands(self) -> list[str]:
+        return [call["command"] for call in self.calls]
+
+
+class OfflineRuntime:
+    """What the steps use of the runtime, with recording hosts and a database whose answers the test sets."""
+
+    def __init__(self, plan: Plan, *, source: RecordingHost | None = None, target: RecordingHost | None = None):
+        self.plan = plan
+        self.window = DowntimeWindow(plan.cutover.max_write_block)
+        self.source = source or RecordingHost()
+        self.target = target or RecordingHost()
+        self.answers: dict[str, bool] = {"source": True, "target": False}
+
+    def host(self, which: str) -> RecordingHost:
+        return self.source if which == "source" else self.target
+
+    def db_answers(self, which: str) -> bool:
+        return self.answers[which]
+
+
+def plan() -> Plan:
+    return load_plan(PLAN_FILE).plan
+
+
+def context(
+    rt: OfflineRuntime,
+    step: str,
+    *,
+    saved: dict[str, Any] | None = None,
+    outputs: dict[str, dict[str, Any]] | None = None,
+    history: list[dict[str, Any]] | None = None,
+) -> StepContext:
+    journal = saved if saved is not None else {}
+
+    def _save(_step: str, key: str, value: Any) -> None:
+        journal[key] = value
+
+    return StepContext(
+        run_id="offline",
+        step=step,
+        dry_run=False,
+        rt=rt,
+        log=structlog.get_logger("test"),
+        _saved=dict(journal),
+        _outputs=outputs or {},
+        _save=_save,
+        _history=(lambda: history) if history is not None else None,
+    )
+
+
+# --- probes: each parse from fixtures -------------------------------------------------------------------------
+
+
+def test_probe_parses_sizes_free_space_and_versions() -> None:
+    assert probes.parse_du("4096\t/var/lib/mysql\n12\t/srv/uploads\ngarbage\n") == {
+        "/var/lib/mysql": 4096,
+        "/srv/uploads": 12,
+    }
+    df = "/dev/sda1 10737418240 5368709120 5368709120 50% /srv\n"
+    assert probes.parse_df(df) == ("/srv", 5368709120)
+    with pytest.raises(TransportError, match="unexpected df output for /x"):
+        probes.free_space("/x").parse("nonsense")
+    version = probes.database_server_version()
+    assert version.parse("\nmariadbd  Ver 10.11.6-MariaDB-0+deb12u1 for debian-linux-gnu\n").startswith("mariadbd")
+    assert version.parse("") == "" and version.check is False
+    assert probes.has_program("rsync").parse("yes\n") is True
+    assert probes.has_program("rsync").parse("no\n") is False
+    assert "command -v rsync" in probes.has_program("rsync").command
+
+
+def test_probe_parses_paths_links_clock_and_changed_files() -> None:
+    assert probes.real_path("/var/lib/mysql").parse("/data/mysql\n") == "/data/mysql"
+    assert probes.real_path("/var/lib/mysql").parse("") == "/var/lib/mysql"  # readlink said nothing: as given
+    resolved = probes.resolved_paths(["/a", "/b"])
+    assert resolved.command == "readlink -m -- /a /b"
+    assert resolved.parse("/x\n/y\n") == ["/x", "/y"]
+    with pytest.raises(TransportError, match="unexpected readlink output for 2 paths"):
+        resolved.parse("/x\n")
+    links = probes.links_in("/var/lib/my sql", 5)
+    assert "'/var/lib/my sql'" in links.command and "head -n 6" in links.command
+    assert links.parse("/var/lib/mysql/a.isl\n") == ["/var/lib/mysql/a.isl"]
+    assert probes.clock().parse("1700000000.123456789\n") == pytest.approx(1700000000.123456789)
+    changed = probes.files_changed_since("/var/lib/mysql", 1700000000.5)
+    assert "-newermt @1700000000.500" in changed.command
+    assert changed.parse("./ibdata1\0./db/t.ibd\0") == ["./ibdata1", "./db/t.ibd"]
+    assert "-newermt" not in probes.files_changed_since("/d", None).command
+    assert probes.directory_exists("/srv/up loads").parse("yes\n") is True
+
+
+def test_clock_offset_is_taken_against_the_middle_of_the_round_trip() -> None:
+    ahead = RecordingHost([("date", f"{time.time() + 100:.6f}\n")])
+    assert probes.clock_offset(ahead) == pytest.approx(100, abs=1.0)  # type: ignore[arg-type]
+
+
+def test_innodb_files_seen_or_the_reason_they_cannot_be() -> None:
+    seen = RecordingHost([("find /proc", "/proc/41/fd /d/ibdata1\n")])
+    assert probes.innodb_files_visible(seen, "/d") == ({41}, None)  # type: ignore[arg-type]
+    blind = probes.innodb_files_visible(RecordingHost(), "/d")  # type: ignore[arg-type]
+    assert blind[0] == set() and blind[1] is not None and "could not prove the source database has stopped" in blind[1]
+
+
+def test_blockers_from_processlist_rows_are_masked() -> None:
+    rows = [(9, "app", "Query", 31, "User sleep", "UPDATE users SET password = PASSWORD('hunter2') WHERE id=1")]
+    (blocker,) = blockers_from_rows(rows)
+    assert blocker.seconds == 31 and "hunter2" not in blocker.query and blocker.summary().startswith("#9 app Query")
+
+
+# --- the downtime window --------------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_write_budget_uses_the_journaled_start_and_names_the_action() -> None:
+    idle = DowntimeWindow(30)
+    idle.check("idle")  # writes are not blocked: nothing to count
+    spent = DowntimeWindow(30)
+    spent.begin(time.time() - 31)
+    with pytest.raises(StepError, match=r"more than cutover.max_write_block 30 s \(while copying uploads\)"):
+        spent.check("copying uploads")
+    recent = DowntimeWindow(30)
+    recent.begin(time.time() - 5)
+    recent.check("copying uploads")
+    older = DowntimeWindow(30)
+    older.begin(time.time() - 40)
+    with pytest.raises(StepError, match="writes blocked for 4"):
+        older.check("starting the target")
+
+
+def test_window_counts_only_time_blocked_and_keeps_the_rollback_reserve() -> None:
+    clock = Clock()
+    window = DowntimeWindow(10, reserve=2, clock=clock)
+    assert window.remaining() is None and window.blocked_at is None
+    window.begin()
+    clock.now += 3
+    window.lift()  # writes flow again (e.g. between lock attempts): this time is not counted
+    clock.now += 100
+    assert window.elapsed() == 3
+    window.begin()
+    assert window.blocked_at == 1_000.0  # the first moment writes were blocked
+    clock.now += 4
+    assert window.elapsed() == 7 and window.remaining() == 1  # 10 - 2 reserved - 7
+    window.check("inside the budget")
+    clock.now += 1.5
+    assert window.timeout() == probes_floor() and window.timeout(0.05) == 0.05
+    with pytest.raises(StepError, match=r"writes blocked for 8\.5 s"):
+        window.check("past the budget less the reserve")
+
+
+def probes_floor() -> float:
+    from orchestrator.window import FLOOR
+
+    return FLOOR
+
+
+def test_window_bounds_a_retry_policy_by_what_is_left() -> None:
+    clock = Clock()
+    window = DowntimeWindow(30, clock=clock)
+    policy = Retry(attempts=5, max_seconds=120, max_wait=10)
+    assert window.bounded(policy) is policy  # writes flow: the plan's policy as it is
+    window.begin()
+    clock.now += 26
+    assert window.bounded(policy).max_seconds == 4 and window.bounded(policy).attempts == 5
+
+
+def test_a_resumed_run_counts_from_the_journaled_moment_of_its_own_run() -> None:
+    history = [
+        {"event": "run_started", "run_id": "old"},
+        {"event": "step_saved", "step": "cutover", "key": "writes_blocked_at", "value": 10.0},
+        {"event": "run_started", "run_id": "new"},
+        {"event": "step_started", "step": "cutover"},
+        {"event": "step_saved", "step": "cutover", "key": "writes_blocked_at", "value": 500.0},
+    ]
+    assert journaled_blocked_at(history) == 500.0
+    assert journaled_blocked_at(history[:3]) is None
+    completed = [{"event": "step_completed", "step": "cutover", "result": {"writes_blocked_at": 42.0}}]
+    assert journaled_blocked_at(completed) == 42.0
+    # A step's context carries the runtime's window, bound to the run's journal.
+    rt = OfflineRuntime(plan())
+    ctx = context(rt, "files_final", history=history)
+    assert ctx.window is rt.window and ctx.window.blocked_at == 500.0
+
+
+# --- typed results --------------------------------------------------------------------------------------------
+
+
+def test_results_round_trip_through_the_journal_and_tolerate_skipped_steps() -> None:
+    cut = CutoverResult.of(
+        {"mode": "shutdown", "writes_blocked_at": 5.0, "binlog": {"file": "b.000001", "position": 4},
+         "row_counts": {"a.b": 3}, "unknown_key": 1}
+    )  # fmt: skip
+    assert cut.binlog is not None and cut.binlog.position == 4
+    assert CutoverResult.of(cut.journal()) == cut
+    assert "unknown_key" not in cut.journal() and "checksums" not in cut.journal()
+    assert CutoverResult.of({"already_in_place": True}).row_counts is None
+    rounds = DbPresyncResult.of({"rounds": [{"round": 1, "bytes": 10}, {"round": 2, "bytes": 5}]})
+    assert rounds.bytes_moved() == 15
+    assert result_of("files_final", {"bytes": 7}).bytes_moved() == 7
+    assert result_of("preflight", {"source_version": "10.11"}).bytes_moved() == 0
+    assert VerifyResult.of({"row_counts": {"tables": 2, "compared": 2}}).journal()["row_counts"]["compared"] == 2
+    assert FilesResult.of({"trees": {"uploads": {"bytes": 3}}}).trees["uploads"].bytes == 3
+
+
+# --- which steps run, and who imports whom ----------------------------------------------------------------------
+
+
+def test_the_cutover_mode_chooses_the_steps_between_the_shared_ones() -> None:
+    assert step_order("shutdown") == STEP_ORDER
+    assert STEP_ORDER.index("cutover") < STEP_ORDER.index("db_final") < STEP_ORDER.index("files_final")
+    for mode, names in CUTOVER_MODES.items():
+        assert [step_class(name).name for name in names] == list(names), mode
+    with pytest.raises(LookupError, match="replicate"):
+        step_order("replicate")
+
+
+def test_no_step_imports_another_step() -> None:
+    steps_dir = Path(__file__).parents[1] / "orchestrator" / "steps"
+    step_modules = {f"orchestrator.steps.{name}" for name in STEP_ORDER}
+    for path in sorted(steps_dir.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        own = f"orchestrator.steps.{path.stem}"
+        assert not (imported & step_modules) - {own}, f"{path.name} imports {sorted(imported & step_modules)}"
+
+
+# --- steps against a recording host ----------------------------------------------------------------------------
+
+RSYNC_STATS = (
+    "Number of regular files transferred: 2\nTotal file size: 1,000\nTotal transferred file size: 300\n"
+    "Literal data: 120\n"
+)
+
+
+def test_db_final_forces_files_changed_since_the_presync_then_pushes_the_delta_within_the_window() -> None:
+    p = plan()
+    source = RecordingHost([("find \\.", "./ibdata1\0./db/t.ibd\0"), ("rsync", RSYNC_STATS)])
+    target = RecordingHost()
+    rt = OfflineRuntime(p, source=source, target=target)
+    rt.window.begin(time.time() - 5)
+    history = [{"event": "run_started"}, {"event": "step_started", "step": "db_presync", "ts": 1_700_000_000.0}]
+    outputs = {"cutover": {"source_clock_offset": 10.0}}
+    result = DbFinal().run(context(rt, "db_final", outputs=outputs, history=history))
+    assert result == {
+        "final_pass_bytes": 120,
+        "final_pass_files_size": 300,
+        "final_pass_forced_files": 2,
+        "final_pass_seconds": result["final_pass_seconds"],  # type: ignore[index]
+    }
+    # Listed on the source from the pre-sync's start on its clock (offset journaled by the cut-over, less margin).
+    assert "-newermt @1700000008.000" in source.commands[0]
+    # Forced on the target by mtime, names given on stdin, never in the command line.
+    assert "touch -c -m -d @0" in target.calls[0]["command"] and target.calls[0]["input"] == "./ibdata1\0./db/t.ibd\0"
+    push = source.calls[-1]
+    assert "--no-whole-file" in push["command"] and "--modify-window=-1" in push["command"]
+    assert "bwlimit" not in push["command"]
+    left = p.cutover.max_write_block - 5
+    assert push["timeout"] is not None and 0 < push["timeout"] <= left
+
+
+def test_db_final_past_the_budget_copies_nothing() -> None:
+    rt = OfflineRuntime(plan())
+    rt.window.begin(time.time() - rt.plan.cutover.max_write_block - 1)
+    with pytest.raises(StepError, match=r"more than cutover\.max_write_block .*starting the final datadir pass"):
+        DbFinal().run(context(rt, "db_final"))
+    assert rt.source.commands == [] and rt.target.commands == []
+
+
+def test_prepare_target_stops_services_in_reverse_then_the_database() -> None:
+    p = plan()
+    rt = OfflineRuntime(p)
+    result = PrepareTarget().run(context(rt, "prepare_target"))
+    services = list(reversed(p.services.target))
+    assert rt.target.commands == [s.stop for s in services] + [p.database.target.stop]
+    assert result == {"stopped": [s.name for s in services] + ["database"]}
+    still_up = OfflineRuntime(p)
+    still_up.answers["target"] = True
+    with pytest.raises(StepError, match="still answers after its stop command"):
+        PrepareTarget().run(context(still_up, "prepare_target"))
+
+
+def test_finish_journals_each_source_service_before_stopping_it_and_undo_starts_exactly_those() -> None:
+    p = plan()
+    p = p.model_copy(update={"finish": p.finish.model_copy(update={"source": "stop", "drain_seconds": 0})})
+    assert p.services.source, "the example plan has a source service"
+    first = p.services.source[0]
+    rt = OfflineRuntime(p, source=RecordingHost(fail=re.escape(first.stop)))
+    journal: dict[str, Any] = {}
+    with pytest.raises(StepError, match=f"stopping source service {first.name}"):
+        Finish().run(context(rt, "finish", saved=journal, history=[]))
+    assert journal[STOPPED_SERVICES] == [first.name], "journaled before the stop was tried"
+    rt.source.fail = None
+    Finish().undo(context(rt, "finish", saved=journal))
+    assert rt.source.commands[-1] == first.start
