@@ -127,7 +127,9 @@ def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float) -> Ou
     report: dict[str, Any] = json.loads(reports[-1].read_text())
     print(render_report(report))
     window, acked, failed = client_window(state, out)
-    in_window = sum(int((report.get("bytes_by_step") or {}).get(step, 0)) for step in ("cutover", "files_final"))
+    in_window = sum(
+        int((report.get("bytes_by_step") or {}).get(step, 0)) for step in ("cutover", "db_final", "files_final")
+    )
     return Outcome("migrate apply", total, window, report.get("write_block_seconds"), report.get("bytes_moved"),
                    acked, failed, in_window)  # fmt: skip
 
