@@ -94,23 +94,11 @@ class Cutover(Step):
             source_clock_offset=round(probes.clock_offset(rt.source), 6),
         )
         try:
-            if journaled is None:
-                # The lock's session is opened while writes still flow: connecting is not part of the window.
-                conn = self._open_lock_session(ctx)
-                # Before the window too: proving the shutdown later needs the server's open files to be visible.
-                self._server_pids, blind = probes.innodb_files_visible(rt.source, self._datadir)
-                if blind:
-                    raise StepError(blind)
-                result.writes_blocked_at = self._fence(ctx)
-                lock = self._take_lock(ctx, conn)
-                final = self._final_state(ctx, lock)
-                ctx.save(FINAL_STATE, final.journal())
-                ctx.window.check("about to stop the source database")
-            else:
-                # A re-run after the shutdown began: the window counts from the first fence.
+            if journaled is not None:
                 ctx.log.info("cutover.resume_after_shutdown")
-                result.writes_blocked_at = ctx.window.begin(float(ctx.saved(WRITES_BLOCKED_AT)))
-                final = journaled
+            final = journaled if journaled is not None else self._freeze(ctx)
+            # Counted from the first fence, on a re-run too.
+            result.writes_blocked_at = ctx.window.begin(float(ctx.saved(WRITES_BLOCKED_AT)))
             ctx.save(SOURCE_DB_STOPPED, True)
             result.shutdown_seconds = self._stop_source_db(ctx)
         finally:
@@ -135,6 +123,21 @@ class Cutover(Step):
             ctx.save(FENCED, False)
 
     # -- the sequence
+
+    def _freeze(self, ctx: StepContext) -> FinalState:
+        """Fence, lock, and read the source's final figures under the lock (journaled before the shutdown)."""
+        rt = runtime(ctx)
+        # The lock's session is opened while writes still flow: connecting is not part of the window.
+        conn = self._open_lock_session(ctx)
+        # Before the window too: proving the shutdown later needs the server's open files to be visible.
+        self._server_pids, blind = probes.innodb_files_visible(rt.source, self._datadir)
+        if blind:
+            raise StepError(blind)
+        self._fence(ctx)
+        final = self._final_state(ctx, self._take_lock(ctx, conn))
+        ctx.save(FINAL_STATE, final.journal())
+        ctx.window.check("about to stop the source database")
+        return final
 
     def _fence(self, ctx: StepContext) -> float:
         rt = runtime(ctx)
