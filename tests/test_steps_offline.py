@@ -22,6 +22,7 @@ from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Plan, Retry
 from orchestrator.results import CutoverResult, DbPresyncResult, FilesResult, VerifyResult, result_of
 from orchestrator.steps import CUTOVER_MODES, STEP_ORDER, step_class, step_order
+from orchestrator.steps.cutover import Cutover
 from orchestrator.steps.db_final import DbFinal
 from orchestrator.steps.finish import STOPPED_SERVICES, Finish
 from orchestrator.steps.prepare_target import PrepareTarget
@@ -38,22 +39,29 @@ PLAN_FILE = Path(__file__).parents[1] / "plans" / "course-review.yaml"
 class RecordingHost:
     """Records every command; answers with the first fixture whose pattern the command matches (else empty, 0)."""
 
-    def __init__(self, answers: list[tuple[str, str]] | None = None, *, fail: str | None = None) -> None:
+    def __init__(self, answers: list[tuple[str, str | list[str]]] | None = None, *, fail: str | None = None) -> None:
         self.answers = answers or []
         self.fail = fail
         self.calls: list[dict[str, Any]] = []
+        # Called with each command after it ran (what the command does to the world, in a test).
+        self.effect: Callable[[str], None] | None = None
 
     def _answer(self, command: str) -> CommandResult:
         if self.fail is not None and re.search(self.fail, command):
             raise TransportError(f"`{command}` failed", False)
         for pattern, output in self.answers:
             if re.search(pattern, command):
-                return CommandResult(0, output, "")
+                # A list answers in turn, its last answer repeating.
+                text = (output.pop(0) if len(output) > 1 else output[0]) if isinstance(output, list) else output
+                return CommandResult(0, text, "")
         return CommandResult(0, "", "")
 
     def run(self, command: str, *, timeout: float | None = None, input: str | None = None, **_: Any) -> CommandResult:
         self.calls.append({"command": command, "timeout": timeout, "input": input})
-        return self._answer(command)
+        result = self._answer(command)
+        if self.effect is not None:
+            self.effect(command)
+        return result
 
     def stream(
         self, command: str, on_line: Callable[[str], None], *, timeout: float | None = None, **_: Any
@@ -84,6 +92,66 @@ class OfflineRuntime:
 
     def db_answers(self, which: str) -> bool:
         return self.answers[which]
+
+    def db(self, which: str, **_: Any) -> FakeSession:
+        self.session = FakeSession()
+        return self.session
+
+    def release(self, conn: object) -> None:
+        pass
+
+
+class FakeCursor:
+    def __init__(self, session: FakeSession) -> None:
+        self.session = session
+        self.rows: list[tuple[Any, ...]] = []
+
+    def __enter__(self) -> FakeCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def execute(self, sql: str, args: object = None) -> None:
+        self.session.statements.append(sql)
+        self.rows = self.session.answer(sql)
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+
+class FakeSession:
+    """A database session that records statements and answers like a small source database."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+        self._read_timeout: float | None = 30.0
+        self.server_running = True
+        self.closed = False
+
+    def answer(self, sql: str) -> list[tuple[Any, ...]]:
+        if "information_schema.TABLES" in sql:
+            return [("app", "reviews"), ("app", "users")]
+        if sql.startswith("SHOW BINLOG STATUS"):
+            return [("binlog.000003", 1234)]
+        if "gtid_binlog_pos" in sql:
+            return [("0-1-42",)]
+        if sql.startswith("SELECT COUNT(*)"):
+            return [(7,)] if "reviews" in sql else [(2,)]
+        return []
+
+    def cursor(self) -> FakeCursor:
+        return FakeCursor(self)
+
+    def ping(self, reconnect: bool = False) -> None:
+        if not self.server_running:
+            raise OSError("the server went away")
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def plan() -> Plan:
@@ -365,3 +433,50 @@ def test_finish_journals_each_source_service_before_stopping_it_and_undo_starts_
     rt.source.fail = None
     Finish().undo(context(rt, "finish", saved=journal))
     assert rt.source.commands[-1] == first.start
+
+
+def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_to_be_released() -> None:
+    p = plan()
+    holders = "/proc/41/fd /var/lib/mysql/ibdata1\n"
+    source = RecordingHost(
+        [
+            ("^readlink -f", "/var/lib/mysql\n"),
+            ("^date", f"{time.time():.6f}\n"),
+            # Seen while the server runs, still held once after the stop command, then released.
+            ("^find /proc", [holders, holders, ""]),
+        ]
+    )
+    rt = OfflineRuntime(p, source=source)
+    journal: dict[str, Any] = {}
+
+    def _stop(command: str) -> None:
+        if command == p.database.source.stop:
+            rt.session.server_running = False
+
+    source.effect = _stop
+
+    result = Cutover().run(context(rt, "cutover", saved=journal))
+    assert result is not None
+    fence, stop = p.services.fence.enable, p.database.source.stop
+    commands = source.commands
+    assert commands.index(fence) < commands.index(stop)
+    # The server's pid, seen before the stop, is followed until it has exited.
+    assert "/proc/41/stat" in [c for c in commands if c.startswith("find /proc")][-1]
+    statements = rt.session.statements
+    assert statements[0].startswith("SET SESSION lock_wait_timeout")
+    assert statements.index("FLUSH TABLES WITH READ LOCK") < statements.index("SHOW BINLOG STATUS")
+    assert result["row_counts"] == {"app.reviews": 7, "app.users": 2}
+    assert result["binlog"] == {"file": "binlog.000003", "position": 1234, "gtid": "0-1-42"}
+    assert rt.session.closed, "the lock's session is closed (the lock released) once the database stopped"
+    # Journaled in order, each before the action it protects.
+    assert list(journal) == ["fenced", "writes_blocked_at", "final_state", "source_db_stopped"]
+    assert journal["final_state"]["row_counts"] == result["row_counts"]
+    assert rt.window.blocked_at == journal["writes_blocked_at"] == result["writes_blocked_at"]
+
+    # Re-entered after the shutdown began: no new lock, the journaled figures, the stop again.
+    again = OfflineRuntime(p, source=RecordingHost([("^readlink -f", "/var/lib/mysql\n"), ("^date", "0\n")]))
+    again.answers["source"] = False
+    resumed = Cutover().run(context(again, "cutover", saved=journal))
+    assert resumed is not None and resumed["row_counts"] == result["row_counts"]
+    assert resumed["writes_blocked_at"] == result["writes_blocked_at"]
+    assert fence not in again.source.commands and stop in again.source.commands
