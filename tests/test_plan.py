@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.plan.checks import SYSTEM_DIRECTORIES, directory_problem
+from orchestrator.plan.checks import PROTECTED_DIRECTORIES, PROTECTED_TREES, directory_problem
 from orchestrator.plan.loader import MAX_PLAN_BYTES, LoadedPlan, PlanError, load_plan, plan_json_schema
 from orchestrator.plan.model import Plan
 
@@ -197,13 +197,13 @@ def test_relative_path_refused(tmp_path: Path) -> None:
 )
 def test_root_and_system_directories_refused(tmp_path: Path, value: str, shown: str) -> None:
     path = broken(tmp_path, "target: /var/www/shop/uploads", f"target: {value}")
-    expected = f"{path}:9:5: files[0].target: refusing to sync into '/' or a system directory ({shown})"
+    expected = f"{path}:9:5: files[0].target: refusing to sync into {shown}: a system directory (never allowed)"
     assert str(error_of(path)) == expected
 
 
 def test_system_directory_refused_as_datadir(tmp_path: Path) -> None:
     path = broken(tmp_path, "    datadir: /var/lib/mysql\n    start", "    datadir: /var/lib\n    start")
-    expected = f"{path}:13:5: database.source.datadir: refusing to sync into '/' or a system directory (/var/lib)"
+    expected = f"{path}:13:5: database.source.datadir: refusing to sync into /var/lib: a system directory (never allowed)"
     assert str(error_of(path)) == expected
 
 
@@ -213,13 +213,60 @@ def test_unnormalised_path_refused_with_the_normal_form(tmp_path: Path) -> None:
     assert message.startswith(f"{path}:9:5: files[0].target: must be a normalised path: write '/var/www/shop/uploads'")
 
 
-def test_exactly_the_system_directories_are_refused() -> None:
-    for directory in SYSTEM_DIRECTORIES:
-        assert directory_problem(directory) is not None
-    for ordinary in ("/var/lib/mysql", "/var/www", "/home/site/uploads", "/srv/data", "/etc2", "/usr/local/app"):
-        assert directory_problem(ordinary) is None, ordinary
+# Everything beneath a system tree is refused, not only the tree itself (the paths the old exact-match list let by).
+BENEATH_SYSTEM_TREES = [
+    "/usr/bin", "/usr/lib", "/usr/local", "/usr/local/app", "/boot/efi", "/etc/ssh", "/etc/mysql", "/root/.ssh",
+    "/root/site", "/lib/x86_64-linux-gnu", "/lib64/x", "/proc/self", "/sys/kernel", "/dev/shm", "/dev/shm/x",
+    "/run/user", "/run/user/0", "/var/log", "/var/log/nginx", "/var/cache", "/var/cache/apt", "/var/lib/dpkg",
+    "/var/lib/docker/volumes/x", "/sbin/x", "/bin/x", "/var/spool/cron", "/home/site/.ssh", "/srv/app/.ssh/keys",
+    "/home/site/.gnupg",
+]  # fmt: skip
+# Refused themselves only; ordinary places inside them.
+THEMSELVES = ["/tmp", "/var/tmp", "/opt", "/srv", "/var/www", "/home", "/home/site", "/var", "/mnt", "/media"]
+ORDINARY = [
+    "/var/www/app", "/var/www/shop/uploads", "/srv/data", "/opt/shop/uploads", "/tmp/build", "/var/tmp/x",
+    "/home/site/uploads", "/etc2", "/usr2/x", "/library", "/data/mysql", "/mnt/volume/uploads",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("directory", BENEATH_SYSTEM_TREES + THEMSELVES)
+def test_protected_directories_are_refused_by_prefix(directory: str) -> None:
+    assert directory_problem(directory) is not None, directory
+    assert directory_problem(directory, datadir=True) is not None, directory
+
+
+@pytest.mark.parametrize("directory", ORDINARY)
+def test_ordinary_directories_are_allowed(directory: str) -> None:
+    assert directory_problem(directory) is None, directory
+    assert directory_problem(directory, datadir=True) is None, directory
+
+
+def test_the_policy_covers_its_documented_lists() -> None:
+    for tree in PROTECTED_TREES:
+        assert directory_problem(tree) is not None and directory_problem(tree + "/x/y") is not None, tree
+    for directory in PROTECTED_DIRECTORIES:
+        assert directory_problem(directory) is not None, directory
     assert directory_problem("") == "must not be empty"
     assert directory_problem("uploads") == "must be an absolute path"
+
+
+@pytest.mark.parametrize("datadir", ["/var/lib/mysql", "/var/lib/mariadb", "/var/lib/mysql2", "/var/lib/mysql/data"])
+def test_a_datadir_may_live_in_the_database_directory_under_var_lib(datadir: str) -> None:
+    assert directory_problem(datadir, datadir=True) is None
+    # ... but a file tree may not be synced there.
+    assert directory_problem(datadir) is not None
+
+
+def test_allow_protected_path_opts_in_except_for_the_never_allowed(tmp_path: Path) -> None:
+    target = "    target: /var/www/shop/uploads\n"
+    path = broken(tmp_path, target, "    target: /etc/nginx/sites\n")
+    assert "inside /etc, a protected system tree; if you really mean it, set allow_protected_path" in str(
+        error_of(path)
+    )
+    path = broken(tmp_path, target, "    target: /etc/nginx/sites\n    allow_protected_path: true\n")
+    assert load_plan(path).plan.files[0].target == "/etc/nginx/sites"
+    for never in ("/", "/etc", "/usr", "/var/lib", "/proc/x", "/sys/x", "/dev/shm"):
+        assert "never allowed" in str(directory_problem(never, allow_protected=True)), never
 
 
 def test_two_trees_with_one_target_refused(tmp_path: Path) -> None:
@@ -230,7 +277,7 @@ def test_two_trees_with_one_target_refused(tmp_path: Path) -> None:
 
 
 def test_tree_into_the_target_datadir_refused(tmp_path: Path) -> None:
-    path = broken(tmp_path, "target: /var/www/shop/uploads", "target: /var/lib/mysql")
+    path = broken(tmp_path, "target: /var/www/shop/uploads", "target: /var/lib/mysql\n    allow_protected_path: true")
     expected = f"{path}:9:5: files[0].target: a tree may not be synced into the target's datadir"
     assert str(error_of(path)) == expected
 
@@ -248,6 +295,7 @@ def test_cross_checks_also_guard_plans_built_in_code(tmp_path: Path) -> None:
     plan = load_plan(write(tmp_path, SMALL_PLAN)).plan
     data = plan.model_dump()
     data["files"][0]["target"] = "/var/lib/mysql"
+    data["files"][0]["allow_protected_path"] = True
     with pytest.raises(ValidationError, match=r"files\[0\]\.target: a tree may not be synced into"):
         Plan.model_validate(data)
 
