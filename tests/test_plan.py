@@ -465,7 +465,7 @@ def test_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
     path = write(tmp_path, "\n".join(lines) + "\n")
-    assert "values (aliases?): not a plan" in str(error_of(path))
+    assert "values once aliases are expanded: not a plan" in str(error_of(path))
 
 
 def test_deep_nesting(tmp_path: Path) -> None:
