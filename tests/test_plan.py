@@ -203,7 +203,9 @@ def test_root_and_system_directories_refused(tmp_path: Path, value: str, shown: 
 
 def test_system_directory_refused_as_datadir(tmp_path: Path) -> None:
     path = broken(tmp_path, "    datadir: /var/lib/mysql\n    start", "    datadir: /var/lib\n    start")
-    expected = f"{path}:13:5: database.source.datadir: refusing to sync into /var/lib: a system directory (never allowed)"
+    expected = (
+        f"{path}:13:5: database.source.datadir: refusing to sync into /var/lib: a system directory (never allowed)"
+    )
     assert str(error_of(path)) == expected
 
 

@@ -45,6 +45,7 @@ DATADIR_UNDER_VAR_LIB = re.compile(r"^/var/lib/(mysql|mariadb)[A-Za-z0-9._-]*(/.
 
 # Characters that reorder what a terminal shows: a path must read as it is.
 BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+GLOB_CHARACTERS = ("*", "?", "[")
 MAX_PATH_BYTES = 4096  # PATH_MAX on Linux
 MAX_NAME_BYTES = 255  # NAME_MAX: one component
 MAX_SOCKET_BYTES = 107  # sun_path holds 108 bytes with the terminating NUL
@@ -127,6 +128,11 @@ def directory_problem(path: str, *, datadir: bool = False, allow_protected: bool
     problem = path_problem(path)
     if problem is not None:
         return problem
+    wildcard = next((char for char in GLOB_CHARACTERS if char in path), None)
+    if wildcard is not None:
+        # rsync expands wildcards in its remote arguments (with or without -s), on the host: '/srv/[prod]' would
+        # be synced, with --delete, into an existing '/srv/p'.
+        return f"must not contain {wildcard!r}: rsync would expand '*', '?' and '[' as a pattern on the host"
     normalised = _normalised(path)
     problem = protected_problem(normalised, datadir=datadir, allowed=allow_protected)
     if problem is not None:
