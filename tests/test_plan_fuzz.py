@@ -281,7 +281,7 @@ def hostile_documents() -> dict[str, tuple[str, str]]:
         "flow-200000": ("name: shop\nfiles: [" + "a," * 200_000 + "a]\n", f"more than {MAX_PLAN_VALUES} values"),
         "billion-laughs": ("\n".join(laughs) + "\n", f"more than {MAX_PLAN_VALUES} values"),
         "deep": ("name: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than"),
-        "long-key": ("k" * 200_000 + ": 1\n", "not a plan key"),
+        "long-key": ("? " + "k" * 200_000 + "\n: 1\n", "not a plan key"),
     }
 
 
