@@ -512,6 +512,18 @@ def test_json_schema_for_editors() -> None:
     assert {"name", "source", "target", "database", "dns"} <= set(schema["required"])
     assert schema["additionalProperties"] is False
     assert "datadir" in schema["$defs"]["DatabaseEndpoint"]["properties"]
+    # The limits reach editors too.
+    definitions = schema["$defs"]
+    assert schema["properties"]["name"]["maxLength"] == 56
+    assert definitions["Cutover"]["properties"]["lock_attempts"]["maximum"] == 20
+    assert definitions["Cutover"]["properties"]["max_write_block"] == {
+        **definitions["Cutover"]["properties"]["max_write_block"],
+        "exclusiveMinimum": 0,
+        "maximum": 3600,
+    }
+    assert definitions["HttpCheck"]["properties"]["expect_status"]["minimum"] == 100
+    assert definitions["Dns"]["properties"]["records"]["maxItems"] == 100
+    assert definitions["FileTree"]["properties"]["allow_protected_path"]["default"] is False
 
 
 def run_migrate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -676,3 +688,73 @@ def test_double_reversal_gives_back_the_forward_plan(tmp_path: Path) -> None:
         assert getattr(again, section) == getattr(forward, section), section
     assert again.dns_content == forward.dns_content
     assert again.dns.records == forward.dns.records
+
+
+# --- numbers and strings ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("written", "message"),
+    [
+        (".inf", "must be a finite number, got inf"),
+        (".nan", "must be a finite number, got nan"),
+        ("true", "expected a number, got true"),
+        ("'1e3'", "expected a number, got '1e3'"),
+        ("3601", "must be at most 3600, got 3601"),
+        ("0", "must be greater than 0, got 0"),
+    ],
+)
+def test_max_write_block_is_a_finite_number_in_range(tmp_path: Path, written: str, message: str) -> None:
+    path = broken(tmp_path, "max_write_block: 60", f"max_write_block: {written}")
+    assert str(error_of(path)) == f"{path}:25:3: cutover.max_write_block: {message}"
+
+
+def test_lock_attempts_and_drain_seconds_are_bounded(tmp_path: Path) -> None:
+    path = broken(tmp_path, "max_write_block: 60", "max_write_block: 60\n  lock_attempts: 1100")
+    assert str(error_of(path)).endswith("cutover.lock_attempts: must be at most 20, got 1100")
+    path = write(tmp_path, SMALL_PLAN + "finish:\n  drain_seconds: .inf\n")
+    assert str(error_of(path)).endswith("finish.drain_seconds: must be a finite number, got inf")
+
+
+def test_the_plan_name_leaves_room_for_the_reverse_run(tmp_path: Path) -> None:
+    path = broken(tmp_path, "name: shop", "name: " + "x" * 57)
+    assert str(error_of(path)) == (
+        f"{path}:1:1: name: at most 56 characters (the reverse run's directory adds '-reverse')"
+    )
+    path = broken(tmp_path, "name: shop", "name: " + "x" * 10_000)
+    assert str(error_of(path)).startswith(f"{path}:1:1: name: ")
+
+
+def test_the_longest_name_still_reverses(tmp_path: Path) -> None:
+    longest = load_plan(write(tmp_path, REVERSIBLE_PLAN.replace("name: shop", "name: " + "x" * 56, 1))).plan
+    assert longest.reversed().name == "x" * 56 + "-reverse"
+    assert longest.reversed().reversed().name == "x" * 56 + "-reverse-reverse"
+
+
+def test_expect_status_is_a_real_http_status(tmp_path: Path) -> None:
+    checks = "health:\n  checks:\n    - {kind: http, url: 'http://203.0.113.20/', expect_status: 1000}\n"
+    assert "expect_status: must be at most 599" in str(error_of(write(tmp_path, SMALL_PLAN + checks)))
+    checks = "health:\n  checks:\n    - {kind: http, url: 'ftp://203.0.113.20/'}\n"
+    assert "url: must be an http:// or https:// URL" in str(error_of(write(tmp_path, SMALL_PLAN + checks)))
+
+
+def test_a_record_listed_twice_is_refused(tmp_path: Path) -> None:
+    path = broken(tmp_path, "records: [example.com]", "records: [example.com, www.example.com, Example.com.]")
+    assert str(error_of(path)) == f"{path}:23:43: dns.records[2]: 'Example.com.' is listed twice"
+
+
+def test_exclude_patterns_rsync_would_read_as_rules_are_refused(tmp_path: Path) -> None:
+    for pattern in ("'+ keep'", "'- drop'", "'!'"):
+        path = broken(
+            tmp_path,
+            "    target: /var/www/shop/uploads\n",
+            f"    target: /var/www/shop/uploads\n    exclude: [{pattern}]\n",
+        )
+        assert "files[0].exclude[0]: must not start with '+ ' or '- ' or be '!'" in str(error_of(path)), pattern
+
+
+def test_control_characters_in_a_secret_file_are_refused_without_echo(tmp_path: Path) -> None:
+    path = broken(tmp_path, "api_token: {env: CLOUDFLARE_API_TOKEN}", 'api_token: {file: "/run/tok\\nen"}')
+    assert str(error_of(path)).endswith(
+        "dns.api_token.file: must not contain control characters: U+000A at character 9"
+    )

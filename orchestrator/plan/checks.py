@@ -173,6 +173,13 @@ def cross_field_problems(plan: Plan) -> list[tuple[Location, str]]:
                 (("files", index, "target"), "a tree may not overlap the target's datadir (one inside the other)")
             )
 
+    seen_records: set[str] = set()
+    for index, record in enumerate(plan.dns.records):
+        key = record.lower().rstrip(".")
+        if key in seen_records:
+            problems.append((("dns", "records", index), f"'{record}' is listed twice"))
+        seen_records.add(key)
+
     names = [tree.name for tree in plan.files]
     for index, name in enumerate(names):
         if name in names[:index]:

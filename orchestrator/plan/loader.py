@@ -79,9 +79,10 @@ def dotted(field_path: FieldPath) -> str:
 
 
 class _TooBig(Exception):
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, position: Position | None = None) -> None:
         super().__init__(what)
         self.what = what
+        self.position = position
 
 
 class _BoundedComposer(Composer):
@@ -120,6 +121,8 @@ class _BoundedComposer(Composer):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         alias = self.parser.check_event(AliasEvent)
+        # Blame where the node is written: for an alias, the alias, not the anchor it repeats.
+        mark = self.parser.peek_event().start_mark
         node = super().compose_node(parent, index)
         nodes, characters = self._weight(node)
         if alias:  # the subtree counts again wherever it is used
@@ -128,10 +131,11 @@ class _BoundedComposer(Composer):
         else:  # its children were counted as they were composed
             self._nodes += 1
             self._characters += characters if isinstance(node, ScalarNode) else 0
+        where = _position(mark.line, mark.column) if mark is not None else None
         if self._nodes > MAX_PLAN_VALUES or nodes > MAX_PLAN_VALUES:
-            raise _TooBig(f"more than {MAX_PLAN_VALUES} values")
+            raise _TooBig(f"more than {MAX_PLAN_VALUES} values", where)
         if self._characters > MAX_PLAN_EXPANDED or characters > MAX_PLAN_EXPANDED:
-            raise _TooBig(f"more than {MAX_PLAN_EXPANDED // 1024 // 1024} MiB of text")
+            raise _TooBig(f"more than {MAX_PLAN_EXPANDED // 1024 // 1024} MiB of text", where)
         return node
 
 
@@ -244,8 +248,9 @@ def _yaml_error(shown: str, exc: YAMLError, text: str) -> PlanError:
     return PlanError([f"{shown}: not valid YAML: {reason}"])
 
 
-def _too_big(shown: str, what: str) -> PlanError:
-    return PlanError([f"{shown}: the plan holds {what} once aliases are expanded: not a plan"])
+def _too_big(shown: str, exc: _TooBig) -> PlanError:
+    where = f":{exc.position[0]}:{exc.position[1]}" if exc.position else ""
+    return PlanError([f"{shown}{where}: the plan holds {exc.what} once aliases are expanded: not a plan"])
 
 
 def _parse(shown: str, text: str) -> _Document:
@@ -256,7 +261,7 @@ def _parse(shown: str, text: str) -> _Document:
     try:
         root = yaml.load(text)
     except _TooBig as exc:
-        raise _too_big(shown, exc.what) from None
+        raise _too_big(shown, exc) from None
     except MaxDepthExceededError as exc:
         mark = exc.problem_mark
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
@@ -282,7 +287,7 @@ def _parse(shown: str, text: str) -> _Document:
     try:
         doc.data = _plain(root, (), _position(line, col), doc)
     except _TooBig as exc:
-        raise _too_big(shown, exc.what) from None
+        raise _too_big(shown, exc) from None
     except RecursionError:
         raise PlanError([f"{shown}: not valid YAML: nested too deeply"]) from None
     except _BadValue as exc:
@@ -382,6 +387,11 @@ def _describe(value: Any) -> str:
     return str(value)
 
 
+def _bound(value: Any) -> str:
+    # pydantic reports a float field's bound as a float: say 3600, not 3600.0.
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _message(error: Any, located: _Located) -> str:
     kind = error["type"]
     context = error.get("ctx") or {}
@@ -418,13 +428,13 @@ def _message(error: Any, located: _Located) -> str:
     if kind == "literal_error":
         return f"must be {context.get('expected', 'one of the allowed values')}{got}"
     if kind == "greater_than":
-        return f"must be greater than {context.get('gt')}{got}"
+        return f"must be greater than {_bound(context.get('gt'))}{got}"
     if kind == "greater_than_equal":
-        return f"must be at least {context.get('ge')}{got}"
+        return f"must be at least {_bound(context.get('ge'))}{got}"
     if kind == "less_than":
-        return f"must be less than {context.get('lt')}{got}"
+        return f"must be less than {_bound(context.get('lt'))}{got}"
     if kind == "less_than_equal":
-        return f"must be at most {context.get('le')}{got}"
+        return f"must be at most {_bound(context.get('le'))}{got}"
     if kind == "too_short":
         return f"must have at least {context.get('min_length')} item(s)"
     if kind == "too_long":

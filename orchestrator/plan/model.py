@@ -204,8 +204,10 @@ _ALLOW_PROTECTED = Field(
 class SecretRef(Strict):
     """Where a secret lives: exactly one of an environment variable or a file (first line, stripped)."""
 
-    env: str | None = Field(default=None, description="name of the environment variable holding the secret")
-    file: str | None = Field(default=None, description="path of a file holding the secret (first line)")
+    env: str | None = Field(
+        default=None, max_length=255, description="name of the environment variable holding the secret"
+    )
+    file: FilePath | None = Field(default=None, description="path of a file holding the secret (first line)")
 
     @model_validator(mode="before")
     @classmethod
@@ -510,7 +512,8 @@ class ReverseOverrides(Strict):
 class Plan(Strict):
     name: str = Field(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-        max_length=255,
+        max_length=255,  # a directory name; a user's plan is held to MAX_NAME_CHARS below (and in the schema)
+        json_schema_extra={"maxLength": MAX_NAME_CHARS},
         description=f"the plan's name, typed to confirm; names the state directory (at most {MAX_NAME_CHARS} "
         "characters: letters, digits, '.', '_', '-')",
     )
