@@ -26,6 +26,7 @@ description: the shop
 source:
   address: 203.0.113.10
   ssh_port: 22
+  user: root
   key: /root/.ssh/migrate
   known_hosts: /root/.ssh/known_hosts
   connect_timeout: 10
@@ -64,6 +65,7 @@ health:
   checks:
     - kind: http
       url: http://203.0.113.20/healthz
+      host_header: www.example.com
       expect_status: 200
       timeout: 5
     - kind: tcp
@@ -174,6 +176,8 @@ TEXT_FIELDS = {
     "files[0].owner": ["'a b'", "'root;id'", "''", "x:y:z"],
     "transfer.bwlimit": ["fast", "'-1'", "50M;id", "''"],
     "source.address": ["'-oProxyCommand=x'", "'a b'", "''", '"h\\nx"'],
+    "source.user": ["'-oProxyCommand=x'", "'a@b'", "''", "x" * 33, "'root;id'"],
+    "health.checks[0].host_header": ["'a b'", "x:0", "'[::1]x'", '"a\\nb"'],
     "description": ['"a\\0b"', "x" * 1001],
     "files[0].name": ["''", '"a\\eb"', "x" * 101],
 }  # fmt: skip

@@ -101,10 +101,18 @@ def _host_address(value: str) -> str:
 
 
 def _host_header(value: str) -> str:
-    host, colon, port = value.rpartition(":") if value.count(":") == 1 else (value, "", "")
-    if colon and not (port.isdigit() and 1 <= int(port) <= 65535):
+    """A Host header: a name or address, optionally with ':port' ('[v6]:port' for an IPv6 address)."""
+    host, port = value, ""
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        if rest:
+            port = rest.removeprefix(":") if rest.startswith(":") else "?"
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    if port and not (port.isdigit() and 1 <= int(port) <= 65535):
         raise PydanticCustomError("bad_host", "must be a host name, optionally with ':port' (1-65535)")
-    return _host_address(host) and value
+    _host_address(host)
+    return value
 
 
 _DNS_NAME = re.compile(r"^(\*\.)?([A-Za-z0-9_]([A-Za-z0-9_-]{0,62})\.)*[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})\.?$")
@@ -147,6 +155,15 @@ def _bwlimit(value: str) -> str:
     return value
 
 
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")
+
+
+def _user_name(value: str) -> str:
+    if not _USER.match(value):
+        raise PydanticCustomError("bad_user", "must be a user name: letters, digits, '_', '.', '-', at most 32")
+    return value
+
+
 _OWNER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$")
 
 
@@ -176,14 +193,14 @@ SocketPath = Annotated[str, AfterValidator(_socket_path)]
 HostAddress = Annotated[str, AfterValidator(_host_address)]
 DnsName = Annotated[str, AfterValidator(_dns_name)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
-UserName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")]
+UserName = Annotated[str, AfterValidator(_user_name)]
 SshOption = Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_plain_text)]
 ExcludePattern = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_exclude)]
 SchemaName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_plain_text)]
 
 
 def _seconds(low: float, high: float, *, zero: bool = False, description: str, default: float) -> Any:
-    """A duration in seconds, finite, within [low or >0, high]."""
+    """A duration in seconds: finite, above `low` (or equal to it with `zero`), at most `high`."""
     bounds: dict[str, float] = {"ge": low} if zero else {"gt": low}
     return Field(default=default, le=high, description=f"{description} (seconds)", **bounds)
 
