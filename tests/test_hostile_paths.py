@@ -123,7 +123,6 @@ def test_hostile_names_land_exactly_where_written_and_nothing_else_changes(
     for name in HOSTILE_NAMES:
         source_dir, target_dir = source_root / name, target_root / name
         expected[target_dir] = fill(source_dir, name)
-        target_dir.parent.mkdir(parents=True, exist_ok=True)  # rsync creates the last component only ('[/]')
         pairs.append((source_dir, target_dir))
     for name in NEIGHBOURS:  # what a misread name would hit, on both hosts
         fill(source_root / name, f"neighbour {name} (source)")
@@ -159,7 +158,9 @@ def test_hostile_names_land_exactly_where_written_and_nothing_else_changes(
     assert tree_digest(target_root, targets) == before_target, "a neighbouring directory on the target changed"
     assert tree_digest(source_root) == before_source, "the source changed"
     assert [tree_digest(path) for path in beside] == before_beside, "something beside the trees changed"
+    # A name run as a command would touch PWNED where the remote command runs: the ssh user's home, or the lab.
     pwned = [p for root in (lab_env.source.path, lab_env.target.path) for p in root.rglob("PWNED") if p.is_file()]
+    pwned += [p for p in (Path.home() / "PWNED", Path.cwd() / "PWNED") if p.exists()]
     assert not pwned, f"a name was run as a command: {pwned}"
 
 
