@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.plan.checks import SYSTEM_DIRECTORIES, directory_problem
+from orchestrator.plan.checks import PROTECTED_DIRECTORIES, PROTECTED_TREES, directory_problem
 from orchestrator.plan.loader import MAX_PLAN_BYTES, LoadedPlan, PlanError, load_plan, plan_json_schema
 from orchestrator.plan.model import Plan
 
@@ -197,13 +197,15 @@ def test_relative_path_refused(tmp_path: Path) -> None:
 )
 def test_root_and_system_directories_refused(tmp_path: Path, value: str, shown: str) -> None:
     path = broken(tmp_path, "target: /var/www/shop/uploads", f"target: {value}")
-    expected = f"{path}:9:5: files[0].target: refusing to sync into '/' or a system directory ({shown})"
+    expected = f"{path}:9:5: files[0].target: refusing to sync into {shown}: a system directory (never allowed)"
     assert str(error_of(path)) == expected
 
 
 def test_system_directory_refused_as_datadir(tmp_path: Path) -> None:
     path = broken(tmp_path, "    datadir: /var/lib/mysql\n    start", "    datadir: /var/lib\n    start")
-    expected = f"{path}:13:5: database.source.datadir: refusing to sync into '/' or a system directory (/var/lib)"
+    expected = (
+        f"{path}:13:5: database.source.datadir: refusing to sync into /var/lib: a system directory (never allowed)"
+    )
     assert str(error_of(path)) == expected
 
 
@@ -213,13 +215,60 @@ def test_unnormalised_path_refused_with_the_normal_form(tmp_path: Path) -> None:
     assert message.startswith(f"{path}:9:5: files[0].target: must be a normalised path: write '/var/www/shop/uploads'")
 
 
-def test_exactly_the_system_directories_are_refused() -> None:
-    for directory in SYSTEM_DIRECTORIES:
-        assert directory_problem(directory) is not None
-    for ordinary in ("/var/lib/mysql", "/var/www", "/home/site/uploads", "/srv/data", "/etc2", "/usr/local/app"):
-        assert directory_problem(ordinary) is None, ordinary
+# Everything beneath a system tree is refused, not only the tree itself (the paths the old exact-match list let by).
+BENEATH_SYSTEM_TREES = [
+    "/usr/bin", "/usr/lib", "/usr/local", "/usr/local/app", "/boot/efi", "/etc/ssh", "/etc/mysql", "/root/.ssh",
+    "/root/site", "/lib/x86_64-linux-gnu", "/lib64/x", "/proc/self", "/sys/kernel", "/dev/shm", "/dev/shm/x",
+    "/run/user", "/run/user/0", "/var/log", "/var/log/nginx", "/var/cache", "/var/cache/apt", "/var/lib/dpkg",
+    "/var/lib/docker/volumes/x", "/sbin/x", "/bin/x", "/var/spool/cron", "/home/site/.ssh", "/srv/app/.ssh/keys",
+    "/home/site/.gnupg",
+]  # fmt: skip
+# Refused themselves only; ordinary places inside them.
+THEMSELVES = ["/tmp", "/var/tmp", "/opt", "/srv", "/var/www", "/home", "/home/site", "/var", "/mnt", "/media"]
+ORDINARY = [
+    "/var/www/app", "/var/www/shop/uploads", "/srv/data", "/opt/shop/uploads", "/tmp/build", "/var/tmp/x",
+    "/home/site/uploads", "/etc2", "/usr2/x", "/library", "/data/mysql", "/mnt/volume/uploads",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("directory", BENEATH_SYSTEM_TREES + THEMSELVES)
+def test_protected_directories_are_refused_by_prefix(directory: str) -> None:
+    assert directory_problem(directory) is not None, directory
+    assert directory_problem(directory, datadir=True) is not None, directory
+
+
+@pytest.mark.parametrize("directory", ORDINARY)
+def test_ordinary_directories_are_allowed(directory: str) -> None:
+    assert directory_problem(directory) is None, directory
+    assert directory_problem(directory, datadir=True) is None, directory
+
+
+def test_the_policy_covers_its_documented_lists() -> None:
+    for tree in PROTECTED_TREES:
+        assert directory_problem(tree) is not None and directory_problem(tree + "/x/y") is not None, tree
+    for directory in PROTECTED_DIRECTORIES:
+        assert directory_problem(directory) is not None, directory
     assert directory_problem("") == "must not be empty"
     assert directory_problem("uploads") == "must be an absolute path"
+
+
+@pytest.mark.parametrize("datadir", ["/var/lib/mysql", "/var/lib/mariadb", "/var/lib/mysql2", "/var/lib/mysql/data"])
+def test_a_datadir_may_live_in_the_database_directory_under_var_lib(datadir: str) -> None:
+    assert directory_problem(datadir, datadir=True) is None
+    # ... but a file tree may not be synced there.
+    assert directory_problem(datadir) is not None
+
+
+def test_allow_protected_path_opts_in_except_for_the_never_allowed(tmp_path: Path) -> None:
+    target = "    target: /var/www/shop/uploads\n"
+    path = broken(tmp_path, target, "    target: /etc/nginx/sites\n")
+    assert "inside /etc, a protected system tree; if you really mean it, set allow_protected_path" in str(
+        error_of(path)
+    )
+    path = broken(tmp_path, target, "    target: /etc/nginx/sites\n    allow_protected_path: true\n")
+    assert load_plan(path).plan.files[0].target == "/etc/nginx/sites"
+    for never in ("/", "/etc", "/usr", "/var/lib", "/proc/x", "/sys/x", "/dev/shm"):
+        assert "never allowed" in str(directory_problem(never, allow_protected=True)), never
 
 
 def test_two_trees_with_one_target_refused(tmp_path: Path) -> None:
@@ -230,7 +279,7 @@ def test_two_trees_with_one_target_refused(tmp_path: Path) -> None:
 
 
 def test_tree_into_the_target_datadir_refused(tmp_path: Path) -> None:
-    path = broken(tmp_path, "target: /var/www/shop/uploads", "target: /var/lib/mysql")
+    path = broken(tmp_path, "target: /var/www/shop/uploads", "target: /var/lib/mysql\n    allow_protected_path: true")
     expected = f"{path}:9:5: files[0].target: a tree may not be synced into the target's datadir"
     assert str(error_of(path)) == expected
 
@@ -248,6 +297,7 @@ def test_cross_checks_also_guard_plans_built_in_code(tmp_path: Path) -> None:
     plan = load_plan(write(tmp_path, SMALL_PLAN)).plan
     data = plan.model_dump()
     data["files"][0]["target"] = "/var/lib/mysql"
+    data["files"][0]["allow_protected_path"] = True
     with pytest.raises(ValidationError, match=r"files\[0\]\.target: a tree may not be synced into"):
         Plan.model_validate(data)
 
@@ -417,7 +467,7 @@ def test_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
     path = write(tmp_path, "\n".join(lines) + "\n")
-    assert "values (aliases?): not a plan" in str(error_of(path))
+    assert "values once aliases are expanded: not a plan" in str(error_of(path))
 
 
 def test_deep_nesting(tmp_path: Path) -> None:
@@ -462,6 +512,18 @@ def test_json_schema_for_editors() -> None:
     assert {"name", "source", "target", "database", "dns"} <= set(schema["required"])
     assert schema["additionalProperties"] is False
     assert "datadir" in schema["$defs"]["DatabaseEndpoint"]["properties"]
+    # The limits reach editors too.
+    definitions = schema["$defs"]
+    assert schema["properties"]["name"]["maxLength"] == 56
+    assert definitions["Cutover"]["properties"]["lock_attempts"]["maximum"] == 20
+    assert definitions["Cutover"]["properties"]["max_write_block"] == {
+        **definitions["Cutover"]["properties"]["max_write_block"],
+        "exclusiveMinimum": 0,
+        "maximum": 3600,
+    }
+    assert definitions["HttpCheck"]["properties"]["expect_status"]["minimum"] == 100
+    assert definitions["Dns"]["properties"]["records"]["maxItems"] == 100
+    assert definitions["FileTree"]["properties"]["allow_protected_path"]["default"] is False
 
 
 def run_migrate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -626,3 +688,73 @@ def test_double_reversal_gives_back_the_forward_plan(tmp_path: Path) -> None:
         assert getattr(again, section) == getattr(forward, section), section
     assert again.dns_content == forward.dns_content
     assert again.dns.records == forward.dns.records
+
+
+# --- numbers and strings ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("written", "message"),
+    [
+        (".inf", "must be a finite number, got inf"),
+        (".nan", "must be a finite number, got nan"),
+        ("true", "expected a number, got true"),
+        ("'1e3'", "expected a number, got '1e3'"),
+        ("3601", "must be at most 3600, got 3601"),
+        ("0", "must be greater than 0, got 0"),
+    ],
+)
+def test_max_write_block_is_a_finite_number_in_range(tmp_path: Path, written: str, message: str) -> None:
+    path = broken(tmp_path, "max_write_block: 60", f"max_write_block: {written}")
+    assert str(error_of(path)) == f"{path}:25:3: cutover.max_write_block: {message}"
+
+
+def test_lock_attempts_and_drain_seconds_are_bounded(tmp_path: Path) -> None:
+    path = broken(tmp_path, "max_write_block: 60", "max_write_block: 60\n  lock_attempts: 1100")
+    assert str(error_of(path)).endswith("cutover.lock_attempts: must be at most 20, got 1100")
+    path = write(tmp_path, SMALL_PLAN + "finish:\n  drain_seconds: .inf\n")
+    assert str(error_of(path)).endswith("finish.drain_seconds: must be a finite number, got inf")
+
+
+def test_the_plan_name_leaves_room_for_the_reverse_run(tmp_path: Path) -> None:
+    path = broken(tmp_path, "name: shop", "name: " + "x" * 57)
+    assert str(error_of(path)) == (
+        f"{path}:1:1: name: at most 56 characters (the reverse run's directory adds '-reverse')"
+    )
+    path = broken(tmp_path, "name: shop", "name: " + "x" * 10_000)
+    assert str(error_of(path)).startswith(f"{path}:1:1: name: ")
+
+
+def test_the_longest_name_still_reverses(tmp_path: Path) -> None:
+    longest = load_plan(write(tmp_path, REVERSIBLE_PLAN.replace("name: shop", "name: " + "x" * 56, 1))).plan
+    assert longest.reversed().name == "x" * 56 + "-reverse"
+    assert longest.reversed().reversed().name == "x" * 56 + "-reverse-reverse"
+
+
+def test_expect_status_is_a_real_http_status(tmp_path: Path) -> None:
+    checks = "health:\n  checks:\n    - {kind: http, url: 'http://203.0.113.20/', expect_status: 1000}\n"
+    assert "expect_status: must be at most 599" in str(error_of(write(tmp_path, SMALL_PLAN + checks)))
+    checks = "health:\n  checks:\n    - {kind: http, url: 'ftp://203.0.113.20/'}\n"
+    assert "url: must be an http:// or https:// URL" in str(error_of(write(tmp_path, SMALL_PLAN + checks)))
+
+
+def test_a_record_listed_twice_is_refused(tmp_path: Path) -> None:
+    path = broken(tmp_path, "records: [example.com]", "records: [example.com, www.example.com, Example.com.]")
+    assert str(error_of(path)) == f"{path}:23:43: dns.records[2]: 'Example.com.' is listed twice"
+
+
+def test_exclude_patterns_rsync_would_read_as_rules_are_refused(tmp_path: Path) -> None:
+    for pattern in ("'+ keep'", "'- drop'", "'!'"):
+        path = broken(
+            tmp_path,
+            "    target: /var/www/shop/uploads\n",
+            f"    target: /var/www/shop/uploads\n    exclude: [{pattern}]\n",
+        )
+        assert "files[0].exclude[0]: must not start with '+ ' or '- ' or be '!'" in str(error_of(path)), pattern
+
+
+def test_control_characters_in_a_secret_file_are_refused_without_echo(tmp_path: Path) -> None:
+    path = broken(tmp_path, "api_token: {env: CLOUDFLARE_API_TOKEN}", 'api_token: {file: "/run/tok\\nen"}')
+    assert str(error_of(path)).endswith(
+        "dns.api_token.file: must not contain control characters: U+000A at character 9"
+    )

@@ -59,8 +59,9 @@ def test_live_push_is_niced_on_both_ends_and_bandwidth_limited() -> None:
     assert {"--info=progress2", "--no-inc-recursive", "--stats", "--whole-file"} <= set(argv)
     # Paths with spaces and quotes reach rsync intact, with the trailing slash that copies contents.
     assert argv[-2:] == ["/srv/up loads/", "deploy@10.0.0.2:/srv/it's here/"]
+    assert "-s" in argv, "paths travel in rsync's protocol, never through the target's shell"
     ssh = shlex.split(argv[argv.index("-e") + 1])
-    assert ssh[0] == "ssh" and ssh[ssh.index("-i") + 1] == "/root/.ssh/migrate"
+    assert ssh[0] == "ssh" and 'IdentityFile="/root/.ssh/migrate"' in ssh
     assert "StrictHostKeyChecking=yes" in ssh and "BatchMode=yes" in ssh
     assert "ControlMaster=auto" in ssh and f"ControlPersist={rsync.CONTROL_PERSIST}" in ssh
     assert ssh[ssh.index("-p") + 1] == "2222"
@@ -72,8 +73,8 @@ def test_push_in_the_downtime_window_has_no_limit_and_no_nice() -> None:
     assert argv[0] == "rsync"
     assert not [a for a in argv if a.startswith(("--bwlimit", "--rsync-path"))]
     assert "--inplace" in argv
-    # No key on the source: the agent is forwarded instead, so no -i.
-    assert "-i" not in shlex.split(argv[argv.index("-e") + 1])
+    # No key on the source: the agent is forwarded instead, so no identity file.
+    assert not [a for a in shlex.split(argv[argv.index("-e") + 1]) if a.startswith("IdentityFile")]
 
 
 def test_compare_is_a_dry_run_with_checksums_listing_items() -> None:

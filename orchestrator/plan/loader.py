@@ -20,15 +20,23 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
+from ruamel.yaml.composer import Composer, MaxDepthExceededError
 from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import AliasEvent
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from orchestrator.plan.checks import cross_field_problems
 from orchestrator.plan.model import DEFER_CROSS_CHECKS, Plan, SecretRef
 
 MAX_PLAN_BYTES = 1024 * 1024
-# Aliases can make a small file expand into billions of values; a real plan has a few hundred.
-MAX_PLAN_VALUES = 100_000
+# A real plan has a few hundred values, nested six deep, a few KB of text. Aliases can make a small file expand
+# into billions of values: the composer counts every node (an alias counts the whole subtree it stands for) and
+# the characters they hold, and stops at these limits before anything is built from them.
+MAX_PLAN_VALUES = 10_000  # nodes: mappings, lists, keys and values, aliases expanded
+MAX_PLAN_EXPANDED = 2 * 1024 * 1024  # characters of every key and value, aliases expanded
+MAX_PLAN_DEPTH = 50  # nesting levels
+MAX_KEY_CHARS = 100
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 FieldPath = tuple[str | int, ...]
@@ -71,7 +79,64 @@ def dotted(field_path: FieldPath) -> str:
 
 
 class _TooBig(Exception):
-    pass
+    def __init__(self, what: str, position: Position | None = None) -> None:
+        super().__init__(what)
+        self.what = what
+        self.position = position
+
+
+class _BoundedComposer(Composer):
+    """ruamel's composer, counting what the document would be once every alias is expanded.
+
+    Each node's weight (itself, the characters of a scalar, and its children's weights) is computed once, when it
+    is composed; an alias adds the weight of the node it names without copying anything. Both the node count and
+    the expanded size are checked as the document is read, so a bomb stops within its first few thousand events.
+    """
+
+    def __init__(self, loader: Any = None) -> None:
+        super().__init__(loader)
+        self.warn_double_anchors = False  # a reused anchor is legal YAML: no warning on stderr
+        self._weights: dict[int, tuple[int, int]] = {}  # id(node) -> (nodes, characters), aliases expanded
+        self._nodes = 0
+        self._characters = 0
+
+    def _weight(self, node: Node) -> tuple[int, int]:
+        known = self._weights.get(id(node))
+        if known is not None:
+            return known
+        nodes, characters = 1, 0
+        if isinstance(node, ScalarNode):
+            characters = len(node.value)
+        elif isinstance(node, SequenceNode):
+            for child in node.value:
+                child_nodes, child_chars = self._weight(child)
+                nodes, characters = nodes + child_nodes, characters + child_chars
+        elif isinstance(node, MappingNode):
+            for key, value in node.value:
+                for child in (key, value):
+                    child_nodes, child_chars = self._weight(child)
+                    nodes, characters = nodes + child_nodes, characters + child_chars
+        self._weights[id(node)] = (nodes, characters)
+        return nodes, characters
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        alias = self.parser.check_event(AliasEvent)
+        # Blame where the node is written: for an alias, the alias, not the anchor it repeats.
+        mark = self.parser.peek_event().start_mark
+        node = super().compose_node(parent, index)
+        nodes, characters = self._weight(node)
+        if alias:  # the subtree counts again wherever it is used
+            self._nodes += nodes
+            self._characters += characters
+        else:  # its children were counted as they were composed
+            self._nodes += 1
+            self._characters += characters if isinstance(node, ScalarNode) else 0
+        where = _position(mark.line, mark.column) if mark is not None else None
+        if self._nodes > MAX_PLAN_VALUES or nodes > MAX_PLAN_VALUES:
+            raise _TooBig(f"more than {MAX_PLAN_VALUES} values", where)
+        if self._characters > MAX_PLAN_EXPANDED or characters > MAX_PLAN_EXPANDED:
+            raise _TooBig(f"more than {MAX_PLAN_EXPANDED // 1024 // 1024} MiB of text", where)
+        return node
 
 
 class _BadValue(Exception):
@@ -99,7 +164,7 @@ def _plain(node: Any, at: FieldPath, start: Position, doc: _Document) -> Any:
     """Convert ruamel's round-trip objects to plain values, recording positions on the way."""
     doc.count += 1
     if doc.count > MAX_PLAN_VALUES:
-        raise _TooBig
+        raise _TooBig(f"more than {MAX_PLAN_VALUES} values")
     if isinstance(node, CommentedMap):
         doc.containers[at] = start
         plain_map: dict[Any, Any] = {}
@@ -110,7 +175,10 @@ def _plain(node: Any, at: FieldPath, start: Position, doc: _Document) -> Any:
             except (KeyError, TypeError, IndexError):  # a key merged in with '<<' has no position of its own
                 key_position = start
             if not isinstance(key, str):
-                raise _BadValue(key_position, at, f"keys must be text, got {type(key).__name__} {key!r}")
+                shown = _describe(key) if isinstance(key, str | int | float | bool) or key is None else "a value"
+                raise _BadValue(key_position, at, f"keys must be text, got {type(key).__name__} {shown}")
+            if len(key) > MAX_KEY_CHARS:
+                raise _BadValue(key_position, at, f"a key of {len(key)} characters: not a plan key")
             doc.keys[(*at, key)] = key_position
             plain_map[key] = _plain(value, (*at, key), key_position, doc)
         return plain_map
@@ -180,11 +248,24 @@ def _yaml_error(shown: str, exc: YAMLError, text: str) -> PlanError:
     return PlanError([f"{shown}: not valid YAML: {reason}"])
 
 
+def _too_big(shown: str, exc: _TooBig) -> PlanError:
+    where = f":{exc.position[0]}:{exc.position[1]}" if exc.position else ""
+    return PlanError([f"{shown}{where}: the plan holds {exc.what} once aliases are expanded: not a plan"])
+
+
 def _parse(shown: str, text: str) -> _Document:
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
+    yaml.Composer = _BoundedComposer
+    yaml.max_depth = MAX_PLAN_DEPTH
     try:
         root = yaml.load(text)
+    except _TooBig as exc:
+        raise _too_big(shown, exc) from None
+    except MaxDepthExceededError as exc:
+        mark = exc.problem_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise PlanError([f"{shown}{where}: not valid YAML: nested more than {MAX_PLAN_DEPTH} levels deep"]) from None
     except YAMLError as exc:
         raise _yaml_error(shown, exc, text) from None
     except RecursionError:
@@ -205,9 +286,8 @@ def _parse(shown: str, text: str) -> _Document:
     doc = _Document(data=None)
     try:
         doc.data = _plain(root, (), _position(line, col), doc)
-    except _TooBig:
-        too_many = f"{shown}: the plan holds more than {MAX_PLAN_VALUES} values (aliases?): not a plan"
-        raise PlanError([too_many]) from None
+    except _TooBig as exc:
+        raise _too_big(shown, exc) from None
     except RecursionError:
         raise PlanError([f"{shown}: not valid YAML: nested too deeply"]) from None
     except _BadValue as exc:
@@ -307,6 +387,11 @@ def _describe(value: Any) -> str:
     return str(value)
 
 
+def _bound(value: Any) -> str:
+    # pydantic reports a float field's bound as a float: say 3600, not 3600.0.
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _message(error: Any, located: _Located) -> str:
     kind = error["type"]
     context = error.get("ctx") or {}
@@ -334,16 +419,22 @@ def _message(error: Any, located: _Located) -> str:
         return f"expected a list{got}"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return f"expected a mapping (key: value){got}"
+    if kind == "finite_number":
+        return f"must be a finite number{got}"
+    if kind == "string_too_long":
+        return f"too long: at most {context.get('max_length')} characters"
+    if kind == "string_too_short":
+        return "must not be empty"
     if kind == "literal_error":
         return f"must be {context.get('expected', 'one of the allowed values')}{got}"
     if kind == "greater_than":
-        return f"must be greater than {context.get('gt')}{got}"
+        return f"must be greater than {_bound(context.get('gt'))}{got}"
     if kind == "greater_than_equal":
-        return f"must be at least {context.get('ge')}{got}"
+        return f"must be at least {_bound(context.get('ge'))}{got}"
     if kind == "less_than":
-        return f"must be less than {context.get('lt')}{got}"
+        return f"must be less than {_bound(context.get('lt'))}{got}"
     if kind == "less_than_equal":
-        return f"must be at most {context.get('le')}{got}"
+        return f"must be at most {_bound(context.get('le'))}{got}"
     if kind == "too_short":
         return f"must have at least {context.get('min_length')} item(s)"
     if kind == "too_long":

@@ -7,37 +7,224 @@ environment variable or a file, resolved only when a step needs them.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from orchestrator.plan.checks import cross_field_problems, directory_problem
+from orchestrator.plan.checks import (
+    MAX_SOCKET_BYTES,
+    control_character,
+    cross_field_problems,
+    directory_problem,
+    path_problem,
+    text_problem,
+)
 
-# Validation context key: the loader runs the cross-field checks itself, to blame the exact field of the plan.
+# Validation context keys: the loader runs the cross-field checks itself, to blame the exact field of the plan;
+# a plan derived by `Plan.reversed()` may carry a name longer than a user may write (it ends in '-reverse').
 DEFER_CROSS_CHECKS = "defer_cross_checks"
+DERIVED_PLAN = "derived_plan"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Limits (README, "Limits"): far beyond any real plan, small enough that nothing downstream can overflow.
+MAX_NAME_CHARS = 56  # plan name: '<name>-reverse' still fits a 64-character directory name
+MAX_LABEL_CHARS = 100  # names of trees, services, checks
+MAX_COMMAND_CHARS = 10_000  # shell commands, SQL, expected bodies
+MAX_DNS_NAME_CHARS = 253
+MAX_URL_CHARS = 2048
+MAX_RECORDS = 100
+MAX_SCHEMAS = 1000
+MAX_EXCLUDES = 1000
+MAX_CHECKS = 100
+MAX_SERVICES = 50
+MAX_TREES = 100
+MAX_SSH_OPTIONS = 50
 
 
 class Strict(BaseModel):
     # hide_input_in_errors: a ValidationError printed as is must never show a value (it may be a secret).
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    # strict: a number is a number (no `true`, no '1e3'); allow_inf_nan: every number is finite.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True, strict=True, allow_inf_nan=False)
 
 
-def _checked_directory(value: str) -> str:
-    problem = directory_problem(value)
+def _fail(kind: str, problem: str | None) -> None:
     if problem is not None:
-        raise PydanticCustomError("unsafe_directory", problem)
+        raise PydanticCustomError(kind, problem)
+
+
+def _plain_text(value: str) -> str:
+    _fail("control_character", text_problem(value))
     return value
+
+
+def _multiline_text(value: str) -> str:
+    _fail("control_character", text_problem(value, allow_newlines=True))
+    return value
+
+
+def _any_path(value: str) -> str:
+    _fail("unsafe_path", path_problem(value, absolute=False))
+    return value
+
+
+def _ssh_file(value: str) -> str:
+    _any_path(value)
+    if "${" in value:
+        # OpenSSH expands ${VARIABLE} in IdentityFile and UserKnownHostsFile: the file read would not be this one.
+        raise PydanticCustomError("unsafe_path", "must not contain '${' (ssh would expand it as a variable)")
+    return value
+
+
+def _socket_path(value: str) -> str:
+    _fail("unsafe_path", path_problem(value, max_bytes=MAX_SOCKET_BYTES))
+    return value
+
+
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
+
+
+def _host_address(value: str) -> str:
+    if len(value) > MAX_DNS_NAME_CHARS:
+        raise PydanticCustomError("bad_host", f"too long: at most {MAX_DNS_NAME_CHARS} characters")
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if not _HOST_NAME.match(value):
+        raise PydanticCustomError("bad_host", "must be a host name or an IP address (letters, digits, '.', '-')")
+    return value
+
+
+def _host_header(value: str) -> str:
+    """A Host header: a name or address, optionally with ':port' ('[v6]:port' for an IPv6 address)."""
+    host, port = value, ""
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        if rest:
+            port = rest.removeprefix(":") if rest.startswith(":") else "?"
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise PydanticCustomError("bad_host", "must be a host name, optionally with ':port' (1-65535)")
+    _host_address(host)
+    return value
+
+
+_DNS_NAME = re.compile(r"^(\*\.)?([A-Za-z0-9_]([A-Za-z0-9_-]{0,62})\.)*[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})\.?$")
+
+
+def _dns_name(value: str) -> str:
+    if len(value) > MAX_DNS_NAME_CHARS:
+        raise PydanticCustomError("bad_dns_name", f"too long: at most {MAX_DNS_NAME_CHARS} characters")
+    if not _DNS_NAME.match(value):
+        raise PydanticCustomError("bad_dns_name", "must be a DNS name, e.g. www.example.com")
+    return value
+
+
+def _http_url(value: str) -> str:
+    if len(value) > MAX_URL_CHARS:
+        raise PydanticCustomError("bad_url", f"too long: at most {MAX_URL_CHARS} characters")
+    found = control_character(value)
+    if found is not None or " " in value:
+        raise PydanticCustomError("bad_url", f"must be a URL without spaces or control characters ({found or 'space'})")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        raise PydanticCustomError("bad_url", f"not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise PydanticCustomError("bad_url", "must be an http:// or https:// URL")
+    if not parts.hostname:
+        raise PydanticCustomError("bad_url", "must name a host, e.g. http://203.0.113.20/healthz")
+    if port == 0:
+        raise PydanticCustomError("bad_url", "port must be 1-65535")
+    return value
+
+
+_BWLIMIT = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,6})?([KkMmGgTtPp]([Ii]?[Bb])?|[Bb])?$")
+
+
+def _bwlimit(value: str) -> str:
+    if not _BWLIMIT.match(value):
+        raise PydanticCustomError("bad_bwlimit", "must be a rate rsync understands, e.g. '50M' or '1500K' (per second)")
+    return value
+
+
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")
+
+
+def _user_name(value: str) -> str:
+    if not _USER.match(value):
+        raise PydanticCustomError("bad_user", "must be a user name: letters, digits, '_', '.', '-', at most 32")
+    return value
+
+
+_OWNER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$")
+
+
+def _owner(value: str) -> str:
+    if not _OWNER.match(value):
+        raise PydanticCustomError("bad_owner", "must be USER or USER:GROUP (names or numeric ids)")
+    return value
+
+
+def _exclude(value: str) -> str:
+    _fail("unsafe_pattern", text_problem(value))
+    # rsync reads a leading '+ ' or '- ' as an include/exclude modifier and a lone '!' as "clear the list":
+    # either would change which target files --delete removes.
+    if value.startswith(("+ ", "- ")) or value.strip() == "!":
+        raise PydanticCustomError(
+            "unsafe_pattern", "must not start with '+ ' or '- ' or be '!' (rsync reads those as filter rules)"
+        )
+    return value
+
+
+Label = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_CHARS), AfterValidator(_plain_text)]
+Command = Annotated[str, Field(min_length=1, max_length=MAX_COMMAND_CHARS), AfterValidator(_multiline_text)]
+LongText = Annotated[str, Field(max_length=MAX_COMMAND_CHARS), AfterValidator(_multiline_text)]
+FilePath = Annotated[str, AfterValidator(_any_path)]
+SshFilePath = Annotated[str, AfterValidator(_ssh_file)]
+SocketPath = Annotated[str, AfterValidator(_socket_path)]
+HostAddress = Annotated[str, AfterValidator(_host_address)]
+DnsName = Annotated[str, AfterValidator(_dns_name)]
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+UserName = Annotated[str, AfterValidator(_user_name)]
+SshOption = Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_plain_text)]
+ExcludePattern = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_exclude)]
+SchemaName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_plain_text)]
+
+
+def _seconds(low: float, high: float, *, zero: bool = False, description: str, default: float) -> Any:
+    """A duration in seconds: finite, above `low` (or equal to it with `zero`), at most `high`."""
+    bounds: dict[str, float] = {"ge": low} if zero else {"gt": low}
+    return Field(default=default, le=high, description=f"{description} (seconds)", **bounds)
+
+
+def _checked_directory(value: str, info: ValidationInfo, *, datadir: bool) -> str:
+    allowed = bool(info.data.get("allow_protected_path", False))
+    _fail("unsafe_directory", directory_problem(value, datadir=datadir, allow_protected=allowed))
+    return value
+
+
+_ALLOW_PROTECTED = Field(
+    default=False,
+    description="allow a protected system directory here (README: protected directories); never '/', the top of a "
+    "system tree, /proc, /sys or /dev",
+)
 
 
 class SecretRef(Strict):
     """Where a secret lives: exactly one of an environment variable or a file (first line, stripped)."""
 
-    env: str | None = Field(default=None, description="name of the environment variable holding the secret")
-    file: str | None = Field(default=None, description="path of a file holding the secret (first line)")
+    env: str | None = Field(
+        default=None, max_length=255, description="name of the environment variable holding the secret"
+    )
+    file: FilePath | None = Field(default=None, description="path of a file holding the secret (first line)")
 
     @model_validator(mode="before")
     @classmethod
@@ -73,19 +260,19 @@ class SecretRef(Strict):
 class Host(Strict):
     """A server reached over SSH."""
 
-    address: str = Field(description="address the orchestrator connects to over SSH")
+    address: HostAddress = Field(description="address the orchestrator connects to over SSH")
     ssh_port: int = Field(default=22, ge=1, le=65535)
-    user: str = "root"
-    key: str | None = Field(default=None, description="private key file; omit to use the SSH agent")
+    user: UserName = "root"
+    key: FilePath | None = Field(default=None, description="private key file; omit to use the SSH agent")
     agent: bool = Field(default=False, description="use the SSH agent (SSH_AUTH_SOCK) for authentication")
-    known_hosts: str = Field(
+    known_hosts: FilePath = Field(
         default="~/.ssh/known_hosts", description="known_hosts file used to verify the host key (always verified)"
     )
-    public_address: str | None = Field(
+    public_address: HostAddress | None = Field(
         default=None,
         description="address the DNS records point at for this host (defaults to 'address')",
     )
-    connect_timeout: float = Field(default=10.0, gt=0)
+    connect_timeout: float = _seconds(0, 300, default=10.0, description="SSH connection timeout")
 
     @property
     def dns_content(self) -> str:
@@ -95,32 +282,38 @@ class Host(Strict):
 class FileTree(Strict):
     """A directory tree moved with rsync, source → target."""
 
-    name: str = Field(description="short name used in logs and reports, e.g. 'uploads'")
+    allow_protected_path: bool = _ALLOW_PROTECTED
+    name: Label = Field(description="short name used in logs and reports, e.g. 'uploads'")
     source: str = Field(description="absolute directory on the source")
     target: str = Field(description="absolute directory on the target")
-    exclude: list[str] = Field(default_factory=list, description="rsync exclude patterns")
-    owner: str | None = Field(default=None, description="chown on the target, e.g. 'www-data:www-data'")
+    exclude: list[ExcludePattern] = Field(
+        default_factory=list, max_length=MAX_EXCLUDES, description="rsync exclude patterns"
+    )
+    owner: Annotated[str, AfterValidator(_owner)] | None = Field(
+        default=None, description="chown on the target, e.g. 'www-data:www-data'"
+    )
 
     @field_validator("source", "target")
     @classmethod
-    def _safe_directory(cls, value: str) -> str:
-        return _checked_directory(value)
+    def _safe_directory(cls, value: str, info: ValidationInfo) -> str:
+        return _checked_directory(value, info, datadir=False)
 
 
 class DatabaseEndpoint(Strict):
     """How one host's database is reached and driven."""
 
-    socket: str | None = Field(default=None, description="unix socket on the host (reached through SSH)")
-    host: str = Field(default="127.0.0.1", description="TCP address as seen from the host (reached through SSH)")
+    allow_protected_path: bool = _ALLOW_PROTECTED
+    socket: SocketPath | None = Field(default=None, description="unix socket on the host (reached through SSH)")
+    host: HostAddress = Field(default="127.0.0.1", description="TCP address as seen from the host (through SSH)")
     port: int = Field(default=3306, ge=1, le=65535)
     datadir: str = Field(description="absolute data directory on the host")
-    start: str = Field(description="shell command on the host that starts the database and returns")
-    stop: str = Field(description="shell command on the host that stops the database cleanly and returns")
+    start: Command = Field(description="shell command on the host that starts the database and returns")
+    stop: Command = Field(description="shell command on the host that stops the database cleanly and returns")
 
     @field_validator("datadir")
     @classmethod
-    def _safe_datadir(cls, value: str) -> str:
-        return _checked_directory(value)
+    def _safe_datadir(cls, value: str, info: ValidationInfo) -> str:
+        return _checked_directory(value, info, datadir=True)
 
 
 class VerifyData(Strict):
@@ -134,44 +327,52 @@ class PresyncRounds(Strict):
     converged_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=0,
+        le=2**40,
         description="stop the rounds once a round moved at most this many bytes (the final pass will be short)",
     )
 
 
 class Database(Strict):
     engine: Literal["mariadb", "mysql"] = "mariadb"
-    user: str = "root"
+    user: Annotated[str, Field(min_length=1, max_length=80), AfterValidator(_plain_text)] = "root"
     password: SecretRef | None = Field(default=None, description="reference to the password; none for socket auth")
     source: DatabaseEndpoint
     target: DatabaseEndpoint
-    schemas: list[str] | None = Field(
-        default=None, description="schemas to verify; default: every schema except the system ones"
+    schemas: list[SchemaName] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_SCHEMAS,
+        description="schemas to verify; default: every schema except the system ones",
     )
     presync: PresyncRounds = Field(default_factory=PresyncRounds)
     verify: VerifyData = Field(default_factory=VerifyData)
-    connect_timeout: float = Field(default=10.0, gt=0)
-    read_timeout: float = Field(default=60.0, gt=0)
+    connect_timeout: float = _seconds(0, 300, default=10.0, description="SQL connection timeout")
+    read_timeout: float = _seconds(0, 3600, default=60.0, description="longest wait for one SQL answer")
 
 
 class Service(Strict):
-    name: str
-    start: str = Field(description="shell command that starts it and returns once it is up")
-    stop: str = Field(description="shell command that stops it")
+    name: Label
+    start: Command = Field(description="shell command that starts it and returns once it is up")
+    stop: Command = Field(description="shell command that stops it")
 
 
 class SourceFence(Strict):
     """How the live service on the source stops taking writes at cut-over, and takes them again on rollback."""
 
-    enable: str | None = Field(
+    enable: Command | None = Field(
         default=None, description="command on the source that makes the service refuse writes (maintenance mode)"
     )
-    disable: str | None = Field(default=None, description="command on the source that lifts the fence")
+    disable: Command | None = Field(default=None, description="command on the source that lifts the fence")
 
 
 class Services(Strict):
-    target: list[Service] = Field(default_factory=list, description="started on the target after its database")
+    target: list[Service] = Field(
+        default_factory=list, max_length=MAX_SERVICES, description="started on the target after its database"
+    )
     source: list[Service] = Field(
-        default_factory=list, description="the service on the source (stopped when finish.source is 'stop')"
+        default_factory=list,
+        max_length=MAX_SERVICES,
+        description="the service on the source (stopped when finish.source is 'stop')",
     )
     fence: SourceFence = Field(
         default_factory=SourceFence,
@@ -191,71 +392,77 @@ class Services(Strict):
 
 class HttpCheck(Strict):
     kind: Literal["http"] = "http"
-    name: str | None = None
-    url: str = Field(description="URL on the target, e.g. http://203.0.113.20/healthz")
-    host_header: str | None = Field(default=None, description="Host header, e.g. the service's public name")
-    expect_status: int = 200
-    expect_body: str | None = Field(default=None, description="substring the body must contain")
-    timeout: float = Field(default=5.0, gt=0)
+    name: Label | None = None
+    url: HttpUrl = Field(description="http:// or https:// URL on the target, e.g. http://203.0.113.20/healthz")
+    host_header: Annotated[str, AfterValidator(_host_header)] | None = Field(
+        default=None, description="Host header, e.g. the service's public name"
+    )
+    expect_status: int = Field(default=200, ge=100, le=599, description="HTTP status the answer must have")
+    expect_body: LongText | None = Field(default=None, description="substring the body must contain")
+    timeout: float = _seconds(0, 300, default=5.0, description="per try")
 
 
 class TcpCheck(Strict):
     kind: Literal["tcp"] = "tcp"
-    name: str | None = None
-    host: str
+    name: Label | None = None
+    host: HostAddress
     port: int = Field(ge=1, le=65535)
-    timeout: float = Field(default=5.0, gt=0)
+    timeout: float = _seconds(0, 300, default=5.0, description="per try")
 
 
 class SqlCheck(Strict):
     kind: Literal["sql"] = "sql"
-    name: str | None = None
-    query: str
-    expect: str | None = Field(default=None, description="expected first column of the first row, as text")
+    name: Label | None = None
+    query: Command
+    expect: LongText | None = Field(default=None, description="expected first column of the first row, as text")
 
 
 class CommandCheck(Strict):
     kind: Literal["command"] = "command"
-    name: str | None = None
-    run: str = Field(description="shell command; exit 0 means healthy")
+    name: Label | None = None
+    run: Command = Field(description="shell command; exit 0 means healthy")
     on: Literal["target", "source"] = "target"
-    timeout: float = Field(default=30.0, gt=0)
+    timeout: float = _seconds(0, 3600, default=30.0, description="per try")
 
 
 HealthCheck = Annotated[HttpCheck | TcpCheck | SqlCheck | CommandCheck, Field(discriminator="kind")]
 
 
 class HealthChecks(Strict):
-    checks: list[HealthCheck] = Field(default_factory=list)
-    attempts: int = Field(default=10, ge=1, description="tries per check before it fails")
-    interval: float = Field(default=1.0, ge=0, description="seconds between tries")
+    checks: list[HealthCheck] = Field(default_factory=list, max_length=MAX_CHECKS)
+    attempts: int = Field(default=10, ge=1, le=1000, description="tries per check before it fails")
+    interval: float = _seconds(0, 600, zero=True, default=1.0, description="between tries")
 
 
 class Dns(Strict):
     provider: Literal["cloudflare"] = "cloudflare"
     api_token: SecretRef
-    zone: str = Field(description="zone name, e.g. example.com")
-    records: list[str] = Field(min_length=1, description="record names to point at the target")
+    zone: DnsName = Field(description="zone name, e.g. example.com")
+    records: list[DnsName] = Field(
+        min_length=1, max_length=MAX_RECORDS, description="record names to point at the target"
+    )
     type: Literal["A", "AAAA", "CNAME"] = "A"
-    content: str | None = Field(default=None, description="new content; default: the target's public address")
-    base_url: str | None = Field(default=None, description="API base URL (default: Cloudflare's)")
-    timeout: float = Field(default=30.0, gt=0)
+    content: HostAddress | None = Field(default=None, description="new content; default: the target's public address")
+    base_url: HttpUrl | None = Field(default=None, description="API base URL (default: Cloudflare's)")
+    timeout: float = _seconds(0, 300, default=30.0, description="per API call")
 
 
 class Cutover(Strict):
-    lock_wait_timeout: float = Field(
-        default=3.0, gt=0, description="seconds to wait for FLUSH TABLES WITH READ LOCK before giving up"
+    lock_wait_timeout: float = _seconds(
+        0, 600, default=3.0, description="wait for FLUSH TABLES WITH READ LOCK per try before giving up"
     )
-    lock_attempts: int = Field(default=5, ge=1, description="tries to get the lock, with backoff between them")
-    lock_retry_backoff: float = Field(default=2.0, ge=0, description="seconds before the first retry (doubles)")
-    max_write_block: float = Field(
-        default=120.0, gt=0, description="most seconds writes may stay blocked before the target takes them"
+    lock_attempts: int = Field(default=5, ge=1, le=20, description="tries to get the lock, with backoff between them")
+    lock_retry_backoff: float = _seconds(
+        0, 60, zero=True, default=2.0, description="wait before the first retry (doubles)"
+    )
+    max_write_block: float = _seconds(
+        0, 3600, default=120.0, description="longest writes may stay blocked before the target takes them"
     )
     mode: Literal["shutdown"] = Field(
         default="shutdown",
         description="final database pass: 'shutdown' stops the source database cleanly and copies its delta",
     )
-    postpone_flag: str | None = Field(
+    postpone_flag: FilePath | None = Field(
         default=None,
         description="a file on the machine running migrate (relative to the plan): while it exists, the run waits "
         "before the downtime begins (pre-syncs done); delete it to go on",
@@ -266,37 +473,41 @@ class Finish(Strict):
     source: Literal["fence", "stop"] = Field(
         default="fence", description="after success the source stays fenced, or its services are stopped"
     )
-    drain_seconds: float = Field(
-        default=0.0, ge=0, description="seconds to wait after the flip for traffic to leave the source"
+    drain_seconds: float = _seconds(
+        0, 86400, zero=True, default=0.0, description="wait after the flip for traffic to leave the source"
     )
 
 
 class Transfer(Strict):
-    bwlimit: str | None = Field(default=None, description="rsync --bwlimit for the live pre-syncs, e.g. '50M'")
+    bwlimit: Annotated[str, AfterValidator(_bwlimit)] | None = Field(
+        default=None, description="rsync --bwlimit for the live pre-syncs, e.g. '50M' (per second)"
+    )
     nice: bool = Field(default=True, description="run rsync on the source with nice -n19 and ionice -c3")
     whole_file: bool = Field(default=True, description="rsync --whole-file (faster on a fast network)")
-    rsync_timeout: int = Field(default=300, ge=0, description="rsync --timeout (seconds of no I/O)")
+    rsync_timeout: int = Field(default=300, ge=0, le=86400, description="rsync --timeout (seconds of no I/O; 0 = none)")
     # rsync runs ON the source and pushes to the target: the source itself must be able to ssh to the target.
-    source_to_target_key: str | None = Field(
+    source_to_target_key: SshFilePath | None = Field(
         default=None, description="private key file ON THE SOURCE for ssh to the target; omit to forward the agent"
     )
-    source_to_target_known_hosts: str = Field(
+    source_to_target_known_hosts: SshFilePath = Field(
         default="~/.ssh/known_hosts", description="known_hosts file ON THE SOURCE that verifies the target"
     )
-    source_to_target_options: list[str] = Field(
-        default_factory=list, description="extra ssh options for that hop, e.g. ['-o', 'BindAddress=10.0.0.5']"
+    source_to_target_options: list[SshOption] = Field(
+        default_factory=list,
+        max_length=MAX_SSH_OPTIONS,
+        description="extra ssh options for that hop, e.g. ['-o', 'BindAddress=10.0.0.5']",
     )
 
 
 class Hooks(Strict):
-    dir: str = Field(default="hooks", description="directory of hook executables, relative to the plan")
-    timeout: float = Field(default=60.0, gt=0, description="seconds a hook may run")
+    dir: FilePath = Field(default="hooks", description="directory of hook executables, relative to the plan")
+    timeout: float = _seconds(0, 3600, default=60.0, description="longest a hook may run")
 
 
 class Retry(Strict):
-    attempts: int = Field(default=5, ge=1, description="tries of a transient failure")
-    max_seconds: float = Field(default=120.0, gt=0, description="give up retrying after this many seconds")
-    max_wait: float = Field(default=10.0, gt=0, description="longest wait between tries")
+    attempts: int = Field(default=5, ge=1, le=100, description="tries of a transient failure")
+    max_seconds: float = _seconds(0, 86400, default=120.0, description="give up retrying after this long")
+    max_wait: float = _seconds(0, 3600, default=10.0, description="longest wait between tries")
 
 
 class ReverseOverrides(Strict):
@@ -316,11 +527,17 @@ class ReverseOverrides(Strict):
 
 
 class Plan(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="the plan's name, typed to confirm")
-    description: str | None = None
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        max_length=255,  # a directory name; a user's plan is held to MAX_NAME_CHARS below (and in the schema)
+        json_schema_extra={"maxLength": MAX_NAME_CHARS},
+        description=f"the plan's name, typed to confirm; names the state directory (at most {MAX_NAME_CHARS} "
+        "characters: letters, digits, '.', '_', '-')",
+    )
+    description: Annotated[str, Field(max_length=1000), AfterValidator(_multiline_text)] | None = None
     source: Host
     target: Host
-    files: list[FileTree] = Field(default_factory=list)
+    files: list[FileTree] = Field(default_factory=list, max_length=MAX_TREES)
     database: Database
     services: Services = Field(default_factory=Services)
     health: HealthChecks = Field(default_factory=HealthChecks)
@@ -333,6 +550,16 @@ class Plan(Strict):
     reverse: ReverseOverrides | None = Field(
         default=None, description="overrides for the reverse run (`migrate apply --reverse`)"
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name_leaves_room_for_the_reverse_run(cls, value: str, info: ValidationInfo) -> str:
+        derived = isinstance(info.context, dict) and info.context.get(DERIVED_PLAN)
+        if len(value) > MAX_NAME_CHARS and not derived:
+            raise PydanticCustomError(
+                "name_too_long", f"at most {MAX_NAME_CHARS} characters (the reverse run's directory adds '-reverse')"
+            )
+        return value
 
     @model_validator(mode="after")
     def _no_clashes(self, info: ValidationInfo) -> Plan:
@@ -387,7 +614,7 @@ class Plan(Strict):
         else:
             data["health"] = _health_swapped(self.health, self._address_swaps()).model_dump(mode="python")
         data["reverse"] = None
-        return Plan.model_validate(data)
+        return Plan.model_validate(data, context={DERIVED_PLAN: True})
 
     def _address_swaps(self) -> dict[str, str]:
         """Target address → the source's matching address (lower case, as urlsplit gives host names)."""

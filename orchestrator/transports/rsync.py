@@ -1,6 +1,9 @@
 """rsync command lines run ON THE SOURCE over SSH, pushing to the target, and parsers for what rsync prints.
 
 Every piece of a command line is shell-quoted: paths, patterns and the inner ssh command reach a remote shell.
+rsync itself runs with `-s` (--secluded-args, formerly --protect-args): the paths and options it hands to the rsync
+on the target travel inside its protocol, never through the target's shell, so no character in a path can change
+what it names there. File paths inside the ssh command are quoted the way ssh's own option parser reads them.
 """
 
 from __future__ import annotations
@@ -81,6 +84,14 @@ CONTROL_PATH = "/tmp/migrate-ssh-%C"
 CONTROL_PERSIST = 120
 
 
+def ssh_option_path(path: str) -> str:
+    """A file path as the value of an ssh `-o Option=value`: ssh splits unquoted values on spaces (a known_hosts path
+    with a space becomes two files) and expands '%' tokens, so the value is double-quoted, with '\\', '"' escaped
+    and '%' doubled. A leading '~' stays unquoted-equivalent: ssh expands it after removing the quotes."""
+    escaped = path.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return f'"{escaped}"'
+
+
 def target_ssh_command(plan: Plan, *, control: str = "auto") -> str:
     """The `-e` value: how rsync on the source reaches the target (host key verified, never a prompt)."""
     transfer = plan.transfer
@@ -88,9 +99,10 @@ def target_ssh_command(plan: Plan, *, control: str = "auto") -> str:
     if control == "auto":
         parts += ["-o", f"ControlPersist={CONTROL_PERSIST}"]
     if transfer.source_to_target_key is not None:
-        parts += ["-i", transfer.source_to_target_key]
+        # -o IdentityFile, not -i: ssh checks an -i path before expanding '%', so an escaped '%' would never match.
+        parts += ["-o", f"IdentityFile={ssh_option_path(transfer.source_to_target_key)}"]
     parts += [
-        "-o", f"UserKnownHostsFile={transfer.source_to_target_known_hosts}",
+        "-o", f"UserKnownHostsFile={ssh_option_path(transfer.source_to_target_known_hosts)}",
         "-o", "StrictHostKeyChecking=yes",
         "-o", "BatchMode=yes",
         "-p", str(plan.target.ssh_port),
@@ -106,7 +118,7 @@ def close_master_command(plan: Plan) -> str:
 
 
 def _common(plan: Plan, exclude: Iterable[str], chown: str | None) -> list[str]:
-    args = ["-a", "--delete", "--numeric-ids"]
+    args = ["-a", "-s", "--delete", "--numeric-ids"]
     if chown:
         args.append(f"--chown={chown}")
     if plan.transfer.rsync_timeout > 0:
