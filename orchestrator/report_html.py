@@ -593,8 +593,9 @@ def _timeline_svg(view: RunView, *, element_id: str, begin: float, end: float, t
             if visible:
                 label = _seconds(s.duration) if s.duration is not None else ""
                 inside = bx1 - bx0 > 70
-                lx = (bx0 + bx1) / 2 if inside else min(bx1 + 5, plot_x1 - 5)
-                anchor = "middle" if inside else ("start" if bx1 + 60 < plot_x1 else "end")
+                right_room = bx1 + 60 < plot_x1  # else the label goes left of the bar
+                lx = (bx0 + bx1) / 2 if inside else (bx1 + 5 if right_room else bx0 - 5)
+                anchor = "middle" if inside else ("start" if right_room else "end")
                 cls = "bar-text" if inside else "bar-note"
                 parts.append(
                     f'<text x="{lx:.1f}" y="{mid + 4:.1f}" class="{cls}" text-anchor="{anchor}">{_e(label)}</text>'
