@@ -236,6 +236,9 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
     checks: list[CheckView] = []
     by_name = {s.name: s for s in view.steps}
 
+    def ended(step: str) -> float | None:
+        return by_name[step].ended_at if step in by_name else None
+
     def add(name: str, step: str, passed: bool, detail: str, at: float | None) -> None:
         checks.append(CheckView(name, step, _phase(view, at), passed, detail, at))
 
@@ -254,7 +257,20 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
             "preflight",
             True,
             "; ".join(facts) or "all passed",
-            by_name["preflight"].ended_at,
+            ended("preflight"),
+        )
+    ttl = results.get("lower_ttl")
+    if ttl is not None and ttl.get("lowered_to") is not None:
+        originals = ttl.get("original_ttls") or {}
+        was = sorted({int(o["ttl"]) for o in originals.values() if not o.get("proxied")})
+        skipped = ttl.get("proxied_skipped") or []
+        add(
+            f"DNS TTL lowered to {ttl['lowered_to']} s and the old TTL waited out",
+            "lower_ttl",
+            True,
+            f"was {', '.join(map(str, was))} s; waited {ttl.get('waited_seconds')} s"
+            + (f"; proxied (automatic TTL), skipped: {', '.join(map(str, skipped))}" if skipped else ""),
+            ended("lower_ttl"),
         )
     presync = results.get("db_presync")
     if presync is not None and isinstance(presync.get("rounds"), list):
@@ -265,7 +281,7 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
             "db_presync",
             bool(presync.get("converged")),
             f"{len(rounds)} round(s); last moved {_size(int(last.get('bytes') or 0))} in {last.get('seconds')} s",
-            by_name["db_presync"].ended_at,
+            ended("db_presync"),
         )
     cutover = report.get("cutover") or {}
     if cutover.get("lock_attempts") is not None:
@@ -292,11 +308,11 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
             True,
             f"shutdown {cutover.get('shutdown_seconds')} s; final pass {cutover.get('final_pass_seconds')} s, "
             f"{_size(int(cutover.get('final_pass_bytes') or 0))}",
-            by_name["cutover"].ended_at,
+            ended("cutover"),
         )
     verify = results.get("verify_target")
     if verify is not None:
-        at = by_name["verify_target"].ended_at
+        at = ended("verify_target")
         for name, tries in (verify.get("health_tries") or {}).items():
             add(f"health check {name}", "verify_target", True, f"passed on try {tries}", at)
         rows = verify.get("row_counts")
@@ -326,7 +342,7 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
             "dns_flip",
             True,
             f"{', '.join(map(str, records))} → {flip.get('new_content')}",
-            view.dns_flipped_at - 1e-6 if view.dns_flipped_at else by_name["dns_flip"].ended_at,
+            view.dns_flipped_at - 1e-6 if view.dns_flipped_at else ended("dns_flip"),
         )
     finish = results.get("finish")
     if finish is not None:
@@ -336,7 +352,7 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
             "finish",
             True,
             f"source {finish.get('source')}" + (f"; stopped: {', '.join(map(str, stopped))}" if stopped else ""),
-            by_name["finish"].ended_at,
+            ended("finish"),
         )
     clients = view.clients
     if clients is not None:
