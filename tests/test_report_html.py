@@ -295,3 +295,52 @@ def test_report_command_without_a_run_says_so(tmp_path: Path) -> None:
     with pytest.raises(ReportError, match="no run recorded"):
         report_command(plan, open_browser=False)
     assert not (tmp_path / ".migrate").exists() or not any((tmp_path / ".migrate").rglob("*.html"))
+
+
+# --- from a run made now, on the lab ----------------------------------------------------------------------------
+
+
+@pytest.mark.lab
+def test_page_of_a_lab_run_under_load(lab: Any, tmp_path: Path) -> None:
+    """`migrate apply` on the lab while clients write through DNS, `lab verify`, then `migrate report`'s function:
+    the page has one bar per step of that run and the clients' view, and the browser draws the timeline."""
+    import signal
+    import sys
+
+    from orchestrator.lab.verify import main_verify
+    from tests.test_e2e import migrate_apply, outcome, plan_copy, plan_name, restore_source_live
+
+    restore_source_live(lab)
+    load_dir = tmp_path / "load"
+    load = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.lab.load", "--lab", str(lab.path), "--duration", "60", "--rate", "10",
+         "--clients", "2", "--dns-ttl", "1", "--out", str(load_dir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        plan = plan_copy(lab, "page", {})
+        result = migrate_apply(lab, plan)
+        assert result.returncode == 0, outcome(result)
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load.wait(timeout=60)
+    try:
+        verify = main_verify(lab, host="target", load_dir=load_dir)
+        page = report_command(plan, open_browser=False, clients_path=load_dir / "verify-target.json")
+        assert page.parent == plan.parent / ".migrate" / plan_name(plan)
+        report = load_json(page.with_suffix(".json"))
+        rendered = chromium(tmp_path, page, "--dump-dom").stdout
+        _, _, rows = decode_png(screenshot(tmp_path, page))
+        box = timeline_box(tmp_path, page)
+    finally:
+        restore_source_live(lab)
+    assert report["status"] == "completed"
+    dom = Dom(rendered)
+    assert [b["data-step"] for b in dom.bars("timeline")] == [s["name"] for s in report["steps"]]
+    assert f"{verify.reviews_acknowledged} reviews" in " ".join(dom.text)
+    inside = pixels_in(rows, box)
+    assert sum(1 for p in inside if near(p, LIVE_BLUE)) > 500 and sum(1 for p in inside if near(p, WINDOW_AMBER)) > 500
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
