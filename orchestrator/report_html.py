@@ -18,7 +18,7 @@ import json
 import math
 import time
 import webbrowser
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -376,7 +376,7 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
                 at,
             )
     checks.sort(key=lambda c: c.at if c.at is not None else math.inf)
-    return _replace(view, checks=checks)
+    return replace(view, checks=checks)
 
 
 def _phase(view: RunView, at: float | None) -> str:
@@ -385,12 +385,6 @@ def _phase(view: RunView, at: float | None) -> str:
     if view.window_ended_at is None or at <= view.window_ended_at:
         return "window"
     return "after"
-
-
-def _replace(view: RunView, **changes: Any) -> RunView:
-    from dataclasses import replace
-
-    return replace(view, **changes)
 
 
 def _saved_value(events: list[dict[str, Any]], step: str, key: str) -> float | None:
