@@ -318,3 +318,24 @@ def test_without_lower_ttl_to_nothing_changes(env: Api, tmp_path: Path) -> None:
     finally:
         rt.close()
     assert ttls(env, records) == before and patched_ids(env) == [] and clock.slept == []
+
+
+def test_set_ttl_edits_only_the_ttl_and_notices_a_refused_edit(env: Api) -> None:
+    from orchestrator.transports.cloudflare import DnsClient, DnsError
+
+    records = make_records(env, {"www": SPECS["www"]})
+    [name] = records.names
+    with DnsClient(env.token, base_url=env.state.cf_base_url, timeout=5) as dns:
+        [record] = dns.find_records(records.zone_id, name, "A")
+        with env.client() as client:  # the content changes after the record was read
+            client.dns.records.edit(record.id, zone_id=records.zone_id, name=name, type="A", ttl=300,
+                                    content="10.0.0.9")  # fmt: skip
+        assert dns.set_ttl(records.zone_id, record, LOWER_TO).ttl == LOWER_TO
+        assert ttls(env, records)[name] == (LOWER_TO, False, "10.0.0.9")  # the newer content was kept
+        body = json.dumps({"mode": "success_false", "count": 1, "methods": ["PATCH"]}).encode()
+        url = f"http://{env.state.cf_address}:{env.state.cf_port}/__lab/faults"
+        urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST"), timeout=5).close()
+        with pytest.raises(DnsError) as refused:
+            dns.set_ttl(records.zone_id, record, 300)
+        assert not refused.value.transient and "success: false" in str(refused.value)
+    assert ttls(env, records)[name][0] == LOWER_TO
