@@ -186,6 +186,27 @@ class DnsClient:
             raise DnsError(f"Cloudflare {action}: read back {current.content!r} after the edit", transient=False)
         return current
 
+    def set_ttl(self, zone_id: str, record: DnsRecord, ttl: int) -> DnsRecord:
+        """Give `record` this TTL (PATCH of name, type and ttl only: content and proxying are left as the API holds
+        them, so an edit of the content made meanwhile is never undone), then read it back to be sure."""
+        action = f"set the TTL of {record.type} {record.name} to {ttl}"
+        try:
+            answer = self._client.dns.records.edit(
+                record.id,
+                zone_id=zone_id,
+                name=record.name,
+                type=record.type,  # type: ignore[arg-type]
+                ttl=ttl,  # type: ignore[arg-type]
+            )
+        except cloudflare.CloudflareError as exc:
+            raise self._error(action, exc) from None
+        if answer is None:
+            raise DnsError(f"Cloudflare {action}: the API answered success: false", transient=False)
+        current = self.get_record(zone_id, record.id)
+        if current.ttl != ttl:
+            raise DnsError(f"Cloudflare {action}: read back TTL {current.ttl} after the edit", transient=False)
+        return current
+
     # --- helpers
 
     def _page_items(self, page: Any, action: str) -> list[Any]:
