@@ -291,6 +291,10 @@ class Transfer(Strict):
 class Hooks(Strict):
     dir: str = Field(default="hooks", description="directory of hook executables, relative to the plan")
     timeout: float = Field(default=60.0, gt=0, description="seconds a hook may run")
+    pass_env: list[str] = Field(
+        default_factory=list,
+        description="variables from --env-file or secret references that hooks may still inherit (by name)",
+    )
 
 
 class Retry(Strict):

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator import cli
+from orchestrator import cli, run
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Plan
 from orchestrator.secrets import resolve
@@ -103,6 +103,6 @@ class FakeRuntime:
 
 
 if __name__ == "__main__":
-    cli.steps_factory = file_steps
-    cli.runtime_factory = FakeRuntime
+    run.steps_factory = file_steps
+    run.runtime_factory = FakeRuntime
     cli.main(sys.argv[1:])
