@@ -135,5 +135,10 @@ class _NotDefects(logging.Filter):
 
 
 def record_defect(exc: BaseException) -> None:
-    """A defect's traceback goes to the run's log only (no frame locals); the console gets one line from the caller."""
-    structlog.get_logger(DEFECT_LOGGER).error("internal error", exc_info=exc)
+    """A defect's traceback goes to the run's log only (no frame locals); the console gets one line from the caller.
+
+    Through the standard library logger: with no run log open yet it goes nowhere (never to stdout or stderr)."""
+    logger = logging.getLogger(DEFECT_LOGGER)
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())  # no "last resort" printing of the traceback on stderr
+    logger.error("internal error", exc_info=exc)

@@ -69,7 +69,7 @@ def secret_refs(obj: Any, path: str = "") -> Iterator[tuple[str, SecretRef]]:
     """Every secret reference inside a plan (or part of one), with its field path."""
     if isinstance(obj, SecretRef):
         yield path, obj
-    elif hasattr(obj, "model_fields"):
+    elif hasattr(type(obj), "model_fields"):
         for name in type(obj).model_fields:
             yield from secret_refs(getattr(obj, name), f"{path}.{name}" if path else name)
     elif isinstance(obj, list):
