@@ -11,6 +11,7 @@ from orchestrator import exit_codes
 from tests.engine.harness import STEP_NAMES
 from tests.engine.world import CRASHED, PLAN, SECRET, World, crash_before
 
+
 def test_forward_runs_every_step_once_and_completes(world: World) -> None:
     res = world.run("apply", str(world.plan), "--yes")
     assert res.returncode == exit_codes.OK, res.stderr
@@ -233,4 +234,3 @@ def test_resuming_a_started_downtime_step_does_not_ask_again(world: World) -> No
     res = world.run("apply", str(world.plan))  # no --yes and no terminal: the gate would decline
     assert res.returncode == exit_codes.OK, res.stderr
     assert world.effects() == set(STEP_NAMES)
-
