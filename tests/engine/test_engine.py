@@ -234,3 +234,23 @@ def test_resuming_a_started_downtime_step_does_not_ask_again(world: World) -> No
     res = world.run("apply", str(world.plan))  # no --yes and no terminal: the gate would decline
     assert res.returncode == exit_codes.OK, res.stderr
     assert world.effects() == set(STEP_NAMES)
+
+
+def test_hooks_never_see_an_env_file_variable_or_a_secret_unless_the_plan_passes_it(world: World) -> None:
+    env_file = world.root / "secrets.env"
+    unreferenced = "planted-unreferenced-secret-4417"
+    env_file.write_text(
+        f"UNRELATED_DB_PASSWORD={unreferenced}\nHARNESS_TOKEN={SECRET}\nSHARED_SETTING=visible-to-hooks\n"
+    )
+    world.plan.write_text(PLAN + "hooks:\n  pass_env: [SHARED_SETTING]\n")
+    res = world.run("apply", str(world.plan), "--yes", "--env-file", str(env_file), HARNESS_TOKEN="")
+    assert res.returncode == exit_codes.OK, res.stderr
+    dumps = sorted(world.dir.glob("hook-fullenv-*"))
+    assert len(dumps) >= 2 * len(STEP_NAMES), "every hook dumped its environment"
+    for dump in dumps:
+        text = dump.read_text()
+        assert unreferenced not in text and SECRET not in text, dump.name
+        names = {line.split("=", 1)[0] for line in text.splitlines()}
+        assert "UNRELATED_DB_PASSWORD" not in names and "HARNESS_TOKEN" not in names, dump.name
+        assert "SHARED_SETTING=visible-to-hooks" in text.splitlines(), "a variable the plan names is passed"
+        assert "PATH" in names and "MIGRATE_EVENT" in names, "the rest of the environment and MIGRATE_* reach hooks"

@@ -93,9 +93,9 @@ class World:
     # ------------------------------------------------------------------------------------------ in-process
     def run(self, *args: str, **extra: str) -> Result:
         """`migrate ARGS` in this process, with the file steps; a Crash ends it as kill -9 would."""
-        saved = dict(os.environ)
+        saved, env = dict(os.environ), self.env(**extra)
         os.environ.clear()
-        os.environ.update(self.env(**extra))
+        os.environ.update(env)
         use_file_steps()
         self.capsys.readouterr()
         code: int = 0
