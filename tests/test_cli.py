@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from orchestrator import exit_codes
+from orchestrator import exit_codes, run
+from orchestrator import logging as mlog
+from tests.conftest import ROOT, migrate
+from tests.engine.world import PLAN, World
 
-ROOT = Path(__file__).resolve().parents[1]
-MIGRATE = Path(sys.executable).with_name("migrate")
 EXAMPLE = ROOT / "plans" / "course-review.yaml"
-
-
-def migrate(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("COURSE_REVIEW_DB_PASSWORD", "CLOUDFLARE_API_TOKEN")}
-    return subprocess.run(
-        [str(MIGRATE), *args], capture_output=True, text=True, timeout=60, cwd=cwd, env={**base, **(env or {})},
-        stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+# Rich markup, a closing tag that is an error to rich, an emoji code and a shortcode: printed as written, always.
+HOSTILE = "y[red]z[/]w:100::smile:[bold]"
 
 
 @pytest.fixture
@@ -100,3 +92,55 @@ def test_status_json_without_a_run(plan: Path) -> None:
     assert res.returncode == exit_codes.OK
     doc = json.loads(res.stdout)
     assert doc["run"] is None and doc["locked_by"] is None and "starts a new run" in doc["next"]
+
+
+def test_a_plan_file_name_with_markup_and_emoji_codes_is_printed_as_written(tmp_path: Path) -> None:
+    plan = tmp_path / f"{HOSTILE}.yaml"  # `[/]` makes it a directory "y[red]z[" and a file "]w…"
+    plan.parent.mkdir(parents=True)
+    lines = PLAN.splitlines()
+    plan.write_text("\n".join([*lines, *["#"] * (99 - len(lines)), "bogus_key: 1"]) + "\n")
+    res = migrate("validate", str(plan))
+    assert res.returncode == exit_codes.BAD_INPUT, res.stderr
+    assert f"{plan}:100:" in res.stderr, res.stderr
+    assert "\U0001f4af" not in res.stderr and "\U0001f604" not in res.stderr and "Traceback" not in res.stderr
+    res = migrate("status", str(plan))
+    assert res.returncode == exit_codes.BAD_INPUT and f"{plan}:100:" in res.stderr
+
+
+def test_dry_run_apply_and_status_print_user_text_as_written(world: World) -> None:
+    """Paths, errors and table cells with `[red]`, `[/]`, `:100:` and `:smile:` reach the console unchanged."""
+    hostile = world.root / HOSTILE
+    hostile.mkdir(parents=True)
+    world.dir = hostile
+    dry = world.run("apply", str(world.plan), "--dry-run", HARNESS_WORLD=str(hostile))
+    assert dry.returncode == exit_codes.OK, dry.stderr
+    assert f"would create {hostile}/prepare.done" in dry.stdout
+    failed = world.run("apply", str(world.plan), "--yes", HARNESS_WORLD=str(hostile), HARNESS_FAIL="start")
+    assert failed.returncode == exit_codes.FAILED, failed.stderr
+    assert f"start failed on purpose in {hostile}" in " ".join(failed.stdout.split()), failed.stdout
+    status = world.run("status", str(world.plan))
+    assert status.returncode == exit_codes.OK
+    assert f"start failed on purpose in {hostile}"[:100] in " ".join(status.stdout.split())
+    for text in (dry.stdout, dry.stderr, failed.stdout, failed.stderr, status.stdout):
+        assert "\U0001f4af" not in text and "\U0001f604" not in text and "Traceback" not in text
+
+
+def test_a_defect_prints_one_line_and_keeps_the_traceback_in_the_run_log(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_args: object, **_kwargs: object) -> None:
+        secret_in_a_frame = "frame-local-value-7731"  # noqa: F841 - a frame local that must never be rendered
+        raise RuntimeError(f"boom {HOSTILE}")
+
+    monkeypatch.setattr(run, "_write_report", broken)
+    res = world.run("apply", str(world.plan), "--yes")
+    assert res.returncode == exit_codes.INTERNAL
+    defect = [line for line in res.stderr.splitlines() if "internal error" in line]
+    assert defect == [f"internal error (RuntimeError): boom {HOSTILE}; `migrate status` shows the run's state"]
+    assert "Traceback" not in res.stderr and "frame-local-value" not in res.stderr + res.stdout
+    (log,) = world.state_dir.glob("run-*.log.jsonl")
+    for handler in mlog.logging.getLogger().handlers:
+        handler.flush()
+    text = log.read_text()
+    assert "boom" in text and "RuntimeError" in text and "broken" in text, "the traceback is in the run's log"
+    assert "frame-local-value" not in text, "never with frame locals"

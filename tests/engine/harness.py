@@ -82,7 +82,7 @@ class FileStep(Step):
             ctx.commit("part of the effect is visible")
             raise StepError(f"{self.name} failed after committing")
         if os.environ.get("HARNESS_FAIL") == self.name:
-            raise StepError(f"{self.name} failed on purpose")
+            raise StepError(f"{self.name} failed on purpose in {world()}")
         self.effect.write_text("done")
         return {"effect": str(self.effect)}
 
