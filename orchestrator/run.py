@@ -118,10 +118,11 @@ class Interruption:
     budget: float
     budget_left: float | None
     resume_would: str
+    headline: str = "interrupted: the run stopped without finishing and no process holds its lock"
 
     def lines(self, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
-        lines = ["interrupted: the run stopped without finishing and no process holds its lock"]
+        lines = [self.headline]
         if self.blocked_by is not None and self.blocked_since is None:
             lines.append(f"writes may be blocked now: step {self.blocked_by} had begun the downtime")
         elif self.blocked_since is not None:
@@ -693,6 +694,8 @@ def interruption_of(
     """
     if state.status not in UNFINISHED:
         return None
+    if state.status == RunStatus.RUNNING and events and events[-1].get("event") == "gate_declined":
+        return None  # stopped on purpose before the downtime: nothing is blocked, `apply` asks again
     now = time.time() if now is None else now
     downtime = next((s for s in steps if s.begins_downtime), None)
     blocked_by: str | None = None
@@ -711,7 +714,10 @@ def interruption_of(
         would = "continue: " + next_action(state, steps, reverse).removeprefix("`migrate apply` resumes: ")
         if left is not None:
             would += f", with {left:.1f} s of the write budget left"
-    return Interruption(blocked_since, blocked_by, budget, left, would)
+    found = Interruption(blocked_since, blocked_by, budget, left, would)
+    if state.status == RunStatus.ROLLBACK_FAILED:
+        found.headline = "stopped: a compensation failed and no process holds the lock"
+    return found
 
 
 def _writes_blocked_at(events: list[dict[str, Any]]) -> float | None:

@@ -105,11 +105,15 @@ class Engine:
         else:
             self.hooks.fire(event, **env)
 
-    def _safe_point(self) -> None:
+    def _safe_point(self, *, act: bool = True) -> None:
+        """Between journaled actions: log the signals noted meanwhile, and act on a pending one (if `act`)."""
         for name in self.interruptions.unreported():
             if self.interruptions.finish_forward:
                 self.log.warning("interrupted after the commit point: the run finishes forward", signal=name)
-        self.interruptions.raise_if_pending()
+            elif not act:
+                self.log.warning("interrupted: noted, the current work goes on to its end", signal=name)
+        if act:
+            self.interruptions.raise_if_pending()
 
     def durable_state(self) -> RunState | None:
         """The run as the journal on disk says it is (decisions that matter are taken from this)."""
@@ -213,7 +217,7 @@ class Engine:
             self._fire("after-step", interruptible=False, **self._hook_env(state, step, index))
         self._append("run_completed")
         state = self._require_state()
-        self._safe_point()
+        self._safe_point(act=False)
         self.log.info("migration completed", run_id=state.run_id)
         self._fire("on-success", interruptible=False, **self._hook_env(state, None))
         return Outcome.COMPLETED
@@ -277,6 +281,7 @@ class Engine:
                 began = time.monotonic()
                 step.undo(ctx)
                 self._append("undo_completed", step=step.name, duration=time.monotonic() - began)
+                self._safe_point(act=False)
             except Exception as exc:
                 error = _one_line(exc)
                 self._append("undo_failed", step=step.name, error=error)
