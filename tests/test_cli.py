@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import exit_codes, run
+from orchestrator import exit_codes
 from orchestrator import logging as mlog
+from orchestrator.run import commands
 from tests.conftest import ROOT, migrate
 from tests.engine.world import PLAN, World
 
@@ -132,7 +133,7 @@ def test_a_defect_prints_one_line_and_keeps_the_traceback_in_the_run_log(
         secret_in_a_frame = "frame-local-value-7731"  # noqa: F841 - a frame local that must never be rendered
         raise RuntimeError(f"boom {HOSTILE}")
 
-    monkeypatch.setattr(run, "_write_report", broken)
+    monkeypatch.setattr(commands, "_write_report", broken)
     res = world.run("apply", str(world.plan), "--yes")
     assert res.returncode == exit_codes.INTERNAL
     defect = [line for line in res.stderr.splitlines() if "internal error" in line]

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator import cli, run
+from orchestrator import cli
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Plan
+from orchestrator.run import compose
 from orchestrator.secrets import resolve
 
 
@@ -121,8 +122,8 @@ class FakeRuntime:
 
 
 def use_file_steps() -> None:
-    run.steps_factory = file_steps
-    run.runtime_factory = FakeRuntime
+    compose.steps_factory = file_steps
+    compose.runtime_factory = FakeRuntime
 
 
 if __name__ == "__main__":
