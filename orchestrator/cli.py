@@ -23,6 +23,7 @@ from orchestrator.engine.hooks import HookFailed
 from orchestrator.engine.step import Step
 from orchestrator.plan.model import Plan
 from orchestrator.redaction import redact
+from orchestrator.run import compose
 
 app = typer.Typer(
     add_completion=False,
@@ -120,7 +121,7 @@ def _ask(yes: bool) -> Callable[[Plan, Step], bool]:
 def validate(plan_path: PlanArg) -> None:
     """Check a plan: one line per problem with file:line:col, exit 2 when it is invalid."""
     loaded = run.load(plan_path)
-    steps = run.steps_factory(loaded.plan)
+    steps = compose.steps_factory(loaded.plan)
     out.print(f"{plan_path}: valid: plan '{loaded.plan.name}', {len(steps)} steps")
 
 
