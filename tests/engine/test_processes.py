@@ -86,10 +86,13 @@ def test_postpone_flag_holds_the_run_before_the_downtime_until_deleted(world: Wo
     flag = world.root / "hold-cutover"
     flag.write_text("")
     proc = world.start("apply", str(world.plan), "--yes")
+    # Held at the gate: the run's log says so (its first reminder is written as the wait begins).
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and "run copy" not in world.actions():
+    while time.monotonic() < deadline and not any(
+        "cut-over postponed" in log.read_text() for log in world.state_dir.glob("run-*.log.jsonl")
+    ):
+        assert proc.poll() is None, "the run ended instead of waiting at the gate"
         time.sleep(0.05)
-    time.sleep(1.0)  # held: the cut-over must not begin while the flag exists
     assert world.actions() == ["run prepare", "run copy"] and proc.poll() is None
     status = world.run("status", str(world.plan))
     assert f"postponed while {flag} exists" in " ".join(status.stdout.split())
