@@ -12,14 +12,14 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator.lab import hosts
 from orchestrator.lab.state import LabState
-from tests.engine.world import World
+from tests.engine.world import Result, World, run_in_process
 
 LAB_DIR_ENV = "LAB_DIR"
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +68,19 @@ def _drop_log_handlers() -> None:
     from orchestrator import logging as mlog
 
     mlog._configured_file = None
+
+
+@pytest.fixture
+def migrate_here(capsys: pytest.CaptureFixture[str]) -> Iterator[Callable[..., Result]]:
+    """`migrate` run in the test's process (fast): the same `main` the installed command runs, without the example
+    plan's secrets unless given."""
+
+    def run(*args: str, env: dict[str, str] | None = None) -> Result:
+        base = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        return run_in_process(capsys, list(args), {**base, **(env or {})})
+
+    yield run
+    _drop_log_handlers()
 
 
 def migrate(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from orchestrator import exit_codes
 from orchestrator import logging as mlog
 from orchestrator.run import commands
 from tests.conftest import ROOT, migrate
-from tests.engine.world import PLAN, World
+from tests.engine.world import PLAN, Result, World
 
 EXAMPLE = ROOT / "plans" / "course-review.yaml"
 # Rich markup, a closing tag that is an error to rich, an emoji code and a shortcode: printed as written, always.
@@ -36,60 +37,66 @@ def plan(tmp_path: Path) -> Path:
         ["lab", "bogus"],
     ],
 )
-def test_usage_errors_are_one_line_and_exit_2(plan: Path, args: list[str]) -> None:
-    res = migrate(*[str(plan) if a == "PLAN" else a for a in args])
+def test_usage_errors_are_one_line_and_exit_2(plan: Path, args: list[str], migrate_here: Callable[..., Result]) -> None:
+    res = migrate_here(*[str(plan) if a == "PLAN" else a for a in args])
     assert res.returncode == exit_codes.BAD_INPUT, res
     assert "Traceback" not in res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
 
 
-def test_binary_env_file_is_bad_input(plan: Path, tmp_path: Path) -> None:
+def test_binary_env_file_is_bad_input(plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]) -> None:
     env_file = tmp_path / "secrets.env"
     env_file.write_bytes(bytes(range(256)) * 4)
-    res = migrate("apply", str(plan), "--yes", "--env-file", str(env_file))
+    res = migrate_here("apply", str(plan), "--yes", "--env-file", str(env_file))
     assert res.returncode == exit_codes.BAD_INPUT
     assert res.stderr.strip() == f"{env_file}: cannot read: not UTF-8 text"
     assert not (tmp_path / ".migrate").exists()
 
 
-def test_env_file_with_a_bad_line_names_the_line(plan: Path, tmp_path: Path) -> None:
+def test_env_file_with_a_bad_line_names_the_line(
+    plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]
+) -> None:
     env_file = tmp_path / "secrets.env"
     env_file.write_text("# secrets\nCLOUDFLARE_API_TOKEN=abc\nthis is not an assignment\n")
-    res = migrate("apply", str(plan), "--yes", "--env-file", str(env_file))
+    res = migrate_here("apply", str(plan), "--yes", "--env-file", str(env_file))
     assert res.returncode == exit_codes.BAD_INPUT
     assert res.stderr.strip() == f"{env_file}:3: expected KEY=VALUE"
 
 
-def test_state_dir_that_is_a_file_is_bad_input(plan: Path, tmp_path: Path) -> None:
+def test_state_dir_that_is_a_file_is_bad_input(plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]) -> None:
     not_a_dir = tmp_path / "state"
     not_a_dir.write_text("")
     secrets = {"COURSE_REVIEW_DB_PASSWORD": "pw-123456", "CLOUDFLARE_API_TOKEN": "tok-123456"}
-    res = migrate("apply", str(plan), "--yes", "--state-dir", str(not_a_dir), env=secrets)
+    res = migrate_here("apply", str(plan), "--yes", "--state-dir", str(not_a_dir), env=secrets)
     assert res.returncode == exit_codes.BAD_INPUT, res
     assert res.stderr.strip().startswith("state directory: cannot use") and "Traceback" not in res.stderr
 
 
-def test_missing_secret_stops_a_real_run_but_not_a_rehearsal(plan: Path, tmp_path: Path) -> None:
-    real = migrate("apply", str(plan), "--yes")
+def test_missing_secret_stops_a_real_run_but_not_a_rehearsal(
+    plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]
+) -> None:
+    real = migrate_here("apply", str(plan), "--yes")
     assert real.returncode == exit_codes.BAD_INPUT
     assert real.stderr.strip().endswith("environment variable COURSE_REVIEW_DB_PASSWORD is not set")
-    rehearsal = migrate("apply", str(plan), "--dry-run")
+    rehearsal = migrate_here("apply", str(plan), "--dry-run")
     assert rehearsal.returncode == exit_codes.OK, rehearsal.stderr
     assert "COURSE_REVIEW_DB_PASSWORD is not set: a real run would stop here (exit 2)" in rehearsal.stdout
     assert "DOWNTIME BEGINS" in rehearsal.stdout and "COMMIT POINT" in rehearsal.stdout
     assert not (tmp_path / ".migrate").exists(), "neither the run nor the rehearsal left state behind"
 
 
-def test_rollback_without_a_run_changes_nothing(plan: Path, tmp_path: Path) -> None:
-    res = migrate("rollback", str(plan))
+def test_rollback_without_a_run_changes_nothing(
+    plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]
+) -> None:
+    res = migrate_here("rollback", str(plan))
     assert res.returncode == exit_codes.OK
     assert "has no run: nothing to roll back" in res.stdout
     assert not (tmp_path / ".migrate").exists()
 
 
-def test_status_json_without_a_run(plan: Path) -> None:
-    res = migrate("status", str(plan), "--json")
+def test_status_json_without_a_run(plan: Path, migrate_here: Callable[..., Result]) -> None:
+    res = migrate_here("status", str(plan), "--json")
     assert res.returncode == exit_codes.OK
     doc = json.loads(res.stdout)
     assert doc["run"] is None and doc["locked_by"] is None and "starts a new run" in doc["next"]

@@ -23,6 +23,7 @@ import pytest
 
 from orchestrator import cli
 from orchestrator.engine.journal import Journal
+from orchestrator.run import compose
 from tests.engine.harness import Crash, use_file_steps
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,23 +94,12 @@ class World:
     # ------------------------------------------------------------------------------------------ in-process
     def run(self, *args: str, **extra: str) -> Result:
         """`migrate ARGS` in this process, with the file steps; a Crash ends it as kill -9 would."""
-        saved, env = dict(os.environ), self.env(**extra)
-        os.environ.clear()
-        os.environ.update(env)
+        factories = compose.steps_factory, compose.runtime_factory
         use_file_steps()
-        self.capsys.readouterr()
-        code: int = 0
         try:
-            cli.main(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        except Crash:
-            code = CRASHED
+            return run_in_process(self.capsys, list(args), self.env(**extra))
         finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        captured = self.capsys.readouterr()
-        return Result(code, captured.out, captured.err)
+            compose.steps_factory, compose.runtime_factory = factories
 
     # ------------------------------------------------------------------------------------------ processes
     def cmd(self, *args: str) -> list[str]:
@@ -181,6 +171,26 @@ class World:
         res = self.run("status", str(self.plan), "--json")
         assert res.returncode == 0, res.stderr
         return json.loads(res.stdout)
+
+
+def run_in_process(capsys: pytest.CaptureFixture[str], argv: list[str], env: dict[str, str]) -> Result:
+    """`migrate ARGV` in this process with exactly `env` (restored after, --env-file included)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    capsys.readouterr()
+    code: int = 0
+    try:
+        cli.main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    except Crash:
+        code = CRASHED
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    captured = capsys.readouterr()
+    return Result(code, captured.out, captured.err)
 
 
 def matches(record: dict[str, Any], event: str, step: str | None) -> bool:
