@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SYSTEM_PACKAGES := openssh-server openssh-client rsync mariadb-server mariadb-client mariadb-backup chromium
 
-.PHONY: test demo venv system-packages lint clean
+.PHONY: test test-fast demo venv system-packages lint clean
 
 $(BIN)/migrate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ lint: venv
 
 test: venv system-packages lint
 	$(BIN)/pytest -q
+
+# The fast layer: everything but the tests that need the lab (no sshd, no mariadbd, no system packages).
+test-fast: venv
+	$(BIN)/pytest -q -m "not lab"
 
 demo: venv system-packages
 	$(BIN)/python -m orchestrator.lab.demo

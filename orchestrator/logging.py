@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 import structlog.tracebacks
 
-from orchestrator.secrets import redact, redact_obj
+from orchestrator.redaction import redact, redact_obj
 
 _configured_file: logging.Handler | None = None
 
@@ -70,6 +70,7 @@ def configure(*, verbose: bool = False, quiet: bool = False) -> None:
             ],
         )
     )
+    console.addFilter(_NotDefects())
     console.setLevel(logging.WARNING if quiet else (logging.DEBUG if verbose else logging.INFO))
     root.addHandler(console)
     root.setLevel(logging.DEBUG)
@@ -125,5 +126,19 @@ def get_logger(**context: Any) -> Any:
     return structlog.get_logger("migrate").bind(**context)
 
 
-def safe_text(text: str) -> str:
-    return redact(text)
+DEFECT_LOGGER = "migrate.defect"
+
+
+class _NotDefects(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name != DEFECT_LOGGER
+
+
+def record_defect(exc: BaseException) -> None:
+    """A defect's traceback goes to the run's log only (no frame locals); the console gets one line from the caller.
+
+    Through the standard library logger: with no run log open yet it goes nowhere (never to stdout or stderr)."""
+    logger = logging.getLogger(DEFECT_LOGGER)
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())  # no "last resort" printing of the traceback on stderr
+    logger.error("internal error", exc_info=exc)

@@ -1,22 +1,36 @@
-"""Fixtures shared by the whole suite: one lab for the session.
+"""Fixtures shared by the whole suite: one lab for the session, the engine's file-step world, the `migrate` binary.
 
 `lab` brings a lab up under a temporary directory (random free ports, so suites on one machine do not collide)
 and tears it down at the end, even when tests fail. With LAB_DIR set, it reuses (and repairs) that lab instead and
-leaves it running.
+leaves it running. Every test that uses a lab (`lab`, or a fixture built on it) is marked `lab`, so
+`pytest -m "not lab"` (`make test-fast`) runs the fast layer alone.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator.lab import hosts
 from orchestrator.lab.state import LabState
+from tests.engine.world import Result, World, run_in_process
 
 LAB_DIR_ENV = "LAB_DIR"
+ROOT = Path(__file__).resolve().parents[1]
+MIGRATE = Path(sys.executable).with_name("migrate")
+SECRET_ENV = ("COURSE_REVIEW_DB_PASSWORD", "CLOUDFLARE_API_TOKEN")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "lab" in getattr(item, "fixturenames", ()) and item.get_closest_marker("lab") is None:
+            item.add_marker(pytest.mark.lab)
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +44,51 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
         yield hosts.up(lab_dir, default_ports=False)
     finally:
         hosts.down(lab_dir)
+
+
+@pytest.fixture
+def world(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[World]:
+    """A plan with file-based steps and hooks that record their environment (tests/engine)."""
+    w = World(tmp_path, capsys)
+    yield w
+    # Whatever a failed assertion left running: the paused `migrate` processes and a paused hook.
+    for proc in w.procs:
+        if proc.poll() is None:
+            w.kill9(proc)
+    _drop_log_handlers()
+
+
+def _drop_log_handlers() -> None:
+    # In-process runs open the run's log file and a console bound to the captured stderr: neither outlives a test.
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) or getattr(handler, "_migrate_console", False):
+            root.removeHandler(handler)
+            handler.close()
+    from orchestrator import logging as mlog
+
+    mlog._configured_file = None
+
+
+@pytest.fixture
+def migrate_here(capsys: pytest.CaptureFixture[str]) -> Iterator[Callable[..., Result]]:
+    """`migrate` run in the test's process (fast): the same `main` the installed command runs, without the example
+    plan's secrets unless given."""
+
+    def run(*args: str, env: dict[str, str] | None = None) -> Result:
+        base = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        return run_in_process(capsys, list(args), {**base, **(env or {})})
+
+    yield run
+    _drop_log_handlers()
+
+
+def migrate(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """The installed `migrate` as an operator runs it, without the example plan's secrets unless given."""
+    base = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+    return subprocess.run(
+        [str(MIGRATE), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**base, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip

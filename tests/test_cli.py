@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from orchestrator import exit_codes
-from orchestrator.engine.journal import Journal, RunStatus
+from orchestrator import logging as mlog
+from orchestrator.run import commands
+from tests.conftest import ROOT, migrate
+from tests.engine.world import PLAN, Result, World
 
-ROOT = Path(__file__).resolve().parents[1]
-MIGRATE = Path(sys.executable).with_name("migrate")
 EXAMPLE = ROOT / "plans" / "course-review.yaml"
-
-
-def migrate(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("COURSE_REVIEW_DB_PASSWORD", "CLOUDFLARE_API_TOKEN")}
-    return subprocess.run(
-        [str(MIGRATE), *args], capture_output=True, text=True, timeout=60, cwd=cwd, env={**base, **(env or {})},
-        stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+# Rich markup, a closing tag that is an error to rich, an emoji code and a shortcode: printed as written, always.
+HOSTILE = "y[red]z[/]w:100::smile:[bold]"
 
 
 @pytest.fixture
@@ -44,89 +37,118 @@ def plan(tmp_path: Path) -> Path:
         ["lab", "bogus"],
     ],
 )
-def test_usage_errors_are_one_line_and_exit_2(plan: Path, args: list[str]) -> None:
-    res = migrate(*[str(plan) if a == "PLAN" else a for a in args])
+def test_usage_errors_are_one_line_and_exit_2(plan: Path, args: list[str], migrate_here: Callable[..., Result]) -> None:
+    res = migrate_here(*[str(plan) if a == "PLAN" else a for a in args])
     assert res.returncode == exit_codes.BAD_INPUT, res
     assert "Traceback" not in res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
 
 
-def test_binary_env_file_is_bad_input(plan: Path, tmp_path: Path) -> None:
+def test_binary_env_file_is_bad_input(plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]) -> None:
     env_file = tmp_path / "secrets.env"
     env_file.write_bytes(bytes(range(256)) * 4)
-    res = migrate("apply", str(plan), "--yes", "--env-file", str(env_file))
+    res = migrate_here("apply", str(plan), "--yes", "--env-file", str(env_file))
     assert res.returncode == exit_codes.BAD_INPUT
     assert res.stderr.strip() == f"{env_file}: cannot read: not UTF-8 text"
     assert not (tmp_path / ".migrate").exists()
 
 
-def test_env_file_with_a_bad_line_names_the_line(plan: Path, tmp_path: Path) -> None:
+def test_env_file_with_a_bad_line_names_the_line(
+    plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]
+) -> None:
     env_file = tmp_path / "secrets.env"
     env_file.write_text("# secrets\nCLOUDFLARE_API_TOKEN=abc\nthis is not an assignment\n")
-    res = migrate("apply", str(plan), "--yes", "--env-file", str(env_file))
+    res = migrate_here("apply", str(plan), "--yes", "--env-file", str(env_file))
     assert res.returncode == exit_codes.BAD_INPUT
     assert res.stderr.strip() == f"{env_file}:3: expected KEY=VALUE"
 
 
-def test_state_dir_that_is_a_file_is_bad_input(plan: Path, tmp_path: Path) -> None:
+def test_state_dir_that_is_a_file_is_bad_input(plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]) -> None:
     not_a_dir = tmp_path / "state"
     not_a_dir.write_text("")
     secrets = {"COURSE_REVIEW_DB_PASSWORD": "pw-123456", "CLOUDFLARE_API_TOKEN": "tok-123456"}
-    res = migrate("apply", str(plan), "--yes", "--state-dir", str(not_a_dir), env=secrets)
+    res = migrate_here("apply", str(plan), "--yes", "--state-dir", str(not_a_dir), env=secrets)
     assert res.returncode == exit_codes.BAD_INPUT, res
     assert res.stderr.strip().startswith("state directory: cannot use") and "Traceback" not in res.stderr
 
 
-def test_missing_secret_stops_a_real_run_but_not_a_rehearsal(plan: Path, tmp_path: Path) -> None:
-    real = migrate("apply", str(plan), "--yes")
+def test_missing_secret_stops_a_real_run_but_not_a_rehearsal(
+    plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]
+) -> None:
+    real = migrate_here("apply", str(plan), "--yes")
     assert real.returncode == exit_codes.BAD_INPUT
     assert real.stderr.strip().endswith("environment variable COURSE_REVIEW_DB_PASSWORD is not set")
-    rehearsal = migrate("apply", str(plan), "--dry-run")
+    rehearsal = migrate_here("apply", str(plan), "--dry-run")
     assert rehearsal.returncode == exit_codes.OK, rehearsal.stderr
     assert "COURSE_REVIEW_DB_PASSWORD is not set: a real run would stop here (exit 2)" in rehearsal.stdout
     assert "DOWNTIME BEGINS" in rehearsal.stdout and "COMMIT POINT" in rehearsal.stdout
     assert not (tmp_path / ".migrate").exists(), "neither the run nor the rehearsal left state behind"
 
 
-def test_rollback_without_a_run_changes_nothing(plan: Path, tmp_path: Path) -> None:
-    res = migrate("rollback", str(plan))
+def test_rollback_without_a_run_changes_nothing(
+    plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]
+) -> None:
+    res = migrate_here("rollback", str(plan))
     assert res.returncode == exit_codes.OK
     assert "has no run: nothing to roll back" in res.stdout
     assert not (tmp_path / ".migrate").exists()
 
 
-def test_status_json_without_a_run(plan: Path) -> None:
-    res = migrate("status", str(plan), "--json")
+def test_status_json_without_a_run(plan: Path, migrate_here: Callable[..., Result]) -> None:
+    res = migrate_here("status", str(plan), "--json")
     assert res.returncode == exit_codes.OK
     doc = json.loads(res.stdout)
     assert doc["run"] is None and doc["locked_by"] is None and "starts a new run" in doc["next"]
 
 
-def test_a_torn_last_journal_line_is_ignored(tmp_path: Path) -> None:
-    """kill -9 in the middle of an append leaves half a line: the action it announced never began."""
-    path = tmp_path / "journal.jsonl"
-    journal = Journal(path)
-    journal.append("run_started", run_id="r1", plan_path="p", plan_sha256="h", plan_text="", steps=["a", "b"])
-    journal.append("step_started", step="a")
-    journal.append("step_completed", step="a", result={"n": 1})
-    with path.open("ab") as f:
-        f.write(b'{"seq":4,"ts":1.0,"event":"step_sta')
-    state = Journal(path).state()
-    assert state is not None and state.status == RunStatus.RUNNING
-    assert state.step("a").result == {"n": 1} and state.step("b").state.value == "pending"
+def test_a_plan_file_name_with_markup_and_emoji_codes_is_printed_as_written(tmp_path: Path) -> None:
+    plan = tmp_path / f"{HOSTILE}.yaml"  # `[/]` makes it a directory "y[red]z[" and a file "]w…"
+    plan.parent.mkdir(parents=True)
+    lines = PLAN.splitlines()
+    plan.write_text("\n".join([*lines, *["#"] * (99 - len(lines)), "bogus_key: 1"]) + "\n")
+    res = migrate("validate", str(plan))
+    assert res.returncode == exit_codes.BAD_INPUT, res.stderr
+    assert f"{plan}:100:" in res.stderr, res.stderr
+    assert "\U0001f4af" not in res.stderr and "\U0001f604" not in res.stderr and "Traceback" not in res.stderr
+    res = migrate("status", str(plan))
+    assert res.returncode == exit_codes.BAD_INPUT and f"{plan}:100:" in res.stderr
 
 
-def test_an_append_after_a_torn_line_is_not_lost(tmp_path: Path) -> None:
-    """The records written after a crash mid-append must be readable: the torn tail is cut before appending."""
-    path = tmp_path / "journal.jsonl"
-    journal = Journal(path)
-    journal.append("run_started", run_id="r1", plan_path="p", plan_sha256="h", plan_text="", steps=["a"])
-    with path.open("ab") as f:
-        f.write(b'{"seq":2,"ts":1.0,"event":"step_sta')
-    resumed = Journal(path)
-    resumed.append("step_started", step="a")
-    resumed.append("step_completed", step="a", result={}, commit_point=True)
-    resumed.append("run_completed")
-    state = Journal(path).state()
-    assert state is not None and state.status == RunStatus.COMPLETED and state.committed
+def test_dry_run_apply_and_status_print_user_text_as_written(world: World) -> None:
+    """Paths, errors and table cells with `[red]`, `[/]`, `:100:` and `:smile:` reach the console unchanged."""
+    hostile = world.root / HOSTILE
+    hostile.mkdir(parents=True)
+    world.dir = hostile
+    dry = world.run("apply", str(world.plan), "--dry-run", HARNESS_WORLD=str(hostile))
+    assert dry.returncode == exit_codes.OK, dry.stderr
+    assert f"would create {hostile}/prepare.done" in dry.stdout
+    failed = world.run("apply", str(world.plan), "--yes", HARNESS_WORLD=str(hostile), HARNESS_FAIL="start")
+    assert failed.returncode == exit_codes.FAILED, failed.stderr
+    assert f"start failed on purpose in {hostile}" in " ".join(failed.stdout.split()), failed.stdout
+    status = world.run("status", str(world.plan))
+    assert status.returncode == exit_codes.OK
+    assert f"start failed on purpose in {hostile}"[:100] in " ".join(status.stdout.split())
+    for text in (dry.stdout, dry.stderr, failed.stdout, failed.stderr, status.stdout):
+        assert "\U0001f4af" not in text and "\U0001f604" not in text and "Traceback" not in text
+
+
+def test_a_defect_prints_one_line_and_keeps_the_traceback_in_the_run_log(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_args: object, **_kwargs: object) -> None:
+        secret_in_a_frame = "frame-local-value-7731"  # noqa: F841 - a frame local that must never be rendered
+        raise RuntimeError(f"boom {HOSTILE}")
+
+    monkeypatch.setattr(commands, "_write_report", broken)
+    res = world.run("apply", str(world.plan), "--yes")
+    assert res.returncode == exit_codes.INTERNAL
+    defect = [line for line in res.stderr.splitlines() if "internal error" in line]
+    assert defect == [f"internal error (RuntimeError): boom {HOSTILE}; `migrate status` shows the run's state"]
+    assert "Traceback" not in res.stderr and "frame-local-value" not in res.stderr + res.stdout
+    (log,) = world.state_dir.glob("run-*.log.jsonl")
+    for handler in mlog.logging.getLogger().handlers:
+        handler.flush()
+    text = log.read_text()
+    assert "boom" in text and "RuntimeError" in text and "broken" in text, "the traceback is in the run's log"
+    assert "frame-local-value" not in text, "never with frame locals"

@@ -32,3 +32,37 @@ def test_tracebacks_never_show_a_secret_held_in_a_frame(tmp_path: Path) -> None:
     for text in (res.stdout, res.stderr, log_file.read_text()):
         assert "hunter2-planted-password" not in text
     assert "pw ***" in res.stderr
+
+
+DEFECT_SCRIPT = """
+import sys
+from pathlib import Path
+from orchestrator import logging as mlog
+mlog.configure(verbose=True)
+if len(sys.argv) > 1:
+    mlog.log_to_file(Path(sys.argv[1]))
+
+def broken(plan_text):
+    raise KeyError("[red]defect[/] :100:")
+
+try:
+    broken("frame-local-plan-text-5521")
+except KeyError as exc:
+    mlog.record_defect(exc)
+"""
+
+
+def test_a_defect_traceback_goes_to_the_run_log_only_without_frame_locals(tmp_path: Path) -> None:
+    log_file = tmp_path / "run.log.jsonl"
+    res = subprocess.run(
+        [sys.executable, "-c", DEFECT_SCRIPT, str(log_file)], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "" and res.stderr == "", "nothing of the defect on the console"
+    text = log_file.read_text()
+    assert "Traceback" in text or "frames" in text
+    assert "broken" in text and "defect" in text
+    assert "frame-local-plan-text" not in text
+    # Without a run log yet, the traceback goes nowhere (never to the console).
+    bare = subprocess.run([sys.executable, "-c", DEFECT_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 0 and bare.stdout == "" and bare.stderr == ""

@@ -16,17 +16,19 @@ Environment every hook receives:
   MIGRATE_STATE            the run's status (running, rolling_back, rolled_back, completed, ...)
   MIGRATE_ERROR            the failure, on on-failure and on-rollback (redacted)
   MIGRATE_JOURNAL          path of the run's journal
+and `base_env`, the environment the composition root allows (the process's, minus every secret-bearing variable).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from orchestrator.secrets import redact
+from orchestrator.redaction import redact
 
 EVENTS = (
     "on-start",
@@ -52,11 +54,21 @@ class HookResult:
 
 
 class HookRunner:
-    def __init__(self, directory: Path | None, *, timeout: float, base_env: Mapping[str, str], log) -> None:
+    def __init__(
+        self,
+        directory: Path | None,
+        *,
+        timeout: float,
+        base_env: Mapping[str, str],
+        log: Any,
+        passed: Collection[str] = (),
+    ) -> None:
         self.directory = directory
         self.timeout = timeout
         self.base_env = dict(base_env)
         self.log = log
+        # Names the plan lets through even though their values are secrets (hooks.pass_env).
+        self.passed = frozenset(passed)
 
     def hooks_for(self, event: str) -> list[Path]:
         if self.directory is None or not self.directory.is_dir():
@@ -74,9 +86,9 @@ class HookRunner:
         """Run every hook of `event`. Raises HookFailed when a `before-*` hook fails."""
         results = []
         for path in self.hooks_for(event):
-            # Hooks get the documented MIGRATE_* variables, never a secret `migrate` holds (from --env-file or not).
-            inherited = {k: v for k, v in os.environ.items() if redact(v) == v}
-            full_env = {**inherited, **self.base_env, **env, "MIGRATE_EVENT": event}
+            # Hooks get the documented MIGRATE_* variables and `base_env`, never a secret `migrate` holds.
+            inherited = {k: v for k, v in self.base_env.items() if k in self.passed or redact(v) == v}
+            full_env = {**inherited, **env, "MIGRATE_EVENT": event}
             full_env = {k: redact(v) if k == "MIGRATE_ERROR" else v for k, v in full_env.items()}
             try:
                 proc = subprocess.run(

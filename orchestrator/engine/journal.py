@@ -15,7 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from orchestrator.secrets import redact_obj
+from orchestrator.redaction import redact_obj
 
 
 class StepState(StrEnum):
@@ -35,9 +35,6 @@ class RunStatus(StrEnum):
     ROLLBACK_FAILED = "rollback_failed"  # a compensation failed: `migrate rollback` retries it
     FAILED_AFTER_COMMIT = "failed_after_commit"  # past the DNS flip: resume forward with `migrate apply`
     COMPLETED = "completed"  # terminal
-
-
-TERMINAL = {RunStatus.ROLLED_BACK, RunStatus.COMPLETED}
 
 
 @dataclass
@@ -157,11 +154,21 @@ class Journal:
     def state(self) -> RunState | None:
         return replay(self._events)
 
+    def durable_state(self) -> RunState | None:
+        """The state the file says (re-read and replayed): what a resume would see."""
+        return replay(read_events(self.path)) if self.path is not None else self.state()
+
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         self._seq += 1
         record: dict[str, Any] = {"seq": self._seq, "ts": time.time(), "event": event}
         record.update(fields)
         record = redact_obj(record)  # type: ignore[assignment]
+        self._persist(record)
+        self._events.append(record)
+        return record
+
+    def _persist(self, record: dict[str, Any]) -> None:
+        """Write, flush and fsync one record (nothing for an in-memory journal)."""
         if self.path is not None:
             line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
             new_file = not self.path.exists()
@@ -178,8 +185,6 @@ class Journal:
                 os.close(fd)
             if new_file:
                 _fsync_dir(self.path.parent)
-        self._events.append(record)
-        return record
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

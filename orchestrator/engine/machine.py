@@ -7,7 +7,14 @@ marked done, else it is re-entered from its start (steps are written to be safe 
 
 A failure before the commit point journals `step_failed`, then rolls back: the compensations (`undo`) of every step
 that started, newest first, each journaled, so an interrupted rollback resumes too. A failure after the commit point
-leaves the run `failed_after_commit`: the target serves, and `migrate apply` resumes forward.
+leaves the run `failed_after_commit`: the target serves, and `migrate apply` resumes forward. Whether the run is
+committed is always read back from the journal on disk, never from memory alone.
+
+Signals are acted on only at safe points (engine/interrupt.py): before the commit point an interruption fails the
+current step (and the run rolls back); once the journal says committed, the run finishes forward. A rollback is never
+stopped by a signal.
+
+`describe` is the dry-run: the same step contexts as a run, built from an in-memory journal.
 """
 
 from __future__ import annotations
@@ -15,16 +22,19 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
 import structlog
 
-from orchestrator.engine.hooks import HookFailed, HookRunner
+from orchestrator.engine.hooks import EVENTS, HookFailed, HookRunner
+from orchestrator.engine.interrupt import Interrupted, Interruptions
 from orchestrator.engine.journal import Journal, RunState, RunStatus, StepState
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.secrets import redact
+from orchestrator.redaction import redact
+
+__all__ = ["Engine", "EngineConfig", "Interrupted", "Outcome", "StepPlan"]
 
 
 class Outcome(IntEnum):
@@ -34,8 +44,17 @@ class Outcome(IntEnum):
     NEEDS_ATTENTION = 4  # failed after the commit point, or a compensation failed
 
 
-class Interrupted(Exception):
-    """SIGINT/SIGTERM: treated as a failure of the current step (roll back before the commit point)."""
+@dataclass(frozen=True)
+class StepPlan:
+    """What one step would do (the dry-run's unit)."""
+
+    index: int
+    name: str
+    title: str
+    begins_downtime: bool
+    commit_point: bool
+    lines: list[str] = field(default_factory=list)
+    state: StepState = StepState.PENDING
 
 
 @dataclass
@@ -58,6 +77,7 @@ class Engine:
         hooks: HookRunner,
         confirm: Callable[[Step], bool],
         log: Any = None,
+        interruptions: Interruptions | None = None,
     ) -> None:
         names = [s.name for s in steps]
         if len(set(names)) != len(names):
@@ -69,6 +89,35 @@ class Engine:
         self.hooks = hooks
         self.confirm = confirm
         self.log = log or structlog.get_logger("migrate")
+        self.interruptions = interruptions or Interruptions()
+
+    def _append(self, event: str, **fields: Any) -> None:
+        """Journal a transition; no signal lands between the durable record and the in-memory state."""
+        with self.interruptions.recording():
+            self.journal.append(event, **fields)
+            if event == "committed" or (event == "step_completed" and fields.get("commit_point")):
+                self.interruptions.finish_forward = True
+
+    def _fire(self, event: str, *, interruptible: bool = True, **env: str) -> None:
+        if interruptible:
+            with self.interruptions.interruptible():
+                self.hooks.fire(event, **env)
+        else:
+            self.hooks.fire(event, **env)
+
+    def _safe_point(self, *, act: bool = True) -> None:
+        """Between journaled actions: log the signals noted meanwhile, and act on a pending one (if `act`)."""
+        for name in self.interruptions.unreported():
+            if self.interruptions.finish_forward:
+                self.log.warning("interrupted after the commit point: the run finishes forward", signal=name)
+            elif not act:
+                self.log.warning("interrupted: noted, the current work goes on to its end", signal=name)
+        if act:
+            self.interruptions.raise_if_pending()
+
+    def durable_state(self) -> RunState | None:
+        """The run as the journal on disk says it is (decisions that matter are taken from this)."""
+        return self.journal.durable_state()
 
     # ----------------------------------------------------------------- state
     def state(self) -> RunState | None:
@@ -81,7 +130,7 @@ class Engine:
 
     def start_run(self) -> RunState:
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-        self.journal.append(
+        self._append(
             "run_started",
             run_id=run_id,
             plan_path=self.config.plan_path,
@@ -93,20 +142,22 @@ class Engine:
         )
         state = self._require_state()
         structlog.contextvars.bind_contextvars(run_id=state.run_id)
-        self.hooks.fire("on-start", **self._hook_env(state, None))
+        self._fire("on-start", interruptible=False, **self._hook_env(state, None))
         return state
 
     def resume_run(self) -> RunState:
         state = self._require_state()
         structlog.contextvars.bind_contextvars(run_id=state.run_id)
-        self.journal.append("run_resumed", status=state.status.value)
+        self._append("run_resumed", status=state.status.value)
         state = self._require_state()
-        self.hooks.fire("on-resume", **self._hook_env(state, None))
+        self.interruptions.finish_forward = state.committed
+        self._fire("on-resume", interruptible=False, **self._hook_env(state, None))
         return state
 
     # --------------------------------------------------------------- forward
     def forward(self) -> Outcome:
         state = self._require_state()
+        self.interruptions.finish_forward = state.committed
         for index, step in enumerate(self.steps):
             rec = state.step(step.name)
             if rec.state == StepState.DONE:
@@ -114,8 +165,9 @@ class Engine:
             ctx = self._context(step, state)
             structlog.contextvars.bind_contextvars(step=step.name)
             try:
+                self._safe_point()
                 if rec.state in (StepState.RUNNING, StepState.FAILED) and self._effect_in_place(step, ctx):
-                    self.journal.append(
+                    self._append(
                         "step_completed",
                         step=step.name,
                         result={"already_in_place": True},
@@ -128,19 +180,23 @@ class Engine:
                     self.log.warning("step was in flight when the run stopped; re-entering it from its start")
                 # The gate stands before the downtime; a downtime step re-entered on resume is already past it.
                 if step.begins_downtime and rec.state == StepState.PENDING and not self.config.dry_run:
-                    if not self.confirm(step):
-                        self.journal.append("gate_declined", step=step.name)
+                    with self.interruptions.interruptible():
+                        confirmed = self.confirm(step)
+                    if not confirmed:
+                        self._append("gate_declined", step=step.name)
                         self.log.warning("not confirmed: stopping before the downtime; nothing past this was done")
                         return Outcome.DECLINED
-                    self.journal.append("gate_confirmed", step=step.name)
-                    self.hooks.fire("before-cutover", **self._hook_env(state, step, index))
-                self.hooks.fire("before-step", **self._hook_env(state, step, index))
-                self.journal.append("step_started", step=step.name, title=step.title)
+                    self._append("gate_confirmed", step=step.name)
+                    self._fire("before-cutover", **self._hook_env(state, step, index))
+                self._fire("before-step", **self._hook_env(state, step, index))
+                self._safe_point()
+                self._append("step_started", step=step.name, title=step.title)
                 self.log.info("step started", title=step.title, index=f"{index + 1}/{len(self.steps)}")
                 began = time.monotonic()
-                result = step.run(ctx) or {}
+                with self.interruptions.interruptible():
+                    result = step.run(ctx) or {}
                 duration = time.monotonic() - began
-                self.journal.append(
+                self._append(
                     "step_completed",
                     step=step.name,
                     result=result,
@@ -158,24 +214,29 @@ class Engine:
             finally:
                 structlog.contextvars.unbind_contextvars("step")
             state = self._require_state()
-            self.hooks.fire("after-step", **self._hook_env(state, step, index))
-        self.journal.append("run_completed")
+            self._fire("after-step", interruptible=False, **self._hook_env(state, step, index))
+        self._append("run_completed")
         state = self._require_state()
+        self._safe_point(act=False)
         self.log.info("migration completed", run_id=state.run_id)
-        self.hooks.fire("on-success", **self._hook_env(state, None))
+        self._fire("on-success", interruptible=False, **self._hook_env(state, None))
         return Outcome.COMPLETED
 
     def _effect_in_place(self, step: Step, ctx: StepContext) -> bool:
         try:
-            return bool(step.check(ctx))
+            with self.interruptions.interruptible():
+                return bool(step.check(ctx))
+        except Interrupted:
+            raise
         except Exception as exc:  # a check that cannot tell means: run the step again
             self.log.warning("check could not tell whether the step's effect is in place", error=_one_line(exc))
             return False
 
     def _on_failure(self, step: Step, exc: Exception) -> Outcome:
         error = _one_line(exc)
-        self.journal.append("step_failed", step=step.name, error=error, kind=type(exc).__name__)
-        state = self._require_state()
+        self._append("step_failed", step=step.name, error=error, kind=type(exc).__name__)
+        # Decided from the journal on disk: a `committed` record written just before an interruption counts.
+        state = self.durable_state() or self._require_state()
         self.log.error("step failed", error=error)
         if not isinstance(exc, StepError | HookFailed | Interrupted):
             self.log.debug("failure detail", exc_info=exc)
@@ -184,19 +245,27 @@ class Engine:
                 "failed after the commit point: the target is serving; fix the cause and run `migrate apply` "
                 "again to finish"
             )
-            self.hooks.fire("on-failure", **self._hook_env(state, step), MIGRATE_ERROR=error)
+            self._fire("on-failure", interruptible=False, **self._hook_env(state, step), MIGRATE_ERROR=error)
             return Outcome.NEEDS_ATTENTION
         # Service first: the rollback runs before the operator's on-failure hooks (a notification can wait;
         # blocked writes cannot).
         outcome = self.rollback(reason=f"{step.name} failed: {error}")
-        self.hooks.fire("on-failure", **self._hook_env(self._require_state(), step), MIGRATE_ERROR=error)
+        self._fire(
+            "on-failure", interruptible=False, **self._hook_env(self._require_state(), step), MIGRATE_ERROR=error
+        )
         return outcome
 
     # -------------------------------------------------------------- rollback
     def rollback(self, *, reason: str) -> Outcome:
+        """Compensate every started step, newest first. Signals are only noted meanwhile: the rollback is what
+        restores the service, stopping it half-way would leave writes blocked."""
+        with self.interruptions.shielded():
+            return self._rollback(reason=reason)
+
+    def _rollback(self, *, reason: str) -> Outcome:
         state = self._require_state()
         if state.status != RunStatus.ROLLING_BACK:
-            self.journal.append("rollback_started", reason=reason)
+            self._append("rollback_started", reason=reason)
             self.log.warning("rolling back", reason=reason)
         else:
             self.log.warning("resuming the rollback", reason=state.rollback_reason)
@@ -208,31 +277,58 @@ class Engine:
             ctx = self._context(step, state)
             structlog.contextvars.bind_contextvars(step=step.name)
             try:
-                self.journal.append("undo_started", step=step.name)
+                self._append("undo_started", step=step.name)
                 began = time.monotonic()
                 step.undo(ctx)
-                self.journal.append("undo_completed", step=step.name, duration=time.monotonic() - began)
+                self._append("undo_completed", step=step.name, duration=time.monotonic() - began)
+                self._safe_point(act=False)
             except Exception as exc:
                 error = _one_line(exc)
-                self.journal.append("undo_failed", step=step.name, error=error)
+                self._append("undo_failed", step=step.name, error=error)
                 self.log.error(
                     "compensation failed; fix the cause and run `migrate rollback` to finish the rollback",
                     error=error,
                 )
                 state = self._require_state()
-                self.hooks.fire("on-failure", **self._hook_env(state, step), MIGRATE_ERROR=error)
+                self._fire("on-failure", interruptible=False, **self._hook_env(state, step), MIGRATE_ERROR=error)
                 return Outcome.NEEDS_ATTENTION
             finally:
                 structlog.contextvars.unbind_contextvars("step")
             state = self._require_state()
-        self.journal.append("rollback_completed")
+        self._append("rollback_completed")
         state = self._require_state()
         self.log.warning("rolled back: the source serves as before", reason=state.rollback_reason)
-        self.hooks.fire("on-rollback", **self._hook_env(state, None), MIGRATE_ERROR=state.rollback_reason or "")
+        self._fire(
+            "on-rollback", interruptible=False, **self._hook_env(state, None), MIGRATE_ERROR=state.rollback_reason or ""
+        )
         return Outcome.ROLLED_BACK
 
+    # -------------------------------------------------------------- dry-run
+    def describe(self) -> list[StepPlan]:
+        """What every step would do, through the same contexts a run gives its steps. Changes nothing; the journal
+        is only read (a dry-run engine is given an in-memory journal)."""
+        state = self.state()
+        plans = []
+        for index, step in enumerate(self.steps, 1):
+            ctx = self._context(step, state)
+            lines = [redact(line) for line in step.describe(ctx)]
+            rec_state = state.step(step.name).state if state is not None else StepState.PENDING
+            plans.append(
+                StepPlan(index, step.name, step.title, step.begins_downtime, step.commit_point, lines, rec_state)
+            )
+        return plans
+
+    def hooks_by_event(self) -> dict[str, list[str]]:
+        """The hooks each event would fire (events without hooks left out)."""
+        fired = {event: [p.name for p in self.hooks.hooks_for(event)] for event in EVENTS}
+        return {event: names for event, names in fired.items() if names}
+
     # --------------------------------------------------------------- helpers
-    def _context(self, step: Step, state: RunState) -> StepContext:
+    def _context(self, step: Step, state: RunState | None) -> StepContext:
+        if state is None:
+            return StepContext(
+                run_id="dry-run", step=step.name, dry_run=True, rt=self.rt, log=self.log.bind(step=step.name)
+            )
         rec = state.step(step.name)
         return StepContext(
             run_id=state.run_id,
@@ -244,11 +340,11 @@ class Engine:
             _outputs=state.outputs,
             _save=self._save,
             _history=lambda: self.journal.events,
-            _commit=lambda step, reason: self.journal.append("committed", step=step, reason=reason),
+            _commit=lambda step, reason: self._append("committed", step=step, reason=reason),
         )
 
     def _save(self, step: str, key: str, value: Any) -> None:
-        self.journal.append("step_saved", step=step, key=key, value=value)
+        self._append("step_saved", step=step, key=key, value=value)
 
     def _hook_env(self, state: RunState, step: Step | None, index: int | None = None) -> dict[str, str]:
         if step is not None and index is None:

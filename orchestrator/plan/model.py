@@ -502,6 +502,11 @@ class Transfer(Strict):
 class Hooks(Strict):
     dir: FilePath = Field(default="hooks", description="directory of hook executables, relative to the plan")
     timeout: float = _seconds(0, 3600, default=60.0, description="longest a hook may run")
+    pass_env: list[str] = Field(
+        default_factory=list,
+        max_length=100,
+        description="variables from --env-file or secret references that hooks may still inherit (by name)",
+    )
 
 
 class Retry(Strict):

@@ -1,8 +1,11 @@
-"""Runs the real `migrate` command line with file-based steps, so the engine can be killed and resumed for real.
+"""File-based steps for testing the engine through the real command line, in-process or as a real process.
 
 The steps act on a "world" directory (HARNESS_WORLD): each step's effect is a file, its undo removes it, and every
-run/undo is appended to world/actions. Environment switches make a step fail, or pause inside its run or undo (the
-test then kills the process with SIGKILL).
+run/undo is appended to world/actions. Environment switches make a step fail, commit midway, crash (an exception the
+engine does not catch: what kill -9 leaves behind, in-process), or pause inside its run or undo (a test then signals
+or kills the real process).
+
+Run as a module it is `migrate` with these steps: `python -m tests.engine.harness apply plan.yaml`.
 """
 
 from __future__ import annotations
@@ -16,13 +19,20 @@ from typing import Any
 from orchestrator import cli
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Plan
+from orchestrator.run import compose
 from orchestrator.secrets import resolve
 
-WORLD = Path(os.environ.get("HARNESS_WORLD", "."))
+
+class Crash(BaseException):
+    """The process dies here (in-process stand-in for kill -9: nothing after it runs, nothing is journaled)."""
+
+
+def world() -> Path:
+    return Path(os.environ.get("HARNESS_WORLD", "."))
 
 
 def _act(line: str) -> None:
-    fd = os.open(WORLD / "actions", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(world() / "actions", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode())
         os.fsync(fd)
@@ -31,7 +41,7 @@ def _act(line: str) -> None:
 
 
 def _pause(where: str) -> None:
-    (WORLD / "paused").write_text(f"{where} {os.getpid()}")
+    (world() / "paused").write_text(f"{where} {os.getpid()}")
     time.sleep(120)
 
 
@@ -44,7 +54,7 @@ class FileStep(Step):
 
     @property
     def effect(self) -> Path:
-        return WORLD / f"{self.name}.done"
+        return world() / f"{self.name}.done"
 
     def describe(self, ctx: StepContext) -> list[str]:
         return [f"would create {self.effect}"]
@@ -60,22 +70,31 @@ class FileStep(Step):
             ctx.log.info("leaking on purpose", token=secret)
             ctx.save("leak", secret)
             raise StepError(f"failed with token {secret}")
+        if os.environ.get("HARNESS_BLOCK_WRITES") == self.name:
+            ctx.save("writes_blocked_at", float(os.environ.get("HARNESS_BLOCKED_AT") or time.time()))
         if os.environ.get("HARNESS_PAUSE_INSIDE") == self.name:
             _pause(f"inside {self.name}")
-        if os.environ.get("HARNESS_COMMIT_FAIL") == self.name and not (WORLD / "commit-failed-once").exists():
-            (WORLD / "commit-failed-once").write_text("")
+        if os.environ.get("HARNESS_CRASH_INSIDE") == self.name:
+            raise Crash(f"crash inside {self.name}")
+        if os.environ.get("HARNESS_COMMIT_MIDWAY") == self.name:
+            ctx.commit("part of the effect is visible")
+        if os.environ.get("HARNESS_COMMIT_FAIL") == self.name and not (world() / "commit-failed-once").exists():
+            (world() / "commit-failed-once").write_text("")
             ctx.commit("part of the effect is visible")
             raise StepError(f"{self.name} failed after committing")
         if os.environ.get("HARNESS_FAIL") == self.name:
-            raise StepError(f"{self.name} failed on purpose")
+            raise StepError(f"{self.name} failed on purpose in {world()}")
         self.effect.write_text("done")
         return {"effect": str(self.effect)}
 
     def undo(self, ctx: StepContext) -> None:
         _act(f"undo {self.name}")
-        if os.environ.get("HARNESS_PAUSE_UNDO") == self.name and not (WORLD / "undo-paused-once").exists():
-            (WORLD / "undo-paused-once").write_text("")
+        if os.environ.get("HARNESS_PAUSE_UNDO") == self.name and not (world() / "undo-paused-once").exists():
+            (world() / "undo-paused-once").write_text("")
             _pause(f"undo {self.name}")
+        if os.environ.get("HARNESS_CRASH_UNDO") == self.name and not (world() / "undo-crashed-once").exists():
+            (world() / "undo-crashed-once").write_text("")
+            raise Crash(f"crash inside undo {self.name}")
         self.effect.unlink(missing_ok=True)
 
 
@@ -102,7 +121,11 @@ class FakeRuntime:
         self.closed = True
 
 
+def use_file_steps() -> None:
+    compose.steps_factory = file_steps
+    compose.runtime_factory = FakeRuntime
+
+
 if __name__ == "__main__":
-    cli.steps_factory = file_steps
-    cli.runtime_factory = FakeRuntime
+    use_file_steps()
     cli.main(sys.argv[1:])

@@ -1,150 +1,15 @@
-"""The engine through the real command line, with file-based steps: forward, rollback, resume after kill -9."""
+"""The engine through the real command line, in-process, with file-based steps: forward, rollback, resume, gates,
+hooks, secrets. A `Crash` (tests/engine/harness.py) stands in for kill -9: the journal is left exactly as a killed
+process leaves it. The real-process cases (kill -9, a live lock holder, a real signal) are in test_processes.py.
+"""
 
 from __future__ import annotations
-
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from orchestrator import exit_codes
 from tests.engine.harness import STEP_NAMES
-
-SECRET = "tok-Zq8x-planted-secret-91"
-
-PLAN = """\
-name: harness
-source:
-  address: 127.0.0.2
-  key: /nonexistent/key
-target:
-  address: 127.0.0.3
-  key: /nonexistent/key
-database:
-  source: {datadir: /srv/db, start: "true", stop: "true"}
-  target: {datadir: /srv/db, start: "true", stop: "true"}
-dns:
-  api_token: {env: HARNESS_TOKEN}
-  zone: example.test
-  records: [www.example.test]
-"""
-
-HOOK_WAIT = """#!/bin/sh
-env | grep '^MIGRATE_' | sort > "$HARNESS_WORLD/hook-env-$MIGRATE_STEP"
-env | sort > "$HARNESS_WORLD/hook-fullenv-$MIGRATE_STEP"
-if [ "$MIGRATE_STEP" = "$HARNESS_PAUSE_BEFORE" ]; then
-  echo "before $MIGRATE_STEP $$" > "$HARNESS_WORLD/paused"
-  echo $$ > "$HARNESS_WORLD/hook.pid"
-  exec sleep 120
-fi
-if [ "$MIGRATE_STEP" = "$HARNESS_HOOK_FAIL" ]; then echo "hook says no" >&2; exit 7; fi
-exit 0
-"""
-
-
-class World:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.dir = root / "world"
-        self.dir.mkdir()
-        self.plan = root / "plan.yaml"
-        self.plan.write_text(PLAN)
-        hooks = root / "hooks"
-        hooks.mkdir()
-        hook = hooks / "before-step"
-        hook.write_text(HOOK_WAIT)
-        hook.chmod(0o755)
-        self.state_dir = root / ".migrate" / "harness"
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "MIGRATE_"))}
-        env.update(HARNESS_WORLD=str(self.dir), HARNESS_TOKEN=SECRET, PYTHONUNBUFFERED="1")
-        env.update(extra)
-        return env
-
-    def cmd(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "tests.engine.harness", *args]
-
-    def run(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.cmd(*args),
-            env=self.env(**extra),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=Path(__file__).resolve().parents[2],
-            stdin=subprocess.DEVNULL,
-        )
-
-    def start(self, *args: str, **extra: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            self.cmd(*args),
-            env=self.env(**extra),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=Path(__file__).resolve().parents[2],
-            stdin=subprocess.DEVNULL,
-        )
-        self.procs.append(proc)
-        return proc
-
-    def wait_paused(self, proc: subprocess.Popen[str], timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            paused = self.dir / "paused"
-            if paused.exists() and paused.read_text().strip():
-                return paused.read_text()
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"exited {proc.returncode} before pausing: {proc.stderr.read() if proc.stderr else ''}"
-                )
-            time.sleep(0.02)
-        raise AssertionError("never paused")
-
-    def kill9(self, proc: subprocess.Popen[str]) -> None:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-        hook_pid = self.dir / "hook.pid"
-        if hook_pid.exists():  # the paused hook runs in its own session; it is ours to stop
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(hook_pid.read_text()), signal.SIGKILL)
-            hook_pid.unlink()
-        (self.dir / "paused").unlink(missing_ok=True)
-
-    def actions(self) -> list[str]:
-        path = self.dir / "actions"
-        return path.read_text().splitlines() if path.exists() else []
-
-    def effects(self) -> set[str]:
-        return {p.name.removesuffix(".done") for p in self.dir.glob("*.done")}
-
-    def journal(self) -> list[dict]:
-        path = self.state_dir / "journal.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    def status_json(self) -> dict:
-        res = self.run("status", str(self.plan), "--json")
-        assert res.returncode == 0, res.stderr
-        return json.loads(res.stdout)
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path)
-    yield w
-    # Whatever a failed assertion left running: the paused `migrate` processes and a paused hook.
-    for proc in w.procs:
-        if proc.poll() is None:
-            w.kill9(proc)
+from tests.engine.world import CRASHED, PLAN, SECRET, World, crash_before
 
 
 def test_forward_runs_every_step_once_and_completes(world: World) -> None:
@@ -182,10 +47,11 @@ def test_failure_runs_compensations_in_reverse(world: World) -> None:
 
 
 @pytest.mark.parametrize("step", STEP_NAMES)
-def test_kill9_at_step_boundary_resumes_without_redoing_finished_steps(world: World, step: str) -> None:
-    proc = world.start("apply", str(world.plan), "--yes", HARNESS_PAUSE_BEFORE=step)
-    assert world.wait_paused(proc).startswith(f"before {step}")
-    world.kill9(proc)
+def test_kill9_at_step_boundary_resumes_without_redoing_finished_steps(
+    world: World, step: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with crash_before(monkeypatch, "step_started", step):
+        assert world.run("apply", str(world.plan), "--yes").returncode == CRASHED
     done_before = STEP_NAMES[: STEP_NAMES.index(step)]
     assert world.effects() == set(done_before)
     res = world.run("apply", str(world.plan), "--yes")
@@ -197,9 +63,7 @@ def test_kill9_at_step_boundary_resumes_without_redoing_finished_steps(world: Wo
 
 @pytest.mark.parametrize("step", STEP_NAMES)
 def test_kill9_inside_a_step_reenters_it_from_its_start(world: World, step: str) -> None:
-    proc = world.start("apply", str(world.plan), "--yes", HARNESS_PAUSE_INSIDE=step)
-    assert world.wait_paused(proc).startswith(f"inside {step}")
-    world.kill9(proc)
+    assert world.run("apply", str(world.plan), "--yes", HARNESS_CRASH_INSIDE=step).returncode == CRASHED
     assert world.status_json()["run"]["steps"][STEP_NAMES.index(step)]["state"] == "running"
     res = world.run("apply", str(world.plan), "--yes")
     assert res.returncode == exit_codes.OK, res.stderr
@@ -213,34 +77,16 @@ def test_kill9_inside_a_step_reenters_it_from_its_start(world: World, step: str)
 
 
 def test_resumed_step_whose_effect_is_in_place_is_not_run_again(world: World) -> None:
-    proc = world.start("apply", str(world.plan), "--yes", HARNESS_PAUSE_INSIDE="copy")
-    world.wait_paused(proc)
-    world.kill9(proc)
+    assert world.run("apply", str(world.plan), "--yes", HARNESS_CRASH_INSIDE="copy").returncode == CRASHED
     (world.dir / "copy.done").write_text("done")  # the step's effect landed just before the crash
     res = world.run("apply", str(world.plan), "--yes")
     assert res.returncode == exit_codes.OK, res.stderr
     assert world.actions().count("run copy") == 1
 
 
-def test_second_apply_is_refused_while_the_first_is_alive_then_stale_lock_recovered(world: World) -> None:
-    proc = world.start("apply", str(world.plan), "--yes", HARNESS_PAUSE_INSIDE="copy")
-    world.wait_paused(proc)
-    second = world.run("apply", str(world.plan), "--yes")
-    assert second.returncode == exit_codes.REFUSED
-    assert f"pid {proc.pid}" in second.stderr and "since" in second.stderr
-    status = world.status_json()
-    assert status["locked_by"]["pid"] == proc.pid
-    world.kill9(proc)
-    assert world.status_json()["locked_by"] is None
-    res = world.run("apply", str(world.plan), "--yes")
-    assert res.returncode == exit_codes.OK, res.stderr
-    assert "stale lock" in res.stderr and f"pid {proc.pid}" in res.stderr
-
-
 def test_interrupted_rollback_resumes(world: World) -> None:
-    proc = world.start("apply", str(world.plan), "--yes", HARNESS_FAIL="start", HARNESS_PAUSE_UNDO="copy")
-    assert world.wait_paused(proc).startswith("undo copy")
-    world.kill9(proc)
+    res = world.run("apply", str(world.plan), "--yes", HARNESS_FAIL="start", HARNESS_CRASH_UNDO="copy")
+    assert res.returncode == CRASHED
     assert world.status_json()["run"]["status"] == "rolling_back"
     res = world.run("rollback", str(world.plan))
     assert res.returncode == exit_codes.OK, res.stderr
@@ -260,9 +106,8 @@ def test_interrupted_rollback_resumes(world: World) -> None:
 
 
 def test_apply_on_an_interrupted_rollback_finishes_the_rollback(world: World) -> None:
-    proc = world.start("apply", str(world.plan), "--yes", HARNESS_FAIL="cutover", HARNESS_PAUSE_UNDO="copy")
-    world.wait_paused(proc)
-    world.kill9(proc)
+    res = world.run("apply", str(world.plan), "--yes", HARNESS_FAIL="cutover", HARNESS_CRASH_UNDO="copy")
+    assert res.returncode == CRASHED
     res = world.run("apply", str(world.plan), "--yes")
     assert res.returncode == exit_codes.FAILED
     assert "unfinished rollback" in res.stdout
@@ -276,20 +121,29 @@ def test_dry_run_changes_nothing_and_never_touches_a_real_journal(world: World) 
     assert world.actions() == [] and world.effects() == set()
     assert not (world.state_dir / "journal.jsonl").exists()
     # With a real, unfinished run: the dry-run leaves its journal byte for byte as it was.
-    proc = world.start("apply", str(world.plan), "--yes", HARNESS_PAUSE_INSIDE="cutover")
-    world.wait_paused(proc)
-    world.kill9(proc)
+    assert world.run("apply", str(world.plan), "--yes", HARNESS_CRASH_INSIDE="cutover").returncode == CRASHED
     before = (world.state_dir / "journal.jsonl").read_bytes()
+    actions = world.actions()
     res = world.run("apply", str(world.plan), "--dry-run")
     assert res.returncode == exit_codes.OK, res.stderr
     assert "unfinished" in res.stdout
     assert (world.state_dir / "journal.jsonl").read_bytes() == before
+    assert world.actions() == actions, "the dry-run ran no step"
+    assert not list(world.dir.glob("hook-env-*-dry-run*")), "nor any hook"
+
+
+def test_dry_run_and_run_describe_the_same_steps(world: World) -> None:
+    """One path: the dry-run lists the steps the engine runs, in the order it runs them, with their flags."""
+    res = world.run("apply", str(world.plan), "--dry-run")
+    listed = [line.split("(")[-1].rstrip(")") for line in res.stdout.splitlines() if line[:1].isdigit()]
+    listed = [name.split(")")[0] for name in listed]
+    assert listed == STEP_NAMES
+    assert world.run("apply", str(world.plan), "--yes").returncode == exit_codes.OK
+    assert [e["step"] for e in world.journal() if e["event"] == "step_started"] == STEP_NAMES
 
 
 def test_changed_plan_refuses_resume_unless_forced(world: World) -> None:
-    proc = world.start("apply", str(world.plan), "--yes", HARNESS_PAUSE_INSIDE="copy")
-    world.wait_paused(proc)
-    world.kill9(proc)
+    assert world.run("apply", str(world.plan), "--yes", HARNESS_CRASH_INSIDE="copy").returncode == CRASHED
     world.plan.write_text(PLAN.replace("records: [www.example.test]", "records: [api.example.test]"))
     res = world.run("apply", str(world.plan), "--yes")
     assert res.returncode == exit_codes.REFUSED
@@ -314,7 +168,7 @@ def test_failing_before_hook_aborts_and_rolls_back_with_documented_environment(w
     assert "hook before-step" in res.stderr and "exited 7" in res.stderr
     assert "run cutover" not in world.actions()
     assert world.effects() == set()
-    env = dict(line.split("=", 1) for line in (world.dir / "hook-env-copy").read_text().splitlines())
+    env = dict(line.split("=", 1) for line in (world.dir / "hook-env-before-step-copy").read_text().splitlines())
     assert env["MIGRATE_EVENT"] == "before-step"
     assert env["MIGRATE_STEP"] == "copy" and env["MIGRATE_STEP_INDEX"] == "2" and env["MIGRATE_STEP_COUNT"] == "6"
     assert env["MIGRATE_PLAN_NAME"] == "harness" and env["MIGRATE_DRY_RUN"] == "0"
@@ -376,27 +230,27 @@ def test_a_step_that_commits_midway_is_finished_forward_not_rolled_back(world: W
 
 
 def test_resuming_a_started_downtime_step_does_not_ask_again(world: World) -> None:
-    proc = world.start("apply", str(world.plan), "--yes", HARNESS_PAUSE_INSIDE="cutover")
-    world.wait_paused(proc)
-    world.kill9(proc)
+    assert world.run("apply", str(world.plan), "--yes", HARNESS_CRASH_INSIDE="cutover").returncode == CRASHED
     res = world.run("apply", str(world.plan))  # no --yes and no terminal: the gate would decline
     assert res.returncode == exit_codes.OK, res.stderr
     assert world.effects() == set(STEP_NAMES)
 
 
-def test_postpone_flag_holds_the_run_before_the_downtime_until_deleted(world: World) -> None:
-    world.plan.write_text(PLAN + "cutover:\n  postpone_flag: hold-cutover\n")
-    flag = world.root / "hold-cutover"
-    flag.write_text("")
-    proc = world.start("apply", str(world.plan), "--yes")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and "run copy" not in world.actions():
-        time.sleep(0.05)
-    time.sleep(1.0)  # held: the cut-over must not begin while the flag exists
-    assert world.actions() == ["run prepare", "run copy"] and proc.poll() is None
-    status = world.run("status", str(world.plan))
-    assert f"postponed while {flag} exists" in " ".join(status.stdout.split())
-    flag.unlink()
-    assert proc.wait(timeout=30) == exit_codes.OK
-    assert world.effects() == set(STEP_NAMES)
-    assert "cut-over postponed" in (proc.stderr.read() if proc.stderr else "")
+def test_hooks_never_see_an_env_file_variable_or_a_secret_unless_the_plan_passes_it(world: World) -> None:
+    env_file = world.root / "secrets.env"
+    unreferenced = "planted-unreferenced-secret-4417"
+    env_file.write_text(
+        f"UNRELATED_DB_PASSWORD={unreferenced}\nHARNESS_TOKEN={SECRET}\nSHARED_SETTING=visible-to-hooks\n"
+    )
+    world.plan.write_text(PLAN + "hooks:\n  pass_env: [SHARED_SETTING]\n")
+    res = world.run("apply", str(world.plan), "--yes", "--env-file", str(env_file), HARNESS_TOKEN="")
+    assert res.returncode == exit_codes.OK, res.stderr
+    dumps = sorted(world.dir.glob("hook-fullenv-*"))
+    assert len(dumps) >= 2 * len(STEP_NAMES), "every hook dumped its environment"
+    for dump in dumps:
+        text = dump.read_text()
+        assert unreferenced not in text and SECRET not in text, dump.name
+        names = {line.split("=", 1)[0] for line in text.splitlines()}
+        assert "UNRELATED_DB_PASSWORD" not in names and "HARNESS_TOKEN" not in names, dump.name
+        assert "SHARED_SETTING=visible-to-hooks" in text.splitlines(), "a variable the plan names is passed"
+        assert "PATH" in names and "MIGRATE_EVENT" in names, "the rest of the environment and MIGRATE_* reach hooks"

@@ -1,0 +1,42 @@
+"""Redaction: every secret value `migrate` resolved is masked in every text it writes.
+
+Neutral on purpose (no plan, no domain): the engine, the journal, the logs and the transports mask through it, and
+`orchestrator.secrets` registers each value it resolves.
+"""
+
+from __future__ import annotations
+
+import threading
+
+MASK = "***"
+_known: set[str] = set()
+_lock = threading.Lock()
+
+
+def register(value: str) -> None:
+    # Very short values would mask innocent text everywhere; they are still never logged on purpose.
+    if value and len(value) >= 4:
+        with _lock:
+            _known.add(value)
+
+
+def redact(text: str) -> str:
+    if not _known:
+        return text
+    with _lock:
+        values = sorted(_known, key=len, reverse=True)
+    for value in values:
+        if value in text:
+            text = text.replace(value, MASK)
+    return text
+
+
+def redact_obj(obj: object) -> object:
+    """Redact every string inside a JSON-like structure."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {k: redact_obj(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [redact_obj(v) for v in obj]
+    return obj

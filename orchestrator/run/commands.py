@@ -1,0 +1,312 @@
+"""apply, rollback, status and describe (the dry-run): the lock, the engine, and the result of each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import structlog
+
+from orchestrator import exit_codes, secrets
+from orchestrator import logging as mlog
+from orchestrator.engine.interrupt import Interruptions
+from orchestrator.engine.journal import Journal, RunState, RunStatus
+from orchestrator.engine.lock import LockHeld, PlanLock, is_locked
+from orchestrator.engine.machine import Engine, EngineConfig, Outcome
+from orchestrator.engine.step import Step
+from orchestrator.plan.model import Plan
+from orchestrator.run import compose
+from orchestrator.run.compose import Say
+from orchestrator.run.crash import interruption_of
+from orchestrator.run.policy import (
+    Subject,
+    archive,
+    load_env,
+    moved_back,
+    next_action,
+    plan_diff,
+    postpone_flag,
+    prepare_secrets,
+    require_forward_committed,
+    resolve_secrets,
+    reverse_state,
+    rows,
+    state_dir_of,
+    subject,
+    wait_while_postponed,
+)
+from orchestrator.run.results import (
+    ApplyEnd,
+    ApplyResult,
+    Description,
+    RollbackResult,
+    RunError,
+    StatusReport,
+)
+
+
+def describe(
+    plan_path: Path, *, env_file: Path | None = None, state_dir: Path | None = None, reverse: bool = False
+) -> Description:
+    """The dry-run: what every step would do, through the engine with an in-memory journal. Changes nothing."""
+    subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
+    plan, notes = subj.plan, []
+    if reverse:
+        try:
+            require_forward_committed(plan_path, subj.loaded.plan)
+        except RunError as refused:  # a rehearsal of the way back before the forward run: say what would refuse
+            notes.append(f"note: {refused.message}; a real `apply --reverse` would refuse now")
+    load_env(env_file)
+    try:
+        resolve_secrets(plan, plan_path)
+    except RunError as missing:
+        # A rehearsal contacts nothing, so it goes on; the real run would stop here.
+        notes.append(f"note: {missing.message}: a real run would stop here (exit {missing.code})")
+    existing = subj.saved_state()
+    if existing is not None and existing.status not in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK):
+        notes.append(f"note: run {existing.run_id} is unfinished ({existing.status.value}); `apply` would resume it")
+    steps = compose.steps_factory(plan)
+    engine = Engine(
+        steps,
+        Journal(None),
+        config=EngineConfig(str(plan_path), plan.name, subj.loaded.sha256, subj.loaded.text, dry_run=True),
+        rt=compose.runtime_factory(plan, plan_path, True),
+        hooks=compose.hooks_for(plan, plan_path),
+        confirm=lambda _step: False,
+        log=mlog.get_logger(),
+    )
+    try:
+        described = engine.describe()
+    finally:
+        compose.close_runtime(engine.rt)
+    flags: dict[str, list[str]] = {}
+    for step in steps:
+        marks = []
+        if step.begins_downtime:
+            marks.append("DOWNTIME BEGINS: asks for confirmation first")
+            if plan.cutover.postpone_flag:
+                marks.append(f"waits while {plan.cutover.postpone_flag} exists")
+        if step.commit_point:
+            marks.append("COMMIT POINT: no automatic rollback after it")
+        flags[step.name] = marks
+    return Description(plan.name, plan_path, notes, described, flags, engine.hooks_by_event())
+
+
+def _acquire(lock: PlanLock) -> None:
+    try:
+        lock.acquire()
+    except LockHeld as exc:
+        raise RunError(exit_codes.REFUSED, str(exc)) from None
+    except OSError as exc:
+        where = exc.filename or lock.path
+        raise RunError(exit_codes.BAD_INPUT, f"state directory: cannot use {where}: {exc.strerror}") from None
+
+
+def _engine(subj: Subject, steps: Sequence[Step], journal: Journal, confirm: Callable[[Step], bool]) -> Engine:
+    plan, loaded = subj.plan, subj.loaded
+    return Engine(
+        steps,
+        journal,
+        config=EngineConfig(str(subj.plan_path), plan.name, loaded.sha256, loaded.text),
+        rt=compose.runtime_factory(plan, subj.plan_path, False),
+        hooks=compose.hooks_for(plan, subj.plan_path),
+        confirm=confirm,
+        log=mlog.get_logger(),
+        interruptions=_interruptions(),
+    )
+
+
+def _interruptions() -> Interruptions:
+    interruptions = Interruptions()
+    interruptions.install()
+    return interruptions
+
+
+def apply(
+    plan_path: Path,
+    *,
+    ask: Callable[[Plan, Step], bool],
+    say: Say,
+    force: bool = False,
+    env_file: Path | None = None,
+    state_dir: Path | None = None,
+    reverse: bool = False,
+) -> ApplyResult:
+    """Run the migration, or resume the unfinished one. `ask` confirms the downtime (after the postpone gate)."""
+    subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
+    plan, loaded = subj.plan, subj.loaded
+    if reverse:
+        require_forward_committed(plan_path, loaded.plan)
+    prepare_secrets(plan, plan_path, env_file)
+    steps = compose.steps_factory(plan)
+    lock = PlanLock(subj.state_dir / "lock", "migrate apply")
+    _acquire(lock)
+    log = mlog.get_logger()
+    try:
+        if lock.stale_holder is not None:
+            log.warning("took over a stale lock", left_by=lock.stale_holder.describe())
+        journal = Journal(subj.journal_path)
+        state = journal.state()
+        back = None if reverse or state is None else reverse_state(plan_path, loaded.plan)
+        if state is not None and back is not None and moved_back(state, back):
+            # The service went to the target and came back: a new forward run starts from here.
+            archive(state_dir_of(plan_path, loaded.plan.reversed(), None) / "journal.jsonl", back)
+            archive(subj.journal_path, state)
+            journal, state = Journal(subj.journal_path), None
+            log.info("the service was moved back since the last run; starting a new run")
+        if state is not None and state.status == RunStatus.COMPLETED:
+            again = " --reverse" if reverse else ""
+            message = f"run {state.run_id} completed; nothing to do (status: `migrate status {plan_path}{again}`)"
+            return ApplyResult(ApplyEnd.NOTHING_TO_DO, state.run_id, message=message)
+        if state is not None and state.status == RunStatus.ROLLED_BACK:
+            archive(subj.journal_path, state)
+            journal, state = Journal(subj.journal_path), None
+        if state is not None and state.plan_sha256 != loaded.sha256 and not force:
+            raise RunError(
+                exit_codes.REFUSED,
+                f"{plan_path}: the plan changed since run {state.run_id} began "
+                f"({plan_diff(state.plan_text, loaded.text)}); restore it, or resume with --force",
+            )
+
+        def confirm(step: Step) -> bool:
+            wait_while_postponed(plan, plan_path, step)
+            return ask(plan, step)
+
+        engine = _engine(subj, steps, journal, confirm)
+        try:
+            outcome = _drive(engine, state, journal, subj.state_dir, say)
+        finally:
+            engine.interruptions.uninstall()
+            compose.close_runtime(engine.rt)
+        final = journal.state()
+        result = ApplyResult(
+            {
+                Outcome.COMPLETED: ApplyEnd.COMPLETED,
+                Outcome.ROLLED_BACK: ApplyEnd.ROLLED_BACK,
+                Outcome.DECLINED: ApplyEnd.DECLINED,
+                Outcome.NEEDS_ATTENTION: ApplyEnd.NEEDS_ATTENTION,
+            }[outcome],
+            final.run_id if final else None,
+        )
+        if outcome == Outcome.COMPLETED or (final and final.status == RunStatus.ROLLED_BACK):
+            result.report_text, result.report_path = _write_report(subj.state_dir, journal)
+        if outcome != Outcome.COMPLETED and final is not None:
+            result.rows = rows(final, steps)
+            result.next_action = next_action(final, steps, reverse)
+        return result
+    finally:
+        lock.release()
+
+
+def _drive(engine: Engine, state: RunState | None, journal: Journal, sdir: Path, say: Say) -> Outcome:
+    if state is None:
+        state = engine.start_run()
+        mlog.log_to_file(sdir / f"run-{state.run_id}.log.jsonl")
+        say(f"run {state.run_id}: {len(engine.steps)} steps; journal {journal.path}")
+        return engine.forward()
+    mlog.log_to_file(sdir / f"run-{state.run_id}.log.jsonl")
+    if state.status in (RunStatus.ROLLING_BACK, RunStatus.ROLLBACK_FAILED):
+        say(f"run {state.run_id} has an unfinished rollback: resuming it")
+        engine.resume_run()
+        return engine.rollback(reason=state.rollback_reason or "resumed")
+    say(f"run {state.run_id} is unfinished ({state.status.value}): resuming it")
+    engine.resume_run()
+    return engine.forward()
+
+
+def _write_report(state_dir: Path, journal: Journal) -> tuple[str, Path]:
+    from orchestrator.report import build_report, render_report, write_report
+
+    report = build_report(journal.events)
+    return secrets.redact(render_report(report)), write_report(report, state_dir)
+
+
+def rollback(
+    plan_path: Path,
+    *,
+    discard_target_writes: bool,
+    confirmed: Callable[[Plan], bool],
+    env_file: Path | None = None,
+    state_dir: Path | None = None,
+    reverse: bool = False,
+) -> RollbackResult:
+    """Undo the run: compensations in reverse order, so the source serves as before.
+
+    `confirmed` asks the operator (typing the plan's name) before discarding the target's writes.
+    """
+    subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
+    plan, loaded = subj.plan, subj.loaded
+    if not subj.journal_path.exists():
+        return RollbackResult(True, None, f"plan '{plan.name}' has no run: nothing to roll back")
+    prepare_secrets(plan, plan_path, env_file)
+    steps = compose.steps_factory(plan)
+    lock = PlanLock(subj.state_dir / "lock", "migrate rollback")
+    _acquire(lock)
+    try:
+        journal = Journal(subj.journal_path)
+        state = journal.state()
+        if state is None:
+            return RollbackResult(True, None, "no run to roll back")
+        if state.status == RunStatus.ROLLED_BACK:
+            return RollbackResult(True, state.run_id, f"run {state.run_id} is already rolled back")
+        back = None if reverse else reverse_state(plan_path, loaded.plan)
+        if back is not None:
+            # Even a rolled-back reverse run has pre-synced the target's live data over the source's datadir and
+            # trees: undoing the forward run would start the source on that copy.
+            raise RunError(
+                exit_codes.REFUSED,
+                f"run {back.run_id} (--reverse) is {back.status.value}: the source's data was overwritten by the way "
+                f"back; see `migrate status {plan_path} --reverse`",
+            )
+        if state.committed and not discard_target_writes:
+            discard = "--discard-target-writes to point DNS back anyway"
+            # A reverse run has no reverse of its own: moving forward again is a new run of the plan.
+            advice = (
+                f"Pass {discard}."
+                if reverse
+                else f"Run `migrate apply {plan_path} --reverse` to carry them back, or pass {discard}."
+            )
+            raise RunError(
+                exit_codes.REFUSED,
+                f"run {state.run_id} is past the DNS flip: the target has taken writes since, and rolling back would "
+                f"lose them. {advice}",
+            )
+        if state.committed and not confirmed(plan):
+            raise RunError(exit_codes.REFUSED, "not confirmed (type the plan's name at a terminal, or pass --yes)")
+        mlog.log_to_file(subj.state_dir / f"run-{state.run_id}.log.jsonl")
+        engine = _engine(subj, steps, journal, lambda _step: True)
+        structlog.contextvars.bind_contextvars(run_id=state.run_id)
+        try:
+            outcome = engine.rollback(reason=state.rollback_reason or "requested by the operator")
+        finally:
+            engine.interruptions.uninstall()
+            compose.close_runtime(engine.rt)
+        if outcome == Outcome.ROLLED_BACK:
+            return RollbackResult(True, state.run_id, f"run {state.run_id} rolled back: the source serves as before")
+        final = journal.state() or state
+        return RollbackResult(False, state.run_id, "", rows(final, steps), next_action(final, steps, reverse))
+    finally:
+        lock.release()
+
+
+def status(plan_path: Path, *, state_dir: Path | None = None, reverse: bool = False) -> StatusReport:
+    """Where the run stands, who runs it now, and — after a crash — what is blocked and what a resume would do."""
+    subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
+    steps = compose.steps_factory(subj.plan)
+    journal = Journal(subj.journal_path) if subj.journal_path.exists() else None
+    state = journal.state() if journal is not None else None
+    holder = is_locked(subj.state_dir / "lock")
+    flag = postpone_flag(subj.plan, plan_path)
+    interruption = None
+    if journal is not None and state is not None and holder is None:
+        interruption = interruption_of(state, journal.events, steps, subj.plan.cutover.max_write_block, reverse)
+    return StatusReport(
+        plan_name=subj.plan.name,
+        state=state,
+        rows=rows(state, steps) if state is not None else [],
+        plan_changed=state is not None and state.plan_sha256 != subj.loaded.sha256,
+        holder=holder,
+        postponed_by=flag if flag is not None and flag.exists() else None,
+        next_action=next_action(state, steps, reverse),
+        interruption=interruption,
+    )
