@@ -322,7 +322,9 @@ def test_comparison_at_one_snapshot_finds_equal_data_then_a_planted_difference(p
         assert stopped.outcome == "reached", stopped
         assert repl.same_position(snapshot.gtid, repl.gtid_slave_pos(pair.target))
         # The writer keeps writing on the source all along; the comparison still sees equal data.
+        started = time.monotonic()
         assert repl.compare_tables(snapshot_conn, pair.target, tables, chunk_rows=500) == []
+        compared = time.monotonic() - started
 
         # A row changed on the replica alone (not binlogged) is found, named by table and chunk.
         with pair.target.cursor() as cur:
@@ -339,7 +341,7 @@ def test_comparison_at_one_snapshot_finds_equal_data_then_a_planted_difference(p
         assert [(d.table, d.chunk.index) for d in diffs] == [(f"{lab.db_name}.reviews", expected.index)]
         assert diffs[0].source.rows == diffs[0].replica.rows
         assert f"{lab.db_name}.reviews chunk {expected.index} " in diffs[0].describe()
-        print(f"\ncomparison: {diffs[0].describe()}")
+        print(f"\ncomparison: equal in {compared:.2f} s; planted: {diffs[0].describe()}")
     finally:
         with pair.target.cursor() as cur:
             cur.execute("SET SESSION sql_log_bin = 0")
@@ -440,6 +442,12 @@ def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair)
         status = repl.replica_status(pair.source)
         assert status is not None and status.replicating and status.master_port == port
         assert repl.is_read_only(pair.source)  # the old source stays fenced while it follows
+        # A CHANGE MASTER the server refuses says why, never with the password.
+        password = pair.secrets[lab.repl_password_env]
+        refused_source = repl.ReplicaSource("127.0.0.1", port, lab.repl_user, password, heartbeat_period=5_000_000)
+        with pytest.raises(repl.ReplicationError) as failed:
+            repl.point_replica(pair.source, refused_source, final)
+        assert "heartbeat" in str(failed.value).lower() and password not in str(failed.value)
     finally:
         pair.source_ssh.run(repl.tunnel_down_command(back), check=False)
     print(

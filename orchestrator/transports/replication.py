@@ -125,6 +125,7 @@ class SeedSpec:
     nice: bool = True
     no_defaults: bool = False
     parallel: int = 1
+    log_copy_interval_ms: int = 10
 
     @property
     def staging_dir(self) -> str:
@@ -162,6 +163,7 @@ def seed_stream_command(spec: SeedSpec) -> str:
     if spec.no_defaults:
         backup.append("--no-defaults")
     backup += ["--backup", "--stream=mbstream", f"--datadir={spec.source_datadir}", f"--parallel={spec.parallel}"]
+    backup.append(f"--log-copy-interval={spec.log_copy_interval_ms}")
     backup.append("--target-dir=/tmp")  # unused with --stream; required to be set by some versions
     if spec.source_socket:
         backup.append(f"--socket={spec.source_socket}")
@@ -222,9 +224,12 @@ def parse_backup_stages(stdout: str) -> list[BackupStage]:
 
 
 def seed_size_command(spec: SeedSpec) -> str:
-    """Run on the source: about how many bytes the backup streams (the datadir without binlogs and relay logs)."""
+    """Run on the source: about how many bytes the backup streams (the datadir without what it never copies:
+    binlogs, relay logs, the redo log, of which only the part written during the copy travels, and ibtmp1)."""
     datadir = shlex.quote(spec.source_datadir.rstrip("/"))
-    return _bash(f"du -sb --exclude='*bin.[0-9]*' --exclude='*bin.index' --exclude='*relay-bin*' {datadir} | cut -f1")
+    excluded = ("*.[0-9][0-9][0-9][0-9][0-9][0-9]", "*.index", "ib_logfile*", "ibtmp*")
+    options = " ".join(f"--exclude={shlex.quote(pattern)}" for pattern in excluded)
+    return _bash(f"du -sb {options} {datadir} | cut -f1")
 
 
 def parse_size(stdout: str) -> int:
@@ -462,9 +467,11 @@ class ReplicaSource:
 def start_binlog_at(conn: pymysql.Connection, position: GtidPosition) -> None:
     """On a freshly seeded server: its binlog starts at the copy's position (RESET MASTER, gtid_binlog_state).
 
-    The copy carries no binlog, so without this the promoted target's binlog would not know the source's last
-    GTID: an old source asking to replicate from exactly that position (nothing written between the seed and the
-    switch) would be refused under gtid_strict_mode.
+    The copy carries no binlog. With this, the target's first binlog lists the source's last GTID, so after the
+    promotion an old source asking to replicate from exactly that position (nothing written between the seed and
+    the switch) finds it there, and the target's own @@gtid_binlog_pos starts where its data does. (On the lab,
+    MariaDB 10.11 also accepted that request without it; the GTID docs make no such promise under
+    gtid_strict_mode.)
     """
     _run(conn, "setting the seeded binlog state", "RESET MASTER", f"SET GLOBAL gtid_binlog_state = '{position}'")
 
