@@ -26,6 +26,7 @@ from ruamel.yaml import YAML
 from orchestrator.lab import procs
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
+from orchestrator.secrets import redact
 from orchestrator.transports import replication as repl
 from orchestrator.transports.rsync import target_ssh_command
 from orchestrator.transports.ssh import SshHost
@@ -385,6 +386,22 @@ def test_a_replica_error_is_reported_in_the_replicas_own_words(pair: Pair) -> No
 
 
 @pytest.mark.lab
+def test_the_replication_password_stays_out_of_every_file_we_write_and_every_status(pair: Pair) -> None:
+    lab = pair.lab
+    password = pair.secrets[lab.repl_password_env]
+    assert redact(f"x {password} y") == "x *** y"  # registered when the replica was pointed at its source
+    public = [lab.path / "lab.json", lab.plan_file, Path(pair.tunnel.log_path)]
+    for host in (lab.source, lab.target):
+        public += [*host.bin_dir.iterdir(), *host.log_dir.glob("*")]
+    for path in public:
+        if path.is_file():
+            assert password not in path.read_text(errors="replace"), f"the replication password leaked into {path}"
+    with pair.target.cursor() as cur:
+        cur.execute("SHOW SLAVE STATUS")
+        assert password not in repr(cur.fetchall())
+
+
+@pytest.mark.lab
 def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair) -> None:
     lab = pair.lab
     assert pair.catch_up().outcome == "reached"
@@ -454,3 +471,50 @@ def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair)
         f"\nswitch: read_only took {(fenced - began) * 1000:.0f} ms, wait {waited.waited * 1000:.0f} ms, "
         f"read_only → promoted {(ended - began) * 1000:.0f} ms; {len(refused_writes)} writes refused by read_only"
     )
+
+
+# --- pure logic (no lab) ----------------------------------------------------------------------------------------
+
+
+def test_gtid_positions_parse_compare_and_refuse_garbage() -> None:
+    pos = repl.GtidPosition.parse("1-3-7, 0-1-42")
+    assert str(pos) == "0-1-42,1-3-7"
+    assert pos.reached(repl.GtidPosition.parse("0-1-41")) and not pos.reached(repl.GtidPosition.parse("0-1-43"))
+    assert not pos.reached(repl.GtidPosition.parse("2-1-1"))  # a domain it never saw
+    assert repl.same_position(repl.GtidPosition.parse("0-1-42"), pos)
+    assert not repl.same_position(repl.GtidPosition.parse("0-2-42"), pos)  # same number, another server's GTID
+    assert not repl.GtidPosition.parse("")
+    for bad in ("0-1", "a-b-c", "0-1-2,0-1-3"):
+        with pytest.raises(ValueError):
+            repl.GtidPosition.parse(bad)
+
+
+def test_backup_outputs_parse() -> None:
+    position = repl.parse_backup_position("binlog.000002\t3877\t0-1-38\n")
+    assert (position.file, position.position, str(position.gtid)) == ("binlog.000002", 3877, "0-1-38")
+    with pytest.raises(repl.ReplicationError):
+        repl.parse_backup_position("binlog.000002\t3877\n")  # no GTID: the source's binlog is off
+    assert repl.parse_seed_progress("270386822 bytes (270 MB, 258 MiB) copied, 6.4 s, 41.7 MB/s") == 270386822
+    assert repl.parse_seed_progress("0+569 records in") is None
+    stages = repl.parse_backup_stages(
+        "backup: [00] 2026-11-23 12:17:26 Starting BACKUP STAGE BLOCK_COMMIT\n"
+        "backup: [00] 2026-11-23 12:17:26 Acquired locks for BACKUP STAGE BLOCK_COMMIT\n"
+        "backup: [00] 2026-11-23 12:17:27 Finishing BACKUP STAGE BLOCK_COMMIT\n"
+    )
+    assert stages == [repl.BackupStage("BLOCK_COMMIT", "2026-11-23 12:17:26", "2026-11-23 12:17:27")]
+
+
+def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> None:
+    hop = ("ssh", "-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/migrate-ssh-%C", "-p", "22", "root@t")
+    seed = repl.SeedSpec("/var/lib/mysql", "/var/lib/mysql", hop, source_user="migrate", password_env="DB_PW")
+    command = repl.seed_stream_command(seed)
+    assert "${DB_PW}" in command and "--password" not in command
+    assert "--throttle" not in command and "nice -n19 ionice -c3 mariadb-backup" in command
+    assert repl.SeedSpec("/a", "/b", hop, throttle_mib_s=25).throttle == 3  # 10 MiB chunks per second, rounded up
+    tunnel = repl.TunnelSpec("fwd", "remote", hop, 40000, "127.0.0.1", 3306)
+    up = repl.tunnel_up_command(tunnel)
+    # ssh keeps an option's first value: the tunnel's own control socket must come before the plan's.
+    assert up.index("ControlPath=/tmp/migrate-tunnel-fwd.ctl") < up.index("ControlPath=/tmp/migrate-ssh-%C")
+    assert "-R 127.0.0.1:40000:127.0.0.1:3306" in up
+    probe = repl.tunnel_probe_command(40000, "repl", "REPL_PW")
+    assert "${REPL_PW}" in probe and "-p" not in probe.split()
