@@ -295,6 +295,21 @@ def test_seed_streams_the_live_source_and_the_target_replicates_through_the_tunn
 
 
 @pytest.mark.lab
+def test_an_unprepared_copy_never_replaces_the_datadir(pair: Pair) -> None:
+    """A seed cut short (the source died, the prepare never ran) leaves the target's datadir as it was."""
+    staging = Path(pair.seed.staging_dir)
+    staging.mkdir()
+    (staging / "xtrabackup_checkpoints").write_text("backup_type = full-backuped\nfrom_lsn = 0\n")
+    before = sorted(p.name for p in Path(pair.seed.target_datadir).iterdir())
+    refused = pair.target_ssh.run(repl.install_command(pair.seed), check=False)
+    assert refused.exit_status != 0 and "no prepared seed" in refused.stderr
+    assert sorted(p.name for p in Path(pair.seed.target_datadir).iterdir()) == before
+    pair.target_ssh.run(repl.discard_staging_command(pair.seed))
+    assert not staging.exists()
+    assert pair.catch_up().outcome == "reached"
+
+
+@pytest.mark.lab
 def test_the_tunnel_comes_back_and_the_replica_resumes(pair: Pair) -> None:
     pair.source_ssh.run(repl.tunnel_down_command(pair.tunnel))
     assert pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel), check=False).exit_status != 0
@@ -304,6 +319,10 @@ def test_the_tunnel_comes_back_and_the_replica_resumes(pair: Pair) -> None:
     first = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_up_command(pair.tunnel), timeout=60).stdout)
     second = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel)).stdout)
     assert first is not None and first == second
+    # The tunnel does not depend on our SSH session: a run that dies (kill -9) finds it still there on resume.
+    pair.source_ssh.close()
+    third = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel)).stdout)
+    assert third == first
     # Writes made while it was down and after arrive (the replica reconnects by itself: MASTER_CONNECT_RETRY).
     assert repl.wait_for_position(pair.target, before, CATCH_UP_TIMEOUT).outcome == "reached"
     assert pair.catch_up().outcome == "reached"
@@ -402,6 +421,42 @@ def test_the_replication_password_stays_out_of_every_file_we_write_and_every_sta
 
 
 @pytest.mark.lab
+def test_read_only_waits_for_a_table_lock_no_longer_than_told(pair: Pair) -> None:
+    lab = pair.lab
+    holder = connect(lab.source, lab.migrate_user, pair.secrets[lab.db_password_env], lab.db_name)
+    fence = connect(lab.source, lab.migrate_user, pair.secrets[lab.db_password_env])
+    try:
+        with holder.cursor() as cur:
+            cur.execute("LOCK TABLES uploads WRITE")
+        with pytest.raises(repl.ReplicationError) as failed:
+            repl.set_read_only(fence, True, lock_wait_timeout=1)
+        assert "error 1205" in str(failed.value)  # lock wait timeout: the fence gave up, nothing changed
+        assert not repl.is_read_only(fence)
+    finally:
+        holder.close()
+        fence.close()
+
+
+@pytest.mark.lab
+def test_a_replica_behind_the_final_position_is_not_promoted(pair: Pair) -> None:
+    lab = pair.lab
+    assert pair.catch_up().outcome == "reached"
+    repl.stop_replica(pair.target)
+    with pair.source.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {lab.db_name}.reviews (id, author) VALUES (%s, 'late')", (f"late-{pair.tunnel.listen_port}",)
+        )
+    final = repl.gtid_binlog_pos(pair.source)
+    with pytest.raises(repl.PositionMismatch):
+        repl.promote(pair.target, expected=final)
+    # Not promoted: still a read-only replica of the source, which resumes and catches up.
+    status = repl.replica_status(pair.target)
+    assert status is not None and status.master_port == pair.tunnel.listen_port and repl.is_read_only(pair.target)
+    repl.start_replica(pair.target)
+    assert pair.catch_up().outcome == "reached"
+
+
+@pytest.mark.lab
 def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair) -> None:
     lab = pair.lab
     assert pair.catch_up().outcome == "reached"
@@ -413,7 +468,7 @@ def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair)
     fenced = time.monotonic()
     final = repl.gtid_binlog_pos(fence)
     waited = repl.wait_for_position(pair.target, final, timeout=30)
-    executed = repl.promote(pair.target)
+    executed = repl.promote(pair.target, expected=final)
     ended = time.monotonic()
     assert waited.outcome == "reached", waited
     assert repl.same_position(final, executed), (final, executed)

@@ -50,6 +50,10 @@ class ReplicationError(Exception):
     """A replication operation failed; the message is one line, with the server's own words and no secret."""
 
 
+class PositionMismatch(ReplicationError):
+    """The replica did not execute exactly the source's final position: it was not promoted."""
+
+
 # --- GTID positions ---------------------------------------------------------------------------------------------
 
 _GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
@@ -147,7 +151,7 @@ def _bash(script: str) -> str:
 
 
 def _ssh_remote(ssh_argv: Sequence[str], remote_command: str) -> str:
-    """ssh … login -- 'command': the remote command as one argument, quoted for the remote shell."""
+    """ssh … login 'command': the remote command as one argument, quoted for the remote shell."""
     return shlex.join([*ssh_argv, remote_command])
 
 
@@ -164,7 +168,7 @@ def seed_stream_command(spec: SeedSpec) -> str:
         backup.append("--no-defaults")
     backup += ["--backup", "--stream=mbstream", f"--datadir={spec.source_datadir}", f"--parallel={spec.parallel}"]
     backup.append(f"--log-copy-interval={spec.log_copy_interval_ms}")
-    backup.append("--target-dir=/tmp")  # unused with --stream; required to be set by some versions
+    backup.append("--target-dir=/tmp")  # the copy goes to stdout; the option must still name a directory
     if spec.source_socket:
         backup.append(f"--socket={spec.source_socket}")
     if spec.source_user:
@@ -252,15 +256,17 @@ def install_command(spec: SeedSpec) -> str:
     """Run on the target, its database stopped: the prepared copy becomes the datadir.
 
     The previous datadir is kept beside it (`restore_previous_command` undoes the swap); both renames stay on one
-    filesystem, so neither copies a byte. A staging dir without the backup's binlog info was never completed: refused.
+    filesystem, so neither copies a byte. A staging dir that is not a complete, prepared copy (its
+    xtrabackup_checkpoints says 'backup_type = log-applied' only after --prepare succeeded) is refused.
     """
     staging, datadir, previous = (
         shlex.quote(p) for p in (spec.staging_dir, spec.target_datadir.rstrip("/"), spec.previous_dir)
     )
-    marks = " -o ".join(f"-f {staging}/{name}" for name in BINLOG_INFO_FILES)
     chown = f"chown -R {shlex.quote(spec.owner)} {datadir}" if spec.owner else "true"
     script = f"""set -euo pipefail
-if ! [ {marks} ]; then echo "no complete seed in {spec.staging_dir}" >&2; exit 1; fi
+if ! grep -qx 'backup_type = log-applied' {staging}/xtrabackup_checkpoints 2>/dev/null; then
+  echo "no prepared seed in {spec.staging_dir}" >&2; exit 1
+fi
 rm -rf {previous}
 if [ -e {datadir} ]; then mv {datadir} {previous}; fi
 mv {staging} {datadir}
@@ -614,11 +620,20 @@ def is_read_only(conn: pymysql.Connection) -> bool:
     return int(str(_scalar(conn, "SELECT @@GLOBAL.read_only"))) == 1
 
 
-def promote(conn: pymysql.Connection) -> GtidPosition:
-    """The replica becomes a primary: replication stopped and forgotten, writes allowed. Returns the position it
-    executed (gtid_slave_pos read after the stop, before the reset): the proof to compare with the source's."""
+def promote(conn: pymysql.Connection, expected: GtidPosition | None = None) -> GtidPosition:
+    """The replica becomes a primary: replication stopped, the proof checked, replication forgotten, writes allowed.
+
+    Returns the position it executed (gtid_slave_pos read after the stop). With `expected` (the source's final
+    position), a replica that did not execute exactly that position is NOT promoted: it is left stopped and
+    read-only, its replication settings intact, and PositionMismatch says where it stands (the source may be
+    resumed, or the replica started again).
+    """
     stop_replica(conn)
     executed = gtid_slave_pos(conn)
+    if expected is not None and not same_position(expected, executed):
+        raise PositionMismatch(
+            f"the replica executed {executed or 'nothing'}, the source's final position is {expected}"
+        )
     _run(conn, "promoting the replica", "RESET SLAVE ALL", "SET GLOBAL read_only = 0")
     return executed
 
