@@ -565,7 +565,7 @@ def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> 
     command = repl.seed_stream_command(seed)
     assert "${DB_PW}" in command and "--password" not in command
     assert "--throttle" not in command and "nice -n19 ionice -c3 mariadb-backup" in command
-    assert repl.SeedSpec("/a", "/b", hop, throttle_mib_s=25).throttle == 3  # 10 MiB chunks per second, rounded up
+    assert "--throttle=20" in repl.seed_stream_command(repl.SeedSpec("/a", "/b", hop, throttle=20))
     tunnel = repl.TunnelSpec("fwd", "remote", hop, 40000, "127.0.0.1", 3306)
     up = repl.tunnel_up_command(tunnel)
     # ssh keeps an option's first value: the tunnel's own control socket must come before the plan's.
