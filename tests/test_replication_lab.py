@@ -174,7 +174,9 @@ def pair(lab: LabState) -> Iterator[Pair]:
         no_defaults=True,
     )
     port = free_loopback_port()
-    tunnel = repl.TunnelSpec(f"fwd-{port}", "remote", hop, port, lab.source.address, lab.source.db_port)
+    tunnel = repl.TunnelSpec(
+        f"fwd-{port}", "remote", hop, port, lab.source.address, lab.source.db_port, control_dir=str(lab.source.run_dir)
+    )
     target_ssh.run(str(lab.target.bin_dir / "db-stop"), timeout=120)
     source = connect(lab.source, lab.migrate_user, secrets[lab.db_password_env])
     writer = Writer(lab.source, lab.app_user, secrets[lab.app_password_env], lab.db_name, f"repl-load-{port}")
@@ -496,7 +498,13 @@ def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair)
     # Reverse replication: the old source follows the new primary from the same position, through a -L tunnel.
     port = free_loopback_port()
     back = repl.TunnelSpec(
-        f"rev-{port}", "local", pair.tunnel.ssh_to_target, port, lab.target.address, lab.target.db_port
+        f"rev-{port}",
+        "local",
+        pair.tunnel.ssh_to_target,
+        port,
+        lab.target.address,
+        lab.target.db_port,
+        control_dir=str(lab.source.run_dir),
     )
     try:
         pair.source_ssh.run(repl.tunnel_up_command(back), timeout=60)

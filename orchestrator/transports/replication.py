@@ -394,8 +394,10 @@ def parse_tunnel_pid(stdout: str) -> int | None:
 
 
 def tunnel_down_command(spec: TunnelSpec) -> str:
-    """Run on the source: end the tunnel (its connections close with it); nothing to do when it is not running."""
-    return _bash(f"{_control(spec, 'exit')} 2>/dev/null; rm -f {shlex.quote(spec.control_path)}; true")
+    """Run on the source: end the tunnel (its connections close with it) and remove its socket and log; nothing to
+    do when it is not running."""
+    files = f"{shlex.quote(spec.control_path)} {shlex.quote(spec.log_path)}"
+    return _bash(f"{_control(spec, 'exit')} 2>/dev/null; rm -f {files}; true")
 
 
 def tunnel_probe_command(port: int, user: str, password_env: str) -> str:
