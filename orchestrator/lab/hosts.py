@@ -192,7 +192,7 @@ def repair_ports(state: LabState) -> bool:
 
 def ensure_env_file(state: LabState) -> dict[str, str]:
     """lab.env: the lab's secrets, random, made once (mode 0600) and kept; a missing variable is added."""
-    names = (state.token_env, state.db_password_env, state.app_password_env)
+    names = (state.token_env, state.db_password_env, state.app_password_env, state.repl_password_env)
     values = state.secrets() if state.env_file.exists() else {}
     missing = [n for n in names if not values.get(n)]
     if missing:

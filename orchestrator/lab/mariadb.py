@@ -66,7 +66,17 @@ def mariadbd_argv(host: HostState) -> list[str]:
         f"--pid-file={host.db_pid_file}",
         f"--log-error={host.log_dir / 'mysqld.err'}",
         "--log-bin=binlog",
+        # Replication (the replicate cut-over): a distinct server id per host; row events, so a replica holds
+        # exactly the source's rows (statement events re-evaluate NOW(6), UUID() and the like on the replica);
+        # every applied event re-logged, so a promoted replica's binlog continues the chain the old source needs
+        # to become its replica; a GTID out of order stops replication instead of diverging silently.
         f"--server-id={host.server_id}",
+        "--binlog-format=ROW",
+        "--log-slave-updates",
+        "--gtid-strict-mode=ON",
+        "--relay-log=relay-bin",
+        # A replica whose source went silent (a dropped tunnel) reconnects after this many seconds, not 60.
+        "--slave-net-timeout=10",
         "--skip-name-resolve",
         "--innodb-log-file-size=16M",
         "--innodb-buffer-pool-size=64M",
@@ -196,10 +206,12 @@ def provision_users(state: LabState, secrets: dict[str, str]) -> None:
     """The source's database and users; passwords are (re)set from lab.env, so a repair brings them back in line."""
     app_pw = sql_str(secrets[state.app_password_env])
     migrate_pw = sql_str(secrets[state.db_password_env])
+    repl_pw = sql_str(secrets[state.repl_password_env])
     statements = [f"CREATE DATABASE IF NOT EXISTS `{state.db_name}`;"]
     for host in ("%", "localhost"):
         app = f"'{state.app_user}'@'{host}'"
         migrate = f"'{state.migrate_user}'@'{host}'"
+        repl = f"'{state.repl_user}'@'{host}'"
         statements += [
             f"CREATE USER IF NOT EXISTS {app} IDENTIFIED BY {app_pw};",
             f"ALTER USER {app} IDENTIFIED BY {app_pw};",
@@ -208,6 +220,10 @@ def provision_users(state: LabState, secrets: dict[str, str]) -> None:
             f"ALTER USER {migrate} IDENTIFIED BY {migrate_pw};",
             # RELOAD for FLUSH TABLES WITH READ LOCK, SELECT for the checks, SHUTDOWN for the cut-over.
             f"GRANT ALL PRIVILEGES ON *.* TO {migrate};",
+            # The replica's account: it reads the binlog and nothing else.
+            f"CREATE USER IF NOT EXISTS {repl} IDENTIFIED BY {repl_pw};",
+            f"ALTER USER {repl} IDENTIFIED BY {repl_pw};",
+            f"GRANT REPLICATION SLAVE ON *.* TO {repl};",
         ]
     statements.append("FLUSH PRIVILEGES;")
     run_sql(state.source, "\n".join(statements))

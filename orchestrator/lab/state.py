@@ -101,10 +101,12 @@ class LabState:
     db_name: str = "coursereview"
     app_user: str = "app"
     migrate_user: str = "migrate"
+    repl_user: str = "repl"
     # Names of the variables in lab.env; the values never go into lab.json.
     token_env: str = "CLOUDFLARE_API_TOKEN"
     db_password_env: str = "MIGRATE_DB_PASSWORD"
     app_password_env: str = "LAB_APP_DB_PASSWORD"
+    repl_password_env: str = "MIGRATE_REPL_PASSWORD"
 
     @property
     def path(self) -> Path:

@@ -1,0 +1,583 @@
+"""The replication path's parts, proven on the lab under a write load: the seed (mariadb-backup streamed over the
+source→target SSH hop), the target as a GTID replica through an SSH tunnel, the VDiff-style comparison, a replica
+error in the replica's own words, the switch (read_only → final GTID → MASTER_GTID_WAIT → promote → proof) and
+reverse replication back to the old source.
+
+The tests share one replicated pair (module fixture) and run in file order; the switch comes last. Teardown leaves
+the lab as the other tests expect it: the source live and writable, no replication, the target's database stopped
+on its original datadir. Figures (seed time, the source's write stall, the switch's duration) are printed: run with
+-s to see them (the brief's rule: no timing asserts in tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pymysql
+import pytest
+from ruamel.yaml import YAML
+
+from orchestrator.lab import procs
+from orchestrator.lab.state import HostState, LabState
+from orchestrator.plan.model import Plan
+from orchestrator.secrets import redact
+from orchestrator.transports import replication as repl
+from orchestrator.transports.rsync import target_ssh_command
+from orchestrator.transports.ssh import SshHost
+
+ER_OPTION_PREVENTS_STATEMENT = 1290  # read_only refused the write
+ER_DUP_ENTRY = 1062
+CATCH_UP_TIMEOUT = 120.0
+
+
+def load_plan(path: Path) -> Plan:
+    return Plan.model_validate(YAML(typ="safe").load(path.read_text()))
+
+
+def connect(host: HostState, user: str, password: str, database: str | None = None) -> pymysql.Connection:
+    return pymysql.connect(
+        host=host.address,
+        port=host.db_port,
+        user=user,
+        password=password,
+        database=database,
+        autocommit=True,
+        connect_timeout=10,
+        read_timeout=120,
+        write_timeout=60,
+    )
+
+
+@dataclass
+class Write:
+    started: float
+    finished: float
+    ok: bool
+    code: int | None = None
+
+
+@dataclass
+class Writer:
+    """A client of the source committing small inserts back to back (paced), every outcome recorded."""
+
+    host: HostState
+    user: str
+    password: str
+    database: str
+    prefix: str
+    pace: float = 0.005
+    writes: list[Write] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"writer-{self.prefix}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        conn: pymysql.Connection | None = None
+        n = 0
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                if conn is None:
+                    conn = connect(self.host, self.user, self.password, self.database)
+                n += 1
+                with conn.cursor() as cur:
+                    cur.execute(
+                        "INSERT INTO reviews (id, author, course, rating, body) VALUES (%s, 'load', 'Databases', 4, "
+                        "'written under the replication test')",
+                        (f"{self.prefix}-{n:08d}",),
+                    )
+                self.writes.append(Write(started, time.monotonic(), True))
+            except pymysql.MySQLError as exc:
+                code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+                self.writes.append(Write(started, time.monotonic(), False, code))
+                if code != ER_OPTION_PREVENTS_STATEMENT and conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    conn = None
+            self._stop.wait(self.pace)
+        if conn is not None:
+            conn.close()
+
+    def longest_commit(self, start: float, end: float) -> float:
+        """The longest time one write took among those running during [start, end]: the stall clients saw."""
+        during = [w for w in self.writes if w.finished >= start and w.started <= end]
+        return max((w.finished - w.started for w in during), default=0.0)
+
+
+@dataclass
+class Pair:
+    lab: LabState
+    plan: Plan
+    source_ssh: SshHost
+    target_ssh: SshHost
+    seed: repl.SeedSpec
+    tunnel: repl.TunnelSpec
+    source: pymysql.Connection
+    target: pymysql.Connection
+    writer: Writer
+    backup: repl.BackupPosition
+    seed_bytes: int
+    seed_estimate: int
+    progress: list[int]
+    seed_seconds: float
+    seed_stall: float
+    backup_stages: list[repl.BackupStage]
+    secrets: dict[str, str] = field(repr=False)
+
+    def app_password(self) -> str:
+        return self.secrets[self.lab.app_password_env]
+
+    def repl_source(self, port: int) -> repl.ReplicaSource:
+        return repl.ReplicaSource("127.0.0.1", port, self.lab.repl_user, self.secrets[self.lab.repl_password_env])
+
+    def catch_up(self, timeout: float = CATCH_UP_TIMEOUT) -> repl.WaitResult:
+        return repl.wait_for_position(self.target, repl.gtid_binlog_pos(self.source), timeout)
+
+
+def ssh_to_target(plan: Plan) -> tuple[str, ...]:
+    login = f"{plan.target.user}@{plan.target.address}"
+    return (*shlex.split(target_ssh_command(plan, control="no")), login)
+
+
+def free_loopback_port() -> int:
+    return procs.free_port(["127.0.0.1"])
+
+
+@pytest.fixture(scope="module")
+def pair(lab: LabState) -> Iterator[Pair]:
+    plan = load_plan(lab.plan_file)
+    secrets = lab.secrets()
+    source_ssh = SshHost(plan.source, name="source", base_dir=lab.path, retry=plan.retry)
+    target_ssh = SshHost(plan.target, name="target", base_dir=lab.path, retry=plan.retry)
+    hop = ssh_to_target(plan)
+    seed = repl.SeedSpec(
+        source_datadir=str(lab.source.datadir),
+        target_datadir=str(lab.target.datadir),
+        ssh_to_target=hop,
+        source_socket=str(lab.source.db_socket),
+        source_user=lab.migrate_user,
+        password_env=lab.db_password_env,
+        no_defaults=True,
+    )
+    port = free_loopback_port()
+    tunnel = repl.TunnelSpec(
+        f"fwd-{port}", "remote", hop, port, lab.source.address, lab.source.db_port, control_dir=str(lab.source.run_dir)
+    )
+    target_ssh.run(str(lab.target.bin_dir / "db-stop"), timeout=120)
+    source = connect(lab.source, lab.migrate_user, secrets[lab.db_password_env])
+    writer = Writer(lab.source, lab.app_user, secrets[lab.app_password_env], lab.db_name, f"repl-load-{port}")
+    target: pymysql.Connection | None = None
+    try:
+        writer.start()
+        while len([w for w in writer.writes if w.ok]) < 20:  # the load runs before the seed starts
+            time.sleep(0.01)
+
+        # The seed, under the write load.
+        estimate = repl.parse_size(source_ssh.run(repl.seed_size_command(seed)).stdout)
+        progress: list[int] = []
+
+        def on_line(line: str) -> None:
+            streamed = repl.parse_seed_progress(line)
+            if streamed is not None:
+                progress.append(streamed)
+
+        started = time.monotonic()
+        streamed = source_ssh.stream(
+            repl.seed_stream_command(seed),
+            on_line,
+            env={lab.db_password_env: secrets[lab.db_password_env]},
+            timeout=1800,
+        )
+        finished = time.monotonic()
+        target_ssh.run(repl.prepare_command(seed), timeout=1800)
+        target_ssh.run(repl.install_command(seed), timeout=600)
+        backup = repl.parse_backup_position(target_ssh.run(repl.backup_position_command(seed.target_datadir)).stdout)
+        target_ssh.run(str(lab.target.bin_dir / "db-start"), timeout=600)
+        target = connect(lab.target, lab.migrate_user, secrets[lab.db_password_env])
+
+        # The replica, through the tunnel.
+        repl.set_read_only(target, True, lock_wait_timeout=3)
+        repl.start_binlog_at(target, backup.gtid)
+        source_ssh.run(repl.tunnel_up_command(tunnel), timeout=60)
+        repl.point_replica(
+            target, repl.ReplicaSource("127.0.0.1", port, lab.repl_user, secrets[lab.repl_password_env]), backup.gtid
+        )
+        repl.start_replica(target)
+        yield Pair(
+            lab=lab,
+            plan=plan,
+            source_ssh=source_ssh,
+            target_ssh=target_ssh,
+            seed=seed,
+            tunnel=tunnel,
+            source=source,
+            target=target,
+            writer=writer,
+            backup=backup,
+            seed_bytes=progress[-1] if progress else 0,
+            seed_estimate=estimate,
+            progress=progress,
+            seed_seconds=finished - started,
+            seed_stall=writer.longest_commit(started, finished),
+            backup_stages=repl.parse_backup_stages(streamed.stdout),
+            secrets=secrets,
+        )
+    finally:
+        writer.stop()
+        source_ssh.run(repl.tunnel_down_command(tunnel), check=False)
+        with contextlib.suppress(Exception):
+            repl.stop_replica(source)
+        with contextlib.suppress(Exception), source.cursor() as cur:
+            cur.execute("RESET SLAVE ALL")
+        repl.set_read_only(source, False, lock_wait_timeout=3)
+        source.close()
+        if target is not None:
+            target.close()
+        target_ssh.run(str(lab.target.bin_dir / "db-stop"), timeout=300, check=False)
+        target_ssh.run(repl.restore_previous_command(seed), check=False)
+        target_ssh.run(repl.discard_staging_command(seed), check=False)
+        source_ssh.close()
+        target_ssh.close()
+
+
+def count(conn: pymysql.Connection, sql: str, args: object = None) -> int:
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return int(cur.fetchone()[0])
+
+
+@pytest.mark.lab
+def test_seed_streams_the_live_source_and_the_target_replicates_through_the_tunnel(pair: Pair) -> None:
+    lab = pair.lab
+    # The seed moved about the datadir's size, reported progress while it ran, and recorded where it stands.
+    assert pair.seed_bytes > 0 and pair.progress == sorted(pair.progress)
+    assert pair.backup.gtid and pair.backup.file.startswith("binlog.")
+    assert {s.stage for s in pair.backup_stages} >= {"START", "BLOCK_COMMIT", "END"}
+    # The target replicates with GTIDs from 127.0.0.1:<tunnel port>, a port only the tunnel listens on.
+    pid = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel)).stdout)
+    assert pid is not None
+    probe = pair.target_ssh.run(
+        repl.tunnel_probe_command(pair.tunnel.listen_port, lab.repl_user, lab.repl_password_env),
+        env={lab.repl_password_env: pair.secrets[lab.repl_password_env]},
+        check=False,
+    )
+    assert repl.parse_probe(probe.stdout), probe.stdout
+    caught = pair.catch_up()
+    assert caught.outcome == "reached", caught
+    status = repl.replica_status(pair.target)
+    assert status is not None and status.replicating and status.error is None
+    assert status.using_gtid == "Slave_Pos" and status.master_port == pair.tunnel.listen_port
+    # Every write the source acknowledged so far is on the target.
+    position = repl.gtid_binlog_pos(pair.source)
+    accepted = [w for w in pair.writer.writes if w.ok]
+    assert repl.wait_for_position(pair.target, position, CATCH_UP_TIMEOUT).outcome == "reached"
+    on_target = count(
+        pair.target, f"SELECT COUNT(*) FROM {lab.db_name}.reviews WHERE id LIKE %s", (f"{pair.writer.prefix}-%",)
+    )
+    assert on_target >= len(accepted)
+    print(
+        f"\nseed: {pair.seed_bytes / 2**20:.1f} MiB streamed (estimate {pair.seed_estimate / 2**20:.1f} MiB) in "
+        f"{pair.seed_seconds:.2f} s; longest source commit during it {pair.seed_stall * 1000:.0f} ms; "
+        f"stages {[(s.stage, s.started[-8:], s.finished[-8:]) for s in pair.backup_stages]}"
+    )
+
+
+@pytest.mark.lab
+def test_an_unprepared_copy_never_replaces_the_datadir(pair: Pair) -> None:
+    """A seed cut short (the source died, the prepare never ran) leaves the target's datadir as it was."""
+    staging = Path(pair.seed.staging_dir)
+    staging.mkdir()
+    (staging / "xtrabackup_checkpoints").write_text("backup_type = full-backuped\nfrom_lsn = 0\n")
+    before = sorted(p.name for p in Path(pair.seed.target_datadir).iterdir())
+    refused = pair.target_ssh.run(repl.install_command(pair.seed), check=False)
+    assert refused.exit_status != 0 and "no prepared seed" in refused.stderr
+    assert sorted(p.name for p in Path(pair.seed.target_datadir).iterdir()) == before
+    pair.target_ssh.run(repl.discard_staging_command(pair.seed))
+    assert not staging.exists()
+    assert pair.catch_up().outcome == "reached"
+
+
+@pytest.mark.lab
+def test_the_tunnel_comes_back_and_the_replica_resumes(pair: Pair) -> None:
+    pair.source_ssh.run(repl.tunnel_down_command(pair.tunnel))
+    assert pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel), check=False).exit_status != 0
+    before = repl.gtid_binlog_pos(pair.source)
+    pair.source_ssh.run(repl.tunnel_up_command(pair.tunnel), timeout=60)
+    # Started twice: the second call finds it running and keeps it.
+    first = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_up_command(pair.tunnel), timeout=60).stdout)
+    second = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel)).stdout)
+    assert first is not None and first == second
+    # The tunnel does not depend on our SSH session: a run that dies (kill -9) finds it still there on resume.
+    pair.source_ssh.close()
+    third = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel)).stdout)
+    assert third == first
+    # Writes made while it was down and after arrive (the replica reconnects by itself: MASTER_CONNECT_RETRY).
+    assert repl.wait_for_position(pair.target, before, CATCH_UP_TIMEOUT).outcome == "reached"
+    assert pair.catch_up().outcome == "reached"
+
+
+@pytest.mark.lab
+def test_comparison_at_one_snapshot_finds_equal_data_then_a_planted_difference(pair: Pair) -> None:
+    lab = pair.lab
+    tables = [(lab.db_name, "reviews"), (lab.db_name, "uploads")]
+    snapshot_conn = connect(lab.source, lab.migrate_user, pair.secrets[lab.db_password_env])
+    planted = "seed-0000000150"
+    try:
+        repl.stop_replica(pair.target)  # before the snapshot: the replica must not be past it
+        snapshot = repl.open_consistent_snapshot(snapshot_conn)
+        assert snapshot.gtid and snapshot.binlog_file.startswith("binlog.")
+        stopped = repl.stop_replica_at(pair.target, snapshot.gtid, CATCH_UP_TIMEOUT)
+        assert stopped.outcome == "reached", stopped
+        assert repl.same_position(snapshot.gtid, repl.gtid_slave_pos(pair.target))
+        # The writer keeps writing on the source all along; the comparison still sees equal data.
+        started = time.monotonic()
+        assert repl.compare_tables(snapshot_conn, pair.target, tables, chunk_rows=500) == []
+        compared = time.monotonic() - started
+
+        # A row changed on the replica alone (not binlogged) is found, named by table and chunk.
+        with pair.target.cursor() as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            cur.execute(f"UPDATE {lab.db_name}.reviews SET rating = rating + 1 WHERE id = %s", (planted,))
+        diffs = repl.compare_tables(snapshot_conn, pair.target, tables, chunk_rows=500)
+        shape = repl.table_shape(snapshot_conn, lab.db_name, "reviews")
+        chunks = repl.chunk_bounds(snapshot_conn, shape, 500)
+        expected = next(
+            c
+            for c in chunks
+            if (c.lower is None or c.lower[0] <= planted) and (c.upper is None or planted < c.upper[0])
+        )
+        assert [(d.table, d.chunk.index) for d in diffs] == [(f"{lab.db_name}.reviews", expected.index)]
+        assert diffs[0].source.rows == diffs[0].replica.rows
+        assert f"{lab.db_name}.reviews chunk {expected.index} " in diffs[0].describe()
+        print(f"\ncomparison: equal in {compared:.2f} s; planted: {diffs[0].describe()}")
+    finally:
+        with pair.target.cursor() as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            cur.execute(f"UPDATE {lab.db_name}.reviews SET rating = rating - 1 WHERE id = %s", (planted,))
+            cur.execute("SET SESSION sql_log_bin = 1")
+        with contextlib.suppress(Exception):
+            repl.close_snapshot(snapshot_conn)
+        snapshot_conn.close()
+        repl.start_replica(pair.target)
+    assert pair.catch_up().outcome == "reached"
+
+
+@pytest.mark.lab
+def test_a_replica_error_is_reported_in_the_replicas_own_words(pair: Pair) -> None:
+    lab = pair.lab
+    row = f"conflict-{pair.tunnel.listen_port}"
+    insert = f"INSERT INTO {lab.db_name}.reviews (id, author) VALUES (%s, 'planted')"
+    with pair.target.cursor() as cur:
+        cur.execute("SET SESSION sql_log_bin = 0")
+        cur.execute(insert, (row,))
+        cur.execute("SET SESSION sql_log_bin = 1")
+    with pair.source.cursor() as cur:
+        cur.execute(insert, (row,))
+    failed = pair.catch_up(timeout=CATCH_UP_TIMEOUT)
+    assert failed.outcome == "replica_failed"
+    assert failed.error is not None and f"error {ER_DUP_ENTRY}" in failed.error and "Duplicate entry" in failed.error
+    assert row in failed.error
+    status = repl.replica_status(pair.target)
+    assert status is not None and not status.sql_running and status.last_sql_errno == ER_DUP_ENTRY
+    print(f"\nreplica error: {failed.error[:200]}")
+    # Repaired (the planted row removed on the replica alone), the replica applies the source's row and goes on.
+    with pair.target.cursor() as cur:
+        cur.execute("SET SESSION sql_log_bin = 0")
+        cur.execute(f"DELETE FROM {lab.db_name}.reviews WHERE id = %s", (row,))
+        cur.execute("SET SESSION sql_log_bin = 1")
+    repl.start_replica(pair.target)
+    assert pair.catch_up().outcome == "reached"
+    assert (
+        count(pair.target, f"SELECT COUNT(*) FROM {lab.db_name}.reviews WHERE id = %s AND author IS NULL", (row,)) == 0
+    )
+
+
+@pytest.mark.lab
+def test_the_replication_password_stays_out_of_every_file_we_write_and_every_status(pair: Pair) -> None:
+    lab = pair.lab
+    password = pair.secrets[lab.repl_password_env]
+    assert redact(f"x {password} y") == "x *** y"  # registered when the replica was pointed at its source
+    public = [lab.path / "lab.json", lab.plan_file, Path(pair.tunnel.log_path)]
+    for host in (lab.source, lab.target):
+        public += [*host.bin_dir.iterdir(), *host.log_dir.glob("*")]
+    for path in public:
+        if path.is_file():
+            assert password not in path.read_text(errors="replace"), f"the replication password leaked into {path}"
+    with pair.target.cursor() as cur:
+        cur.execute("SHOW SLAVE STATUS")
+        assert password not in repr(cur.fetchall())
+
+
+@pytest.mark.lab
+def test_read_only_waits_for_a_table_lock_no_longer_than_told(pair: Pair) -> None:
+    lab = pair.lab
+    holder = connect(lab.source, lab.migrate_user, pair.secrets[lab.db_password_env], lab.db_name)
+    fence = connect(lab.source, lab.migrate_user, pair.secrets[lab.db_password_env])
+    try:
+        with holder.cursor() as cur:
+            cur.execute("LOCK TABLES uploads WRITE")
+        with pytest.raises(repl.ReplicationError) as failed:
+            repl.set_read_only(fence, True, lock_wait_timeout=1)
+        assert "error 1205" in str(failed.value)  # lock wait timeout: the fence gave up, nothing changed
+        assert not repl.is_read_only(fence)
+    finally:
+        holder.close()
+        fence.close()
+
+
+@pytest.mark.lab
+def test_a_replica_behind_the_final_position_is_not_promoted(pair: Pair) -> None:
+    lab = pair.lab
+    assert pair.catch_up().outcome == "reached"
+    repl.stop_replica(pair.target)
+    with pair.source.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {lab.db_name}.reviews (id, author) VALUES (%s, 'late')", (f"late-{pair.tunnel.listen_port}",)
+        )
+    final = repl.gtid_binlog_pos(pair.source)
+    with pytest.raises(repl.PositionMismatch):
+        repl.promote(pair.target, expected=final)
+    # Not promoted: still a read-only replica of the source, which resumes and catches up.
+    status = repl.replica_status(pair.target)
+    assert status is not None and status.master_port == pair.tunnel.listen_port and repl.is_read_only(pair.target)
+    repl.start_replica(pair.target)
+    assert pair.catch_up().outcome == "reached"
+
+
+@pytest.mark.lab
+def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair) -> None:
+    lab = pair.lab
+    assert pair.catch_up().outcome == "reached"
+    fence = connect(lab.source, lab.migrate_user, pair.secrets[lab.db_password_env])
+
+    # The window: read_only on the source → its final position → the target waits for it → promoted → proof.
+    began = time.monotonic()
+    repl.set_read_only(fence, True, lock_wait_timeout=3)
+    fenced = time.monotonic()
+    final = repl.gtid_binlog_pos(fence)
+    waited = repl.wait_for_position(pair.target, final, timeout=30)
+    executed = repl.promote(pair.target, expected=final)
+    ended = time.monotonic()
+    assert waited.outcome == "reached", waited
+    assert repl.same_position(final, executed), (final, executed)
+    assert not repl.is_read_only(pair.target)
+
+    # read_only is the server's, not our session's: with the fencing session gone, the app still cannot write.
+    fence.close()
+    app = connect(lab.source, lab.app_user, pair.app_password(), lab.db_name)
+    with pytest.raises(pymysql.MySQLError) as refused, app.cursor() as cur:
+        cur.execute("INSERT INTO reviews (id) VALUES ('after-the-fence')")
+    assert refused.value.args[0] == ER_OPTION_PREVENTS_STATEMENT
+    app.close()
+    # Nothing committed on the source after the final position was read.
+    assert repl.gtid_binlog_pos(pair.source) == final
+    pair.writer.stop()
+    refused_writes = [w for w in pair.writer.writes if w.code == ER_OPTION_PREVENTS_STATEMENT]
+    assert refused_writes
+    # Every write the source accepted is on the target.
+    accepted = len([w for w in pair.writer.writes if w.ok])
+    on_target = count(
+        pair.target, f"SELECT COUNT(*) FROM {lab.db_name}.reviews WHERE id LIKE %s", (f"{pair.writer.prefix}-%",)
+    )
+    assert on_target == accepted
+
+    # Reverse replication: the old source follows the new primary from the same position, through a -L tunnel.
+    port = free_loopback_port()
+    back = repl.TunnelSpec(
+        f"rev-{port}",
+        "local",
+        pair.tunnel.ssh_to_target,
+        port,
+        lab.target.address,
+        lab.target.db_port,
+        control_dir=str(lab.source.run_dir),
+    )
+    try:
+        pair.source_ssh.run(repl.tunnel_up_command(back), timeout=60)
+        repl.point_replica(pair.source, pair.repl_source(port), final)
+        repl.start_replica(pair.source)
+        app = connect(lab.target, lab.app_user, pair.app_password(), lab.db_name)
+        with app.cursor() as cur:
+            cur.execute("INSERT INTO reviews (id, author) VALUES (%s, 'after the switch')", (f"on-target-{port}",))
+        app.close()
+        back_to_source = repl.wait_for_position(pair.source, repl.gtid_binlog_pos(pair.target), CATCH_UP_TIMEOUT)
+        assert back_to_source.outcome == "reached", back_to_source
+        assert (
+            count(pair.source, f"SELECT COUNT(*) FROM {lab.db_name}.reviews WHERE id = %s", (f"on-target-{port}",)) == 1
+        )
+        status = repl.replica_status(pair.source)
+        assert status is not None and status.replicating and status.master_port == port
+        assert repl.is_read_only(pair.source)  # the old source stays fenced while it follows
+        # A CHANGE MASTER the server refuses says why, never with the password.
+        password = pair.secrets[lab.repl_password_env]
+        refused_source = repl.ReplicaSource("127.0.0.1", port, lab.repl_user, password, heartbeat_period=5_000_000)
+        with pytest.raises(repl.ReplicationError) as failed:
+            repl.point_replica(pair.source, refused_source, final)
+        assert "heartbeat" in str(failed.value).lower() and password not in str(failed.value)
+    finally:
+        pair.source_ssh.run(repl.tunnel_down_command(back), check=False)
+    print(
+        f"\nswitch: read_only took {(fenced - began) * 1000:.0f} ms, wait {waited.waited * 1000:.0f} ms, "
+        f"read_only → promoted {(ended - began) * 1000:.0f} ms; {len(refused_writes)} writes refused by read_only"
+    )
+
+
+# --- pure logic (no lab) ----------------------------------------------------------------------------------------
+
+
+def test_gtid_positions_parse_compare_and_refuse_garbage() -> None:
+    pos = repl.GtidPosition.parse("1-3-7, 0-1-42")
+    assert str(pos) == "0-1-42,1-3-7"
+    assert pos.reached(repl.GtidPosition.parse("0-1-41")) and not pos.reached(repl.GtidPosition.parse("0-1-43"))
+    assert not pos.reached(repl.GtidPosition.parse("2-1-1"))  # a domain it never saw
+    assert repl.same_position(repl.GtidPosition.parse("0-1-42"), pos)
+    assert not repl.same_position(repl.GtidPosition.parse("0-2-42"), pos)  # same number, another server's GTID
+    assert not repl.GtidPosition.parse("")
+    for bad in ("0-1", "a-b-c", "0-1-2,0-1-3"):
+        with pytest.raises(ValueError):
+            repl.GtidPosition.parse(bad)
+
+
+def test_backup_outputs_parse() -> None:
+    position = repl.parse_backup_position("binlog.000002\t3877\t0-1-38\n")
+    assert (position.file, position.position, str(position.gtid)) == ("binlog.000002", 3877, "0-1-38")
+    with pytest.raises(repl.ReplicationError):
+        repl.parse_backup_position("binlog.000002\t3877\n")  # no GTID: the source's binlog is off
+    assert repl.parse_seed_progress("270386822 bytes (270 MB, 258 MiB) copied, 6.4 s, 41.7 MB/s") == 270386822
+    assert repl.parse_seed_progress("0+569 records in") is None
+    stages = repl.parse_backup_stages(
+        "backup: [00] 2026-11-23 12:17:26 Starting BACKUP STAGE BLOCK_COMMIT\n"
+        "backup: [00] 2026-11-23 12:17:26 Acquired locks for BACKUP STAGE BLOCK_COMMIT\n"
+        "backup: [00] 2026-11-23 12:17:27 Finishing BACKUP STAGE BLOCK_COMMIT\n"
+    )
+    assert stages == [repl.BackupStage("BLOCK_COMMIT", "2026-11-23 12:17:26", "2026-11-23 12:17:27")]
+
+
+def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> None:
+    hop = ("ssh", "-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/migrate-ssh-%C", "-p", "22", "root@t")
+    seed = repl.SeedSpec("/var/lib/mysql", "/var/lib/mysql", hop, source_user="migrate", password_env="DB_PW")
+    command = repl.seed_stream_command(seed)
+    assert "${DB_PW}" in command and "--password" not in command
+    assert "--throttle" not in command and "nice -n19 ionice -c3 mariadb-backup" in command
+    assert "--throttle=20" in repl.seed_stream_command(repl.SeedSpec("/a", "/b", hop, throttle=20))
+    tunnel = repl.TunnelSpec("fwd", "remote", hop, 40000, "127.0.0.1", 3306)
+    up = repl.tunnel_up_command(tunnel)
+    # ssh keeps an option's first value: the tunnel's own control socket must come before the plan's.
+    assert up.index("ControlPath=/tmp/migrate-tunnel-fwd.ctl") < up.index("ControlPath=/tmp/migrate-ssh-%C")
+    assert "-R 127.0.0.1:40000:127.0.0.1:3306" in up
+    probe = repl.tunnel_probe_command(40000, "repl", "REPL_PW")
+    assert "${REPL_PW}" in probe and "-p" not in probe.split()
