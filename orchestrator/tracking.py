@@ -297,7 +297,7 @@ class ChangeTracker:
         return (
             f'pid=$(cat {_q(self.pid_file)} 2>/dev/null); [ -n "$pid" ] '
             f'&& [ "$(cat /proc/$pid/comm 2>/dev/null)" = inotifywait ] '
-            f'&& [ "$(readlink /proc/$pid/cwd 2>/dev/null)" = {_q(self.root)} ]'
+            f'&& [ "$(readlink /proc/$pid/cwd 2>/dev/null)" = "$(readlink -f {_q(self.root)})" ]'
         )
 
     def start_command(self) -> str:
@@ -386,7 +386,8 @@ class ChangeTracker:
             f": > {_q(self.root + '/' + marker)}; rm -f {_q(self.root + '/' + marker)}; "
             f"n=0; until tail -c +$((before + 1)) {events} | grep -z -q -x -F {_q('DELETE ./' + marker)}; do "
             f"n=$((n + 1)); if [ $n -gt {tries} ]; then echo 'the tracker did not record the barrier' >&2; exit 5; "
-            f"fi; sleep 0.02; done; "
+            f"fi; if ! {{ {self._alive_test()}; }}; then echo 'the tracker is not running' >&2; exit 6; fi; "
+            f"sleep 0.02; done; "
             f"end=$(stat -c %s {events}); "
             f"head -c $end {events} | grep -z -v '^Q_OVERFLOW' "
             f"| sed -z -e 's/^[A-Z_,]* //' -e 's:^\\./::' -e 's:/*$::' -e 's:^$:.:' "
