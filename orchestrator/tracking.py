@@ -128,7 +128,8 @@ def untrusted_filesystems(root: str, findmnt_raw: str, statfs_type: str) -> list
     for fstype, target in relevant:
         if _network(fstype):
             found.append(f"{target} is on {fstype}")
-    if statfs_type.strip() and _network(statfs_type.strip()) and not any(root in f for f in found):
+    # Without a mount table (no findmnt), the type statfs gives the root still tells.
+    if not holding and statfs_type.strip() and _network(statfs_type.strip()):
         found.append(f"{root} is on {statfs_type.strip()}")
     return found
 
