@@ -37,6 +37,10 @@ EVENTS = (
     "delete_self", "move_self", "unmount", "q_overflow",
 )  # fmt: skip
 FORMAT = "%e %w%f%0"
+# A path below a listed directory is dropped: a listed directory that exists is copied whole (-r), one that is gone
+# is deleted whole; listing its children as well would make rsync stat them under a missing parent ("vanished").
+# The list is sorted with '/' as the lowest byte, so a directory's descendants follow it.
+PRUNE = 'chomp; next if defined $kept && index($_, "$kept/") == 0; print "$_\\0"; $kept = $_;'
 BARRIER_PREFIX = ".migrate-tracker-barrier-"
 READY_LINE = "Watches established."
 WATCH_LIMIT_TEXT = "upper limit on inotify watches reached"
@@ -93,13 +97,21 @@ def parse_event(record: str) -> tuple[frozenset[str], str]:
 
 
 def changed_paths(records: Iterable[str]) -> list[str]:
-    """The sorted, unique paths a stream of records names (what `LIST_SCRIPT` computes on the source)."""
+    """The list `ChangeTracker.changes` makes on the source, for a stream of records (for tests and reasoning):
+    unique paths, none below another listed one, the root alone when it is listed."""
     paths: set[str] = set()
     for record in records:
         events, path = parse_event(record)
         if "Q_OVERFLOW" not in events:
             paths.add(path)
-    return sorted(paths, key=lambda p: p.encode("utf-8", "surrogateescape"))
+    if "." in paths:
+        return ["."]
+    kept: list[str] = []
+    for path in sorted(paths, key=lambda p: p.encode("utf-8", "surrogateescape").replace(b"/", b"\x01")):
+        if kept and path.startswith(kept[-1] + "/"):
+            continue
+        kept.append(path)
+    return kept
 
 
 def _unescape_mount(text: str) -> str:
@@ -311,6 +323,7 @@ class ChangeTracker:
         return (
             f"set -e; mkdir -p {_q(self.dir)}; "
             f"if {self._alive_test()}; then echo running=$pid; exit 0; fi; "
+            f"command -v perl >/dev/null || {{ echo 'perl is needed to prune the change list' >&2; exit 3; }}; "
             f"{_q(self.program.split()[0])} --help 2>&1 | grep -q -- --no-newline "
             f"|| {{ echo 'inotifywait lacks --no-newline (inotify-tools 3.21 or later needed)' >&2; exit 3; }}; "
             f"rm -f {_q(self.events_file)} {_q(self.stderr_file)} {_q(self.list_file)}; "
@@ -392,8 +405,10 @@ class ChangeTracker:
             f"end=$(stat -c %s {events}); "
             f"head -c $end {events} | grep -z -v '^Q_OVERFLOW' "
             f"| sed -z -e 's/^[A-Z_,]* //' -e 's:^\\./::' -e 's:/*$::' -e 's:^$:.:' "
-            f"| grep -z -v -x -F {_q(marker)} | sort -z -u > {tmp}; "
-            f"mv {tmp} {_q(list_file)}; "
+            f"| grep -z -v -x -F {_q(marker)} | tr / '\\001' | sort -z -u | tr '\\001' / > {tmp}.sorted; "
+            f"if grep -z -q -x -F . {tmp}.sorted; then printf '.\\000' > {tmp}; "
+            f"else perl -0 -ne {_q(PRUNE)} {tmp}.sorted > {tmp}; fi; "
+            f"rm -f {tmp}.sorted; mv {tmp} {_q(list_file)}; "
             f"echo count=$(tr -cd '\\000' < {_q(list_file)} | wc -c)"
         )
 

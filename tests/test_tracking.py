@@ -59,6 +59,12 @@ def test_changed_paths_are_unique_sorted_and_skip_the_overflow_marker() -> None:
     assert changed_paths(records) == ["a/d", "a/e", "a/x", "b\nc"]
 
 
+def test_paths_below_a_listed_directory_are_left_to_its_recursion() -> None:
+    records = ["DELETE ./a/b/x", "DELETE,ISDIR ./a/b", "DELETE,ISDIR ./a", "CREATE ./a-b", "CREATE ./ab/c"]
+    assert changed_paths(records) == ["a", "a-b", "ab/c"]
+    assert changed_paths(["CREATE ./x", "ATTRIB,ISDIR ./"]) == ["."]
+
+
 def test_stderr_names_lost_watches() -> None:
     limit = (
         "Setting up watches.  Beware: since -r was given, this may take a while!\n"
