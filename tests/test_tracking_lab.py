@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
+from orchestrator.lab.load import ACKS_FILE, main_load
 from orchestrator.lab.state import LabState
 from orchestrator.lab.uploads_tree import file_path, write_tree
+from orchestrator.lab.verify import main_verify, read_acks
 from orchestrator.plan.model import Plan
 from orchestrator.runtime import Runtime
 from orchestrator.tracking import ChangeTracker, TrackingError, final_pass_command, verify_listed_command
@@ -382,3 +384,18 @@ def test_a_new_directory_past_the_watch_limit_is_detected(tree: Tree) -> None:
     (tree.source / "later" / "deeper").mkdir(parents=True)
     changes = tracker.changes(timeout=60)  # the barrier: the tracker has handled the new directory by now
     assert any("not watched" in reason for reason in changes.trust.reasons), changes.trust.reasons
+
+
+def test_the_load_rewrites_uploads_in_place_and_verify_checks_the_last_version(lab: LabState, tmp_path: Path) -> None:
+    out = tmp_path / "load"
+    stats = main_load(lab, duration=3, rate=40, clients=2, dns_ttl=1, upload_every=1, out=out, overwrite_every=2)
+    uploads = [a for a in read_acks(out / ACKS_FILE) if a["kind"] == "upload"]
+    names = [a["name"] for a in uploads]
+    rewritten = {name for name in names if names.count(name) > 1}
+    assert rewritten, "some uploads must have been written again under the same name"
+    last = {a["name"]: a["sha256"] for a in uploads}
+    assert any(a["sha256"] != last[a["name"]] for a in uploads if a["name"] in rewritten)
+    assert stats.uploads_acked == len(uploads)
+    report = main_verify(lab, host="source", load_dir=out)
+    assert report.ok, report.lost
+    assert report.uploads_acknowledged == len(last)
