@@ -9,10 +9,15 @@ Event records are `EVENTS ./relative/path` terminated by NUL (`--format '%e %w%f
 reads the same NUL-separated list with `--from0 --files-from`. The tracker watches `.` from inside the tree, so %w%f
 is already relative. EVENTS is a comma list of upper-case names: the first space ends it.
 
-The list of changed paths is made ON THE SOURCE with coreutils (sed -z, sort -z -u): Python never holds the names.
-The final pass copies that list with `-r --files-from --delete-missing-args`: a listed path that still exists is
-copied (a listed directory whole, which covers directories created or moved in before their watch existed), a
-listed path that no longer exists is deleted on the target.
+The list of changed paths is made ON THE SOURCE with coreutils and perl (perl-base is essential on Debian): sed -z,
+sort -z -u (external merge, bounded memory), a streaming prune of paths below a listed directory. Python never holds
+the names. Before reading, a barrier: a marker file created and removed in the root, whose DELETE event, once in the
+events file, proves every earlier change is there too (one inotify instance delivers its events in order).
+
+The final pass copies that list with `-r --delete --delete-missing-args --from0 --files-from` (verified on the lab):
+a listed path that still exists is copied, a listed directory whole (which covers directories created or moved in
+before their watch existed); a listed path that no longer exists is deleted on the target (a directory with its
+contents). The root's own mtime is not carried (listing the root would recurse the whole tree).
 
 Tracking that cannot be trusted says why (`trust()`); the caller then falls back to a full scan.
 """
