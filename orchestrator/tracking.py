@@ -190,6 +190,8 @@ def trust_from_probe(root: str, probe: dict[str, str], stderr: str, findmnt_raw:
     reasons += stderr_problems(stderr)
     if READY_LINE not in stderr and not any("watch" in r for r in reasons):
         reasons.append("the tracker is still setting up its watches: changes in unwatched directories are unseen")
+    if int(probe.get("gaps", "0") or 0):
+        reasons.append("the tracker was started again after it had stopped: changes in between are unknown")
     if int(probe.get("overflows", "0") or 0):
         reasons.append("the inotify event queue overflowed (Q_OVERFLOW): events were dropped")
     if int(probe.get("root_gone", "0") or 0):
@@ -307,6 +309,12 @@ class ChangeTracker:
         return f"{self.dir}/stderr"
 
     @property
+    def gaps_file(self) -> str:
+        """Times a tracker of this directory was started again after one had stopped: changes in between are
+        unknown until `remove()` starts the tracking afresh (with a new pre-sync)."""
+        return f"{self.dir}/gaps"
+
+    @property
     def list_file(self) -> str:
         return f"{self.dir}/changed.list"
 
@@ -331,6 +339,8 @@ class ChangeTracker:
             f"command -v perl >/dev/null || {{ echo 'perl is needed to prune the change list' >&2; exit 3; }}; "
             f"{_q(self.program.split()[0])} --help 2>&1 | grep -q -- --no-newline "
             f"|| {{ echo 'inotifywait lacks --no-newline (inotify-tools 3.21 or later needed)' >&2; exit 3; }}; "
+            f'if [ -f {_q(self.pid_file)} ]; then echo "$(date -u +%FT%TZ) restarted after the tracker stopped" '
+            f">> {_q(self.gaps_file)}; fi; "
             f"rm -f {_q(self.events_file)} {_q(self.stderr_file)} {_q(self.list_file)}; "
             f"echo {_q(self.root)} > {_q(self.dir + '/root')}; "
             f"setsid sh -c {_q(inner)} </dev/null >{_q(self.events_file)} 2>{_q(self.stderr_file)} & "
@@ -339,6 +349,9 @@ class ChangeTracker:
 
     def start(self, *, timeout: float = 600.0) -> bool:
         """Start tracking (or find the tracker already running) and wait until its watches are established.
+
+        A tracker started where one had stopped is recorded as a gap (see `gaps_file`): call `remove()` first when
+        starting afresh, before a new pre-sync.
 
         Returns True when a new tracker was started. Raises TrackingError when it cannot start or dies setting up.
         """
@@ -378,6 +391,7 @@ class ChangeTracker:
             f"echo root_gone=$(grep -z -c -E '^([A-Z_,]*,)?(UNMOUNT|(DELETE_SELF|MOVE_SELF)[A-Z_,]* \\./$)' "
             f"{events} 2>/dev/null || true); "
             f"echo statfs=$(stat -f -c %T {_q(self.root)} 2>/dev/null); "
+            f"echo gaps=$(cat {_q(self.gaps_file)} 2>/dev/null | wc -l); "
             f"echo --stderr--; cat {_q(self.stderr_file)} 2>/dev/null; "
             f"echo --mounts--; findmnt -rn -o FSTYPE,TARGET 2>/dev/null || true"
         )

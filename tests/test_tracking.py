@@ -92,6 +92,7 @@ def test_a_healthy_tracker_is_trusted() -> None:
         (healthy_probe(root_gone="1"), READY, "moved, deleted or unmounted"),
         (healthy_probe(), "Setting up watches.  Beware: since -r was given, this may take a while!\n", "setting up"),
         (healthy_probe(started="0"), "", "no tracker"),
+        (healthy_probe(gaps="1"), READY, "started again"),
     ],
 )
 def test_each_reason_for_distrust_is_named(probe: dict[str, str], stderr: str, says: str) -> None:

@@ -325,6 +325,15 @@ def test_a_killed_tracker_is_detected(tree: Tree) -> None:
     changes = tracker.changes(timeout=60)
     assert not changes.trust.trusted
     assert any("not running" in reason for reason in changes.trust.reasons), changes.trust.reasons
+    # Started again (a resumed run): the gap while nobody watched stays reported.
+    assert tracker.start(timeout=60) is True
+    trust = tracker.trust()
+    assert any("started again" in reason for reason in trust.reasons), trust.reasons
+    # Only a fresh start (with a new pre-sync) is trusted again.
+    tracker.stop()
+    tracker.remove()
+    tracker.start(timeout=60)
+    assert tracker.trust().trusted
 
 
 def test_a_queue_overflow_is_detected(tree: Tree) -> None:
