@@ -125,15 +125,17 @@ def main() -> int:
     temporary = args.lab_dir is None
     lab_dir = Path(tempfile.mkdtemp(prefix="bench-tracking-")) if temporary else args.lab_dir
     lab = hosts.up(lab_dir, default_ports=False)
-    os.environ.update(lab.secrets())
-    rt = Runtime(load_plan(lab.plan_file).plan, lab.plan_file)
     results: list[Figures] = []
+    rt: Runtime | None = None
     try:
+        os.environ.update(lab.secrets())
+        rt = Runtime(load_plan(lab.plan_file).plan, lab.plan_file)
         for files in args.files:
             print(f"tree of {files} files, {args.changes} changes:", flush=True)
             results.append(measure(rt, lab, files, args.changes))
     finally:
-        rt.close()
+        if rt is not None:
+            rt.close()
         if temporary:
             hosts.down(lab_dir, purge=True)
     print()
