@@ -540,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dns-ttl", type=float, default=5.0, help="seconds a client caches DNS (default: 5)")
     parser.add_argument("--upload-every", type=int, default=5, help="an upload every N reviews; 0: none")
     parser.add_argument("--out", type=Path, default=None, help="directory of acks.jsonl and stats.json")
+    parser.add_argument(
+        "--overwrite-every", type=int, default=3, help="every Nth upload rewrites the previous; 0: never"
+    )
     args = parser.parse_args(argv)
     stop = threading.Event()
 
@@ -557,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         upload_every=args.upload_every,
         out=args.out,
         stop=stop,
+        overwrite_every=args.overwrite_every,
     )
     print(summary(stats))
     return 0
