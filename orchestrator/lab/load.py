@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upload-every", type=int, default=5, help="an upload every N reviews; 0: none")
     parser.add_argument("--out", type=Path, default=None, help="directory of acks.jsonl and stats.json")
     parser.add_argument(
-        "--overwrite-every", type=int, default=3, help="every Nth upload rewrites the previous; 0: never"
+        "--overwrite-every", type=int, default=0, help="every Nth upload rewrites the previous; 0: never"
     )
     args = parser.parse_args(argv)
     stop = threading.Event()
