@@ -1,6 +1,6 @@
 """Benchmark: the in-window file work with a tracked change list against today's full scans, at two tree sizes.
 
-    .venv/bin/python bench/tracking.py --files 10000 100000 [--changes 300] [--lab-dir DIR]
+    .venv/bin/python bench/tracking.py --files 10000 1000000 [--changes 300] [--lab-dir DIR]   (about 20 min)
 
 For each size: N small uploads (lab's seeded tree) on the source, a tracker started, a full pre-sync, then a few hundred
 changes (new files, overwrites at the same size, renames, deletions). Timed, side by side on the same trees:
