@@ -74,6 +74,7 @@ def up(
     random_ports: bool = typer.Option(
         False, "--random-ports", help="random free ports instead of the defaults (for labs side by side)"
     ),
+    files: int = typer.Option(0, "--files", help="also N small uploads (1-16 KiB) in hashed directories, seeded"),
 ) -> None:
     """Make the lab (or finish / repair it): sshd, MariaDB and the app per host, the Cloudflare double, plan.yaml.
 
@@ -86,6 +87,7 @@ def up(
             source_address=source_address,
             target_address=target_address,
             default_ports=not random_ports,
+            files=files,
             say=typer.echo,
         )
     typer.echo(f"lab is up in {state.dir}; secrets in {state.env_file}; plan in {state.plan_file}")
@@ -121,10 +123,15 @@ def load(
     clients: int = typer.Option(4, help="concurrent clients"),
     dns_ttl: float = typer.Option(5.0, "--dns-ttl", help="seconds a client caches its DNS answer"),
     upload_every: int = typer.Option(5, "--upload-every", help="an upload every N reviews; 0: none"),
+    overwrite_every: int = typer.Option(
+        3, "--overwrite-every", help="every Nth upload of a client rewrites its previous one; 0: never"
+    ),
     out: Path | None = typer.Option(None, help="directory of acks.jsonl and stats.json (default: <lab>/load)"),
 ) -> None:
     """Clients that find the service through DNS and write, upload and read while it moves."""
-    if not (rate > 0 and clients >= 1 and duration >= 0 and dns_ttl >= 0 and upload_every >= 0):
+    if not (
+        rate > 0 and clients >= 1 and duration >= 0 and dns_ttl >= 0 and upload_every >= 0 and overwrite_every >= 0
+    ):
         _refuse("lab load: --rate and --clients must be positive; --duration, --dns-ttl, --upload-every not negative")
     state = _state(lab_dir)
     load_mod = importlib.import_module("orchestrator.lab.load")
@@ -150,6 +157,7 @@ def load(
                 upload_every=upload_every,
                 out=out,
                 stop=stop,
+                overwrite_every=overwrite_every,
             )
     finally:
         with contextlib.suppress(OSError):

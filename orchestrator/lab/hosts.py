@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from orchestrator.lab import binscripts, mariadb, planfile, procs, setup, sshd
+from orchestrator.lab import binscripts, mariadb, planfile, procs, setup, sshd, uploads_tree
 from orchestrator.lab.state import STATE_FILE, HostState, LabState
 
 SOURCE_ADDRESS = "127.0.0.2"
@@ -332,6 +332,7 @@ def up(
     source_address: str = SOURCE_ADDRESS,
     target_address: str = TARGET_ADDRESS,
     default_ports: bool = True,
+    files: int = 0,
     say: Say = _quiet,
 ) -> LabState:
     """Bring the lab up (or finish / repair it) and return its state, saved in <dir>/lab.json.
@@ -345,6 +346,8 @@ def up(
         raise LabRefused("the source and the target need different addresses")
     if db_size_mb < 1 or uploads_size_mb < 1:
         raise LabRefused("the database and uploads sizes are whole megabytes, at least 1")
+    if files < 0:
+        raise LabRefused("--files is a number of files, not negative")
     check_dir_for_up(lab_dir)
     installed = setup.ensure_system_tools()
     if installed:
@@ -386,6 +389,9 @@ def up(
     say(f"source: mariadb on {state.source.address}:{state.source.db_port}, {added} seed rows added")
     written = seed_uploads(state, uploads_size_mb)
     say(f"source: uploads in {state.source.uploads} ({written} files written)")
+    if files:
+        written = uploads_tree.write_tree(state.source.uploads, files)
+        say(f"source: {files} small uploads in hashed directories ({written} written)")
     if fresh_target:
         # The seed's preparation: the target's database is installed but stopped (the migration overwrites it).
         run_script(state.target, "db-stop")

@@ -290,6 +290,7 @@ class Client:
         upload_every: int,
         deadline: float,
         stop: threading.Event,
+        overwrite_every: int = 0,
     ) -> None:
         self.index = index
         self.port = state.source.app_port
@@ -299,6 +300,7 @@ class Client:
         self.interval = interval
         self.clients = clients
         self.upload_every = upload_every
+        self.overwrite_every = overwrite_every
         self.deadline = deadline
         self.stop = stop
         self.reviews_acked = 0
@@ -325,6 +327,7 @@ class Client:
                 due_upload = self.upload_every > 0 and self.reviews_acked % self.upload_every == 0
                 if due_upload and self.reviews_acked > 0 and not self.over():
                     self.write_upload(self.reviews_acked // self.upload_every)
+                    self.overwrite_upload(self.reviews_acked // self.upload_every)
             else:
                 self.read()
             seq += 1
@@ -417,6 +420,12 @@ class Client:
             }
         )
 
+    def overwrite_upload(self, n: int) -> None:
+        """Every `overwrite_every`-th upload, rewrite the previous one with new bytes under its name: uploads change
+        in place, not only grow. Each rewrite is one more upload acknowledged; `verify` checks a name's last one."""
+        if self.overwrite_every > 0 and n > 1 and n % self.overwrite_every == 0 and not self.over():
+            self.write_upload(n - 1)
+
     def read(self) -> None:
         address = self.resolver.resolve(self.recorder)
         if address is None:
@@ -454,6 +463,7 @@ def main_load(
     upload_every: int,
     out: Path | None,
     stop: threading.Event | None = None,
+    overwrite_every: int = 0,
 ) -> LoadStats:
     """Run the load for `duration` seconds (or until `stop` is set); returns the final stats.
 
@@ -495,6 +505,7 @@ def main_load(
             upload_every=upload_every,
             deadline=deadline,
             stop=stop,
+            overwrite_every=overwrite_every,
         )
         users.append(client)
         worker = threading.Thread(target=client.run, name=f"load-client-{index}", daemon=True)
@@ -529,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dns-ttl", type=float, default=5.0, help="seconds a client caches DNS (default: 5)")
     parser.add_argument("--upload-every", type=int, default=5, help="an upload every N reviews; 0: none")
     parser.add_argument("--out", type=Path, default=None, help="directory of acks.jsonl and stats.json")
+    parser.add_argument(
+        "--overwrite-every", type=int, default=0, help="every Nth upload rewrites the previous; 0: never"
+    )
     args = parser.parse_args(argv)
     stop = threading.Event()
 
@@ -546,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         upload_every=args.upload_every,
         out=args.out,
         stop=stop,
+        overwrite_every=args.overwrite_every,
     )
     print(summary(stats))
     return 0

@@ -1,0 +1,180 @@
+"""Change tracking, offline: the event records, the trust verdicts and the rsync command lines."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from orchestrator import tracking
+from orchestrator.lab.uploads_tree import TREE_SEED, file_path, write_tree
+from orchestrator.tracking import (
+    changed_paths,
+    final_pass_command,
+    parse_event,
+    stderr_problems,
+    trust_from_probe,
+    untrusted_filesystems,
+    verify_listed_command,
+)
+
+READY = "Setting up watches.  Beware: since -r was given, this may take a while!\nWatches established.\n"
+LOCAL_MOUNTS = "ext4 /\nproc /proc\ntmpfs /run\n"
+
+
+def healthy_probe(**changes: str) -> dict[str, str]:
+    probe = {"started": "1", "alive": "1", "events_bytes": "120", "overflows": "0", "root_gone": "0"}
+    probe["statfs"] = "ext2/ext3"
+    return {**probe, **changes}
+
+
+def test_event_records_keep_any_name_whole() -> None:
+    assert parse_event("CLOSE_WRITE,CLOSE ./a/b/f.bin") == (frozenset({"CLOSE_WRITE", "CLOSE"}), "a/b/f.bin")
+    assert parse_event("CREATE ./with space [1]\nand newline") == (
+        frozenset({"CREATE"}),
+        "with space [1]\nand newline",
+    )
+    # The root itself (a chmod of the tree) and a directory's own event (trailing slash).
+    assert parse_event("ATTRIB,ISDIR ./") == (frozenset({"ATTRIB", "ISDIR"}), ".")
+    assert parse_event("MOVE_SELF ./a/e/") == (frozenset({"MOVE_SELF"}), "a/e")
+    assert parse_event("Q_OVERFLOW ") == (frozenset({"Q_OVERFLOW"}), ".")
+    with pytest.raises(ValueError):
+        parse_event("./no-events")
+    with pytest.raises(ValueError):
+        parse_event("lower ./x")
+
+
+def test_changed_paths_are_unique_sorted_and_skip_the_overflow_marker() -> None:
+    records = [
+        "CREATE ./a/x",
+        "CLOSE_WRITE,CLOSE ./a/x",
+        "MOVED_FROM,ISDIR ./a/d",
+        "MOVED_TO,ISDIR ./a/e",
+        "MOVE_SELF ./a/e/",
+        "DELETE ./a/x",
+        "Q_OVERFLOW ",
+        "CREATE ./b\nc",
+    ]
+    assert changed_paths(records) == ["a/d", "a/e", "a/x", "b\nc"]
+
+
+def test_paths_below_a_listed_directory_are_left_to_its_recursion() -> None:
+    records = ["DELETE ./a/b/x", "DELETE,ISDIR ./a/b", "DELETE,ISDIR ./a", "CREATE ./a-b", "CREATE ./ab/c"]
+    assert changed_paths(records) == ["a", "a-b", "ab/c"]
+    assert changed_paths(["CREATE ./x", "ATTRIB,ISDIR ./"]) == ["."]
+
+
+def test_stderr_names_lost_watches() -> None:
+    limit = (
+        "Setting up watches.  Beware: since -r was given, this may take a while!\n"
+        "Failed to watch .; upper limit on inotify watches reached!\n"
+        "Please increase the amount of inotify watches allowed per user via `/proc/sys/fs/inotify/max_user_watches'.\n"
+    )
+    problems = stderr_problems(limit)
+    assert len(problems) == 1 and "watch limit" in problems[0]
+    later = READY + "Couldn't watch new directory ./a/new: No space left on device\n"
+    assert stderr_problems(later) == ["a directory is not watched: Couldn't watch new directory ./a/new: "
+                                      "No space left on device"]  # fmt: skip
+    assert stderr_problems(READY) == []
+
+
+def test_a_healthy_tracker_is_trusted() -> None:
+    trust = trust_from_probe("/srv/uploads", healthy_probe(), READY, LOCAL_MOUNTS)
+    assert trust.trusted and trust.reasons == () and trust.events_bytes == 120
+
+
+@pytest.mark.parametrize(
+    ("probe", "stderr", "says"),
+    [
+        (healthy_probe(alive="0"), READY, "not running"),
+        (healthy_probe(overflows="1"), READY, "overflowed"),
+        (healthy_probe(root_gone="1"), READY, "moved, deleted or unmounted"),
+        (healthy_probe(), "Setting up watches.  Beware: since -r was given, this may take a while!\n", "setting up"),
+        (healthy_probe(started="0"), "", "no tracker"),
+        (healthy_probe(gaps="1"), READY, "started again"),
+    ],
+)
+def test_each_reason_for_distrust_is_named(probe: dict[str, str], stderr: str, says: str) -> None:
+    trust = trust_from_probe("/srv/uploads", probe, stderr, LOCAL_MOUNTS)
+    assert not trust.trusted
+    assert any(says in reason for reason in trust.reasons), trust.reasons
+
+
+def test_network_filesystems_are_not_trusted() -> None:
+    # findmnt -rn -o FSTYPE,TARGET escapes spaces as \x20.
+    mounts = "ext4 /\nnfs4 /srv\nfuse.sshfs /mnt/remote\\x20share\next4 /srv/local\ncifs /srv/uploads/archive\n"
+    assert untrusted_filesystems("/srv/uploads", mounts, "nfs") == [
+        "/srv is on nfs4",
+        "/srv/uploads/archive is on cifs",
+    ]
+    assert untrusted_filesystems("/mnt/remote share/files", mounts, "fuse") == ["/mnt/remote share is on fuse.sshfs"]
+    # A local mount nearer the root wins over the network one above it.
+    assert untrusted_filesystems("/srv/local/up", mounts, "ext2/ext3") == []
+    # Without findmnt, the filesystem type of the root alone still says it.
+    assert untrusted_filesystems("/srv/uploads", "", "nfs") == ["/srv/uploads is on nfs"]
+    assert untrusted_filesystems("/data", "fuseblk /data\n", "fuseblk") == []
+    trust = trust_from_probe("/srv/uploads", healthy_probe(statfs="nfs"), READY, mounts)
+    assert not trust.trusted and any("other clients' writes" in r for r in trust.reasons)
+
+
+def test_final_pass_command_copies_and_deletes_only_the_listed_paths() -> None:
+    ssh = "ssh -o BatchMode=yes -p 2222"
+    command = final_pass_command(
+        "/srv/up load",
+        "root@10.0.0.3:/srv/uploads",
+        "/var/tmp/list",
+        ssh=ssh,
+        exclude=["*.tmp"],
+        chown="www-data:www-data",
+        timeout=30,
+        whole_file=True,
+    )
+    argv = shlex.split(command)
+    assert argv[0] == "rsync" and argv[-2:] == ["/srv/up load/", "root@10.0.0.3:/srv/uploads/"]
+    for flag in ("-a", "-r", "--delete", "--delete-missing-args", "--from0", "--files-from=/var/tmp/list",
+                 "--modify-window=-1", "--chown=www-data:www-data", "--timeout=30", "--whole-file",
+                 "--exclude=*.tmp", "--stats"):  # fmt: skip
+        assert flag in argv, flag
+    assert argv[argv.index("-e") + 1] == ssh
+    assert "--dry-run" not in argv and "--no-inc-recursive" not in argv
+
+
+def test_verify_command_checksums_only_the_listed_paths_and_changes_nothing() -> None:
+    argv = shlex.split(verify_listed_command("/a", "/b", "/l", exclude=["x"]))
+    for flag in ("--dry-run", "--checksum", "--itemize-changes", "--files-from=/l", "--from0",
+                 "--delete-missing-args", "-r", "--exclude=x"):  # fmt: skip
+        assert flag in argv, flag
+    assert "-e" not in argv and argv[-2:] == ["/a/", "/b/"]
+
+
+def test_start_command_records_the_trackers_own_pid_and_asks_for_overflows() -> None:
+    tracker = tracking.ChangeTracker(_NoHost(), "/srv/up's", "/var/lib/migrate/track", name="uploads")
+    command = tracker.start_command()
+    assert "echo $$ >" in command and "exec inotifywait -m -r --no-newline" in command
+    assert "-e q_overflow" in command and "setsid" in command
+    assert tracker.events_file == "/var/lib/migrate/track/uploads/events"
+    with pytest.raises(ValueError):
+        tracking.ChangeTracker(_NoHost(), "relative", "/x", name="a")
+    with pytest.raises(ValueError):
+        tracking.ChangeTracker(_NoHost(), "/x", "/y", name="../a")
+
+
+class _NoHost:
+    def run(self, command: str, *, timeout: float | None = None, check: bool = True) -> tracking.CommandResult:
+        raise AssertionError("no command runs here")
+
+
+def test_uploads_tree_is_reproducible_and_spread(tmp_path: Path) -> None:
+    assert write_tree(tmp_path / "a", 300) == 300
+    assert write_tree(tmp_path / "b", 300, seed=TREE_SEED) == 300
+    files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.bin"))
+    files_b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*.bin"))
+    assert files_a == files_b and len(files_a) == 300
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files_a)
+    sizes = [(tmp_path / "a" / f).stat().st_size for f in files_a]
+    assert min(sizes) >= 1024 and max(sizes) <= 16 * 1024
+    assert len({f.parts[0] for f in files_a}) > 8 and all(len(f.parts) == 3 for f in files_a)
+    assert file_path(tmp_path / "a", 0).exists()
+    # Made again: nothing rewritten.
+    assert write_tree(tmp_path / "a", 300) == 0
