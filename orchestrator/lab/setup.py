@@ -19,6 +19,7 @@ REQUIRED_TOOLS: dict[str, str] = {
     "mariadb": "mariadb-client",
     "mariadb-admin": "mariadb-client",
     "mariadb-backup": "mariadb-backup",
+    "haproxy": "haproxy",
 }
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
