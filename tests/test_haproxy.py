@@ -20,6 +20,7 @@ from orchestrator.transports.haproxy import (
     parse_info,
     parse_map,
     parse_servers_state,
+    parse_sessions,
     parse_stat,
     unix_socket,
 )
@@ -65,6 +66,15 @@ SHOW_INFO = (
     "PoolFailed: 0\nUlimit-n: 20000\nStart_time_sec: 1795436014\n"
 )
 
+SHOW_SESS = (
+    "0x55752dac46f0: proto=tcpv4 src=127.0.0.1:50398 fe=app_front be=<NONE> srv=<none> ts=00 epoch=0x"
+    "2 age=1s calls=15 rate=14 cpu=0 lat=0 rq[f=40480000h,i=16384,an=30h,rx=,wx=,ax=0s] rp[f=80000000"
+    "h,i=0,an=00h,rx=,wx=,ax=] scf=[8,0h,fd=8] scb=[0,1h,fd=-1] exp=0s rc=0 c_exp=\n0x55752dbc0fe0: pr"
+    "oto=unix_stream src=unix:1 fe=GLOBAL be=<NONE> srv=<none> ts=00 epoch=0x2 age=0s calls=1 rate=0 "
+    "cpu=0 lat=0 rq[f=c08000h,i=0,an=00h,rx=,wx=,ax=] rp[f=80008002h,i=0,an=00h,rx=,wx=,ax=] scf=[8,2"
+    "00h,fd=9] scb=[8,1h,fd=-1] exp= rc=0 c_exp=\n\n"
+)
+
 # Answers HAProxy gave to commands it refused.
 UNKNOWN_MAP = "Unknown map identifier. Please use #<id> or <file>.\n\n"
 NO_SUCH_SERVER = "No such server.\n\n"
@@ -95,6 +105,12 @@ def test_show_servers_state() -> None:
 def test_show_servers_state_of_an_unknown_backend_is_an_error() -> None:
     with pytest.raises(ValueError):
         parse_servers_state(NO_SUCH_BACKEND)
+
+
+def test_show_sess_tells_held_requests_from_the_cli_itself() -> None:
+    streams = parse_sessions(SHOW_SESS)
+    assert [(s.frontend, s.backend) for s in streams] == [("app_front", "<NONE>"), ("GLOBAL", "<NONE>")]
+    assert streams[0].age == "1s"
 
 
 def test_show_map_and_info() -> None:
@@ -170,6 +186,7 @@ def admin(tmp_path: Path) -> Iterator[FakeAdminSocket]:
             "show info": SHOW_INFO,
             "show stat": SHOW_STAT,
             "show servers state": SHOW_SERVERS_STATE,
+            "show sess": SHOW_SESS,
             "show map": SHOW_MAP,
         },
     )
@@ -192,7 +209,7 @@ def test_hold_sets_a_deadline_on_the_host_clock(admin: FakeAdminSocket) -> None:
 def test_state_combines_stat_map_info_and_server(admin: FakeAdminSocket) -> None:
     state = door(admin.path).state()
     assert not state.holding and state.held_until == 0
-    assert state.server.address == "127.0.0.2" and state.waiting == 0
+    assert state.server.address == "127.0.0.2" and state.held == 1
 
 
 def test_a_refused_change_is_one_clear_error(admin: FakeAdminSocket) -> None:

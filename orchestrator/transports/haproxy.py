@@ -201,6 +201,30 @@ def parse_servers_state(text: str) -> list[ServerState]:
     return servers
 
 
+@dataclass(frozen=True)
+class Stream:
+    """One request being handled (`show sess`): an idle keep-alive connection has none."""
+
+    frontend: str
+    backend: str  # "<NONE>" until the request is past the frontend's rules (a held request stays there)
+    server: str
+    age: str
+
+
+def parse_sessions(text: str) -> list[Stream]:
+    """`show sess`: one line per stream, "0x...: proto=... fe=F be=B srv=S ... age=1s ..."."""
+    streams: list[Stream] = []
+    for line in text.splitlines():
+        if not line.startswith("0x"):
+            continue
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part and "[" not in part.split("=", 1)[0])
+        if "fe" in fields:
+            streams.append(
+                Stream(fields["fe"], fields.get("be", ""), fields.get("srv", ""), fields.get("age", "")),
+            )
+    return streams
+
+
 def parse_map(text: str) -> dict[str, str]:
     """`show map FILE`: lines "<ref> <key> <value>"."""
     entries: dict[str, str] = {}
@@ -236,6 +260,7 @@ class DoorState:
 
     held_until: float  # unix seconds on the HAProxy host; 0 when not holding
     host_now: int  # the HAProxy host's clock (whole seconds) when read
+    held: int  # requests waiting in the frontend (the hold), not yet sent to a server
     frontend_sessions: int  # client connections open on the frontend (held, in flight, idle keep-alive)
     backend_sessions: int  # requests at a server now
     queued: int  # requests waiting in the backend's queue for a server slot
@@ -244,11 +269,6 @@ class DoorState:
     @property
     def holding(self) -> bool:
         return self.held_until > self.host_now
-
-    @property
-    def waiting(self) -> int:
-        """Client connections not at a server: held requests (and idle keep-alive connections, if any)."""
-        return max(0, self.frontend_sessions - self.backend_sessions)
 
 
 # --- the adapter -----------------------------------------------------------------------------------------------
@@ -325,6 +345,13 @@ class FrontDoor:
                 return server
         raise HaproxyRefused(f"show servers state {self.backend}", f"no server {self.server} in {self.backend}")
 
+    def streams(self) -> list[Stream]:
+        return parse_sessions(self.ask("show sess"))
+
+    def held_requests(self) -> int:
+        """Requests of this frontend not yet past its rules: the ones the hold keeps waiting."""
+        return sum(1 for s in self.streams() if s.frontend == self.frontend and s.backend == "<NONE>")
+
     def host_now(self) -> int:
         return host_clock(parse_info(self.ask("show info")))
 
@@ -349,6 +376,7 @@ class FrontDoor:
         return DoorState(
             held_until=self.held_until(),
             host_now=self.host_now(),
+            held=self.held_requests(),
             frontend_sessions=frontend.sessions,
             backend_sessions=backend.sessions,
             queued=backend.queue,
