@@ -122,6 +122,9 @@ def load(
     dns_ttl: float = typer.Option(5.0, "--dns-ttl", help="seconds a client caches its DNS answer"),
     upload_every: int = typer.Option(5, "--upload-every", help="an upload every N reviews; 0: none"),
     out: Path | None = typer.Option(None, help="directory of acks.jsonl and stats.json (default: <lab>/load)"),
+    journal: Path | None = typer.Option(
+        None, "--journal", help="the migrate journal of the run under this load: latency inside its window"
+    ),
 ) -> None:
     """Clients that find the service through DNS and write, upload and read while it moves."""
     if not (rate > 0 and clients >= 1 and duration >= 0 and dns_ttl >= 0 and upload_every >= 0):
@@ -150,6 +153,7 @@ def load(
                 upload_every=upload_every,
                 out=out,
                 stop=stop,
+                journal=journal,
             )
     finally:
         with contextlib.suppress(OSError):
@@ -163,6 +167,9 @@ def verify(
     host: str = typer.Option("target", help="the host whose database and uploads are checked: source or target"),
     load_dir: Path | None = typer.Option(None, "--load-dir", help="where acks.jsonl is (default: <lab>/load)"),
     json_out: Path | None = typer.Option(None, "--json", help="report file (default: <load dir>/verify-HOST.json)"),
+    journal: Path | None = typer.Option(
+        None, "--journal", help="the migrate journal of the run under the load: latency inside its window"
+    ),
 ) -> None:
     """Check that every acknowledged write of the last load run is on the host, and that the uploads match."""
     if host not in ("source", "target"):
@@ -170,7 +177,7 @@ def verify(
     state = _state(lab_dir)
     verify_mod = importlib.import_module("orchestrator.lab.verify")
     with _one_line_errors("verify"):
-        report = verify_mod.main_verify(state, host=host, load_dir=load_dir, out=json_out)
+        report = verify_mod.main_verify(state, host=host, load_dir=load_dir, out=json_out, journal=journal)
     typer.echo(verify_mod.render(report))
     raise typer.Exit(report.exit_code)
 
