@@ -124,6 +124,7 @@ def test_held_requests_wait_then_all_complete_on_release(lab: LabState, source_d
     wait_for(lambda: source_door.held_requests() == HELD_CLIENTS, f"{HELD_CLIENTS} held requests")
     assert clients.answers == []
     assert source_door.state().holding
+    assert any(f"holding {HELD_CLIENTS} requests" in line for line in hosts.status(lab.path))
 
     source_door.release()
     answers = clients.join()
@@ -193,6 +194,9 @@ def test_repointed_while_held_the_held_requests_are_answered_by_the_target(
     assert bodies <= {"ok target", "database unavailable target"}, bodies
     # And so is every later request that still arrives at the source's address (a stale DNS answer).
     assert call(lab.source, "GET", "/healthz").body.strip() in {"ok target", "database unavailable target"}
+    # The operator sees it.
+    forwarding = f"forwards to {target_app.address}:{target_app.app_port}"
+    assert any(forwarding in line for line in hosts.status(lab.path)), hosts.status(lab.path)
 
 
 def ssh_host(lab: LabState, host: HostState) -> SshHost:

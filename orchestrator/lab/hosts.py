@@ -24,6 +24,7 @@ from types import ModuleType
 
 from orchestrator.lab import binscripts, haproxy, mariadb, planfile, procs, setup, sshd
 from orchestrator.lab.state import STATE_FILE, HostState, LabState
+from orchestrator.transports.haproxy import HaproxyError
 
 SOURCE_ADDRESS = "127.0.0.2"
 TARGET_ADDRESS = "127.0.0.3"
@@ -571,4 +572,16 @@ def status(lab_dir: Path) -> list[str]:
     for host in (state.source, state.target):
         if host.fence_file.exists():
             lines.append(f"{host.name + ' fence':<20} on (writes refused)")
+        if host.has_front_door and haproxy.running_pid(host) is not None:
+            with contextlib.suppress(HaproxyError, ValueError):
+                door = haproxy.front_door(host).state()
+                if door.holding:
+                    left = door.held_until - door.host_now
+                    lines.append(
+                        f"{host.name + ' front door':<20} holding {door.held} requests (at most {left:.0f} s more)"
+                    )
+                if (door.server.address, door.server.port) != (host.address, host.app_internal_port):
+                    lines.append(
+                        f"{host.name + ' front door':<20} forwards to {door.server.address}:{door.server.port}"
+                    )
     return lines
