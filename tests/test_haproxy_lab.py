@@ -136,6 +136,21 @@ def test_held_requests_wait_then_all_complete_on_release(lab: LabState, source_d
     assert stored.strip() == str(len(ids))
 
 
+def test_a_hold_nobody_releases_ends_by_itself_and_the_held_requests_complete(
+    lab: LabState, source_door: FrontDoor
+) -> None:
+    # What protects clients when the process that set the hold dies (kill -9): the hold is a deadline on the
+    # HAProxy host's clock, so it ends without anyone releasing it.
+    source_door.hold(20)
+    clients = Clients()
+    for _ in range(HELD_CLIENTS):
+        clients.send(lambda: call(lab.source, "GET", "/healthz"))
+    wait_for(lambda: source_door.held_requests() == HELD_CLIENTS, f"{HELD_CLIENTS} held requests")
+    answers = clients.join()  # no release()
+    assert [a.status if isinstance(a, Answer) else a for a in answers] == [200] * HELD_CLIENTS
+    assert not source_door.state().holding
+
+
 def test_requests_held_on_a_keep_alive_connection_wait_too(lab: LabState, source_door: FrontDoor) -> None:
     conn = http.client.HTTPConnection(lab.source.address, lab.source.app_port, timeout=60)
     try:

@@ -245,13 +245,17 @@ def parse_info(text: str) -> dict[str, str]:
     return info
 
 
-def host_clock(info: dict[str, str]) -> int:
-    """The HAProxy host's unix time in whole seconds, never ahead of it (start time + uptime, both rounded down):
-    a hold computed from it can end early, never late."""
-    try:
-        return int(info["Start_time_sec"]) + int(info["Uptime_sec"])
-    except (KeyError, ValueError):
-        raise ValueError("`show info` has no Start_time_sec / Uptime_sec") from None
+def host_clock(activity: str) -> float:
+    """The HAProxy host's unix time (microseconds) from `show activity` ("date_now: 1795437171.012060"): the
+    clock the hold's Lua action compares its deadline with."""
+    for line in activity.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "date_now":
+            try:
+                return float(value.strip())
+            except ValueError:
+                break
+    raise ValueError(f"`show activity` has no date_now: {activity.strip()[:80]!r}")
 
 
 @dataclass(frozen=True)
@@ -259,7 +263,7 @@ class DoorState:
     """What the front door is doing now."""
 
     held_until: float  # unix seconds on the HAProxy host; 0 when not holding
-    host_now: int  # the HAProxy host's clock (whole seconds) when read
+    host_now: float  # the HAProxy host's clock when read
     held: int  # requests waiting in the frontend (the hold), not yet sent to a server
     frontend_sessions: int  # client connections open on the frontend (held, in flight, idle keep-alive)
     backend_sessions: int  # requests at a server now
@@ -352,8 +356,8 @@ class FrontDoor:
         """Requests of this frontend not yet past its rules: the ones the hold keeps waiting."""
         return sum(1 for s in self.streams() if s.frontend == self.frontend and s.backend == "<NONE>")
 
-    def host_now(self) -> int:
-        return host_clock(parse_info(self.ask("show info")))
+    def host_now(self) -> float:
+        return host_clock(self.ask("show activity"))
 
     def held_until(self) -> float:
         answer = self.ask(f"show map {self.hold_map}")
@@ -387,7 +391,7 @@ class FrontDoor:
 
     def hold(self, seconds: float) -> float:
         """Hold new requests (they wait in HAProxy, none fails) for at most `seconds` from now on the HAProxy
-        host's clock (up to ~2 s less: that clock is read in whole seconds), or until release().
+        host's clock, or until release().
         Returns the deadline (host unix seconds). Calling it again moves the deadline."""
         if seconds <= 0:
             raise ValueError("a hold lasts a positive number of seconds")
