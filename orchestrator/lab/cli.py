@@ -125,10 +125,14 @@ def load(
     journal: Path | None = typer.Option(
         None, "--journal", help="the migrate journal of the run under this load: latency inside its window"
     ),
+    http_timeout: float = typer.Option(5.0, "--http-timeout", help="seconds a client waits for an answer"),
 ) -> None:
     """Clients that find the service through DNS and write, upload and read while it moves."""
-    if not (rate > 0 and clients >= 1 and duration >= 0 and dns_ttl >= 0 and upload_every >= 0):
-        _refuse("lab load: --rate and --clients must be positive; --duration, --dns-ttl, --upload-every not negative")
+    if not (rate > 0 and clients >= 1 and duration >= 0 and dns_ttl >= 0 and upload_every >= 0 and http_timeout > 0):
+        _refuse(
+            "lab load: --rate, --clients and --http-timeout must be positive;"
+            " --duration, --dns-ttl, --upload-every not negative"
+        )
     state = _state(lab_dir)
     load_mod = importlib.import_module("orchestrator.lab.load")
     stop = threading.Event()
@@ -154,6 +158,7 @@ def load(
                 out=out,
                 stop=stop,
                 journal=journal,
+                http_timeout=http_timeout,
             )
     finally:
         with contextlib.suppress(OSError):

@@ -210,6 +210,7 @@ class LoadStats:
     # The migration's window, from its journal: {"from": ts, "to": ts, "until": "dns_flip" | ...}.
     window: dict[str, Any] | None = None
     journal: str | None = None
+    http_timeout: float = HTTP_TIMEOUT
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -387,8 +388,10 @@ class Answer:
     reason: str  # for failures: fenced, http_<status>, refused, timeout, error
 
 
-def request(address: str, port: int, method: str, path: str, body: bytes | None = None) -> Answer:
-    conn = http.client.HTTPConnection(address, port, timeout=HTTP_TIMEOUT)
+def request(
+    address: str, port: int, method: str, path: str, body: bytes | None = None, *, timeout: float = HTTP_TIMEOUT
+) -> Answer:
+    conn = http.client.HTTPConnection(address, port, timeout=timeout)
     try:
         headers = {"Content-Type": "application/json"} if method == "POST" else {}
         conn.request(method, path, body=body, headers=headers)
@@ -409,12 +412,12 @@ def request(address: str, port: int, method: str, path: str, body: bytes | None 
 
 
 def timed_request(
-    address: str, port: int, method: str, path: str, body: bytes | None = None
+    address: str, port: int, method: str, path: str, body: bytes | None = None, *, timeout: float = HTTP_TIMEOUT
 ) -> tuple[Answer, float, float]:
     """request(), with when it was sent (unix seconds) and how long its client waited (ms)."""
     started = time.time()
     clock = time.monotonic()
-    answer = request(address, port, method, path, body)
+    answer = request(address, port, method, path, body, timeout=timeout)
     return answer, started, (time.monotonic() - clock) * 1000
 
 
@@ -434,9 +437,11 @@ class Client:
         upload_every: int,
         deadline: float,
         stop: threading.Event,
+        http_timeout: float = HTTP_TIMEOUT,
     ) -> None:
         self.index = index
         self.port = state.source.app_port
+        self.http_timeout = http_timeout
         self.recorder = recorder
         self.resolver = resolver
         self.run_tag = run_tag
@@ -489,7 +494,7 @@ class Client:
                 self.pause(RETRY_DELAY * 5)
                 continue
             attempts += 1
-            answer, started, ms = timed_request(address, self.port, method, path, body)
+            answer, started, ms = timed_request(address, self.port, method, path, body, timeout=self.http_timeout)
             self.recorder.request_done("writes", started, ms, answer, ok=answer.status in (200, 201))
             if answer.status in (200, 201):
                 self.pending = False
@@ -569,12 +574,14 @@ class Client:
             return
         if self.last_acked is None:
             # Nothing of ours to read back yet; the health check still reads through the database.
-            answer, started, ms = timed_request(address, self.port, "GET", "/healthz")
+            answer, started, ms = timed_request(address, self.port, "GET", "/healthz", timeout=self.http_timeout)
             self.recorder.request_done("reads", started, ms, answer, ok=answer.status == 200)
             self.recorder.read(address, ok=answer.status == 200)
             return
         review_id, digest = self.last_acked
-        answer, started, ms = timed_request(address, self.port, "GET", f"/reviews/{review_id}")
+        answer, started, ms = timed_request(
+            address, self.port, "GET", f"/reviews/{review_id}", timeout=self.http_timeout
+        )
         if answer.status == 200:
             try:
                 same = json.loads(answer.body).get("sha256") == digest
@@ -603,11 +610,13 @@ def main_load(
     out: Path | None,
     stop: threading.Event | None = None,
     journal: Path | None = None,
+    http_timeout: float = HTTP_TIMEOUT,
 ) -> LoadStats:
     """Run the load for `duration` seconds (or until `stop` is set); returns the final stats.
 
     `out` is the directory of acks.jsonl, requests.jsonl and stats.json (default: the lab's load/ directory).
     `journal`: the migrate journal of the run made under this load; its window gets its own latency figures.
+    `http_timeout`: how long a client waits for an answer before it gives up (and retries a write).
     Blocking; safe to call from a background thread (pass `stop` to end it early).
     """
     if rate <= 0 or clients <= 0 or duration < 0 or dns_ttl < 0:
@@ -621,6 +630,7 @@ def main_load(
         clients=clients,
         dns_ttl=dns_ttl,
         upload_every=upload_every,
+        http_timeout=http_timeout,
         server_names={state.source.address: "source", state.target.address: "target"},
     )
     recorder = Recorder(out_dir, stats)
@@ -646,6 +656,7 @@ def main_load(
             upload_every=upload_every,
             deadline=deadline,
             stop=stop,
+            http_timeout=http_timeout,
         )
         users.append(client)
         worker = threading.Thread(target=client.run, name=f"load-client-{index}", daemon=True)
@@ -659,7 +670,7 @@ def main_load(
             if time.monotonic() >= next_stats:
                 recorder.write_stats(finished=False)
                 next_stats = time.monotonic() + STATS_EVERY
-            if time.monotonic() > deadline + HTTP_TIMEOUT + 2 * DNS_TIMEOUT:
+            if time.monotonic() > deadline + http_timeout + 2 * DNS_TIMEOUT:
                 break  # every request is bounded; this only guards against a wedged socket
     finally:
         stop.set()
@@ -681,6 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upload-every", type=int, default=5, help="an upload every N reviews; 0: none")
     parser.add_argument("--out", type=Path, default=None, help="directory of acks.jsonl and stats.json")
     parser.add_argument("--journal", type=Path, default=None, help="migrate journal: latency inside its window")
+    parser.add_argument("--http-timeout", type=float, default=HTTP_TIMEOUT, help="seconds a client waits (default 5)")
     args = parser.parse_args(argv)
     stop = threading.Event()
 
@@ -699,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
         out=args.out,
         stop=stop,
         journal=args.journal,
+        http_timeout=args.http_timeout,
     )
     print(summary(stats))
     return 0
