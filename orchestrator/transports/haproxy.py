@@ -20,6 +20,12 @@ What it does to the service's clients, as measured on HAProxy 2.6.12 (Debian 12)
 - A client that gives up while held (its own timeout) does not cancel its request: HAProxy still forwards it once
   released (even with `option abortonclose`). Writes must therefore be idempotent (the app's are: a retried write
   with the same id answers 200).
+- HAProxy itself adds no measurable latency in front of the lab app (healthz p50 77 ms through it, 74 ms direct,
+  on a loaded 2-core machine). Emulating the wiring on the lab (hold when the journal records writes_blocked_at,
+  repoint at the target's front door and release when dns_flip completes; 4 clients, 20 req/s, DNS cached 5 s,
+  client timeout 30 s): 0 failed requests, 0 lost, longest write stall 7.84 s for a 7.49 s window. The same run
+  with today's fence: 317 failed write attempts (315 "fenced"), longest write stall 10.53 s for a 6.97 s window.
+  With the load's default 5 s client timeout, requests held longer than that fail at the client ("timeout").
 - The hold is a deadline on the HAProxy host's clock, not a flag: if the process that set it dies (kill -9), the
   hold ends by itself at the deadline and held requests go on to the backend. The Lua also caps any single
   request's wait (max_hold_s) whatever the map says.
