@@ -28,6 +28,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
+from orchestrator.lab import procs
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import main_verify
 from orchestrator.transports.cloudflare import DnsClient
@@ -482,11 +483,8 @@ def test_rollback_after_the_flip_needs_consent_then_points_dns_back(live_lab: La
 
 
 def app_listens(state: LabState, host: HostState) -> bool:
-    try:
-        http(state, host, "GET", "/healthz")
-    except OSError:
-        return False
-    return True
+    """The app itself, behind the host's front door (which answers whether or not an app runs behind it)."""
+    return procs.port_answers(host.address, host.app_listen_port)
 
 
 def target_app_listens(state: LabState) -> bool:

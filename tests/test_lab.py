@@ -150,7 +150,8 @@ def test_target_is_installed_but_left_stopped(own_lab: LabState) -> None:
     assert hosts.db_pid(target) is None
     assert hosts.app_pid(own_lab, target) is None
     assert not procs.port_answers(target.address, target.db_port)
-    assert not procs.port_answers(target.address, target.app_port)
+    # The app is stopped; its front door (HAProxy) answers on the clients' port.
+    assert not procs.port_answers(target.address, target.app_listen_port)
 
 
 @pytest.mark.lab
@@ -197,9 +198,9 @@ def test_app_and_fence_scripts(own_lab: LabState) -> None:
     assert pid is not None
     assert run(source.bin_dir / "app-stop").returncode == 0
     assert not procs.is_alive(pid)
-    assert not procs.port_answers(source.address, source.app_port)
+    assert not procs.port_answers(source.address, source.app_listen_port)
     assert run(source.bin_dir / "app-start").returncode == 0
-    assert procs.port_answers(source.address, source.app_port)  # app-start returns once it serves
+    assert procs.port_answers(source.address, source.app_listen_port)  # app-start returns once it serves
 
 
 # --- lab.env, plan -----------------------------------------------------------------------------------------
@@ -285,7 +286,7 @@ def test_down_stops_everything_and_up_brings_it_back(own_lab: LabState) -> None:
     assert not [name for name, pid in before.items() if procs.is_alive(pid)]
     assert pids_of(own_lab) == {}
     for host in (own_lab.source, own_lab.target):
-        for port in (host.ssh_port, host.db_port, host.app_port):
+        for port in (host.ssh_port, host.db_port, host.app_port, host.app_listen_port):
             assert procs.port_is_free(host.address, port)
     assert all("stopped" in line for line in hosts.status(own_lab.path))
     assert hosts.down(own_lab.path) == []  # nothing left to stop

@@ -2,9 +2,9 @@
 
     python -m orchestrator.lab.app --lab DIR --host source|target
 
-It serves on HostState.address:app_port and talks to the host's MariaDB through its unix socket as the `app`
-user (one connection per request: a socket connect is cheap and a dead database is noticed at once, never
-hidden by a pooled connection). What a migration needs from it:
+It serves on HostState.address:app_listen_port (behind the host's front door, HAProxy on app_port) and talks to
+the host's MariaDB through its unix socket as the `app` user (one connection per request: a socket connect is
+cheap and a dead database is noticed at once, never hidden by a pooled connection). What a migration needs from it:
 
 - a write is answered 201/200 only after COMMIT, so an acknowledged write is durable on that host;
 - a retried write (same review id, same content) answers 200: clients retry what was not acknowledged;
@@ -434,7 +434,7 @@ class AppServer(ThreadingHTTPServer):
 def make_server(state: LabState, host: HostState, password: str) -> tuple[AppServer, App]:
     app = App(state, host, password)
     handler = type("BoundHandler", (Handler,), {"app": app})
-    server = AppServer((host.address, host.app_port), handler)
+    server = AppServer((host.address, host.app_listen_port), handler)
     return server, app
 
 
@@ -466,7 +466,7 @@ def serve(state: LabState, host_name: str) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     write_pid_file(host.app_pid_file)
-    print(f"course-reviews ({host.name}) serving on http://{host.address}:{host.app_port}", flush=True)
+    print(f"course-reviews ({host.name}) serving on http://{host.address}:{host.app_listen_port}", flush=True)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:

@@ -34,7 +34,7 @@ def _app_running_sh(state: LabState, host: HostState) -> str:
 
 
 def app_start_script(state: LabState, host: HostState, python: str) -> str:
-    url = f"http://{host.address}:{host.app_port}/healthz"
+    url = f"http://{host.address}:{host.app_listen_port}/healthz"
     out_log = host.log_dir / "app.out"
     # Any HTTP answer means the server is up (a 503 only says its database is not, which health checks judge).
     probe = (
@@ -47,7 +47,7 @@ def app_start_script(state: LabState, host: HostState, python: str) -> str:
         "    sys.exit(1)\n"
     )
     return f"""#!/bin/bash
-# Starts the demo app of {host.name} unless it runs; returns once it answers HTTP on {host.address}:{host.app_port}.
+# Starts the demo app of {host.name} unless it runs; returns once it answers on {host.address}:{host.app_listen_port}.
 set -uo pipefail
 PY={q(python)}
 {_app_running_sh(state, host)}

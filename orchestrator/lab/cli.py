@@ -127,12 +127,25 @@ def load(
         3, "--overwrite-every", help="every Nth upload of a client rewrites its previous one; 0: never"
     ),
     out: Path | None = typer.Option(None, help="directory of acks.jsonl and stats.json (default: <lab>/load)"),
+    journal: Path | None = typer.Option(
+        None, "--journal", help="the migrate journal of the run under this load: latency inside its window"
+    ),
+    http_timeout: float = typer.Option(5.0, "--http-timeout", help="seconds a client waits for an answer"),
 ) -> None:
     """Clients that find the service through DNS and write, upload and read while it moves."""
     if not (
-        rate > 0 and clients >= 1 and duration >= 0 and dns_ttl >= 0 and upload_every >= 0 and overwrite_every >= 0
+        rate > 0
+        and clients >= 1
+        and duration >= 0
+        and dns_ttl >= 0
+        and upload_every >= 0
+        and overwrite_every >= 0
+        and http_timeout > 0
     ):
-        _refuse("lab load: --rate and --clients must be positive; --duration, --dns-ttl, --upload-every not negative")
+        _refuse(
+            "lab load: --rate, --clients and --http-timeout must be positive;"
+            " --duration, --dns-ttl, --upload-every, --overwrite-every not negative"
+        )
     state = _state(lab_dir)
     load_mod = importlib.import_module("orchestrator.lab.load")
     stop = threading.Event()
@@ -158,6 +171,8 @@ def load(
                 out=out,
                 stop=stop,
                 overwrite_every=overwrite_every,
+                journal=journal,
+                http_timeout=http_timeout,
             )
     finally:
         with contextlib.suppress(OSError):
@@ -171,6 +186,9 @@ def verify(
     host: str = typer.Option("target", help="the host whose database and uploads are checked: source or target"),
     load_dir: Path | None = typer.Option(None, "--load-dir", help="where acks.jsonl is (default: <lab>/load)"),
     json_out: Path | None = typer.Option(None, "--json", help="report file (default: <load dir>/verify-HOST.json)"),
+    journal: Path | None = typer.Option(
+        None, "--journal", help="the migrate journal of the run under the load: latency inside its window"
+    ),
 ) -> None:
     """Check that every acknowledged write of the last load run is on the host, and that the uploads match."""
     if host not in ("source", "target"):
@@ -178,7 +196,7 @@ def verify(
     state = _state(lab_dir)
     verify_mod = importlib.import_module("orchestrator.lab.verify")
     with _one_line_errors("verify"):
-        report = verify_mod.main_verify(state, host=host, load_dir=load_dir, out=json_out)
+        report = verify_mod.main_verify(state, host=host, load_dir=load_dir, out=json_out, journal=journal)
     typer.echo(verify_mod.render(report))
     raise typer.Exit(report.exit_code)
 

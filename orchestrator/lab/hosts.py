@@ -22,15 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from orchestrator.lab import binscripts, mariadb, planfile, procs, setup, sshd, uploads_tree
+from orchestrator.lab import binscripts, haproxy, mariadb, planfile, procs, setup, sshd, uploads_tree
 from orchestrator.lab.state import STATE_FILE, HostState, LabState
+from orchestrator.transports.haproxy import HaproxyError
 
 SOURCE_ADDRESS = "127.0.0.2"
 TARGET_ADDRESS = "127.0.0.3"
 # The ports `lab up` prefers (and docker-compose.test.yml publishes); any taken one is replaced by a free one.
 DEFAULT_SSH_PORT = 2222
 DEFAULT_DB_PORT = 3307
-DEFAULT_APP_PORT = 8080
+DEFAULT_APP_PORT = 8080  # the front door (HAProxy); the app itself listens on the internal port behind it
+DEFAULT_APP_INTERNAL_PORT = 8081
 DEFAULT_CF_PORT = 8443
 LOAD_PID_SUFFIX = ".pid"
 CF_MODULE = "orchestrator.lab.cfapi"
@@ -142,6 +144,7 @@ def new_state(lab_dir: Path, source_address: str, target_address: str, *, defaul
         return port
 
     ssh_port, db_port, app_port = pick(DEFAULT_SSH_PORT), pick(DEFAULT_DB_PORT), pick(DEFAULT_APP_PORT)
+    app_internal_port = pick(DEFAULT_APP_INTERNAL_PORT)
 
     def host(name: str, address: str, server_id: int) -> HostState:
         return HostState(
@@ -150,6 +153,7 @@ def new_state(lab_dir: Path, source_address: str, target_address: str, *, defaul
             ssh_port=ssh_port,
             db_port=db_port,
             app_port=app_port,
+            app_internal_port=app_internal_port,
             server_id=server_id,
             root=str(lab_dir / name),
         )
@@ -174,8 +178,11 @@ def repair_ports(state: LabState) -> bool:
     kinds: dict[str, Callable[[HostState], bool]] = {
         "ssh_port": lambda h: sshd.running_pid(h) is not None,
         "db_port": lambda h: db_pid(h) is not None,
-        "app_port": lambda h: app_pid(state, h) is not None,
+        "app_port": lambda h: (haproxy.running_pid(h) if h.has_front_door else app_pid(state, h)) is not None,
+        "app_internal_port": lambda h: app_pid(state, h) is not None,
     }
+    if not state.source.has_front_door:
+        del kinds["app_internal_port"]
     for attr, is_running in kinds.items():
         port = getattr(state.source, attr)
         if all(_ours_or_free(h, port, is_running(h)) for h in hosts):
@@ -213,6 +220,21 @@ def ensure_env_file(state: LabState) -> dict[str, str]:
 
 def db_pid(host: HostState) -> int | None:
     return procs.running_pid(host.db_pid_file, f"--datadir={host.datadir}")
+
+
+def add_front_door(state: LabState) -> bool:
+    """A lab made before the front door existed gets one: its app moves behind HAProxy. Only while no app of
+    the lab runs (an app still listening on the clients' port would keep HAProxy from binding it)."""
+    if state.source.has_front_door:
+        return False
+    if any(app_pid(state, h) is not None for h in (state.source, state.target)):
+        raise LabError("this lab predates its front door (HAProxy): run `lab down`, then `lab up` to add it")
+    addresses = [state.source.address, state.target.address]
+    taken = [state.source.ssh_port, state.source.db_port, state.source.app_port]
+    port = procs.free_port(addresses, prefer=None, avoid=taken)
+    for host in (state.source, state.target):
+        host.app_internal_port = port
+    return True
 
 
 def app_pid(state: LabState, host: HostState) -> int | None:
@@ -355,12 +377,14 @@ def up(
     lab_dir = lab_dir.expanduser().absolute()
     lab_dir.mkdir(parents=True, exist_ok=True)
     state = _load_or_new(lab_dir, source_address, target_address, default_ports)
-    longest_socket = max(len(str(h.db_socket)) for h in (state.source, state.target))
+    longest_socket = max(len(str(p)) for h in (state.source, state.target) for p in (h.db_socket, h.haproxy_socket))
     if longest_socket > MAX_SOCKET_PATH:
         raise LabError(f"the lab directory {lab_dir} is too deep: unix socket paths would pass {MAX_SOCKET_PATH} bytes")
     if not state.cf_port and default_ports:
         state.cf_port = DEFAULT_CF_PORT  # the double takes it when free, else picks another and records it
     fresh_target = not mariadb.installed_marker(state.target).exists()
+    if add_front_door(state):
+        say("the lab gets its front door: HAProxy on the clients' port, the apps behind it")
     if repair_ports(state):
         say("some ports were taken by other processes: picked new ones")
     state.save()
@@ -370,7 +394,7 @@ def up(
     # Keys and sshd: the lab key pair logs into both hosts and lets the source reach the target.
     sshd.keygen(state.ssh_key, "migrate-lab")
     for host in (state.source, state.target):
-        for sub in (host.run_dir, host.log_dir, host.uploads, host.app_dir):
+        for sub in (host.run_dir, host.log_dir, host.uploads, host.app_dir, host.haproxy_dir):
             sub.mkdir(parents=True, exist_ok=True)
     _start_sshds(state, say)
     for host in (state.source, state.target):
@@ -397,11 +421,16 @@ def up(
         run_script(state.target, "db-stop")
         run_script(state.target, "app-stop")
 
-    # The demo app serves on the source.
+    # The front doors: HAProxy where clients reach each host, whether or not an app runs behind it yet.
+    for host in (state.source, state.target):
+        pid = haproxy.start(host)
+        say(f"{host.name}: front door (HAProxy) on {host.address}:{host.app_port} (pid {pid})")
+
+    # The demo app serves on the source, behind its front door.
     run_script(state.source, "app-start", timeout=60)
     if app_pid(state, state.source) is None and _optional_module(binscripts.APP_MODULE) is not None:
         raise LabError(f"the app of the source did not start; see {state.source.log_dir / 'app.out'}")
-    say(f"source: app on http://{state.source.address}:{state.source.app_port}")
+    say(f"source: app on http://{state.source.address}:{state.source.app_listen_port} behind its front door")
 
     # The Cloudflare API double: it picks and records cf_port itself.
     cf = cf_module()
@@ -466,6 +495,10 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
         procs.stop_pid(pid, timeout=15)
         stopped.append(Stopped("load", pid))
     for host in (state.source, state.target):
+        pid = haproxy.stop(host)
+        if pid is not None:
+            stopped.append(Stopped(f"{host.name} haproxy", pid))
+    for host in (state.source, state.target):
         pid = app_pid(state, host)
         if pid is not None:
             procs.stop_pid(pid, timeout=15)
@@ -523,8 +556,12 @@ def components(state: LabState) -> list[Component]:
         found += [
             Component(f"{host.name} sshd", sshd.running_pid(host), f"{host.address}:{host.ssh_port}"),
             Component(f"{host.name} mariadb", db_pid(host), f"{host.address}:{host.db_port}"),
-            Component(f"{host.name} app", app_pid(state, host), f"{host.address}:{host.app_port}"),
+            Component(f"{host.name} app", app_pid(state, host), f"{host.address}:{host.app_listen_port}"),
         ]
+        if host.has_front_door:
+            found.append(
+                Component(f"{host.name} haproxy", haproxy.running_pid(host), f"{host.address}:{host.app_port}")
+            )
     found.append(Component("cloudflare double", cf_pid(state), f"{state.cf_address}:{state.cf_port}"))
     for pid in load_pids(state):
         found.append(Component("load", pid, "-"))
@@ -541,4 +578,16 @@ def status(lab_dir: Path) -> list[str]:
     for host in (state.source, state.target):
         if host.fence_file.exists():
             lines.append(f"{host.name + ' fence':<20} on (writes refused)")
+        if host.has_front_door and haproxy.running_pid(host) is not None:
+            with contextlib.suppress(HaproxyError, ValueError):
+                door = haproxy.front_door(host).state()
+                if door.holding:
+                    left = door.held_until - door.host_now
+                    lines.append(
+                        f"{host.name + ' front door':<20} holding {door.held} requests (at most {left:.0f} s more)"
+                    )
+                if (door.server.address, door.server.port) != (host.address, host.app_internal_port):
+                    lines.append(
+                        f"{host.name + ' front door':<20} forwards to {door.server.address}:{door.server.port}"
+                    )
     return lines

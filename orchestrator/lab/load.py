@@ -13,7 +13,11 @@ Each client behaves like a real one during a migration:
   acknowledged or the run ends, re-resolving only when its cache expires.
 
 Every ACKNOWLEDGED write is one JSON line in <out>/acks.jsonl (flushed per line): the list `verify` checks on
-the target. The run's figures go to <out>/stats.json (rewritten every few seconds, final once "finished").
+the target. Every HTTP request sent is one line in <out>/requests.jsonl (when it started, how long the client
+waited, read or write, and the cause when it failed). The run's figures go to <out>/stats.json (rewritten every
+few seconds, final once "finished"): besides the counts, failed requests by cause (connection refused, 503 fenced,
+timeout, other) for reads and writes, and request latency p50 / p99 / max for the whole run and, given the migrate
+journal, inside the window (writes blocked → DNS flip completed).
 <out> defaults to the lab's load/ directory. SIGTERM/SIGINT end the run cleanly, stats written.
 """
 
@@ -25,6 +29,7 @@ import hashlib
 import http.client
 import itertools
 import json
+import math
 import os
 import secrets
 import signal
@@ -42,6 +47,10 @@ from orchestrator.lab.state import LabState
 
 ACKS_FILE = "acks.jsonl"
 STATS_FILE = "stats.json"
+REQUESTS_FILE = "requests.jsonl"
+# Why a request failed, as its client saw it.
+CAUSES = ("refused", "fenced", "timeout", "other")
+REQUEST_KINDS = ("reads", "writes")
 HTTP_TIMEOUT = 5.0
 DNS_TIMEOUT = 3.0
 # Pause between retries of an unacknowledged write: fast enough to notice the target within a fraction of a
@@ -50,6 +59,102 @@ RETRY_DELAY = 0.1
 STATS_EVERY = 2.0
 RETRYABLE_CLIENT_ERRORS = (408, 429)
 COURSES = ("databases-101", "networks-201", "distributed-systems", "operating-systems", "compilers")
+
+
+def empty_failures() -> dict[str, dict[str, int]]:
+    return {kind: dict.fromkeys(CAUSES, 0) for kind in REQUEST_KINDS}
+
+
+def cause_of(reason: str) -> str:
+    """A failed answer's reason (refused, fenced, timeout, http_<status>, error, ...) as one of CAUSES."""
+    return reason if reason in CAUSES else "other"
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of an ascending list (not empty)."""
+    rank = max(1, math.ceil(fraction * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def latency_figures(durations_ms: list[float]) -> dict[str, float]:
+    """requests, p50_ms, p99_ms, max_ms of what clients waited (zeros when there were no requests)."""
+    values = sorted(durations_ms)
+    if not values:
+        return {"requests": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+    return {
+        "requests": len(values),
+        "p50_ms": round(percentile(values, 0.50), 1),
+        "p99_ms": round(percentile(values, 0.99), 1),
+        "max_ms": round(values[-1], 1),
+    }
+
+
+def journal_window(path: Path) -> dict[str, Any] | None:
+    """The migration's window from its journal: writes blocked (the cut-over's writes_blocked_at) until the DNS
+    flip completed; when the run never flipped, until its rollback completed (or its last event). None when the
+    journal has no writes_blocked_at (or cannot be read)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    events: list[dict[str, Any]] = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            break  # a torn last line
+    blocked_at: float | None = None
+    for event in events:
+        value = None
+        if event.get("event") == "step_saved" and event.get("key") == "writes_blocked_at":
+            value = event.get("value")
+        elif event.get("event") == "step_completed":
+            value = (event.get("result") or {}).get("writes_blocked_at")
+        if isinstance(value, int | float):
+            blocked_at = float(value)
+            break
+    if blocked_at is None:
+        return None
+    later = [e for e in events if float(e.get("ts", 0)) >= blocked_at]
+    for until, matches in (
+        ("dns_flip", lambda e: e.get("event") == "step_completed" and e.get("step") == "dns_flip"),
+        ("rollback", lambda e: e.get("event") == "rollback_completed"),
+    ):
+        end = next((e for e in later if matches(e)), None)
+        if end is not None:
+            return {"from": round(blocked_at, 3), "to": round(float(end["ts"]), 3), "until": until}
+    last = float(later[-1]["ts"]) if later else blocked_at
+    return {"from": round(blocked_at, 3), "to": round(last, 3), "until": "last event"}
+
+
+def request_figures(
+    records: list[dict[str, Any]], window: dict[str, Any] | None
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, float]]]:
+    """Failed requests by kind and cause, and latency for the run and (given a window) inside it: a request is in
+    the window when it overlaps it (sent before it ended, answered after it began)."""
+    failed = empty_failures()
+    for record in records:
+        if not record.get("ok"):
+            failed[record["kind"]][cause_of(record.get("cause", "other"))] += 1
+    latency = {"run": latency_figures([r["ms"] for r in records])}
+    if window is not None:
+        inside = [r for r in records if r["t"] <= window["to"] and r["t"] + r["ms"] / 1000 >= window["from"]]
+        latency["window"] = latency_figures([r["ms"] for r in inside])
+    return failed, latency
+
+
+def read_requests(path: Path) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return records
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
 
 
 @dataclass
@@ -97,6 +202,15 @@ class LoadStats:
     address_changes: int = 0
     per_server: dict[str, ServerCounts] = field(default_factory=dict)
     server_names: dict[str, str] = field(default_factory=dict)  # address → "source" / "target"
+    # Requests sent that failed, by kind (reads, writes) then cause (refused, fenced, timeout, other).
+    requests_failed: dict[str, dict[str, int]] = field(default_factory=lambda: empty_failures())
+    # How long clients waited for each answer: {"run": {...}, "window": {...}} with requests, p50_ms, p99_ms,
+    # max_ms ("window" only with a journal that has one).
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The migration's window, from its journal: {"from": ts, "to": ts, "until": "dns_flip" | ...}.
+    window: dict[str, Any] | None = None
+    journal: str | None = None
+    http_timeout: float = HTTP_TIMEOUT
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,7 +233,10 @@ class Recorder:
         self._lock = threading.Lock()
         # A new run starts a new journal: verify checks the writes of the latest run.
         self._acks = open(out_dir / ACKS_FILE, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self._requests = open(out_dir / REQUESTS_FILE, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self._request_records: list[dict[str, Any]] = []
         self._ack_times: list[float] = []
+        self.journal: Path | None = None
 
     def server(self, address: str) -> ServerCounts:
         return self.stats.per_server.setdefault(address, ServerCounts())
@@ -142,6 +259,18 @@ class Recorder:
             if stall > self.stats.longest_write_stall_s:
                 self.stats.longest_write_stall_s = round(stall, 3)
                 self.stats.longest_write_stall_key = key
+
+    def request_done(self, kind: str, started: float, ms: float, answer: Answer, ok: bool) -> None:
+        """One HTTP request sent and answered (or failed): what its client waited, and why it failed."""
+        record: dict[str, Any] = {"t": round(started, 6), "ms": round(ms, 1), "kind": kind, "ok": ok}
+        if not ok:
+            record["cause"] = cause_of(answer.reason) if answer.status != 200 else "other"
+        line = json.dumps(record, separators=(",", ":"))
+        with self._lock:
+            self._requests.write(line + "\n")
+            self._request_records.append(record)
+            if not ok:
+                self.stats.requests_failed[kind][record["cause"]] += 1
 
     def write_failed(self, address: str | None, reason: str) -> None:
         with self._lock:
@@ -180,6 +309,11 @@ class Recorder:
                 gap, at = max(gaps)
                 self.stats.longest_ack_gap_s = round(gap, 3)
                 self.stats.longest_ack_gap_from = round(at, 3)
+            window = journal_window(self.journal) if self.journal is not None else None
+            self.stats.window = window
+            self.stats.journal = str(self.journal) if self.journal is not None else None
+            self.stats.requests_failed, self.stats.latency = request_figures(self._request_records, window)
+            self._requests.flush()
             payload = json.dumps(self.stats.to_json(), indent=2)
         tmp = self.out_dir / (STATS_FILE + ".tmp")
         tmp.write_text(payload)
@@ -189,6 +323,7 @@ class Recorder:
     def close(self) -> None:
         with self._lock:
             self._acks.close()
+            self._requests.close()
 
 
 class Resolver:
@@ -253,8 +388,10 @@ class Answer:
     reason: str  # for failures: fenced, http_<status>, refused, timeout, error
 
 
-def request(address: str, port: int, method: str, path: str, body: bytes | None = None) -> Answer:
-    conn = http.client.HTTPConnection(address, port, timeout=HTTP_TIMEOUT)
+def request(
+    address: str, port: int, method: str, path: str, body: bytes | None = None, *, timeout: float = HTTP_TIMEOUT
+) -> Answer:
+    conn = http.client.HTTPConnection(address, port, timeout=timeout)
     try:
         headers = {"Content-Type": "application/json"} if method == "POST" else {}
         conn.request(method, path, body=body, headers=headers)
@@ -274,6 +411,16 @@ def request(address: str, port: int, method: str, path: str, body: bytes | None 
     return Answer(response.status, data, reason)
 
 
+def timed_request(
+    address: str, port: int, method: str, path: str, body: bytes | None = None, *, timeout: float = HTTP_TIMEOUT
+) -> tuple[Answer, float, float]:
+    """request(), with when it was sent (unix seconds) and how long its client waited (ms)."""
+    started = time.time()
+    clock = time.monotonic()
+    answer = request(address, port, method, path, body, timeout=timeout)
+    return answer, started, (time.monotonic() - clock) * 1000
+
+
 class Client:
     """One simulated user: its own resolver cache, its own sequence of writes and reads."""
 
@@ -291,9 +438,11 @@ class Client:
         deadline: float,
         stop: threading.Event,
         overwrite_every: int = 0,
+        http_timeout: float = HTTP_TIMEOUT,
     ) -> None:
         self.index = index
         self.port = state.source.app_port
+        self.http_timeout = http_timeout
         self.recorder = recorder
         self.resolver = resolver
         self.run_tag = run_tag
@@ -348,7 +497,8 @@ class Client:
                 self.pause(RETRY_DELAY * 5)
                 continue
             attempts += 1
-            answer = request(address, self.port, method, path, body)
+            answer, started, ms = timed_request(address, self.port, method, path, body, timeout=self.http_timeout)
+            self.recorder.request_done("writes", started, ms, answer, ok=answer.status in (200, 201))
             if answer.status in (200, 201):
                 self.pending = False
                 return address, first_attempt, attempts, answer
@@ -433,18 +583,23 @@ class Client:
             return
         if self.last_acked is None:
             # Nothing of ours to read back yet; the health check still reads through the database.
-            answer = request(address, self.port, "GET", "/healthz")
+            answer, started, ms = timed_request(address, self.port, "GET", "/healthz", timeout=self.http_timeout)
+            self.recorder.request_done("reads", started, ms, answer, ok=answer.status == 200)
             self.recorder.read(address, ok=answer.status == 200)
             return
         review_id, digest = self.last_acked
-        answer = request(address, self.port, "GET", f"/reviews/{review_id}")
+        answer, started, ms = timed_request(
+            address, self.port, "GET", f"/reviews/{review_id}", timeout=self.http_timeout
+        )
         if answer.status == 200:
             try:
                 same = json.loads(answer.body).get("sha256") == digest
             except ValueError:
                 same = False
+            self.recorder.request_done("reads", started, ms, answer, ok=same)
             self.recorder.read(address, ok=same, missing=not same)
         else:
+            self.recorder.request_done("reads", started, ms, answer, ok=False)
             self.recorder.read(address, ok=False, missing=answer.status == 404)
 
 
@@ -464,10 +619,14 @@ def main_load(
     out: Path | None,
     stop: threading.Event | None = None,
     overwrite_every: int = 0,
+    journal: Path | None = None,
+    http_timeout: float = HTTP_TIMEOUT,
 ) -> LoadStats:
     """Run the load for `duration` seconds (or until `stop` is set); returns the final stats.
 
-    `out` is the directory of acks.jsonl and stats.json (default: the lab's load/ directory).
+    `out` is the directory of acks.jsonl, requests.jsonl and stats.json (default: the lab's load/ directory).
+    `journal`: the migrate journal of the run made under this load; its window gets its own latency figures.
+    `http_timeout`: how long a client waits for an answer before it gives up (and retries a write).
     Blocking; safe to call from a background thread (pass `stop` to end it early).
     """
     if rate <= 0 or clients <= 0 or duration < 0 or dns_ttl < 0:
@@ -481,9 +640,11 @@ def main_load(
         clients=clients,
         dns_ttl=dns_ttl,
         upload_every=upload_every,
+        http_timeout=http_timeout,
         server_names={state.source.address: "source", state.target.address: "target"},
     )
     recorder = Recorder(out_dir, stats)
+    recorder.journal = journal
     run_tag = time.strftime("%H%M%S") + "-" + secrets.token_hex(3)
     deadline = time.monotonic() + duration
     record = dns_record_name(state)
@@ -506,6 +667,7 @@ def main_load(
             deadline=deadline,
             stop=stop,
             overwrite_every=overwrite_every,
+            http_timeout=http_timeout,
         )
         users.append(client)
         worker = threading.Thread(target=client.run, name=f"load-client-{index}", daemon=True)
@@ -519,7 +681,7 @@ def main_load(
             if time.monotonic() >= next_stats:
                 recorder.write_stats(finished=False)
                 next_stats = time.monotonic() + STATS_EVERY
-            if time.monotonic() > deadline + HTTP_TIMEOUT + 2 * DNS_TIMEOUT:
+            if time.monotonic() > deadline + http_timeout + 2 * DNS_TIMEOUT:
                 break  # every request is bounded; this only guards against a wedged socket
     finally:
         stop.set()
@@ -543,6 +705,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--overwrite-every", type=int, default=0, help="every Nth upload rewrites the previous; 0: never"
     )
+    parser.add_argument("--journal", type=Path, default=None, help="migrate journal: latency inside its window")
+    parser.add_argument("--http-timeout", type=float, default=HTTP_TIMEOUT, help="seconds a client waits (default 5)")
     args = parser.parse_args(argv)
     stop = threading.Event()
 
@@ -561,6 +725,8 @@ def main(argv: list[str] | None = None) -> int:
         out=args.out,
         stop=stop,
         overwrite_every=args.overwrite_every,
+        journal=args.journal,
+        http_timeout=args.http_timeout,
     )
     print(summary(stats))
     return 0
@@ -577,8 +743,36 @@ def summary(stats: LoadStats) -> str:
         f" {stats.writes_pending_at_end} pending at the end (oldest {stats.longest_pending_s:.2f}s);"
         f" reads {stats.reads_ok} ok / {stats.reads_failed} failed ({stats.reads_missing} missing);"
         f" longest write stall {stats.longest_write_stall_s:.2f}s, longest gap between acks"
-        f" {stats.longest_ack_gap_s:.2f}s; per server: {servers or 'none'}"
+        f" {stats.longest_ack_gap_s:.2f}s; per server: {servers or 'none'}\n"
+        + "\n".join(request_lines(stats.requests_failed, stats.latency, stats.window))
     )
+
+
+def failures_line(kind: str, failed: dict[str, int]) -> str:
+    total = sum(failed.values())
+    causes = ", ".join(f"{failed.get(cause, 0)} {cause}" for cause in CAUSES)
+    return f"{kind} failed: {total} ({causes})"
+
+
+def latency_line(label: str, figures: dict[str, float]) -> str:
+    return (
+        f"latency {label}: p50 {figures['p50_ms']:.0f} ms, p99 {figures['p99_ms']:.0f} ms,"
+        f" max {figures['max_ms']:.0f} ms over {int(figures['requests'])} requests"
+    )
+
+
+def request_lines(
+    failed: dict[str, dict[str, int]], latency: dict[str, dict[str, float]], window: dict[str, Any] | None
+) -> list[str]:
+    """Failed requests by cause and latency, as `lab load` and `lab verify` print them."""
+    lines = [failures_line(kind, failed.get(kind, {})) for kind in REQUEST_KINDS]
+    if "run" in latency:
+        lines.append(latency_line("during the run", latency["run"]))
+    if window is not None and "window" in latency:
+        span = window["to"] - window["from"]
+        label = f"inside the window ({span:.2f} s, writes blocked → {window['until']})"
+        lines.append(latency_line(label, latency["window"]))
+    return lines
 
 
 if __name__ == "__main__":

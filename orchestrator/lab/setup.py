@@ -20,6 +20,7 @@ REQUIRED_TOOLS: dict[str, str] = {
     "mariadb-admin": "mariadb-client",
     "mariadb-backup": "mariadb-backup",
     "inotifywait": "inotify-tools",
+    "haproxy": "haproxy",
 }
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 POLICY_RC_D = Path("/usr/sbin/policy-rc.d")

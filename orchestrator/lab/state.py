@@ -5,6 +5,7 @@ Everything is under one directory (default ./.lab). `lab up` writes `lab.json` (
 
     <dir>/lab.json  lab.env  plan.yaml  known_hosts  id_ed25519[.pub]
     <dir>/<host>/   sshd/  mysql/data  run/ (sockets, pid files)  uploads/  app/  log/  bin/ (start/stop scripts)
+                    haproxy/ (the front door's config, its hold map and Lua)
     <dir>/cf/       the Cloudflare API double's state, pid and log
     <dir>/load/     the load generator's journal of acknowledged writes and its stats
 """
@@ -29,6 +30,17 @@ class HostState:
     app_port: int  # the same on both hosts: clients reach http://<address from DNS>:<app_port>
     server_id: int
     root: str  # absolute <dir>/<name>
+    # Where the app itself listens, behind the host's front door (HAProxy on app_port); 0 in labs made before the
+    # front door existed: the app listens on app_port and no HAProxy runs.
+    app_internal_port: int = 0
+
+    @property
+    def app_listen_port(self) -> int:
+        return self.app_internal_port or self.app_port
+
+    @property
+    def has_front_door(self) -> bool:
+        return self.app_internal_port > 0
 
     @property
     def path(self) -> Path:
@@ -69,6 +81,19 @@ class HostState:
     @property
     def app_pid_file(self) -> Path:
         return self.run_dir / "app.pid"
+
+    @property
+    def haproxy_dir(self) -> Path:
+        return self.path / "haproxy"
+
+    @property
+    def haproxy_socket(self) -> Path:
+        """The front door's admin socket (HAProxy's runtime API)."""
+        return self.run_dir / "haproxy.sock"
+
+    @property
+    def haproxy_pid_file(self) -> Path:
+        return self.run_dir / "haproxy.pid"
 
     @property
     def fence_file(self) -> Path:

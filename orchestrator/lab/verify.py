@@ -6,7 +6,9 @@ Reads <load dir>/acks.jsonl (written by the load generator, one line per acknowl
 chosen host (the target by default):
 - every acknowledged review is in its database with the same content (sha256 of author, course, rating, body);
 - every acknowledged upload is in its uploads directory with the same sha256, and has its row in `uploads`.
-It adds the run's figures from stats.json (longest write stall, failed reads and writes) and compares the uploads
+It adds the run's figures from stats.json (longest write stall, failed reads and writes) and, from requests.jsonl,
+the failed requests by cause (refused, fenced, timeout, other) and request latency p50 / p99 / max for the run and,
+given the migrate journal (--journal), inside its window (writes blocked → DNS flip). It compares the uploads
 trees: whether every file of the other host (the one the service moved from) is on the checked host byte for byte,
 and how many files only the checked host has (uploads made there after the flip: expected). Prints a human report,
 writes it as JSON (<load dir>/verify-<host>.json by default), and exits 1 when anything acknowledged is lost, 2 when
@@ -29,7 +31,15 @@ from typing import Any
 import pymysql
 
 from orchestrator.lab.app import db_connect, review_digest
-from orchestrator.lab.load import ACKS_FILE, STATS_FILE
+from orchestrator.lab.load import (
+    ACKS_FILE,
+    REQUESTS_FILE,
+    STATS_FILE,
+    journal_window,
+    read_requests,
+    request_figures,
+    request_lines,
+)
 from orchestrator.lab.state import LabState
 
 EXIT_OK = 0
@@ -63,6 +73,10 @@ class VerifyReport:
     reads_missing: int | None = None
     per_server: dict[str, Any] = field(default_factory=dict)
     server_names: dict[str, str] = field(default_factory=dict)
+    # From requests.jsonl: failed requests by kind and cause, latency for the run and inside the window.
+    requests_failed: dict[str, dict[str, int]] = field(default_factory=dict)
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    window: dict[str, Any] | None = None
     trees_identical: bool | None = None  # both trees hold exactly the same entries
     # Every entry of the source's tree is on the target, identical (after a migration the target also holds
     # what clients uploaded after the flip, so this is the property that matters then).
@@ -239,15 +253,30 @@ def compare_uploads(state: LabState, host: str, report: VerifyReport) -> None:
     report.only_on_host = sum(1 for rel, kind in here.items() if rel not in other and kind != "directory")
 
 
+def add_requests(requests_path: Path, journal: Path | None, report: VerifyReport) -> None:
+    """Failed requests and latency from the load's request log (the window from the journal, when given)."""
+    if not requests_path.exists():
+        return
+    report.window = journal_window(journal) if journal is not None else None
+    report.requests_failed, report.latency = request_figures(read_requests(requests_path), report.window)
+
+
 def main_verify(
-    state: LabState, *, host: str = "target", load_dir: Path | None = None, out: Path | None = None
+    state: LabState,
+    *,
+    host: str = "target",
+    load_dir: Path | None = None,
+    out: Path | None = None,
+    journal: Path | None = None,
 ) -> VerifyReport:
     """Check every acknowledged write of the latest load run against `host`; writes the JSON report to `out`
-    (default <load dir>/verify-<host>.json) and returns it."""
+    (default <load dir>/verify-<host>.json) and returns it. `journal`: the migrate journal of the run made under
+    the load, for the latency inside its window."""
     directory = load_dir if load_dir is not None else state.load_dir
     lab_host = state.host(host)
     report = VerifyReport(host=host, load_dir=str(directory))
     add_stats(directory / STATS_FILE, report)
+    add_requests(directory / REQUESTS_FILE, journal, report)
     compare_uploads(state, host, report)
     try:
         acks = read_acks(directory / ACKS_FILE)
@@ -302,6 +331,8 @@ def render(report: VerifyReport) -> str:
         f" (oldest {figure(report.longest_pending_s, ' s')})",
         f"  reads failed              {figure(report.reads_failed)} ({figure(report.reads_missing)} missing)",
     ]
+    if report.latency:
+        lines += [f"  {line}" for line in request_lines(report.requests_failed, report.latency, report.window)]
     lines += render_uploads(report)
     for address, counts in sorted(report.per_server.items()):
         label = f"{report.server_names.get(address, '?')} {address}"
@@ -351,8 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", choices=["source", "target"], default="target")
     parser.add_argument("--load-dir", type=Path, default=None, help="where acks.jsonl is (default: <lab>/load)")
     parser.add_argument("--json", type=Path, default=None, help="report file (default: <load dir>/verify-HOST.json)")
+    parser.add_argument("--journal", type=Path, default=None, help="migrate journal: latency inside its window")
     args = parser.parse_args(argv)
-    report = main_verify(LabState.load(args.lab), host=args.host, load_dir=args.load_dir, out=args.json)
+    report = main_verify(
+        LabState.load(args.lab), host=args.host, load_dir=args.load_dir, out=args.json, journal=args.journal
+    )
     print(render(report))
     return report.exit_code
 

@@ -1,0 +1,472 @@
+"""The front door: a thin typed adapter to HAProxy's runtime API (its admin socket), usually reached through SSH.
+
+What it does to the service's clients, as measured on HAProxy 2.6.12 (Debian 12) in front of the lab's app:
+
+- `set maxconn frontend F 0` makes new connections wait in the kernel's accept queue, but raising it again while
+  connections wait there makes HAProxy 2.6.12 deadlock in resume_listener() and its watchdog kills the process
+  (haproxy/haproxy#2726, fixed upstream later): every waiting client gets "connection reset". Never used here.
+- `disable frontend F` (pause) closes the listener on Linux: clients get "connection refused" at once.
+- A server in `maint` or `drain` state (the only server of its backend) makes HAProxy answer 503 at once; server
+  `maxconn 0` means "no limit" (nothing queues); queuing behind a server's maxconn needs a non-zero limit, so it
+  cannot hold everything. None of these holds requests.
+- What holds: a small Lua action (HOLD_LUA, loaded with `lua-load`, run by `http-request lua.frontdoor_hold`) that
+  waits while the map entry `hold_until` (unix seconds, set at runtime with `set map`) is in the future. Measured:
+  new requests wait, not fail, for as long as the hold lasts (6.5 s held with `timeout client 3s`: the client
+  timeout does not cut a held request, nor does tune.lua.session-timeout, since the action sleeps); requests on
+  keep-alive connections that are already open are held too (the action runs per request, not per connection);
+  releasing (`hold_until 0`) lets every held request through within the poll interval (20 ms), none lost.
+- `set server B/S addr A port P` while requests are held: the held requests are answered by the new address
+  (they connect to the server only once released), which is how the source's front door forwards to the target.
+- A client that gives up while held (its own timeout) does not cancel its request: HAProxy still forwards it once
+  released (even with `option abortonclose`). Writes must therefore be idempotent (the app's are: a retried write
+  with the same id answers 200).
+- HAProxy itself adds no measurable latency in front of the lab app (healthz p50 77 ms through it, 74 ms direct,
+  on a loaded 2-core machine). Emulating the wiring on the lab (hold when the journal records writes_blocked_at,
+  repoint at the target's front door and release when dns_flip completes; 4 clients, 20 req/s, DNS cached 5 s,
+  client timeout 30 s): 0 failed requests, 0 lost, longest write stall 7.84 s for a 7.49 s window. The same run
+  with today's fence: 317 failed write attempts (315 "fenced"), longest write stall 10.53 s for a 6.97 s window.
+  With the load's default 5 s client timeout, requests held longer than that fail at the client ("timeout").
+- The hold is a deadline on the HAProxy host's clock, not a flag: if the process that set it dies (kill -9), the
+  hold ends by itself at the deadline and held requests go on to the backend. The Lua also caps any single
+  request's wait (max_hold_s) whatever the map says.
+
+The runtime API answers every command with text: nothing (just an empty line) or a confirmation on success, an
+error sentence otherwise. An answer of zero bytes means nobody answered (a tunnel whose far end could not open the
+socket closes the connection without a byte).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from orchestrator.transports.ssh import TransportError
+
+if TYPE_CHECKING:
+    import asyncssh
+
+    from orchestrator.transports.ssh import SshHost
+
+COMMAND_TIMEOUT = 5.0
+HOLD_KEY = "hold_until"
+HOLD_ACTION = "frontdoor_hold"
+POLL_MS = 20
+# Answers of commands that succeeded although they say something (everything else non-empty is a refusal).
+SUCCESS_PREFIXES = ("IP changed from", "no need to change", "port changed from", "IP and port changed")
+
+# Where the runtime API is: a unix socket path, or (host, port) of a TCP listener that reaches it (an SSH tunnel).
+Endpoint = str | tuple[str, int]
+
+
+def hold_lua(map_path: str, *, max_hold_s: float, poll_ms: int = POLL_MS) -> str:
+    """The Lua action HAProxy loads (`lua-load FILE` in global, `http-request lua.frontdoor_hold` in the frontend)
+    to hold requests while `hold_until` in `map_path` is in the future. The map file must exist with a line
+    `hold_until 0` when HAProxy starts; `set map` changes it at runtime."""
+    return f"""-- The front door's hold: requests wait (not fail) while {HOLD_KEY} (unix seconds) is in the future.
+-- Set and cleared at runtime: set map {map_path} {HOLD_KEY} <unix seconds>  /  ... {HOLD_KEY} 0
+local doors = Map.new("{map_path}", Map._str)
+local max_hold_s = {float(max_hold_s)}
+
+local function now_s()
+  local t = core.now()
+  return t.sec + t.usec / 1e6
+end
+
+local function held_until()
+  return tonumber(doors:lookup("{HOLD_KEY}") or "0") or 0
+end
+
+core.register_action("{HOLD_ACTION}", {{ "http-req" }}, function(txn)
+  local started = now_s()
+  while now_s() < held_until() and now_s() - started < max_hold_s do
+    core.msleep({int(poll_ms)})
+  end
+end)
+"""
+
+
+# --- errors ----------------------------------------------------------------------------------------------------
+
+
+class HaproxyError(TransportError):
+    """The front door could not do what was asked."""
+
+
+class AdminSocketUnreachable(HaproxyError):
+    """Nothing answered on the admin socket (HAProxy stopped, wrong path, tunnel down)."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"HAProxy admin socket {where} unreachable: {reason}", True)
+
+
+class HaproxyRefused(HaproxyError):
+    """HAProxy answered the command with an error."""
+
+    def __init__(self, command: str, answer: str) -> None:
+        self.command = command
+        self.answer = answer
+        first = next((line.strip() for line in answer.splitlines() if line.strip()), "no message")
+        super().__init__(f"HAProxy refused `{command}`: {first}", False)
+
+
+# --- parsers (pure) --------------------------------------------------------------------------------------------
+
+
+def check_answer(command: str, answer: str) -> str:
+    """The answer of a command that changes something, or HaproxyRefused when it is an error."""
+    text = answer.strip()
+    if text and not text.startswith(SUCCESS_PREFIXES):
+        raise HaproxyRefused(command, text)
+    return text
+
+
+@dataclass(frozen=True)
+class StatRow:
+    """One line of `show stat`: a frontend, a backend or a server."""
+
+    proxy: str
+    name: str  # FRONTEND, BACKEND or the server's name
+    queue: int  # qcur: requests waiting for a server slot
+    sessions: int  # scur
+    total: int  # stot
+    status: str  # OPEN, UP, DOWN, MAINT, no check, ...
+    address: str  # servers only: "address:port"
+
+
+def _int(value: str | None) -> int:
+    return int(value) if value and value.strip().lstrip("-").isdigit() else 0
+
+
+def parse_stat(text: str) -> list[StatRow]:
+    """`show stat` CSV (its header line starts with "# ")."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("# "):
+        raise ValueError(f"not a `show stat` answer: {text.strip()[:80]!r}")
+    reader = csv.DictReader(io.StringIO("\n".join([lines[0][2:], *lines[1:]])))
+    return [
+        StatRow(
+            proxy=row["pxname"],
+            name=row["svname"],
+            queue=_int(row.get("qcur")),
+            sessions=_int(row.get("scur")),
+            total=_int(row.get("stot")),
+            status=row.get("status") or "",
+            address=row.get("addr") or "",
+        )
+        for row in reader
+    ]
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """One server of `show servers state`."""
+
+    backend: str
+    server: str
+    address: str
+    port: int
+    operational: int  # srv_op_state: 0 stopped, 1 starting, 2 running, 3 stopping
+    admin: int  # srv_admin_state bits: 0x01 forced maint, 0x08 forced drain, ...
+
+    @property
+    def in_maintenance(self) -> bool:
+        return bool(self.admin & 0x01)
+
+
+def parse_servers_state(text: str) -> list[ServerState]:
+    """`show servers state`: a version line, a "# field ..." header, then one space-separated line per server."""
+    header: list[str] | None = None
+    servers: list[ServerState] = []
+    for line in text.splitlines():
+        if line.startswith("# "):
+            header = line[2:].split()
+            continue
+        if header is None or not line.strip() or line.strip().isdigit():
+            continue
+        row = dict(zip(header, line.split(), strict=False))
+        servers.append(
+            ServerState(
+                backend=row["be_name"],
+                server=row["srv_name"],
+                address=row["srv_addr"],
+                port=_int(row.get("srv_port")),
+                operational=_int(row.get("srv_op_state")),
+                admin=_int(row.get("srv_admin_state")),
+            )
+        )
+    if header is None:
+        raise ValueError(f"not a `show servers state` answer: {text.strip()[:80]!r}")
+    return servers
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One request being handled (`show sess`): an idle keep-alive connection has none."""
+
+    frontend: str
+    backend: str  # "<NONE>" until the request is past the frontend's rules (a held request stays there)
+    server: str
+    age: str
+
+
+def parse_sessions(text: str) -> list[Stream]:
+    """`show sess`: one line per stream, "0x...: proto=... fe=F be=B srv=S ... age=1s ..."."""
+    streams: list[Stream] = []
+    for line in text.splitlines():
+        if not line.startswith("0x"):
+            continue
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part and "[" not in part.split("=", 1)[0])
+        if "fe" in fields:
+            streams.append(
+                Stream(fields["fe"], fields.get("be", ""), fields.get("srv", ""), fields.get("age", "")),
+            )
+    return streams
+
+
+def parse_map(text: str) -> dict[str, str]:
+    """`show map FILE`: lines "<ref> <key> <value>"."""
+    entries: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) == 3 and parts[0].startswith("0x"):
+            entries[parts[1]] = parts[2].strip()
+    return entries
+
+
+def parse_info(text: str) -> dict[str, str]:
+    """`show info`: "Name: value" lines."""
+    info: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            info[key.strip()] = value.strip()
+    return info
+
+
+def host_clock(activity: str) -> float:
+    """The HAProxy host's unix time (microseconds) from `show activity` ("date_now: 1795437171.012060"): the
+    clock the hold's Lua action compares its deadline with."""
+    for line in activity.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "date_now":
+            try:
+                return float(value.strip())
+            except ValueError:
+                break
+    raise ValueError(f"`show activity` has no date_now: {activity.strip()[:80]!r}")
+
+
+@dataclass(frozen=True)
+class DoorState:
+    """What the front door is doing now."""
+
+    held_until: float  # unix seconds on the HAProxy host; 0 when not holding
+    host_now: float  # the HAProxy host's clock when read
+    held: int  # requests waiting in the frontend (the hold), not yet sent to a server
+    frontend_sessions: int  # client connections open on the frontend (held, in flight, idle keep-alive)
+    backend_sessions: int  # requests at a server now
+    queued: int  # requests waiting in the backend's queue for a server slot
+    server: ServerState
+
+    @property
+    def holding(self) -> bool:
+        return self.held_until > self.host_now
+
+
+# --- the adapter -----------------------------------------------------------------------------------------------
+
+
+def ask(endpoint: Endpoint, command: str, *, timeout: float = COMMAND_TIMEOUT) -> str:
+    """Send one command to the runtime API and return its whole answer (it closes the connection after it)."""
+    where = endpoint if isinstance(endpoint, str) else f"{endpoint[0]}:{endpoint[1]}"
+    family = socket.AF_UNIX if isinstance(endpoint, str) else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(endpoint)
+            sock.sendall(command.encode() + b"\n")
+            chunks: list[bytes] = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+    except TimeoutError:
+        raise AdminSocketUnreachable(where, f"no answer to `{command}` within {timeout:g} s") from None
+    except OSError as exc:
+        raise AdminSocketUnreachable(where, exc.strerror or type(exc).__name__) from None
+    if not chunks:
+        # HAProxy ends every answer with a newline: zero bytes means the socket behind a tunnel did not open.
+        raise AdminSocketUnreachable(where, "the connection closed without an answer (no HAProxy behind it)")
+    return b"".join(chunks).decode(errors="replace")
+
+
+class FrontDoor:
+    """One HAProxy front door: its frontend, the backend/server it sends requests to, and its hold map."""
+
+    def __init__(
+        self,
+        endpoint: Callable[[], Endpoint],
+        *,
+        frontend: str,
+        backend: str,
+        server: str,
+        hold_map: str,
+        name: str = "front door",
+        timeout: float = COMMAND_TIMEOUT,
+    ) -> None:
+        self._endpoint = endpoint
+        self.frontend = frontend
+        self.backend = backend
+        self.server = server
+        self.hold_map = hold_map
+        self.name = name
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"FrontDoor({self.name}: {self.frontend} → {self.backend}/{self.server})"
+
+    def ask(self, command: str) -> str:
+        try:
+            return ask(self._endpoint(), command, timeout=self.timeout)
+        except AdminSocketUnreachable as exc:
+            raise AdminSocketUnreachable(f"{exc.where} ({self.name})", exc.reason) from None
+
+    def change(self, command: str) -> str:
+        """A command that changes something: its answer, or HaproxyRefused."""
+        return check_answer(command, self.ask(command))
+
+    # --- readers ---
+
+    def stat(self) -> list[StatRow]:
+        return parse_stat(self.ask("show stat"))
+
+    def servers_state(self) -> list[ServerState]:
+        return parse_servers_state(self.ask(f"show servers state {self.backend}"))
+
+    def server_state(self) -> ServerState:
+        for server in self.servers_state():
+            if server.server == self.server:
+                return server
+        raise HaproxyRefused(f"show servers state {self.backend}", f"no server {self.server} in {self.backend}")
+
+    def streams(self) -> list[Stream]:
+        return parse_sessions(self.ask("show sess"))
+
+    def held_requests(self) -> int:
+        """Requests of this frontend not yet past its rules: the ones the hold keeps waiting."""
+        return sum(1 for s in self.streams() if s.frontend == self.frontend and s.backend == "<NONE>")
+
+    def host_now(self) -> float:
+        return host_clock(self.ask("show activity"))
+
+    def held_until(self) -> float:
+        answer = self.ask(f"show map {self.hold_map}")
+        entries = parse_map(answer)
+        if HOLD_KEY not in entries:
+            # `show map` of a map HAProxy does not know answers an error sentence (no entries).
+            raise HaproxyRefused(f"show map {self.hold_map}", answer.strip() or f"no {HOLD_KEY} entry")
+        try:
+            return float(entries[HOLD_KEY])
+        except ValueError:
+            raise HaproxyRefused(f"show map {self.hold_map}", f"{HOLD_KEY} is {entries[HOLD_KEY]!r}") from None
+
+    def state(self) -> DoorState:
+        rows = {(row.proxy, row.name): row for row in self.stat()}
+        frontend = rows.get((self.frontend, "FRONTEND"))
+        backend = rows.get((self.backend, "BACKEND"))
+        if frontend is None or backend is None:
+            missing = self.frontend if frontend is None else self.backend
+            raise HaproxyRefused("show stat", f"no proxy named {missing}")
+        return DoorState(
+            held_until=self.held_until(),
+            host_now=self.host_now(),
+            held=self.held_requests(),
+            frontend_sessions=frontend.sessions,
+            backend_sessions=backend.sessions,
+            queued=backend.queue,
+            server=self.server_state(),
+        )
+
+    # --- actions ---
+
+    def hold(self, seconds: float) -> float:
+        """Hold new requests (they wait in HAProxy, none fails) for at most `seconds` from now on the HAProxy
+        host's clock, or until release().
+        Returns the deadline (host unix seconds). Calling it again moves the deadline."""
+        if seconds <= 0:
+            raise ValueError("a hold lasts a positive number of seconds")
+        deadline = round(self.host_now() + seconds, 3)
+        self.change(f"set map {self.hold_map} {HOLD_KEY} {deadline}")
+        return deadline
+
+    def release(self) -> None:
+        """Let every held request (and every later one) through, to wherever the server points now."""
+        self.change(f"set map {self.hold_map} {HOLD_KEY} 0")
+
+    def repoint(self, address: str, port: int) -> ServerState:
+        """Send the server's requests (held ones included) to address:port; returns the state read back."""
+        self.change(f"set server {self.backend}/{self.server} addr {address} port {int(port)}")
+        state = self.server_state()
+        if (state.address, state.port) != (address, int(port)):
+            raise HaproxyRefused(
+                f"set server {self.backend}/{self.server} addr {address} port {port}",
+                f"the server still points at {state.address}:{state.port}",
+            )
+        return state
+
+    def set_server_state(self, state: str) -> None:
+        """ready, drain or maint (maint and drain answer 503 at once when this is the only server)."""
+        if state not in ("ready", "drain", "maint"):
+            raise ValueError(f"unknown server state {state!r}")
+        self.change(f"set server {self.backend}/{self.server} state {state}")
+
+    def wait_drained(self, timeout: float, poll: float = 0.05) -> bool:
+        """Wait until no request is at a server or in the queue (in-flight requests finished); True if drained."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = {(row.proxy, row.name): row for row in self.stat()}
+            backend = rows.get((self.backend, "BACKEND"))
+            if backend is not None and backend.sessions == 0 and backend.queue == 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+
+
+def unix_socket(path: str) -> Callable[[], Endpoint]:
+    """The admin socket on this machine."""
+    return lambda: path
+
+
+def through_ssh(host: SshHost, socket_path: str) -> Callable[[], Endpoint]:
+    """The admin socket on a host reached over SSH: a local TCP port forwarded to the remote unix socket, opened
+    on first use and again after the SSH connection was re-established."""
+    lock = threading.Lock()
+    cached: list[tuple[asyncssh.SSHClientConnection, Endpoint]] = []
+
+    def endpoint() -> Endpoint:
+        with lock:
+            connection = host.connection()
+            if not cached or cached[0][0] is not connection:
+                cached.clear()
+                cached.append((connection, host.forward_to_path(socket_path)))
+            return cached[0][1]
+
+    return endpoint
+
+
+def over_ssh(host: SshHost, socket_path: str, *, frontend: str, backend: str, server: str, hold_map: str) -> FrontDoor:
+    return FrontDoor(
+        through_ssh(host, socket_path),
+        frontend=frontend,
+        backend=backend,
+        server=server,
+        hold_map=hold_map,
+        name=f"front door of {host.name}",
+    )
