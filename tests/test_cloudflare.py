@@ -381,7 +381,10 @@ def test_invalid_token_is_permanent(api: Double, zone_id: str, flip_record: DnsR
     with api.adapter(max_retries=2) as dns, pytest.raises(DnsError) as info:
         dns.get_record(zone_id, flip_record.id)
     assert not info.value.transient and "401" in str(info.value)
-    assert [r["status"] for r in api.requests()] == [401, 401]  # never retried
+    # Never retried: each client asked for the record once. (Only the record's own requests are counted: a request
+    # of the fixture's that the SDK retried after a client-side timeout may be logged late on a loaded machine.)
+    asked = [r["status"] for r in api.requests("GET") if r["path"].endswith(flip_record.id)]
+    assert asked == [401, 401]
 
 
 def test_dropped_connection_is_transient(api: Double, zone_id: str, flip_record: DnsRecord) -> None:
