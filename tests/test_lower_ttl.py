@@ -20,6 +20,7 @@ import cloudflare
 import pytest
 import structlog
 
+from orchestrator.dns_ttl import ORIGINAL_TTLS, restore_original_ttls
 from orchestrator.engine.hooks import HookRunner
 from orchestrator.engine.journal import Journal, StepState
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
@@ -29,13 +30,7 @@ from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Plan, Retry
 from orchestrator.runtime import Runtime
-from orchestrator.steps.lower_ttl import (
-    LOWERED_AT,
-    ORIGINAL_TTLS,
-    WAIT_UNTIL,
-    LowerTtl,
-    restore_original_ttls,
-)
+from orchestrator.steps.lower_ttl import LOWERED_AT, WAIT_UNTIL, LowerTtl
 
 EXAMPLE_PLAN = Path(__file__).parent.parent / "plans" / "course-review.yaml"
 LOWER_TO = 30  # the double's smallest TTL, as Cloudflare's for enterprise zones
@@ -307,7 +302,7 @@ def test_without_lower_ttl_to_nothing_changes(env: Api, tmp_path: Path) -> None:
     records = make_records(env, {"www": SPECS["www"]})
     before = ttls(env, records)
     clock = Clock()
-    plan = plan_for(env, records)
+    plan = plan_for(env, records, lower_ttl_to=None)  # the example plan sets one
     step = LowerTtl(clock=clock, sleep=clock.sleep)
     engine, rt = make_engine(tmp_path, plan, [step, FinishProbe()])
     try:

@@ -121,13 +121,21 @@ class StatusReport:
     postponed_by: Path | None
     next_action: str
     interruption: Interruption | None
+    ttl_wait_until: float | None = None  # the lower_ttl step's wait ends then (while it waits)
+
+    def ttl_wait_left(self, now: float | None = None) -> float | None:
+        if self.ttl_wait_until is None:
+            return None
+        return max(self.ttl_wait_until - (time.time() if now is None else now), 0.0)
 
     def as_dict(self) -> dict[str, Any]:
+        left = self.ttl_wait_left()
         doc: dict[str, Any] = {
             "run": None,
             "next": self.next_action,
             "locked_by": self.holder.__dict__ if self.holder else None,
             "interrupted": self.interruption.as_dict() if self.interruption else None,
+            "dns_ttl_wait_seconds_left": None if left is None else round(left, 1),
         }
         if self.state is not None:
             doc["run"] = {

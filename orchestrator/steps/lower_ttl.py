@@ -12,8 +12,8 @@ cached with the old TTL has expired, so that after the flip clients follow withi
 - Proxied records are answered by Cloudflare's edge with its own addresses and an automatic TTL: there is nothing to
   lower or wait for, so they are skipped and the run says so. A record with the automatic TTL (1) that is not proxied
   is cached for 300 s; it is lowered like the others and put back to automatic.
-- The original TTLs are put back after the commit (`restore_original_ttls`, called by the finish step once the
-  traffic has drained) and by `undo` on rollback. Both edit only the TTL, never the content.
+- The original TTLs are put back after the commit (`orchestrator.dns_ttl.restore_original_ttls`, called by the
+  finish step once the traffic has drained) and by `undo` on rollback. Both edit only the TTL, never the content.
 
 Plan fields (section `dns`): `lower_ttl_to` (seconds; unset: the step changes nothing), `lower_ttl_wait` (seconds
 to wait instead of the longest original TTL, e.g. 0 when the TTL was lowered by hand long before).
@@ -25,13 +25,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.dns_ttl import ORIGINAL_TTLS, restore_ttls, set_ttl
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.retry import call_with_retry
 
-ORIGINAL_TTLS = "original_ttls"  # record id → {id, name, type, ttl, proxied}, journaled before the first edit
 LOWERED_AT = "lowered_at"  # when the last record was lowered: the wait counts from here
 WAIT_UNTIL = "wait_until"  # when every answer cached with an old TTL has expired (for `migrate status`)
-RESTORED = "ttls_restored"  # saved by the step that put the original TTLs back after the commit
 AUTOMATIC_TTL = 1  # Cloudflare's "automatic"
 AUTOMATIC_TTL_SECONDS = 300  # what resolvers are told for a non-proxied record with the automatic TTL
 PROGRESS_EVERY = 30.0  # seconds between "still waiting" lines
@@ -143,7 +142,7 @@ class LowerTtl(Step):
     def undo(self, ctx: StepContext) -> None:
         """Put back every original TTL this run journaled (each record tried; the failures reported together)."""
         originals: dict[str, dict[str, Any]] = ctx.saved(ORIGINAL_TTLS) or {}
-        failures = _restore(ctx, originals, self._zone_id(ctx) if originals else "")
+        failures = restore_ttls(ctx, originals, self._zone_id(ctx) if originals else "")
         if failures:
             raise StepError("; ".join(failures))
 
@@ -173,60 +172,7 @@ class LowerTtl(Step):
         )
 
     def _set_ttl(self, ctx: StepContext, zone_id: str, original: dict[str, Any], ttl: int) -> None:
-        _set_ttl(ctx, zone_id, original, ttl)
-
-
-def restore_original_ttls(ctx: StepContext) -> list[str]:
-    """After the commit (the finish step, once traffic has drained): put back the TTLs `lower_ttl` journaled.
-
-    Reads them from the `lower_ttl` step's result, edits only the TTL (the records now point at the target) and
-    returns the names of the records put back. Safe to call again: a record already back is left alone.
-    """
-    result = ctx.output(LowerTtl.name)
-    originals: dict[str, dict[str, Any]] = result.get("original_ttls") or {}
-    if not originals or ctx.saved(RESTORED):
-        return []
-    zone_id = call_with_retry(
-        lambda: ctx.rt.dns.zone_id(ctx.rt.plan.dns.zone), ctx.rt.plan.retry, what="DNS zone lookup"
-    )
-    failures = _restore(ctx, originals, zone_id)
-    if failures:
-        raise StepError("putting back the original DNS TTLs: " + "; ".join(failures))
-    ctx.save(RESTORED, True)
-    return sorted({o["name"] for o in originals.values() if not o["proxied"]})
-
-
-def _restore(ctx: StepContext, originals: dict[str, dict[str, Any]], zone_id: str) -> list[str]:
-    failures: list[str] = []
-    for record_id, original in originals.items():
-        if original["proxied"]:
-            continue
-        try:
-            current = call_with_retry(
-                lambda rid=record_id: ctx.rt.dns.get_record(zone_id, rid),
-                ctx.rt.plan.retry,
-                what=f"DNS read {original['name']}",
-            )
-            if current.ttl == original["ttl"]:
-                continue
-            _set_ttl(ctx, zone_id, original, int(original["ttl"]))
-        except Exception as exc:  # every record is tried; the caller reports them all
-            failures.append(f"{original['name']}: {exc}")
-            continue
-        ctx.log.info("lower_ttl.restored", record=original["name"], ttl=original["ttl"])
-    return failures
-
-
-def _set_ttl(ctx: StepContext, zone_id: str, original: dict[str, Any], ttl: int) -> None:
-    from orchestrator.transports.cloudflare import DnsRecord
-
-    record = DnsRecord(
-        id=original["id"], name=original["name"], type=original["type"], content=original.get("content", ""),
-        ttl=int(original["ttl"]), proxied=bool(original["proxied"]),
-    )  # fmt: skip
-    call_with_retry(
-        lambda: ctx.rt.dns.set_ttl(zone_id, record, ttl), ctx.rt.plan.retry, what=f"DNS TTL of {record.name}"
-    )
+        set_ttl(ctx, zone_id, original, ttl)
 
 
 def _to_lower(original: dict[str, Any], target: int | None) -> bool:
