@@ -99,12 +99,14 @@ class EtaEstimator:
         self._samples: deque[tuple[float, int]] = deque()
         self._started: float | None = None
         self._last_move: float | None = None
+        self._eta_at_move: float | None = None
 
     def update(self, now: float, done: int, pct: int) -> tuple[float | None, float | None, int | None, str]:
         """Returns (rate, eta, estimated total, state)."""
         if self._started is None:
             self._started = now
-        if not self._samples or done > self._samples[-1][1]:
+        moved = not self._samples or done > self._samples[-1][1]
+        if moved:
             self._last_move = now
         self._samples.append((now, done))
         while len(self._samples) > 2 and now - self._samples[0][0] > self.window:
@@ -114,10 +116,15 @@ class EtaEstimator:
         span = now - first_t
         rate = (done - first_b) / span if span >= self.min_seconds else None
         if self._last_move is not None and now - self._last_move >= self.stall_after:
+            self._eta_at_move = None
             return 0.0, None, total, "stalled"
+        if not moved and self._eta_at_move is not None:
+            # Nothing moved since the last estimate: count that one down rather than let a falling rate raise it.
+            return rate, max(self._eta_at_move - (now - (self._last_move or now)), 0.0), total, "running"
         if rate is None or rate <= 0 or total is None:
             return rate, None, total, "estimating"
-        return rate, max(total - done, 0) / rate, total, "running"
+        self._eta_at_move = max(total - done, 0) / rate
+        return rate, self._eta_at_move, total, "running"
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ class LogTail:
     offset: int = 0
     transfers: dict[str, TransferProgress] = field(default_factory=dict)
     lag: float | None = None
-    events: list[str] = field(default_factory=list)  # step starts, warnings and errors seen in this look
+    events: list[str] = field(default_factory=list)  # warnings and errors seen in this look
 
     def follow(self, path: Path) -> None:
         if path != self.path:
@@ -64,7 +64,7 @@ class LogTail:
                 self.transfers.pop(item.id, None)
             else:
                 self.transfers[item.id] = item
-        elif record.get("level") in ("warning", "error") or record.get("event") == "step started":
+        elif record.get("level") in ("warning", "error"):
             self.events.append(f"{record.get('level', 'info')}: {record.get('step') or '-'}: {record.get('event')}")
 
 
