@@ -6,6 +6,8 @@ commit, once traffic has drained; `lower_ttl`'s undo calls `restore_ttls` on rol
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.engine.step import StepContext, StepError
@@ -14,6 +16,41 @@ from orchestrator.retry import call_with_retry
 LOWER_TTL_STEP = "lower_ttl"
 ORIGINAL_TTLS = "original_ttls"  # record id → {id, name, type, ttl, proxied}, journaled before the first edit
 RESTORED = "ttls_restored"  # saved by the step that put the original TTLs back after the commit
+WAIT_UNTIL = "wait_until"  # saved by lower_ttl: when every answer cached with an old TTL has expired
+PROGRESS_EVERY = 30.0  # seconds between "still waiting" lines
+
+
+def old_ttl_expires_at(events: list[dict[str, Any]]) -> float | None:
+    """When the last run's lowered records stop being served from old caches (None: no TTL was lowered)."""
+    starts = [i for i, ev in enumerate(events) if ev.get("event") == "run_started"]
+    until = None
+    for ev in events[starts[-1] if starts else 0 :]:
+        if ev.get("event") == "step_saved" and ev.get("step") == LOWER_TTL_STEP and ev.get("key") == WAIT_UNTIL:
+            until = float(ev["value"])
+    return until
+
+
+def wait_out_old_ttl(
+    events: list[dict[str, Any]],
+    log: Any,
+    *,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Before the downtime begins: sleep until answers cached with the old TTL have expired, saying how long is left
+    (interruptible: Ctrl-C ends it and the run rolls back, the TTLs put back). Returns the seconds waited."""
+    until = old_ttl_expires_at(events)
+    waited = 0.0
+    while until is not None:
+        left = until - clock()
+        if left <= 0:
+            break
+        log.info("lower_ttl.waiting", seconds_left=round(left, 1),
+                 why="answers cached with the old TTL are still valid: the cut-over waits")  # fmt: skip
+        pause = min(left, PROGRESS_EVERY)
+        sleep(pause)
+        waited += pause
+    return waited
 
 
 def restore_original_ttls(ctx: StepContext) -> list[str]:

@@ -192,9 +192,10 @@ def blocked_since(state: RunState, events: list[dict[str, Any]]) -> float | None
 
 
 def ttl_wait_until(state: RunState) -> float | None:
-    """When the lower_ttl step's wait ends, while the step is running (None otherwise)."""
+    """When the cut-over may begin after the lower_ttl step lowered the TTLs (None when it did not, or the run is
+    not going forward); it is in the past once the wait is over."""
     rec = state.steps.get(TTL_STEP)
-    if rec is None or rec.state != StepState.RUNNING:
+    if rec is None or state.status != RunStatus.RUNNING:
         return None
     value = rec.saved.get(TTL_WAIT_KEY)
     return float(value) if isinstance(value, int | float) else None

@@ -7,6 +7,7 @@ health check so the DNS TTLs it lowered must be put back by the rollback.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pty
@@ -138,9 +139,10 @@ def run_on_a_terminal(argv: list[str], timeout: float = 300) -> tuple[int, str]:
 @pytest.mark.lab
 def test_on_a_terminal_a_transfer_draws_a_bar_with_an_eta(source_live: LabState) -> None:
     state = source_live
-    # A bandwidth limit makes the datadir's pre-sync last long enough for an ETA to be known (≈15 s at 4 MB/s).
+    # A bandwidth limit makes the datadir's pre-sync last long enough for an ETA to be known (≈15 s at 4 MB/s);
+    # the old TTL holds the cut-over 5 s after it was lowered, while the pre-syncs run.
     plan = plan_copy(
-        state, "pty", {"transfer": {"bwlimit": "4M"}, "dns": {"lower_ttl_to": LOWERED, "lower_ttl_wait": 0}}
+        state, "pty", {"transfer": {"bwlimit": "4M"}, "dns": {"lower_ttl_to": LOWERED, "lower_ttl_wait": 5}}
     )
     PLAN_NAMES.add(plan_name(plan))
     code, drawn = run_on_a_terminal([str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)])
@@ -152,6 +154,12 @@ def test_on_a_terminal_a_transfer_draws_a_bar_with_an_eta(source_live: LabState)
     assert "limited to 4M/s" in drawn
     assert re.search(r"step \d+/\d+ db_presync \(running\) · writes flow", drawn), "no phase line"
     assert "✓ datadir round 1" in drawn  # a finished transfer leaves its summary line
+    assert re.search(r"waiting out the old DNS TTL: 0:0\d left", drawn)
+    # The cut-over began only once the old TTL had run out, counted from when the records were lowered.
+    events = [json.loads(line) for line in (state.path / ".migrate" / plan_name(plan) / "journal.jsonl").open()]
+    [until] = [e["value"] for e in events if e["event"] == "step_saved" and e["key"] == "wait_until"]
+    [cutover] = [e["ts"] for e in events if e["event"] == "step_started" and e["step"] == "cutover"]
+    assert cutover >= until
     assert ttls(state) == {name: [LAB_TTL] for name in state.records}  # put back after the commit
 
 

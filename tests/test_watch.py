@@ -22,7 +22,8 @@ import pytest
 from orchestrator import exit_codes
 from orchestrator.engine.journal import replay
 from orchestrator.lab.state import LabState
-from orchestrator.progress import TRANSFER_EVENT
+from orchestrator.progress import TRANSFER_EVENT, phase_of, ttl_wait_until
+from orchestrator.run.results import StatusReport
 from orchestrator.run.watch import LogTail, outcome_code
 from tests.test_e2e import MIGRATE, PLAN_NAMES, dns_client, plan_copy, plan_name, restore_source_live
 
@@ -194,3 +195,20 @@ def test_the_log_tail_keeps_the_latest_transfer_and_waits_for_a_torn_line(tmp_pa
         out.write(json.dumps(done) + "\n")
     tail.follow(log)
     assert "tree a" not in tail.transfers
+
+
+def test_the_phase_line_and_status_say_how_long_the_old_ttl_still_holds_the_cutover() -> None:
+    now = 1_800_000_000.0
+    events = _events(
+        ("step_started", {"step": "lower_ttl"}),
+        ("step_saved", {"step": "lower_ttl", "key": "wait_until", "value": now + 125}),
+        ("step_completed", {"step": "lower_ttl", "result": {}, "duration": 0.1}),
+    )
+    state = replay(events)
+    assert state is not None
+    phase = phase_of(state, events, ["lower_ttl", "files_presync", "cutover"], 120.0, None)
+    assert "waiting out the old DNS TTL: 2:05 left" in phase.line(now)
+    assert "writes flow" in phase.line(now)
+    assert "old DNS TTL" not in phase.line(now + 126)
+    report = StatusReport("p", state, [], False, None, None, "", None, ttl_wait_until=ttl_wait_until(state))
+    assert report.ttl_wait_left(now) == 125 and report.ttl_wait_left(now + 200) is None

@@ -9,6 +9,7 @@ import structlog
 
 from orchestrator import exit_codes, secrets
 from orchestrator import logging as mlog
+from orchestrator.dns_ttl import wait_out_old_ttl
 from orchestrator.engine.interrupt import Interruptions
 from orchestrator.engine.journal import Journal, RunState, RunStatus
 from orchestrator.engine.lock import LockHeld, PlanLock, is_locked
@@ -170,6 +171,7 @@ def apply(
             )
 
         def confirm(step: Step) -> bool:
+            wait_out_old_ttl(journal.events, log)  # the pre-syncs ran meanwhile: only what is left of it
             wait_while_postponed(plan, plan_path, step)
             with mlog.live_paused():  # a prompt must not be drawn over
                 return ask(plan, step)

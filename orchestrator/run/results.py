@@ -121,12 +121,11 @@ class StatusReport:
     postponed_by: Path | None
     next_action: str
     interruption: Interruption | None
-    ttl_wait_until: float | None = None  # the lower_ttl step's wait ends then (while it waits)
+    ttl_wait_until: float | None = None  # the cut-over may begin then (the lower_ttl step's wait)
 
     def ttl_wait_left(self, now: float | None = None) -> float | None:
-        if self.ttl_wait_until is None:
-            return None
-        return max(self.ttl_wait_until - (time.time() if now is None else now), 0.0)
+        left = None if self.ttl_wait_until is None else self.ttl_wait_until - (time.time() if now is None else now)
+        return left if left is not None and left > 0 else None
 
     def as_dict(self) -> dict[str, Any]:
         left = self.ttl_wait_left()
