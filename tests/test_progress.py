@@ -13,8 +13,10 @@ import os
 import pty
 import re
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +198,27 @@ def test_piped_output_is_plain_lines_and_a_rollback_puts_the_ttls_back(source_li
     assert "rolled back" in result.stdout + result.stderr
     assert ttls(state) == {name: [LAB_TTL] for name in state.records}
     assert_source_serves_and_dns_unchanged(state)
+
+
+WARNING_SCRIPT = """
+import sys, warnings
+from pathlib import Path
+from orchestrator import logging as mlog
+warnings.simplefilter("always")
+mlog.configure(output=sys.argv[2])
+mlog.log_to_file(Path(sys.argv[1]))
+warnings.warn("a library's deprecation notice", DeprecationWarning)
+mlog.get_logger().info("the run goes on")
+"""
+
+
+@pytest.mark.parametrize("output", ["plain", "json", "live"])
+def test_a_library_warning_goes_to_the_run_log_not_the_console(tmp_path: Path, output: str) -> None:
+    log_file = tmp_path / "run.log.jsonl"
+    res = subprocess.run(
+        [sys.executable, "-c", WARNING_SCRIPT, str(log_file), output], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    assert "the run goes on" in res.stderr
+    assert "deprecation notice" not in res.stdout + res.stderr
+    assert "deprecation notice" in log_file.read_text()
