@@ -34,6 +34,7 @@ from orchestrator.progress import (
 )
 
 PLAIN_EVERY = 5.0  # seconds between two plain lines of one transfer
+FILE_EVERY = 2.0  # seconds between two records of one transfer in the run's log (`status --watch` reads them)
 PhaseSource = Callable[[float | None], Phase | None]  # given the latest lag, the run's phase now
 
 
@@ -42,9 +43,8 @@ def event_of(record: logging.LogRecord) -> dict[str, Any] | None:
     return record.msg if isinstance(record.msg, dict) else None
 
 
-class ConsoleFilter(logging.Filter):
-    """Keeps off the console: superseded records, library warnings (the run's log has them) and, for line output,
-    all but one transfer update every `every` seconds."""
+class ThinProgress(logging.Filter):
+    """One transfer update every `every` seconds per transfer (always its first and its last); other records pass."""
 
     def __init__(self, every: float | None) -> None:
         super().__init__()
@@ -52,14 +52,8 @@ class ConsoleFilter(logging.Filter):
         self._last: dict[str, float] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "py.warnings":
-            return False
         event = event_of(record)
-        if event is None:
-            return True
-        if event.get("event") in SUPERSEDED_EVENTS:
-            return False
-        if event.get("event") != TRANSFER_EVENT or self.every is None:
+        if event is None or event.get("event") != TRANSFER_EVENT or self.every is None:
             return True
         payload = event.get(PROGRESS_KEY) or {}
         key, now = str(payload.get("id")), time.monotonic()
@@ -67,6 +61,19 @@ class ConsoleFilter(logging.Filter):
             self._last[key] = now
             return True
         return False
+
+
+class ConsoleFilter(ThinProgress):
+    """Keeps off the console: superseded records, library warnings (the run's log has them) and, for line output,
+    all but one transfer update every `every` seconds."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "py.warnings":
+            return False
+        event = event_of(record)
+        if event is not None and event.get("event") in SUPERSEDED_EVENTS:
+            return False
+        return super().filter(record)
 
 
 def flatten_progress(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,15 @@ import structlog
 import structlog.tracebacks
 from rich.console import Console
 
-from orchestrator.console import PLAIN_EVERY, ConsoleFilter, LiveConsoleHandler, PhaseSource, flatten_progress
+from orchestrator.console import (
+    FILE_EVERY,
+    PLAIN_EVERY,
+    ConsoleFilter,
+    LiveConsoleHandler,
+    PhaseSource,
+    ThinProgress,
+    flatten_progress,
+)
 from orchestrator.redaction import redact, redact_obj
 
 _configured_file: logging.Handler | None = None
@@ -148,6 +156,7 @@ def log_to_file(path: Path) -> None:
         )
     )
     handler.setLevel(logging.DEBUG)
+    handler.addFilter(ThinProgress(FILE_EVERY))
     root.addHandler(handler)
     _configured_file = handler
 
