@@ -14,9 +14,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from orchestrator import cli_render as render
 from orchestrator import exit_codes, run
 from orchestrator import logging as mlog
 from orchestrator.engine.hooks import HookFailed
@@ -24,6 +24,7 @@ from orchestrator.engine.step import Step
 from orchestrator.plan.model import Plan
 from orchestrator.redaction import redact
 from orchestrator.run import compose
+from orchestrator.run.watch import watch as watch_run
 
 app = typer.Typer(
     add_completion=False,
@@ -74,22 +75,11 @@ ReverseOpt = Annotated[
     ),
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="debug detail on the console")]
-
-
-def _fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable: JSON lines (the console log as records)")]
 
 
 def _print_rows(title: str, rows: list[run.StepRow]) -> None:
-    table = Table(title=Text(title), title_justify="left")
-    for col in ("#", "step", "state", "duration", "note"):
-        table.add_column(col)
-    for row in rows:
-        cells = (str(row.index), row.name + row.mark, row.state, _fmt_duration(row.duration), row.note[:120])
-        table.add_row(*(Text(cell) for cell in cells))
-    out.print(table)
+    out.print(render.rows_table(title, rows))
 
 
 def _say(line: str) -> None:
@@ -143,11 +133,12 @@ def apply(
     state_dir: StateDirOpt = None,
     reverse: ReverseOpt = False,
     verbose: VerboseOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Run the migration (or resume an unfinished one)."""
-    mlog.configure(verbose=verbose)
+    """Run the migration (or resume an unfinished one): live bars and a phase line on a terminal, lines otherwise."""
+    mlog.configure(verbose=verbose, output="json" if as_json else "auto")
     if dry_run:
-        _print_description(run.describe(plan_path, env_file=env_file, state_dir=state_dir, reverse=reverse))
+        render.print_description(out, run.describe(plan_path, env_file=env_file, state_dir=state_dir, reverse=reverse))
         return
     result = run.apply(
         plan_path, ask=_ask(yes), say=_say, force=force, env_file=env_file, state_dir=state_dir, reverse=reverse
@@ -170,49 +161,47 @@ def apply(
     raise Exit(code)
 
 
-def _print_description(described: run.Description) -> None:
-    out.print(Text.assemble((f"dry-run of plan '{described.plan_name}'", "bold"), f" ({described.plan_path}): "
-                            "nothing will be changed"))  # fmt: skip
-    for note in described.notes:
-        out.print(note)
-    for step in described.steps:
-        flags = described.flags.get(step.name) or []
-        line = Text.assemble("\n", (f"{step.index}. {step.title}", "bold"), f" ({step.name})")
-        if flags:
-            line.append("  " + "; ".join(flags), "yellow")
-        out.print(line)
-        for text in step.lines:
-            out.print(f"   - {text}")
-    hooks = "; ".join(f"{event}: {', '.join(names)}" for event, names in described.hooks.items())
-    out.print("\nhooks: " + (hooks or "none"))
-
-
 @app.command()
 def status(
     plan_path: PlanArg,
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+    as_json: JsonOpt = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="follow the running apply until it ends; exit with its outcome")
+    ] = False,
     state_dir: StateDirOpt = None,
     reverse: ReverseOpt = False,
 ) -> None:
     """Where the run stands: each step's state and duration, and what the next action would be."""
+    if watch:
+        raise Exit(_watch(plan_path, as_json=as_json, state_dir=state_dir, reverse=reverse))
     report = run.status(plan_path, state_dir=state_dir, reverse=reverse)
     if as_json:
         out.print_json(json.dumps(report.as_dict(), default=str))
         return
-    if report.state is None:
-        out.print(f"plan '{report.plan_name}': no run yet")
-    else:
-        _print_rows(f"run {report.state.run_id}: {report.state.status.value}", report.rows)
-        if report.plan_changed:
-            out.print(Text("the plan file changed since this run began", "yellow"))
-    if report.holder is not None:
-        out.print(f"running now: {report.holder.describe()}")
-    if report.interruption is not None:
-        for line in report.interruption.lines():
-            out.print(Text(line, "yellow"))
-    if report.postponed_by is not None:
-        out.print(f"the cut-over is postponed while {report.postponed_by} exists: delete it to begin the downtime")
-    out.print(f"next: {report.next_action}")
+    render.print_status(out, report)
+
+
+def _watch(plan_path: Path, *, as_json: bool, state_dir: Path | None, reverse: bool) -> int:
+    last = render.follow(out, watch_run(plan_path, state_dir=state_dir, reverse=reverse), as_json=as_json)
+    return last.exit_code if last is not None and last.exit_code is not None else exit_codes.OK
+
+
+@app.command()
+def report(
+    plan_path: PlanArg,
+    open_browser: Annotated[bool, typer.Option("--open", help="open the page in a browser")] = False,
+    clients: Annotated[
+        Path | None, typer.Option("--clients", help="a `migrate lab verify --json` report to show")
+    ] = None,
+) -> None:
+    """Write the page of the plan's latest run (HTML, self-contained) and print where it is."""
+    from orchestrator.report_html import ReportError, report_command
+
+    try:
+        page = report_command(plan_path, open_browser, clients)
+    except ReportError as exc:
+        raise Exit(exit_codes.BAD_INPUT, str(exc)) from None
+    out.print(str(page))
 
 
 @app.command()

@@ -8,15 +8,28 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import structlog
 import structlog.tracebacks
+from rich.console import Console
 
+from orchestrator.console import (
+    FILE_EVERY,
+    PLAIN_EVERY,
+    ConsoleFilter,
+    LiveConsoleHandler,
+    PhaseSource,
+    ThinProgress,
+    flatten_progress,
+)
 from orchestrator.redaction import redact, redact_obj
 
 _configured_file: logging.Handler | None = None
+_live: LiveConsoleHandler | None = None
 
 
 def _redact_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
@@ -37,8 +50,13 @@ def _shared_processors() -> list[Any]:
     ]
 
 
-def configure(*, verbose: bool = False, quiet: bool = False) -> None:
-    """Console logging. Call once per process; `log_to_file` adds the run's JSON-lines file later."""
+def configure(*, verbose: bool = False, quiet: bool = False, output: str = "auto") -> None:
+    """Console logging. Call once per process; `log_to_file` adds the run's JSON-lines file later.
+
+    `output`: "live" (bars and a phase line; a terminal), "plain" (text lines), "json" (JSON lines), or "auto" (live
+    on a terminal, plain otherwise). Warnings from libraries go to the run's log, never to the console.
+    """
+    global _live
     shared = _shared_processors()
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
@@ -46,36 +64,73 @@ def configure(*, verbose: bool = False, quiet: bool = False) -> None:
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
+    logging.captureWarnings(True)
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_migrate_console", False):
             root.removeHandler(handler)
-    console = logging.StreamHandler(sys.stderr)
+            handler.close()
+    if output == "auto":
+        output = "live" if sys.stderr.isatty() else "plain"
+    console: logging.Handler
+    if output == "live":
+        _live = LiveConsoleHandler(Console(stderr=True, markup=False, emoji=False, highlight=False))
+        console = _live
+    else:
+        _live = None
+        console = logging.StreamHandler(sys.stderr)
     console._migrate_console = True  # type: ignore[attr-defined]
     console.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                _drop_keys("run_id"),
-                _short_time,
-                structlog.dev.ConsoleRenderer(
-                    colors=sys.stderr.isatty(),
-                    pad_event_to=30,
-                    sort_keys=False,
-                    # Frame locals may hold a password (a connection's arguments): never render them.
-                    exception_formatter=structlog.dev.plain_traceback,
-                ),
+                *_console_processors(output),
                 _redact_rendered,
             ],
         )
     )
     console.addFilter(_NotDefects())
+    console.addFilter(ConsoleFilter(None if output == "live" else PLAIN_EVERY))
     console.setLevel(logging.WARNING if quiet else (logging.DEBUG if verbose else logging.INFO))
     root.addHandler(console)
     root.setLevel(logging.DEBUG)
     for noisy in ("asyncssh", "httpx", "httpcore", "cloudflare"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _console_processors(output: str) -> list[Any]:
+    if output == "json":
+        return [
+            structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
+            structlog.processors.JSONRenderer(default=str),
+        ]
+    return [
+        _drop_keys("run_id"),
+        _short_time,
+        *([] if output == "live" else [flatten_progress]),
+        structlog.dev.ConsoleRenderer(
+            colors=output == "live",
+            pad_event_to=30,
+            sort_keys=False,
+            # Frame locals may hold a password (a connection's arguments): never render them.
+            exception_formatter=structlog.dev.plain_traceback,
+        ),
+    ]
+
+
+@contextmanager
+def live_phase(source: PhaseSource | None) -> Iterator[None]:
+    """While a run goes on: on a terminal, the live area (bars and the phase line from `source`) stays drawn."""
+    live = _live
+    if live is None:
+        yield
+        return
+    live.start(source)
+    try:
+        yield
+    finally:
+        live.stop()
 
 
 def log_to_file(path: Path) -> None:
@@ -101,8 +156,24 @@ def log_to_file(path: Path) -> None:
         )
     )
     handler.setLevel(logging.DEBUG)
+    handler.addFilter(ThinProgress(FILE_EVERY))
     root.addHandler(handler)
     _configured_file = handler
+
+
+@contextmanager
+def live_paused() -> Iterator[None]:
+    """The live area taken off the terminal meanwhile (a question to the operator), then drawn again."""
+    live = _live
+    if live is None or not live.running:
+        yield
+        return
+    source = live.phase_source
+    live.stop()
+    try:
+        yield
+    finally:
+        live.start(source)
 
 
 def _drop_keys(*keys: str) -> Any:

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from orchestrator.engine.journal import replay
 from orchestrator.results import CutoverResult, DbFinalResult, DnsFlipResult, VerifyResult, result_of
 from orchestrator.secrets import redact_obj
@@ -146,4 +148,15 @@ def write_report(report: dict[str, Any], directory: Path) -> Path:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2, default=str))
     tmp.replace(path)
+    _write_page(path)
     return path
+
+
+def _write_page(report_path: Path) -> None:
+    # Every run gets its page beside the JSON; a page that cannot be drawn never costs the run its report.
+    from orchestrator.report_html import ReportError, write_html
+
+    try:
+        write_html(report_path)
+    except (ReportError, OSError, ValueError) as exc:
+        structlog.get_logger("migrate").warning("report page not written", report=str(report_path), error=str(exc))

@@ -152,3 +152,35 @@ def test_a_defect_prints_one_line_and_keeps_the_traceback_in_the_run_log(
     text = log.read_text()
     assert "boom" in text and "RuntimeError" in text and "broken" in text, "the traceback is in the run's log"
     assert "frame-local-value" not in text, "never with frame locals"
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("10", "must be at least 30, got 10"), ("90000", "must be at most 86400, got 90000"),
+     ("60.5", "expected a whole number"), ("true", "expected a whole number"), ("'60'", "expected a whole number")],
+)  # fmt: skip
+def test_a_bad_lower_ttl_to_is_one_line_naming_where(
+    plan: Path, value: str, problem: str, migrate_here: Callable[..., Result]
+) -> None:
+    text = plan.read_text()
+    assert "  lower_ttl_to: 60\n" in text
+    plan.write_text(text.replace("  lower_ttl_to: 60\n", f"  lower_ttl_to: {value}\n"))
+    line = 1 + plan.read_text().splitlines().index(f"  lower_ttl_to: {value}")
+    res = migrate_here("validate", str(plan))
+    assert res.returncode == exit_codes.BAD_INPUT, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{plan}:{line}:") and "dns.lower_ttl_to" in lines[0], res.stderr
+    assert problem in lines[0], res.stderr
+
+
+def test_a_negative_lower_ttl_wait_is_refused(plan: Path, migrate_here: Callable[..., Result]) -> None:
+    plan.write_text(plan.read_text().replace("  lower_ttl_to: 60\n", "  lower_ttl_to: 60\n  lower_ttl_wait: -1\n"))
+    res = migrate_here("validate", str(plan))
+    assert res.returncode == exit_codes.BAD_INPUT and "dns.lower_ttl_wait" in res.stderr, res
+
+
+def test_report_without_a_run_is_one_line_and_exit_2(plan: Path, migrate_here: Callable[..., Result]) -> None:
+    res = migrate_here("report", str(plan))
+    assert res.returncode == exit_codes.BAD_INPUT, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no run recorded" in lines[0], res.stderr

@@ -1,8 +1,9 @@
 """The lower_ttl step through the real engine and journal, against the lab's Cloudflare API double (official SDK over
 HTTP on loopback).
 
-Waiting is done on a clock the test advances (the step takes its clock and sleep as arguments), so nothing here
-depends on wall-clock time: the assertions are on the journaled facts and on the records' state in the double.
+Waiting (at the gate before the downtime, `wait_out_old_ttl`, as `migrate apply` does) is done on a clock the test
+advances, so nothing here depends on wall-clock time: the assertions are on the journaled facts and on the records'
+state in the double.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import cloudflare
 import pytest
 import structlog
 
+from orchestrator.dns_ttl import ORIGINAL_TTLS, restore_original_ttls, wait_out_old_ttl
 from orchestrator.engine.hooks import HookRunner
 from orchestrator.engine.journal import Journal, StepState
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
@@ -29,13 +31,7 @@ from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Plan, Retry
 from orchestrator.runtime import Runtime
-from orchestrator.steps.lower_ttl import (
-    LOWERED_AT,
-    ORIGINAL_TTLS,
-    WAIT_UNTIL,
-    LowerTtl,
-    restore_original_ttls,
-)
+from orchestrator.steps.lower_ttl import LOWERED_AT, WAIT_UNTIL, LowerTtl
 
 EXAMPLE_PLAN = Path(__file__).parent.parent / "plans" / "course-review.yaml"
 LOWER_TO = 30  # the double's smallest TTL, as Cloudflare's for enterprise zones
@@ -143,6 +139,7 @@ class CutoverProbe(Step):
 
     name = "cutover"
     title = "probe at the cut-over"
+    begins_downtime = True
 
     def __init__(self, clock: Clock, api: Api, records: Records) -> None:
         self.clock, self.api, self.records = clock, api, records
@@ -168,6 +165,7 @@ class FinishProbe(Step):
 class Fails(Step):
     name = "files_final"
     title = "fails inside the window"
+    begins_downtime = True
 
     def describe(self, ctx: StepContext) -> list[str]:
         return []
@@ -180,18 +178,28 @@ class Killed(BaseException):
     """The process dying in the middle of the wait (as kill -9 would: nothing runs after it)."""
 
 
-def make_engine(tmp_path: Path, plan: Plan, steps: list[Step]) -> tuple[Engine, Runtime]:
+def make_engine(
+    tmp_path: Path, plan: Plan, steps: list[Step], clock: Clock | None = None, sleep: Any = None
+) -> tuple[Engine, Runtime]:
+    """An engine whose gate before the downtime waits out the old TTL the way `migrate apply`'s does, on `clock`."""
     plan_path = tmp_path / "plan.yaml"
     plan_path.write_text(EXAMPLE_PLAN.read_text())
     rt = Runtime(plan, plan_path)
     log = structlog.get_logger("test")
+    journal = Journal(tmp_path / "journal.jsonl")
+    clock = clock or Clock()
+
+    def gate(step: Step) -> bool:
+        wait_out_old_ttl(journal.events, log, clock=clock, sleep=sleep or clock.sleep)
+        return True
+
     engine = Engine(
         steps,
-        Journal(tmp_path / "journal.jsonl"),
+        journal,
         config=EngineConfig(str(plan_path), plan.name, "0" * 64, "name: test\n"),
         rt=rt,
         hooks=HookRunner(None, timeout=10, base_env={}, log=log),
-        confirm=lambda step: True,
+        confirm=gate,
         log=log,
     )
     return engine, rt
@@ -218,8 +226,8 @@ def test_ttl_lowered_waited_out_before_the_cutover_and_restored_after_the_commit
     before = ttls(env, records)
     clock = Clock()
     plan = plan_for(env, records, lower_ttl_to=LOWER_TO)
-    steps: list[Step] = [LowerTtl(clock=clock, sleep=clock.sleep), CutoverProbe(clock, env, records), FinishProbe()]
-    engine, rt = make_engine(tmp_path, plan, steps)
+    steps: list[Step] = [LowerTtl(clock=clock), CutoverProbe(clock, env, records), FinishProbe()]
+    engine, rt = make_engine(tmp_path, plan, steps, clock)
     try:
         engine.start_run()
         assert engine.forward() == Outcome.COMPLETED
@@ -260,8 +268,8 @@ def test_rollback_restores_the_original_ttls(env: Api, tmp_path: Path, how: str)
             assert {t[0] for t in ttls(env, records).values()} == {LOWER_TO}  # lowered before the wait
             raise KeyboardInterrupt
 
-    steps: list[Step] = [LowerTtl(clock=clock, sleep=sleep), Fails()]
-    engine, rt = make_engine(tmp_path, plan_for(env, records, lower_ttl_to=LOWER_TO), steps)
+    steps: list[Step] = [LowerTtl(clock=clock), Fails()]
+    engine, rt = make_engine(tmp_path, plan_for(env, records, lower_ttl_to=LOWER_TO), steps, clock, sleep)
     try:
         engine.start_run()
         assert engine.forward() == Outcome.ROLLED_BACK
@@ -280,18 +288,22 @@ def test_a_run_killed_during_the_wait_resumes_with_only_what_is_left(env: Api, t
         raise Killed
 
     plan = plan_for(env, records, lower_ttl_to=LOWER_TO)
-    engine, rt = make_engine(tmp_path, plan, [LowerTtl(clock=clock, sleep=dies), FinishProbe()])
+    steps: list[Step] = [LowerTtl(clock=clock), CutoverProbe(clock, env, records), FinishProbe()]
+    engine, rt = make_engine(tmp_path, plan, steps, clock, dies)
     try:
         engine.start_run()
         with pytest.raises(Killed):
             engine.forward()
     finally:
         rt.close()
-    assert engine.state().step("lower_ttl").state == StepState.RUNNING  # type: ignore[union-attr]
+    # Died at the gate before the downtime: the TTLs lowered, the cut-over not begun.
+    assert engine.state().step("lower_ttl").state == StepState.DONE  # type: ignore[union-attr]
+    assert engine.state().step("cutover").state == StepState.PENDING  # type: ignore[union-attr]
     [lowered_at] = saved(engine, LOWERED_AT)
 
     clock.now += 100  # the operator comes back 100 s later and runs `migrate apply` again
-    engine, rt = make_engine(tmp_path, plan, [LowerTtl(clock=clock, sleep=clock.sleep), FinishProbe()])
+    steps = [LowerTtl(clock=clock), CutoverProbe(clock, env, records), FinishProbe()]
+    engine, rt = make_engine(tmp_path, plan, steps, clock)
     try:
         engine.resume_run()
         assert engine.forward() == Outcome.COMPLETED
@@ -307,8 +319,8 @@ def test_without_lower_ttl_to_nothing_changes(env: Api, tmp_path: Path) -> None:
     records = make_records(env, {"www": SPECS["www"]})
     before = ttls(env, records)
     clock = Clock()
-    plan = plan_for(env, records)
-    step = LowerTtl(clock=clock, sleep=clock.sleep)
+    plan = plan_for(env, records, lower_ttl_to=None)  # the example plan sets one
+    step = LowerTtl(clock=clock)
     engine, rt = make_engine(tmp_path, plan, [step, FinishProbe()])
     try:
         engine.start_run()

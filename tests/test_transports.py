@@ -85,7 +85,7 @@ def test_compare_is_a_dry_run_with_checksums_listing_items() -> None:
 
 def test_progress2_and_stats_are_parsed() -> None:
     progress = rsync.parse_progress("     12,345,678  45%   12.34MB/s    0:00:05 (xfr#3, to-chk=7/10)")
-    assert progress == rsync.Progress(12_345_678, 45, "12.34MB/s", "0:00:05", 3)
+    assert progress == rsync.Progress(12_345_678, 45, "12.34MB/s", "0:00:05", 3, 10)
     assert rsync.parse_progress("sending incremental file list") is None
     stats = rsync.parse_stats(
         "Number of files: 20 (reg: 16, dir: 4)\n"

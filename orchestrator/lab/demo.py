@@ -8,6 +8,7 @@ acknowledged was lost. The lab stays up for inspection.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import subprocess
 import sys
@@ -78,10 +79,43 @@ def main(argv: list[str] | None = None) -> int:
         load.wait(timeout=60)
 
     say("verify: every acknowledged write and upload must be on the target")
-    verdict = subprocess.call([sys.executable, "-m", "orchestrator.lab.verify", "--lab", str(lab_dir)])
+    clients_file = state.load_dir / "verify-target.json"
+    verdict = subprocess.call(
+        [sys.executable, "-m", "orchestrator.lab.verify", "--lab", str(lab_dir), "--json", str(clients_file)]
+    )
     migrate("status", plan)
     say(f"the lab is still up: `migrate lab status --dir {lab_dir}`; stop it with `migrate lab down --dir {lab_dir}`")
+    say_report(plan, clients_file)
     return code or verdict
+
+
+def say_report(plan: str, clients_file: Path) -> None:
+    """The last words of the demo: the run's page (with what the clients saw) and the clients' figures."""
+    with_clients = ["--clients", str(clients_file)] if clients_file.exists() else []
+    page = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "report", plan, *with_clients],
+        capture_output=True,
+        text=True,
+    )
+    if page.returncode != 0:
+        say(f"no report page: {page.stderr.strip()}")
+        return
+    say(f"the run's report (open it in a browser): {page.stdout.strip()}")
+    try:
+        clients = json.loads(clients_file.read_text())
+    except (OSError, ValueError):
+        return
+    figures = [
+        f"longest write stall {_figure(clients.get('longest_write_stall_s'), ' s')}",
+        f"failed writes {_figure(clients.get('write_attempts_failed'))}",
+        f"failed reads {_figure(clients.get('reads_failed'))}",
+        f"acknowledged writes lost {_figure(clients.get('acknowledged_lost'))}",
+    ]
+    print("   clients: " + ", ".join(figures), flush=True)
+
+
+def _figure(value: object, unit: str = "") -> str:
+    return "unknown" if value is None else f"{value}{unit}"
 
 
 if __name__ == "__main__":

@@ -445,6 +445,20 @@ class Dns(Strict):
     content: HostAddress | None = Field(default=None, description="new content; default: the target's public address")
     base_url: HttpUrl | None = Field(default=None, description="API base URL (default: Cloudflare's)")
     timeout: float = _seconds(0, 300, default=30.0, description="per API call")
+    lower_ttl_to: int | None = Field(
+        default=None,
+        ge=30,
+        le=86400,
+        description="lower the records' TTL to this many seconds before the downtime and wait out the old TTL "
+        "(step lower_ttl; the original TTL is put back after the commit and on rollback); unset: TTLs stay as they are",
+    )
+    lower_ttl_wait: float | None = Field(
+        default=None,
+        ge=0,
+        le=86400,
+        description="seconds to wait after lowering instead of the longest original TTL (seconds; 0 when the TTL was "
+        "lowered by hand long before)",
+    )
 
 
 class Cutover(Strict):

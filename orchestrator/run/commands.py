@@ -9,12 +9,14 @@ import structlog
 
 from orchestrator import exit_codes, secrets
 from orchestrator import logging as mlog
+from orchestrator.dns_ttl import wait_out_old_ttl
 from orchestrator.engine.interrupt import Interruptions
 from orchestrator.engine.journal import Journal, RunState, RunStatus
 from orchestrator.engine.lock import LockHeld, PlanLock, is_locked
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
 from orchestrator.engine.step import Step
 from orchestrator.plan.model import Plan
+from orchestrator.progress import Phase, phase_of, ttl_wait_until
 from orchestrator.run import compose
 from orchestrator.run.compose import Say
 from orchestrator.run.crash import interruption_of
@@ -169,12 +171,20 @@ def apply(
             )
 
         def confirm(step: Step) -> bool:
+            wait_out_old_ttl(journal.events, log)  # the pre-syncs ran meanwhile: only what is left of it
             wait_while_postponed(plan, plan_path, step)
-            return ask(plan, step)
+            with mlog.live_paused():  # a prompt must not be drawn over
+                return ask(plan, step)
 
         engine = _engine(subj, steps, journal, confirm)
+        order = [s.name for s in steps]
+
+        def phase(lag: float | None) -> Phase:
+            return phase_of(journal.state(), journal.events, order, plan.cutover.max_write_block, lag)
+
         try:
-            outcome = _drive(engine, state, journal, subj.state_dir, say)
+            with mlog.live_phase(phase):
+                outcome = _drive(engine, state, journal, subj.state_dir, say)
         finally:
             engine.interruptions.uninstall()
             compose.close_runtime(engine.rt)
@@ -309,4 +319,5 @@ def status(plan_path: Path, *, state_dir: Path | None = None, reverse: bool = Fa
         postponed_by=flag if flag is not None and flag.exists() else None,
         next_action=next_action(state, steps, reverse),
         interruption=interruption,
+        ttl_wait_until=ttl_wait_until(state) if state is not None else None,
     )

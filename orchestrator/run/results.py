@@ -121,13 +121,20 @@ class StatusReport:
     postponed_by: Path | None
     next_action: str
     interruption: Interruption | None
+    ttl_wait_until: float | None = None  # the cut-over may begin then (the lower_ttl step's wait)
+
+    def ttl_wait_left(self, now: float | None = None) -> float | None:
+        left = None if self.ttl_wait_until is None else self.ttl_wait_until - (time.time() if now is None else now)
+        return left if left is not None and left > 0 else None
 
     def as_dict(self) -> dict[str, Any]:
+        left = self.ttl_wait_left()
         doc: dict[str, Any] = {
             "run": None,
             "next": self.next_action,
             "locked_by": self.holder.__dict__ if self.holder else None,
             "interrupted": self.interruption.as_dict() if self.interruption else None,
+            "dns_ttl_wait_seconds_left": None if left is None else round(left, 1),
         }
         if self.state is not None:
             doc["run"] = {

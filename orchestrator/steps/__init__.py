@@ -17,7 +17,7 @@ import inspect
 from orchestrator.engine.step import Step
 from orchestrator.plan.model import Plan
 
-BEFORE_CUTOVER: tuple[str, ...] = ("preflight", "prepare_target", "files_presync")
+BEFORE_CUTOVER: tuple[str, ...] = ("preflight", "lower_ttl", "prepare_target", "files_presync")
 CUTOVER_MODES: dict[str, tuple[str, ...]] = {
     # Pre-sync the live datadir, stop the source database cleanly under the lock, copy its quiet datadir's delta.
     "shutdown": ("db_presync", "cutover", "db_final"),

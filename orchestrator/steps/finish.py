@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from orchestrator.contracts import runtime
+from orchestrator.dns_ttl import restore_original_ttls
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Service
 from orchestrator.report import build_report
@@ -63,7 +64,7 @@ class Finish(Step):
             source_services_stopped=stopped,
             write_block_seconds=report.get("write_block_seconds"),
             bytes_moved=report.get("bytes_moved"),
-        ).journal()
+        ).journal() | {"ttls_restored": restore_original_ttls(ctx)}
 
     def undo(self, ctx: StepContext) -> None:
         """Start again, in the plan's order, the source services this run stopped; every start is tried."""

@@ -2,18 +2,22 @@
 
 A resolver that cached a record just before the flip keeps the old address for up to the record's TTL: with the
 TTL an operator usually runs (300 s to a day), clients reach the fenced source for that long after the flip. This
-step lowers the TTL of every record the flip will move to `dns.lower_ttl_to` seconds, then waits until every answer
-cached with the old TTL has expired, so that after the flip clients follow within the low TTL.
+step lowers the TTL of every record the flip will move to `dns.lower_ttl_to` seconds and journals when every answer
+cached with the old TTL will have expired (`wait_until`); the cut-over may begin only then, so that after the flip
+clients follow within the low TTL. The step itself does not wait: the pre-syncs run meanwhile, and the gate before
+the downtime (`orchestrator.dns_ttl.wait_out_old_ttl`, called by the run before the step that begins it) waits
+what is left.
 
 - The original TTLs are journaled before any edit, once: a resumed run never mistakes its own lowered value for
   the original.
 - The wait counts from the moment the last record was lowered (journaled), so a run resumed after a crash waits
-  only what is left; Ctrl-C during the wait rolls back like any step (the TTLs are put back).
+  only what is left; Ctrl-C during the wait rolls back like any interruption before the downtime (the TTLs are
+  put back).
 - Proxied records are answered by Cloudflare's edge with its own addresses and an automatic TTL: there is nothing to
   lower or wait for, so they are skipped and the run says so. A record with the automatic TTL (1) that is not proxied
   is cached for 300 s; it is lowered like the others and put back to automatic.
-- The original TTLs are put back after the commit (`restore_original_ttls`, called by the finish step once the
-  traffic has drained) and by `undo` on rollback. Both edit only the TTL, never the content.
+- The original TTLs are put back after the commit (`orchestrator.dns_ttl.restore_original_ttls`, called by the
+  finish step once the traffic has drained) and by `undo` on rollback. Both edit only the TTL, never the content.
 
 Plan fields (section `dns`): `lower_ttl_to` (seconds; unset: the step changes nothing), `lower_ttl_wait` (seconds
 to wait instead of the longest original TTL, e.g. 0 when the TTL was lowered by hand long before).
@@ -25,16 +29,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.dns_ttl import ORIGINAL_TTLS, WAIT_UNTIL, restore_ttls, set_ttl
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.retry import call_with_retry
 
-ORIGINAL_TTLS = "original_ttls"  # record id → {id, name, type, ttl, proxied}, journaled before the first edit
 LOWERED_AT = "lowered_at"  # when the last record was lowered: the wait counts from here
-WAIT_UNTIL = "wait_until"  # when every answer cached with an old TTL has expired (for `migrate status`)
-RESTORED = "ttls_restored"  # saved by the step that put the original TTLs back after the commit
 AUTOMATIC_TTL = 1  # Cloudflare's "automatic"
 AUTOMATIC_TTL_SECONDS = 300  # what resolvers are told for a non-proxied record with the automatic TTL
-PROGRESS_EVERY = 30.0  # seconds between "still waiting" lines
 
 
 def lowered_to(plan: Any) -> int | None:
@@ -55,11 +56,10 @@ def cached_for(record: dict[str, Any]) -> int:
 
 class LowerTtl(Step):
     name = "lower_ttl"
-    title = "Lower the DNS records' TTL and wait out the old one (service live)"
+    title = "Lower the DNS records' TTL (service live; the cut-over waits out the old one)"
 
-    def __init__(self, *, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
-        self.sleep = sleep
 
     def describe(self, ctx: StepContext) -> list[str]:
         plan = ctx.rt.plan
@@ -80,11 +80,10 @@ class LowerTtl(Step):
         ] + [waiting, "the original TTLs are put back after the commit (finish) and on rollback"]
 
     def check(self, ctx: StepContext) -> bool:
-        """In place once every record was lowered and the old TTL has run out."""
-        until = ctx.saved(WAIT_UNTIL)
+        """In place once every record was lowered (the wait itself is the gate's, before the downtime)."""
         if lowered_to(ctx.rt.plan) is None:
             return True
-        if until is None or self.clock() < float(until):
+        if ctx.saved(LOWERED_AT) is None:
             return False
         originals: dict[str, dict[str, Any]] = ctx.saved(ORIGINAL_TTLS) or {}
         zone_id = self._zone_id(ctx)
@@ -130,37 +129,24 @@ class LowerTtl(Step):
             ctx.save(WAIT_UNTIL, lowered_at + wait)
             ctx.save(LOWERED_AT, lowered_at)
         until = float(ctx.saved(WAIT_UNTIL))
-        waited = self._wait_until(ctx, until)
+        ctx.log.info("lower_ttl.wait_begins", seconds=round(max(until - self.clock(), 0.0), 1),
+                     why="the cut-over waits for answers cached with the old TTL to expire")  # fmt: skip
         return {
             "lowered_to": target,
             "original_ttls": originals,
             "proxied_skipped": skipped,
             "lowered_at": lowered_at,
             "wait_until": until,
-            "waited_seconds": round(waited, 3),
         }
 
     def undo(self, ctx: StepContext) -> None:
         """Put back every original TTL this run journaled (each record tried; the failures reported together)."""
         originals: dict[str, dict[str, Any]] = ctx.saved(ORIGINAL_TTLS) or {}
-        failures = _restore(ctx, originals, self._zone_id(ctx) if originals else "")
+        failures = restore_ttls(ctx, originals, self._zone_id(ctx) if originals else "")
         if failures:
             raise StepError("; ".join(failures))
 
     # -- helpers
-
-    def _wait_until(self, ctx: StepContext, until: float) -> float:
-        """Sleep until `until` (interruptible: Ctrl-C ends it and the run rolls back), saying how long is left."""
-        waited = 0.0
-        while True:
-            left = until - self.clock()
-            if left <= 0:
-                return waited
-            ctx.log.info("lower_ttl.waiting", seconds_left=round(left, 1),
-                         why="answers cached with the old TTL are still valid")  # fmt: skip
-            pause = min(left, PROGRESS_EVERY)
-            self.sleep(pause)
-            waited += pause
 
     def _zone_id(self, ctx: StepContext) -> str:
         plan = ctx.rt.plan
@@ -173,60 +159,7 @@ class LowerTtl(Step):
         )
 
     def _set_ttl(self, ctx: StepContext, zone_id: str, original: dict[str, Any], ttl: int) -> None:
-        _set_ttl(ctx, zone_id, original, ttl)
-
-
-def restore_original_ttls(ctx: StepContext) -> list[str]:
-    """After the commit (the finish step, once traffic has drained): put back the TTLs `lower_ttl` journaled.
-
-    Reads them from the `lower_ttl` step's result, edits only the TTL (the records now point at the target) and
-    returns the names of the records put back. Safe to call again: a record already back is left alone.
-    """
-    result = ctx.output(LowerTtl.name)
-    originals: dict[str, dict[str, Any]] = result.get("original_ttls") or {}
-    if not originals or ctx.saved(RESTORED):
-        return []
-    zone_id = call_with_retry(
-        lambda: ctx.rt.dns.zone_id(ctx.rt.plan.dns.zone), ctx.rt.plan.retry, what="DNS zone lookup"
-    )
-    failures = _restore(ctx, originals, zone_id)
-    if failures:
-        raise StepError("putting back the original DNS TTLs: " + "; ".join(failures))
-    ctx.save(RESTORED, True)
-    return sorted({o["name"] for o in originals.values() if not o["proxied"]})
-
-
-def _restore(ctx: StepContext, originals: dict[str, dict[str, Any]], zone_id: str) -> list[str]:
-    failures: list[str] = []
-    for record_id, original in originals.items():
-        if original["proxied"]:
-            continue
-        try:
-            current = call_with_retry(
-                lambda rid=record_id: ctx.rt.dns.get_record(zone_id, rid),
-                ctx.rt.plan.retry,
-                what=f"DNS read {original['name']}",
-            )
-            if current.ttl == original["ttl"]:
-                continue
-            _set_ttl(ctx, zone_id, original, int(original["ttl"]))
-        except Exception as exc:  # every record is tried; the caller reports them all
-            failures.append(f"{original['name']}: {exc}")
-            continue
-        ctx.log.info("lower_ttl.restored", record=original["name"], ttl=original["ttl"])
-    return failures
-
-
-def _set_ttl(ctx: StepContext, zone_id: str, original: dict[str, Any], ttl: int) -> None:
-    from orchestrator.transports.cloudflare import DnsRecord
-
-    record = DnsRecord(
-        id=original["id"], name=original["name"], type=original["type"], content=original.get("content", ""),
-        ttl=int(original["ttl"]), proxied=bool(original["proxied"]),
-    )  # fmt: skip
-    call_with_retry(
-        lambda: ctx.rt.dns.set_ttl(zone_id, record, ttl), ctx.rt.plan.retry, what=f"DNS TTL of {record.name}"
-    )
+        set_ttl(ctx, zone_id, original, ttl)
 
 
 def _to_lower(original: dict[str, Any], target: int | None) -> bool:

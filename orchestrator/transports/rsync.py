@@ -18,6 +18,7 @@ from typing import Literal
 import structlog
 
 from orchestrator.plan.model import Plan, Retry
+from orchestrator.progress import PROGRESS_KEY, TRANSFER_EVENT, EtaEstimator, TransferProgress
 from orchestrator.retry import call_with_retry
 from orchestrator.transports.ssh import CommandFailed, SshHost, TransportError
 
@@ -46,6 +47,7 @@ class Progress:
     rate: str
     eta: str
     files_done: int | None = None  # xfr#N: files transferred so far
+    files_total: int | None = None  # to-chk=N/M: M files in the transfer's list
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,9 @@ def compare_command(
 
 _PROGRESS = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+)\s+(\d+:\d\d:\d\d)")
 _XFR = re.compile(r"xfr#(\d+)")
+_TO_CHECK = re.compile(r"to-chk=(\d+)/(\d+)")
+_BWLIMIT = re.compile(r"--bwlimit=(\S+)")
+PROGRESS_EVENT_EVERY = 0.5  # seconds between the transfer's progress records (bars redraw from them)
 
 
 def parse_progress(line: str) -> Progress | None:
@@ -181,13 +186,42 @@ def parse_progress(line: str) -> Progress | None:
     if not match:
         return None
     xfr = _XFR.search(line)
+    to_check = _TO_CHECK.search(line)
     return Progress(
         int(match.group(1).replace(",", "")),
         int(match.group(2)),
         match.group(3),
         match.group(4),
         int(xfr.group(1)) if xfr else None,
+        int(to_check.group(2)) if to_check else None,
     )
+
+
+class ProgressReporter:
+    """Turns rsync's updates into `transfer_progress` records (orchestrator.progress) with an honest ETA."""
+
+    def __init__(self, what: str, command: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        bwlimit = _BWLIMIT.search(command)
+        self.what = what
+        self.throttle = bwlimit.group(1).strip("'\"") if bwlimit else None
+        self.clock = clock
+        self.started = clock()
+        self.estimator = EtaEstimator()
+        self.last_sent = -PROGRESS_EVENT_EVERY
+        self.log = structlog.get_logger("migrate")
+
+    def update(self, p: Progress, *, done: bool = False) -> TransferProgress:
+        now = self.clock()
+        rate, eta, total, state = self.estimator.update(now, p.bytes, p.pct)
+        update = TransferProgress(
+            id=self.what, bytes=p.bytes, total=total, pct=100 if done else p.pct, files_done=p.files_done,
+            files_total=p.files_total, rate=rate, eta=0.0 if done else eta, state="done" if done else state,
+            elapsed=round(now - self.started, 3), throttle=self.throttle,
+        )  # fmt: skip
+        if done or now - self.last_sent >= PROGRESS_EVENT_EVERY:
+            self.last_sent = now
+            self.log.info(TRANSFER_EVENT, **{PROGRESS_KEY: update.payload()})
+        return update
 
 
 def _stat(text: str, label: str) -> int:
@@ -224,6 +258,7 @@ def push(
     def _once() -> Stats:
         last_sent = 0.0
         latest: list[Progress] = []
+        reporter = ProgressReporter(what, command)
 
         def _line(line: str) -> None:
             nonlocal last_sent
@@ -231,6 +266,7 @@ def push(
             if progress is None:
                 return
             latest[:] = [progress]
+            reporter.update(progress)
             now = time.monotonic()
             if on_progress is not None and now - last_sent >= progress_interval:
                 last_sent = now
@@ -244,7 +280,11 @@ def push(
             raise RsyncError(what, result.exit_status, result.stderr)
         if on_progress is not None and latest:
             on_progress(latest[0])
-        return parse_stats(result.stdout)
+        stats = parse_stats(result.stdout)
+        last = latest[0] if latest else Progress(0, 100, "", "0:00:00")
+        reporter.update(Progress(stats.transferred_bytes or last.bytes, 100, "", "", last.files_done,
+                                 last.files_total), done=True)  # fmt: skip
+        return stats
 
     return call_with_retry(_once, retry, what=f"rsync {what}")
 
