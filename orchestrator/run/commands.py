@@ -62,6 +62,10 @@ def describe(
     except RunError as missing:
         # A rehearsal contacts nothing, so it goes on; the real run would stop here.
         notes.append(f"note: {missing.message}: a real run would stop here (exit {missing.code})")
+    plan = subj.plan = compose.resolve_mode(plan, plan_path, subj.journal_path, probe=False)
+    if plan.cutover.mode == "auto":
+        notes.append("note: cutover.mode auto is resolved when the run starts (replicate where the servers allow it, "
+                     "else shutdown; preflight says which and why): the replicate steps are shown")  # fmt: skip
     existing = subj.saved_state()
     if existing is not None and existing.status not in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK):
         notes.append(f"note: run {existing.run_id} is unfinished ({existing.status.value}); `apply` would resume it")
@@ -138,6 +142,7 @@ def apply(
     if reverse:
         require_forward_committed(plan_path, loaded.plan)
     prepare_secrets(plan, plan_path, env_file)
+    plan = subj.plan = compose.resolve_mode(plan, plan_path, subj.journal_path, probe=True)
     steps = compose.steps_factory(plan)
     lock = PlanLock(subj.state_dir / "lock", "migrate apply")
     _acquire(lock)
@@ -239,6 +244,7 @@ def rollback(
     if not subj.journal_path.exists():
         return RollbackResult(True, None, f"plan '{plan.name}' has no run: nothing to roll back")
     prepare_secrets(plan, plan_path, env_file)
+    plan = subj.plan = compose.resolve_mode(plan, plan_path, subj.journal_path, probe=False)
     steps = compose.steps_factory(plan)
     lock = PlanLock(subj.state_dir / "lock", "migrate rollback")
     _acquire(lock)
@@ -292,6 +298,7 @@ def rollback(
 def status(plan_path: Path, *, state_dir: Path | None = None, reverse: bool = False) -> StatusReport:
     """Where the run stands, who runs it now, and — after a crash — what is blocked and what a resume would do."""
     subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
+    subj.plan = compose.resolve_mode(subj.plan, plan_path, subj.journal_path, probe=False)
     steps = compose.steps_factory(subj.plan)
     journal = Journal(subj.journal_path) if subj.journal_path.exists() else None
     state = journal.state() if journal is not None else None
