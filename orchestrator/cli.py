@@ -212,6 +212,8 @@ def status(
             out.print(Text(line, "yellow"))
     if report.postponed_by is not None:
         out.print(f"the cut-over is postponed while {report.postponed_by} exists: delete it to begin the downtime")
+    if report.replication is not None:
+        out.print(report.replication)
     out.print(f"next: {report.next_action}")
 
 

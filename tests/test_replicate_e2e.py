@@ -196,7 +196,7 @@ def writes_were_blocked(events: list[dict[str, Any]]) -> bool:
 
 
 def assert_rolled_back_before_the_window(state: LabState, plan: Path, result: subprocess.CompletedProcess[str]) -> None:
-    assert result.returncode == exit_codes.ROLLED_BACK, outcome(result)
+    assert result.returncode == exit_codes.FAILED, outcome(result)
     events = journal_events(state, plan)
     # The source never stopped serving: never fenced, never read-only; and now plain and writable.
     assert not writes_were_blocked(events), "the window began"
@@ -248,7 +248,8 @@ def test_replicate_under_load_loses_nothing_and_tears_replication_down(live: Lab
     print(
         f"replicate: writes blocked (report) {report['write_block_seconds']} s; switch {switch.get('switch_seconds')} s"
         f" (read_only {switch.get('read_only_seconds')} s, wait {switch.get('wait_seconds')} s); longest write stall "
-        f"{verify.longest_write_stall_s} s; failed write attempts {verify.write_attempts_failed}"
+        f"{verify.longest_write_stall_s} s; failed write attempts {verify.write_attempts_failed}; steps "
+        f"{[(step['name'], step['duration']) for step in report['steps']]}"
     )
     assert verify.error is None, verify.error
     assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
@@ -293,15 +294,22 @@ def test_a_replica_that_never_catches_up_stops_after_the_bounded_wait(live: LabS
     state = live
     # The replica applies nothing younger than an hour: under writes, it never reaches the source's position.
     delay = sql_on(state, state.target, "STOP SLAVE; CHANGE MASTER TO MASTER_DELAY = 3600; START SLAVE")
+    # Meanwhile an operator asks where the run stands: the replica's lag, read live.
+    seen = state.path / "status-repllag.json"
+    asked = f"{shlex.quote(str(MIGRATE))} status {shlex.quote(str(state.path / 'plan-repllag.yaml'))} --json"
+    ask = f"{asked} > {shlex.quote(str(seen))}\n"
     plan = replicate_plan(
-        state, "repllag", {"before-step": on_step("repl_catchup", delay)}, compare=False, max_lag=0.5, lag_wait=3
-    )
+        state, "repllag", {"before-step": on_step("repl_catchup", ask + delay)}, compare=False, max_lag=0.5,
+        lag_wait=3,
+    )  # fmt: skip
     with writer(state, f"lag-{os.getpid()}") as acked:
         result = migrate_apply(state, plan, timeout=TIMEOUT)
     text = result.stdout + result.stderr
     assert "replication.max_lag 0.5 s" in text and "replication.lag_wait 3 s" in text, outcome(result)
     assert "nothing was changed" in text
     assert_rolled_back_before_the_window(state, plan, result)
+    status = json.loads(seen.read_text())
+    assert status["replication"].startswith("replica: ") and " behind " in status["replication"], status
     # Every write the source acknowledged meanwhile is there: it never stopped taking them.
     conn = connect(state, state.source, state.db_name)
     try:

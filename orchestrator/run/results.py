@@ -121,6 +121,7 @@ class StatusReport:
     postponed_by: Path | None
     next_action: str
     interruption: Interruption | None
+    replication: str | None = None  # the replica's lag, read live while a replica step runs
 
     def as_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -128,6 +129,7 @@ class StatusReport:
             "next": self.next_action,
             "locked_by": self.holder.__dict__ if self.holder else None,
             "interrupted": self.interruption.as_dict() if self.interruption else None,
+            "replication": self.replication,
         }
         if self.state is not None:
             doc["run"] = {

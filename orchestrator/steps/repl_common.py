@@ -268,3 +268,26 @@ def saved_from(ctx: StepContext, step: str, key: str) -> Any:
 
 def repl_error(what: str, exc: Exception) -> StepError:
     return StepError(f"{what}: {exc}")
+
+
+def replica_line(rt: StepRuntime) -> str:
+    """One line on the replica, read live: its lag and position against the source's, or its own error."""
+    target = rt.db("target", retry=False, read_timeout=10.0)
+    try:
+        status = repl.replica_status(target)
+    finally:
+        rt.release(target)
+    if status is None:
+        return "replica: the target is not replicating"
+    source = rt.db("source", retry=False, read_timeout=10.0)
+    try:
+        at = repl.gtid_binlog_pos(source)
+    finally:
+        rt.release(source)
+    if status.error:
+        return f"replica: stopped: {status.error}"
+    behind = "unknown" if status.seconds_behind is None else f"{status.seconds_behind} s"
+    return (
+        f"replica: {behind} behind (Seconds_Behind_Master), received up to {status.gtid_io_pos or 'nothing'}, "
+        f"the source at {at}; IO thread {status.io_running}, SQL thread {'Yes' if status.sql_running else 'No'}"
+    )
