@@ -685,6 +685,12 @@ class Plan(Strict):
         services["source"], services["target"] = services["target"], services["source"]
         services["fence"], services["target_fence"] = services["target_fence"], services["fence"]
         data["dns"]["content"] = self.source.dns_content
+        # The way back copies the datadir in the shutdown mode: a reverse run through the reverse replica is not
+        # built yet.
+        data["cutover"]["mode"] = "shutdown"
+        if data.get("replication") is not None:
+            replication = data["replication"]
+            replication["source"], replication["target"] = replication["target"], replication["source"]
         overrides = self.reverse
         if overrides is not None and overrides.transfer is not None:
             data["transfer"] = overrides.transfer.model_dump(mode="python")
