@@ -282,8 +282,11 @@ class VerifyTarget(Step):
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         ctx.window.check("starting the verification")
         if replicate_run(ctx):
-            tries, problems = self.health(ctx)
-            problems += self.positions(ctx)[1]
+            # Side by side, as below: the positions in a thread (carrying the log context), the checks here.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as pool:
+                positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
+                tries, problems = self.health(ctx)
+                problems += positions_future.result()[1]
             if problems:
                 raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
             ctx.window.check("the verification")
