@@ -117,6 +117,8 @@ def replicate_plan(state: LabState, suffix: str, hooks: dict[str, str] | None = 
     data = yaml.load(state.plan_file.read_text())
     data["name"] = f"{data['name']}-{suffix}"
     data["cutover"]["mode"] = replication.pop("mode", "auto")
+    if "max_write_block" in replication:
+        data["cutover"]["max_write_block"] = replication.pop("max_write_block")
     for key, value in replication.items():
         data["replication"][key] = value
     hooks_dir = state.path / f"hooks-{suffix}"
@@ -393,3 +395,46 @@ def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_
     events = journal_events(state, plan)
     assert writes_were_blocked(events)
     assert next(s for s in report["steps"] if s["name"] == "repl_switch")["attempts"] == 1
+
+
+def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_source(
+    live: LabState, tmp_path: Path
+) -> None:
+    """The budget spent while nobody ran: the resume rolls back; the source is writable again (read_only is global
+    and survived the kill: the rollback clears it), the target read-only and stopped, DNS unchanged, 0 lost."""
+    state = live
+    budget = 8.0
+    plan = replicate_plan(
+        state, "replkill3", {"before-step": on_step("files_final", "kill -9 $PPID\n")}, max_write_block=budget
+    )
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, 300)
+    try:
+        acks = load_dir / "acks.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
+            time.sleep(0.05)
+        run_killed(state, plan)
+        (state.path / "hooks-replkill3" / "before-step").unlink()
+        writable, _ = source_is_plain_and_writable(state)
+        assert not writable  # the kill left the source read-only
+        blocked_at = next(
+            float(ev["value"]) for ev in journal_events(state, plan)
+            if ev.get("event") == "step_saved" and ev.get("key") == "writes_blocked_at"
+        )  # fmt: skip
+        while time.time() <= blocked_at + budget:  # the budget runs out while nobody runs
+            time.sleep(0.1)
+        result = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert result.returncode == exit_codes.FAILED, outcome(result)
+        assert "cutover.max_write_block" in result.stdout + result.stderr, outcome(result)
+        time.sleep(DNS_TTL + 2)
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load.communicate(timeout=60)
+    writable, status = source_is_plain_and_writable(state)
+    assert writable and status is None
+    assert_source_serves_and_dns_unchanged(state)
+    verify = main_verify(state, host="source", load_dir=load_dir)
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
