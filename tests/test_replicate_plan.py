@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from orchestrator.plan.loader import PlanError, load_plan
 from orchestrator.run import compose
 from orchestrator.steps import build_steps
 from orchestrator.steps.repl_common import mode_reason, replication_problems
+from orchestrator.transports import replication as repl
 from tests.test_plan import SMALL_PLAN, write
 
 REPLICATION = """replication:
@@ -123,3 +126,28 @@ def test_the_reverse_plan_swaps_the_replication_endpoints_and_goes_back_in_the_s
     assert back.cutover.mode == "shutdown"
     assert back.replication is not None and plan.replication is not None
     assert back.replication.source == plan.replication.target and back.replication.target == plan.replication.source
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+def test_the_installed_copy_takes_the_owner_of_the_datadir_it_replaces(tmp_path: Path) -> None:
+    datadir = tmp_path / "mysql"
+    datadir.mkdir()
+    (datadir / "ibdata1").write_text("old")
+    os.chown(datadir, 65534, 65534)
+    spec = repl.SeedSpec("/unused", str(datadir), ("ssh", "unused"))
+    staging = Path(spec.staging_dir)
+    staging.mkdir()
+    (staging / "xtrabackup_checkpoints").write_text("backup_type = log-applied\n")
+    (staging / "ibdata1").write_text("new")
+    subprocess.run(repl.install_command(spec), shell=True, check=True)
+    assert (datadir / "ibdata1").read_text() == "new" and (datadir / "ibdata1").stat().st_uid == 65534
+    assert (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
+    # A crash between the two renames: finishing the install moves the copy in and keeps the previous datadir.
+    subprocess.run(repl.restore_previous_command(spec), shell=True, check=True)
+    staging.mkdir()
+    (staging / "xtrabackup_checkpoints").write_text("backup_type = log-applied\n")
+    datadir.rename(spec.previous_dir)
+    subprocess.run(repl.finish_install_command(spec), shell=True, check=True)
+    assert (datadir / "xtrabackup_checkpoints").exists() and (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
+    subprocess.run(repl.finish_install_command(spec), shell=True, check=True)  # done: nothing more to do
+    assert (Path(spec.previous_dir) / "ibdata1").read_text() == "old"

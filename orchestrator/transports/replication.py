@@ -246,6 +246,14 @@ log=$(mktemp); trap 'rm -f "$log"' EXIT
     return _bash(script)
 
 
+def _chown(spec: SeedSpec, datadir: str, previous: str) -> str:
+    """The copy is written by the SSH user (root): it takes the owner given, else that of the datadir it replaces
+    (the database server's account), so the server can open it."""
+    if spec.owner:
+        return f"chown -R {shlex.quote(spec.owner)} {datadir}"
+    return f"if [ -e {previous} ]; then chown -R --reference={previous} {datadir}; fi"
+
+
 def install_command(spec: SeedSpec) -> str:
     """Run on the target, its database stopped: the prepared copy becomes the datadir.
 
@@ -256,7 +264,7 @@ def install_command(spec: SeedSpec) -> str:
     staging, datadir, previous = (
         shlex.quote(p) for p in (spec.staging_dir, spec.target_datadir.rstrip("/"), spec.previous_dir)
     )
-    chown = f"chown -R {shlex.quote(spec.owner)} {datadir}" if spec.owner else "true"
+    chown = _chown(spec, datadir, previous)
     script = f"""set -euo pipefail
 if ! grep -qx 'backup_type = log-applied' {staging}/xtrabackup_checkpoints 2>/dev/null; then
   echo "no prepared seed in {spec.staging_dir}" >&2; exit 1
@@ -276,8 +284,10 @@ def finish_install_command(spec: SeedSpec) -> str:
     it), or done (no staging dir: nothing to do). A plain re-run of `install_command` in the half-done case would
     delete the previous datadir.
     """
-    staging, datadir = (shlex.quote(p) for p in (spec.staging_dir, spec.target_datadir.rstrip("/")))
-    chown = f"chown -R {shlex.quote(spec.owner)} {datadir}" if spec.owner else "true"
+    staging, datadir, previous = (
+        shlex.quote(p) for p in (spec.staging_dir, spec.target_datadir.rstrip("/"), spec.previous_dir)
+    )
+    chown = _chown(spec, datadir, previous)
     script = f"""set -euo pipefail
 if [ -d {staging} ]; then
   if [ -e {datadir} ]; then {install_command(spec)}; exit $?; fi
