@@ -1,19 +1,22 @@
 """Switch (replicate mode) — the downtime window begins here: the source stops taking writes, the replica executes
 its last transactions and becomes the primary.
 
-Fence the source's service (`writes_blocked_at` and `fenced` journaled first) → SET GLOBAL read_only on the source
-with the bounded wait (`source_read_only` journaled first: read_only is global and outlives this process, so undo
-and a resume clear it) → the source's final GTID position (journaled) → MASTER_GTID_WAIT on the target for it,
-bounded by what is left of `cutover.max_write_block` → the promotion with its proof (`promoting` journaled first):
-replication stopped, the target executed exactly the source's final position, replication forgotten, read_only
-off. No file copy, no server start, no full row count: the work is what the replica had not applied yet.
+Fence the source's service and, side by side, SET GLOBAL read_only on the source with the bounded wait
+(`writes_blocked_at`, `fenced` and `source_read_only` journaled first: read_only is global and outlives this
+process, so undo and a resume clear it) → the source's final GTID position (journaled) → MASTER_GTID_WAIT on the
+target for it, bounded by what is left of `cutover.max_write_block` → the promotion with its proof (`promoting`
+journaled first): replication stopped, the target executed exactly the source's final position, replication
+forgotten, read_only off. No file copy, no server start, no full row count: the work is what the replica had not
+applied yet.
 
 The target's services stay fenced: the DNS flip lifts the fence (the commit point).
 """
 
 from __future__ import annotations
 
+import contextvars
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pymysql
@@ -75,8 +78,18 @@ class ReplSwitch(Step):
                     why = failure.error if failure is not None else "the target is not a replica"
                     raise StepError(f"the replica is not healthy before the window: {why}")
                 began = time.monotonic()
-                result.writes_blocked_at = self._fence(ctx)
-                result.read_only_seconds = self._read_only(ctx, source)
+                # The app's fence and the database's read_only go up side by side: either blocks writes, and the
+                # fence's SSH round trip need not come before the database's.
+                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fence") as pool:
+                    blocked_at = self._begin(ctx)
+                    fenced = pool.submit(contextvars.copy_context().run, self._fence, ctx)
+                    try:
+                        result.read_only_seconds = self._read_only(ctx, source)
+                    finally:
+                        fence_failure = fenced.exception()  # waited for: undo finds the fence up, not going up
+                    if fence_failure is not None:
+                        raise fence_failure
+                result.writes_blocked_at = blocked_at
                 final = self._final_position(ctx, source)
                 result.final_gtid = str(final)
                 window.check("waiting for the replica")
@@ -118,16 +131,21 @@ class ReplSwitch(Step):
 
     # -- the sequence
 
-    def _fence(self, ctx: StepContext) -> float:
-        rt = runtime(ctx)
-        fence = rt.plan.services.fence.enable
+    def _begin(self, ctx: StepContext) -> float:
+        """The window begins: journaled (`writes_blocked_at`, `fenced`, `source_read_only`) before anything moves."""
         saved_at = ctx.saved(WRITES_BLOCKED_AT)
         blocked_at = float(saved_at) if saved_at else time.time()
-        if fence:
+        if runtime(ctx).plan.services.fence.enable:
             ctx.save(FENCED, True)
         if not saved_at:
             ctx.save(WRITES_BLOCKED_AT, blocked_at)
+        ctx.save(SOURCE_READ_ONLY, True)
         ctx.window.begin(blocked_at)
+        return blocked_at
+
+    def _fence(self, ctx: StepContext) -> None:
+        rt = runtime(ctx)
+        fence = rt.plan.services.fence.enable
         if fence:
             try:
                 rt.source.run(fence, timeout=ctx.window.timeout(FENCE_TIMEOUT))
@@ -136,13 +154,11 @@ class ReplSwitch(Step):
                 raise StepError(f"fencing the source: {exc}") from None
         ctx.window.check("fencing the source")
         ctx.log.info("repl.switch.fenced", fence=bool(fence))
-        return blocked_at
 
     def _read_only(self, ctx: StepContext, source: Any) -> float:
         """read_only on the source, each try bounded by the budget, retried with backoff like the lock."""
         c = runtime(ctx).plan.cutover
         window = ctx.window
-        ctx.save(SOURCE_READ_ONLY, True)
         started = time.monotonic()
         delay = c.lock_retry_backoff
         for attempt in range(1, c.lock_attempts + 1):
