@@ -53,11 +53,13 @@ def run_steps(ctx: StepContext) -> list[str]:
 
 
 def replicate_run(ctx: StepContext) -> bool:
-    """This run is in replicate mode (its steps include the switch); a dry-run asks the plan."""
+    """This run is in replicate mode (its steps include the switch); without a journal, the plan says."""
     steps = run_steps(ctx)
     if steps:
         return SWITCH_STEP in steps
-    return runtime(ctx).plan.cutover.mode in ("replicate", "auto")  # an unresolved auto shows the replicate steps
+    # A run's plan has its mode resolved (run/compose.py); a dry-run's unresolved auto shows the replicate steps.
+    mode = runtime(ctx).plan.cutover.mode
+    return mode == "replicate" or (mode == "auto" and ctx.dry_run)
 
 
 # --- can this pair of servers replicate? ----------------------------------------------------------------------
