@@ -1,15 +1,18 @@
-"""Benchmark: how long writes are unavailable with `migrate apply`, against the naive procedure.
+"""Benchmark: how long writes are unavailable with `migrate apply` in each cut-over mode, against the naive procedure.
 
-    .venv/bin/python bench/cutover.py --db-size-mb 200
+    .venv/bin/python bench/cutover.py --db-size-mb 64,512 --modes replicate,shutdown,naive
 
-Brings up a lab of that size (in a temporary directory unless --lab-dir), runs the lab's load (clients resolving
-through the Cloudflare double, short DNS cache) and:
-1. migrates with `migrate apply` (pre-syncs while live, then the short cut-over);
-2. puts the source back as the live side, then does the naive procedure under the same load: stop the service
-   and the database, copy everything (datadir and uploads, from scratch), start on the target, flip DNS.
+For each database size, brings up a lab of that size (in a temporary directory unless --lab-dir), runs the lab's
+load (clients resolving through the Cloudflare double, short DNS cache) and, one after the other under the same
+load, with the source put back as the live side before each:
+- replicate: `migrate apply` in cutover.mode replicate (seed, replica, compare, then a window of read_only → the
+  replica's last transactions → promotion → DNS);
+- shutdown: `migrate apply` in cutover.mode shutdown (pre-syncs while live, then lock, clean shutdown, final pass);
+- naive: stop the service and the database, copy everything (datadir and uploads, from scratch), start on the
+  target, flip DNS.
 For each: the write-unavailability window seen by the clients (last write acknowledged by the source → first
 acknowledged by the target, from the load's acks), the window from the run report (writes blocked → DNS flipped),
-total time and bytes moved; then the ratio. Run by hand; not part of CI.
+total time and bytes moved; then a table with the ratios. Run by hand; not part of CI.
 """
 
 from __future__ import annotations
@@ -29,11 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.lab import hosts
+import pymysql
+
+from orchestrator.lab import hosts, planfile
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report import render_report
 from orchestrator.runtime import Runtime
+from orchestrator.transports import replication as repl
 from orchestrator.transports import rsync
 from orchestrator.transports.cloudflare import DnsClient
 
@@ -71,6 +77,19 @@ def point_dns(state: LabState, address: str) -> None:
                     client.set_content(zone_id, record, address)
 
 
+def source_writable(state: LabState) -> None:
+    """After a replicate run the old source is read-only (and, while finish keeps it, a replica): undo both."""
+    conn = pymysql.connect(
+        host=state.source.address, port=state.source.db_port, user=state.migrate_user,
+        password=state.secrets()[state.db_password_env], autocommit=True, connect_timeout=10,
+    )  # fmt: skip
+    try:
+        repl.forget_replication(conn)
+        repl.set_read_only(conn, False, lock_wait_timeout=5)
+    finally:
+        conn.close()
+
+
 def source_live(state: LabState) -> None:
     """The source serves again with the data it has; the target is stopped; DNS points at the source."""
     run_bin(state.target, "app-stop")
@@ -78,6 +97,7 @@ def source_live(state: LabState) -> None:
     run_bin(state.source, "db-start")
     run_bin(state.source, "app-start")
     run_bin(state.source, "fence-off")
+    source_writable(state)
     point_dns(state, state.source.address)
     subprocess.run(["rm", "-rf", str(state.path / ".migrate")], check=True)
 
@@ -111,8 +131,9 @@ def client_window(state: LabState, out: Path) -> tuple[float | None, int, int]:
     return window, int(stats.get("writes_acked", 0)), int(stats.get("write_attempts_failed", 0))
 
 
-def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float) -> Outcome:
-    out = work / "load-migrate"
+def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float, mode: str) -> Outcome:
+    out = work / f"load-{mode}"
+    planfile.write_plan(state, mode)
     started = time.monotonic()
     with load_running(state, out, dns_ttl, rate):
         result = subprocess.run(
@@ -128,9 +149,10 @@ def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float) -> Ou
     print(render_report(report))
     window, acked, failed = client_window(state, out)
     in_window = sum(
-        int((report.get("bytes_by_step") or {}).get(step, 0)) for step in ("cutover", "db_final", "files_final")
+        int((report.get("bytes_by_step") or {}).get(step, 0))
+        for step in ("cutover", "db_final", "repl_switch", "files_final")
     )
-    return Outcome("migrate apply", total, window, report.get("write_block_seconds"), report.get("bytes_moved"),
+    return Outcome(mode, total, window, report.get("write_block_seconds"), report.get("bytes_moved"),
                    acked, failed, in_window)  # fmt: skip
 
 
@@ -159,7 +181,7 @@ def naive(state: LabState, work: Path, dns_ttl: float, rate: float) -> Outcome:
         flipped_at = time.time()
         total = time.monotonic() - began
     window, acked, failed = client_window(state, out)
-    return Outcome("naive stop-copy-start", total, window, flipped_at - stopped_at, moved, acked, failed, moved)
+    return Outcome("naive", total, window, flipped_at - stopped_at, moved, acked, failed, moved)
 
 
 def show(outcome: Outcome) -> str:
@@ -174,42 +196,76 @@ def show(outcome: Outcome) -> str:
     )
 
 
+def table(rows: list[tuple[int, Outcome]], link_mbit: float) -> str:
+    """The measured figures, one line per size and mode, with each window's ratio to the replicate mode's."""
+
+    def secs(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f} s"
+
+    lines = [
+        "| database | mode | writes unavailable (clients) | writes blocked → DNS flipped (run) | total | bytes moved |"
+        f" xreplicate (clients) | window over {link_mbit:g} Mbit/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for size, outcome in rows:
+        base = next((o for s, o in rows if s == size and o.name == "replicate"), None)
+        ratio = "n/a"
+        if base is not None and base.client_window_seconds and outcome.client_window_seconds:
+            ratio = f"{outcome.client_window_seconds / base.client_window_seconds:.1f}x"
+        mib = "n/a" if outcome.bytes_moved is None else f"{outcome.bytes_moved / 2**20:.1f} MiB"
+        lines.append(
+            f"| {size} MiB | {outcome.name} | {secs(outcome.client_window_seconds)} | {secs(outcome.blocked_seconds)} |"
+            f" {secs(outcome.total_seconds)} | {mib} | {ratio} | {secs(outcome.projected_window(link_mbit))} |"
+        )
+    for mode in dict.fromkeys(o.name for _, o in rows):
+        windows = [(s, o.client_window_seconds) for s, o in rows if o.name == mode and o.client_window_seconds]
+        if len(windows) >= 2:
+            (small, first), (large, last) = windows[0], windows[-1]
+            lines.append(f"{mode}: the clients' window at {large} MiB is {last / first:.2f}x the one at {small} MiB")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db-size-mb", type=int, default=200)
+    parser.add_argument("--db-size-mb", default="200", help="one size or several, comma-separated (e.g. 64,512)")
+    parser.add_argument("--modes", default="replicate,shutdown,naive", help="comma-separated: replicate,shutdown,naive")
     parser.add_argument("--uploads-size-mb", type=int, default=20)
     parser.add_argument("--dns-ttl", type=float, default=1.0, help="clients' DNS cache, seconds")
     parser.add_argument("--rate", type=float, default=40.0, help="load requests per second")
-    parser.add_argument("--lab-dir", type=Path, default=None, help="reuse/keep this lab (default: a temporary one)")
+    parser.add_argument("--lab-dir", type=Path, default=None, help="reuse/keep this lab (one size only)")
     parser.add_argument("--link-mbit", type=float, default=1000.0, help="link speed for the projected windows")
     args = parser.parse_args(argv)
+    sizes = [int(size) for size in str(args.db_size_mb).split(",") if size.strip()]
+    modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
+    unknown = [mode for mode in modes if mode not in ("replicate", "shutdown", "naive")]
+    if unknown or not modes or not sizes or (args.lab_dir is not None and len(sizes) > 1):
+        parser.error("--modes takes replicate, shutdown, naive; --lab-dir takes one --db-size-mb")
 
     work = Path(tempfile.mkdtemp(prefix="migrate-bench-"))
-    lab_dir = args.lab_dir or work / "lab"
-    began = time.monotonic()
-    state = hosts.up(lab_dir, db_size_mb=args.db_size_mb, uploads_size_mb=args.uploads_size_mb,
-                     default_ports=False, say=print)  # fmt: skip
-    print(f"lab up in {time.monotonic() - began:.1f} s: {lab_dir}")
+    rows: list[tuple[int, Outcome]] = []
     try:
-        source_live(state)
-        ours = with_migrate(state, work, args.dns_ttl, args.rate)
-        print(show(ours))
-        source_live(state)
-        theirs = naive(state, work, args.dns_ttl, args.rate)
-        print(show(theirs))
-        if ours.client_window_seconds and theirs.client_window_seconds:
-            ratio = theirs.client_window_seconds / ours.client_window_seconds
-            print(f"naive / migrate write-unavailability window: {ratio:.1f}x")
-        ours_link, theirs_link = ours.projected_window(args.link_mbit), theirs.projected_window(args.link_mbit)
-        if ours_link and theirs_link:
-            print(
-                f"projected over a {args.link_mbit:g} Mbit/s link (bytes moved inside each window added at link "
-                f"speed): migrate {ours_link:.2f} s, naive {theirs_link:.2f} s, {theirs_link / ours_link:.1f}x"
-            )
+        for size in sizes:
+            lab_dir = args.lab_dir or work / f"lab-{size}"
+            began = time.monotonic()
+            state = hosts.up(lab_dir, db_size_mb=size, uploads_size_mb=args.uploads_size_mb,
+                             default_ports=False, say=print)  # fmt: skip
+            print(f"lab of {size} MiB up in {time.monotonic() - began:.1f} s: {lab_dir}")
+            try:
+                for mode in modes:
+                    source_live(state)
+                    if mode == "naive":
+                        outcome = naive(state, work / str(size), args.dns_ttl, args.rate)
+                    else:
+                        outcome = with_migrate(state, work / str(size), args.dns_ttl, args.rate, mode)
+                    print(f"{size} MiB: {show(outcome)}")
+                    rows.append((size, outcome))
+            finally:
+                planfile.write_plan(state)
+                if args.lab_dir is None:
+                    hosts.down(lab_dir, purge=True)
+        print(table(rows, args.link_mbit))
     finally:
-        if args.lab_dir is None:
-            hosts.down(lab_dir, purge=True)
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

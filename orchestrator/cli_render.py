@@ -69,6 +69,8 @@ def status_lines(report: run.StatusReport) -> list[Text]:
     if report.postponed_by is not None:
         lines.append(Text(f"the cut-over is postponed while {report.postponed_by} exists: delete it to begin the "
                           "downtime"))  # fmt: skip
+    if report.replication is not None:
+        lines.append(Text(report.replication))
     lines.append(Text(f"next: {report.next_action}"))
     return lines
 

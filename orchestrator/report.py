@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 
 from orchestrator.engine.journal import replay
-from orchestrator.results import CutoverResult, DbFinalResult, DnsFlipResult, VerifyResult, result_of
+from orchestrator.results import CutoverResult, DbFinalResult, DnsFlipResult, SwitchResult, VerifyResult, result_of
 from orchestrator.secrets import redact_obj
 
 
@@ -59,7 +59,8 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
     cutover = CutoverResult.of(outputs.get("cutover"))
     final_pass = DbFinalResult.of(outputs.get("db_final"))
     flip = DnsFlipResult.of(outputs.get("dns_flip"))
-    blocked_at = cutover.writes_blocked_at
+    switch = SwitchResult.of(outputs.get("repl_switch"))
+    blocked_at = cutover.writes_blocked_at or switch.writes_blocked_at
     flipped_at = flip.flipped_at
     verify = VerifyResult.of(outputs.get("verify_target")).journal() if "verify_target" in outputs else {}
     report: dict[str, Any] = {
@@ -74,6 +75,7 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "steps": steps,
         "bytes_moved": sum(bytes_by_step.values()),
         "bytes_by_step": bytes_by_step,
+        "replicate": switch.journal() if "repl_switch" in outputs else None,
         "cutover": {
             "mode": cutover.mode,
             "mode_reason": cutover.mode_reason,

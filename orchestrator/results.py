@@ -111,6 +111,59 @@ class CutoverResult(FinalState):
     write_block_seconds_so_far: float | None = None
 
 
+# --- the replicate mode ---
+
+
+class SeedResult(Contract):
+    """repl_seed: the hot backup streamed into the target."""
+
+    bytes: int = 0
+    estimate_bytes: int | None = None
+    stream_seconds: float | None = None
+    prepare_seconds: float | None = None
+    backup_stages: dict[str, str] = {}
+    gtid: str | None = None
+    binlog_file: str | None = None
+    binlog_position: int | None = None
+
+    def bytes_moved(self) -> int:
+        return self.bytes
+
+
+class ReplicaResult(Contract):
+    """repl_replica: the target a GTID replica of the source through the tunnel."""
+
+    tunnel: str | None = None
+    tunnel_port: int | None = None
+    start_gtid: str | None = None
+    services: list[str] = []
+
+
+class CatchupResult(Contract):
+    """repl_catchup: the comparison and the lag before the window."""
+
+    compared_tables: int = 0
+    compared_chunks: int = 0
+    compare_seconds: float | None = None
+    snapshot_gtid: str | None = None
+    lag_seconds: float | None = None
+    lag_waited_seconds: float | None = None
+
+
+class SwitchResult(Contract):
+    """repl_switch: the window's switch from the source to the promoted replica."""
+
+    mode: str = "replicate"
+    mode_reason: str | None = None
+    writes_blocked_at: float | None = None
+    read_only_seconds: float | None = None
+    final_gtid: str | None = None
+    wait_seconds: float | None = None
+    promote_seconds: float | None = None
+    executed_gtid: str | None = None
+    switch_seconds: float | None = None
+
+
 # --- the target ---
 
 
@@ -160,6 +213,8 @@ class FinishResult(Contract):
     source: str | None = None
     source_services_stopped: list[str] = []
     write_block_seconds: float | None = None
+    # Replicate mode: the reverse path (old source a replica of the target) and its teardown.
+    reverse_replication: dict[str, Any] | None = None
     # The run's total so far, as the report counted it (not this step's own transfer).
     run_bytes_moved: int | None = Field(default=None, alias="bytes_moved")
 
@@ -171,6 +226,10 @@ RESULTS: dict[str, type[Contract]] = {
     "db_presync": DbPresyncResult,
     "cutover": CutoverResult,
     "db_final": DbFinalResult,
+    "repl_seed": SeedResult,
+    "repl_replica": ReplicaResult,
+    "repl_catchup": CatchupResult,
+    "repl_switch": SwitchResult,
     "files_final": FilesResult,
     "start_target": StartTargetResult,
     "verify_target": VerifyResult,

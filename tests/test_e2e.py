@@ -28,7 +28,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
-from orchestrator.lab import procs
+from orchestrator.lab import planfile, procs
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import main_verify
 from orchestrator.transports.cloudflare import DnsClient
@@ -103,10 +103,14 @@ def restore_source_live(state: LabState) -> None:
 
 @pytest.fixture
 def live_lab(lab: LabState) -> Iterator[LabState]:
+    """The lab live on the source, its plan in the shutdown mode (these tests prove that mode; the replicate mode's
+    own are in test_replicate_e2e.py)."""
     restore_source_live(lab)
+    planfile.write_plan(lab, "shutdown")
     try:
         yield lab
     finally:
+        planfile.write_plan(lab)
         restore_source_live(lab)
 
 
@@ -115,6 +119,7 @@ def plan_copy(state: LabState, suffix: str, changes: dict[str, dict[str, Any]]) 
     yaml = YAML()
     data = yaml.load(state.plan_file.read_text())
     data["name"] = f"{data['name']}-{suffix}"
+    data["cutover"]["mode"] = "shutdown"  # unless `changes` says otherwise
     for section, values in changes.items():
         if section not in data:
             data[section] = {}

@@ -350,13 +350,17 @@ def test_the_cutover_mode_chooses_the_steps_between_the_shared_ones() -> None:
     assert STEP_ORDER.index("cutover") < STEP_ORDER.index("db_final") < STEP_ORDER.index("files_final")
     for mode, names in CUTOVER_MODES.items():
         assert [step_class(name).name for name in names] == list(names), mode
-    with pytest.raises(LookupError, match="replicate"):
-        step_order("replicate")
+    replicate = step_order("replicate")
+    assert replicate[: replicate.index("repl_seed")] == STEP_ORDER[: STEP_ORDER.index("db_presync")]
+    assert replicate.index("repl_switch") < replicate.index("files_final") and "cutover" not in replicate
+    assert step_order("auto") == replicate  # unresolved: what a dry-run shows
+    with pytest.raises(LookupError, match="sideways"):
+        step_order("sideways")
 
 
 def test_no_step_imports_another_step() -> None:
     steps_dir = Path(__file__).parents[1] / "orchestrator" / "steps"
-    step_modules = {f"orchestrator.steps.{name}" for name in STEP_ORDER}
+    step_modules = {f"orchestrator.steps.{name}" for names in (STEP_ORDER, *CUTOVER_MODES.values()) for name in names}
     for path in sorted(steps_dir.glob("*.py")):
         tree = ast.parse(path.read_text())
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}

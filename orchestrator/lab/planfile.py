@@ -38,7 +38,10 @@ def _endpoint(host: HostState) -> str:
     stop: {s(host.bin_dir / "db-stop")}"""
 
 
-def plan_text(state: LabState) -> str:
+MODES = ("auto", "replicate", "shutdown")
+
+
+def plan_text(state: LabState, mode: str = "auto") -> str:
     src, tgt = state.source, state.target
     records = "\n".join(f"    - {s(r)}" for r in state.records)
     return f"""# The lab's migration: "course reviews" moves from the source ({src.address}) to the target
@@ -119,9 +122,35 @@ dns:
   content: {s(tgt.address)}
   base_url: {s(state.cf_base_url)}
 
+# How the database moves. 'auto' picks 'replicate' when both servers allow it (binlog on, ROW, GTID strict,
+# log_slave_updates, distinct server ids, mariadb-backup installed: the lab's do), else 'shutdown'; preflight says
+# which and why. 'replicate': seed the target with a hot backup, keep it a GTID replica, switch in well under a
+# second. 'shutdown': stop the source database under the lock and copy the datadir's delta.
 cutover:
   lock_wait_timeout: 3
   max_write_block: 60
+  mode: {mode}
+
+# The replicate mode. Replication runs through an SSH tunnel the source opens over its host-key-verified hop to the
+# target (ssh -R; ssh -L for the reverse path after the flip): nothing of it crosses the network outside SSH. The
+# password is a reference, like every secret. Defaults: max_lag 1 s (0-3600), lag_wait 600 s (0-86400), no seed
+# throttle (1-100000 read operations per second), seed_nice true, compare true, chunk_rows 2000 (10-10000000),
+# compare_pause 0 (0-100), keep_reverse 0 s (0-86400).
+replication:
+  user: {s(state.repl_user)}
+  password: {{env: {state.repl_password_env}}}
+  source:   # the databases' TCP addresses as seen from their own hosts: the tunnels' far ends
+    host: {s(src.address)}
+    port: {src.db_port}
+  target:
+    host: {s(tgt.address)}
+    port: {tgt.db_port}
+  max_lag: 1
+  lag_wait: 120
+  compare: true
+  chunk_rows: 2000
+  app_users: [{s(state.app_user)}]   # must not hold READ ONLY ADMIN or SUPER: read_only must stop them
+  keep_reverse: 0
 
 # rsync runs on the source and pushes to the target; the source ssh's to the target from its own address.
 transfer:
@@ -148,9 +177,9 @@ def validate_text(text: str) -> Plan:
     return Plan.model_validate(data)
 
 
-def write_plan(state: LabState) -> Path:
+def write_plan(state: LabState, mode: str = "auto") -> Path:
     """Write <dir>/plan.yaml (and the empty hooks dir it names); raises if the plan would not validate."""
-    text = plan_text(state)
+    text = plan_text(state, mode)
     validate_text(text)
     (state.path / "hooks").mkdir(parents=True, exist_ok=True)
     tmp = state.plan_file.with_suffix(".tmp")

@@ -186,6 +186,10 @@ def cross_field_problems(plan: Plan) -> list[tuple[Location, str]]:
             problems.append((("files", index, "name"), f"another tree is already named '{name}'"))
 
     problems += fence_problems(plan)
+    if plan.cutover.mode == "replicate" and plan.replication is None:
+        problems.append((("cutover", "mode"), "'replicate' needs a replication section (user, password)"))
+    if plan.cutover.mode == "replicate" and plan.database.engine != "mariadb":
+        problems.append((("cutover", "mode"), "'replicate' needs database.engine mariadb (mariadb-backup, its GTIDs)"))
     return problems
 
 

@@ -472,14 +472,85 @@ class Cutover(Strict):
     max_write_block: float = _seconds(
         0, 3600, default=120.0, description="longest writes may stay blocked before the target takes them"
     )
-    mode: Literal["shutdown"] = Field(
+    mode: Literal["shutdown", "replicate", "auto"] = Field(
         default="shutdown",
-        description="final database pass: 'shutdown' stops the source database cleanly and copies its delta",
+        description="how the database moves: 'shutdown' stops the source database cleanly and copies its delta; "
+        "'replicate' seeds the target with mariadb-backup, keeps it a GTID replica and switches in well under a "
+        "second (needs the 'replication' section); 'auto' picks 'replicate' when the servers allow it, else "
+        "'shutdown' (decided when the run starts, journaled, said by preflight)",
     )
     postpone_flag: FilePath | None = Field(
         default=None,
         description="a file on the machine running migrate (relative to the plan): while it exists, the run waits "
         "before the downtime begins (pre-syncs done); delete it to go on",
+    )
+
+
+class ReplicationEndpoint(Strict):
+    """Where a database listens on TCP as seen from its own host: the SSH tunnel's far end."""
+
+    host: HostAddress = Field(default="127.0.0.1", description="TCP address of the database, from its own host")
+    port: int = Field(default=3306, ge=1, le=65535)
+
+
+class Replication(Strict):
+    """The replicate cut-over (`cutover.mode: replicate` or `auto`): a seed, a GTID replica through an SSH tunnel,
+    a comparison before the window, and a switch inside it."""
+
+    user: UserName = Field(description="replication account on the source (REPLICATION SLAVE; the same on the "
+                           "target for the reverse path)")  # fmt: skip
+    password: SecretRef = Field(description="reference to the replication account's password")
+    source: ReplicationEndpoint | None = Field(
+        default=None, description="the source database's TCP address on the source (default: database.source host/port)"
+    )
+    target: ReplicationEndpoint | None = Field(
+        default=None, description="the target database's TCP address on the target (default: database.target host/port)"
+    )
+    max_lag: float = _seconds(
+        0,
+        3600,
+        default=1.0,
+        description="the window begins only once the replica reaches the source's position within this long",
+    )
+    lag_wait: float = _seconds(
+        0,
+        86400,
+        default=600.0,
+        description="longest wait for the replica's lag to fall under max_lag before the run "
+        "stops (nothing changed on the source)",
+    )
+    seed_throttle: int | None = Field(
+        default=None,
+        ge=1,
+        le=100000,
+        description="mariadb-backup --throttle (read operations per second); none: no limit",
+    )
+    seed_nice: bool = Field(default=True, description="run mariadb-backup on the source with nice -n19 ionice -c3")
+    datadir_owner: Annotated[str, AfterValidator(_owner)] | None = Field(
+        default=None, description="chown of the seeded datadir on the target, e.g. 'mysql:mysql'"
+    )
+    compare: bool = Field(default=True, description="compare every table, source and replica, in chunks at one "
+                          "consistent point before the window (a difference stops the run)")  # fmt: skip
+    chunk_rows: int = Field(default=2000, ge=10, le=10_000_000, description="rows per compared chunk")
+    compare_pause: float = Field(
+        default=0.0,
+        ge=0,
+        le=100,
+        description="after each chunk, pause this many times its duration (the live source's share)",
+    )
+    app_users: list[UserName] = Field(
+        default_factory=list,
+        max_length=100,
+        description="the accounts the application writes with: preflight checks "
+        "that none holds READ ONLY ADMIN or SUPER (they would write through the source's read_only)",
+    )
+    keep_reverse: float = _seconds(
+        0,
+        86400,
+        zero=True,
+        default=0.0,
+        description="after the flip the old source replicates from the target; "
+        "finish keeps that reverse path this long before tearing replication down on both sides",
     )
 
 
@@ -566,6 +637,9 @@ class Plan(Strict):
     transfer: Transfer = Field(default_factory=Transfer)
     hooks: Hooks = Field(default_factory=Hooks)
     retry: Retry = Field(default_factory=Retry)
+    replication: Replication | None = Field(
+        default=None, description="the replicate cut-over's settings (cutover.mode replicate or auto)"
+    )
     reverse: ReverseOverrides | None = Field(
         default=None, description="overrides for the reverse run (`migrate apply --reverse`)"
     )
@@ -625,6 +699,12 @@ class Plan(Strict):
         services["source"], services["target"] = services["target"], services["source"]
         services["fence"], services["target_fence"] = services["target_fence"], services["fence"]
         data["dns"]["content"] = self.source.dns_content
+        # The way back copies the datadir in the shutdown mode: a reverse run through the reverse replica is not
+        # built yet.
+        data["cutover"]["mode"] = "shutdown"
+        if data.get("replication") is not None:
+            replication = data["replication"]
+            replication["source"], replication["target"] = replication["target"], replication["source"]
         overrides = self.reverse
         if overrides is not None and overrides.transfer is not None:
             data["transfer"] = overrides.transfer.model_dump(mode="python")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from orchestrator import exit_codes, secrets
 from orchestrator import logging as mlog
 from orchestrator.dns_ttl import wait_out_old_ttl
 from orchestrator.engine.interrupt import Interruptions
-from orchestrator.engine.journal import Journal, RunState, RunStatus
+from orchestrator.engine.journal import Journal, RunState, RunStatus, StepState
 from orchestrator.engine.lock import LockHeld, PlanLock, is_locked
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
 from orchestrator.engine.step import Step
@@ -64,6 +65,10 @@ def describe(
     except RunError as missing:
         # A rehearsal contacts nothing, so it goes on; the real run would stop here.
         notes.append(f"note: {missing.message}: a real run would stop here (exit {missing.code})")
+    plan = subj.plan = compose.resolve_mode(plan, plan_path, subj.journal_path, probe=False)
+    if plan.cutover.mode == "auto":
+        notes.append("note: cutover.mode auto is resolved when the run starts (replicate where the servers allow it, "
+                     "else shutdown; preflight says which and why): the replicate steps are shown")  # fmt: skip
     existing = subj.saved_state()
     if existing is not None and existing.status not in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK):
         notes.append(f"note: run {existing.run_id} is unfinished ({existing.status.value}); `apply` would resume it")
@@ -140,6 +145,7 @@ def apply(
     if reverse:
         require_forward_committed(plan_path, loaded.plan)
     prepare_secrets(plan, plan_path, env_file)
+    plan = subj.plan = compose.resolve_mode(plan, plan_path, subj.journal_path, probe=True)
     steps = compose.steps_factory(plan)
     lock = PlanLock(subj.state_dir / "lock", "migrate apply")
     _acquire(lock)
@@ -249,6 +255,7 @@ def rollback(
     if not subj.journal_path.exists():
         return RollbackResult(True, None, f"plan '{plan.name}' has no run: nothing to roll back")
     prepare_secrets(plan, plan_path, env_file)
+    plan = subj.plan = compose.resolve_mode(plan, plan_path, subj.journal_path, probe=False)
     steps = compose.steps_factory(plan)
     lock = PlanLock(subj.state_dir / "lock", "migrate rollback")
     _acquire(lock)
@@ -302,6 +309,7 @@ def rollback(
 def status(plan_path: Path, *, state_dir: Path | None = None, reverse: bool = False) -> StatusReport:
     """Where the run stands, who runs it now, and — after a crash — what is blocked and what a resume would do."""
     subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
+    subj.plan = compose.resolve_mode(subj.plan, plan_path, subj.journal_path, probe=False)
     steps = compose.steps_factory(subj.plan)
     journal = Journal(subj.journal_path) if subj.journal_path.exists() else None
     state = journal.state() if journal is not None else None
@@ -310,7 +318,7 @@ def status(plan_path: Path, *, state_dir: Path | None = None, reverse: bool = Fa
     interruption = None
     if journal is not None and state is not None and holder is None:
         interruption = interruption_of(state, journal.events, steps, subj.plan.cutover.max_write_block, reverse)
-    return StatusReport(
+    report = StatusReport(
         plan_name=subj.plan.name,
         state=state,
         rows=rows(state, steps) if state is not None else [],
@@ -321,3 +329,45 @@ def status(plan_path: Path, *, state_dir: Path | None = None, reverse: bool = Fa
         interruption=interruption,
         ttl_wait_until=ttl_wait_until(state) if state is not None else None,
     )
+    report.replication = _replication_status(subj, state)
+    return report
+
+
+REPLICA_STEPS = ("repl_replica", "repl_catchup", "repl_switch")
+
+
+def _replication_status(subj: Subject, state: RunState | None) -> str | None:
+    """The replica's lag, read live while the run is between the replica's start and the switch (reads only;
+    needs the database password in the environment, else the last lag the run logged)."""
+    if state is None or state.status in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK):
+        return None
+    records = {name: state.steps[name] for name in REPLICA_STEPS if name in state.steps}
+    if not any(rec.started_at is not None for rec in records.values()):
+        return None  # no replica yet
+    switch = records.get("repl_switch")
+    if switch is not None and switch.state == StepState.DONE:
+        return None  # promoted: no replica any more
+    from orchestrator.steps.repl_common import replica_line
+
+    rt = compose.runtime_factory(subj.plan, subj.plan_path, True)
+    try:
+        return replica_line(rt)
+    except Exception as exc:  # the servers or the secret out of reach: the run's own last word on it
+        logged = _last_logged_lag(subj.state_dir / f"run-{state.run_id}.log.jsonl")
+        return logged or f"replica: cannot be read now ({exc})"
+    finally:
+        compose.close_runtime(rt)
+
+
+def _last_logged_lag(log_path: Path) -> str | None:
+    import json
+
+    if not log_path.exists():
+        return None
+    for line in reversed(log_path.read_text(errors="replace").splitlines()[-2000:]):
+        if '"repl.waiting_for_lag"' in line or '"repl.caught_up"' in line:
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                fields = {k: v for k, v in record.items() if k not in ("event", "run_id", "step", "level", "logger")}
+                return f"replica (the run's log, {record.get('timestamp', '')}): {record.get('event')} {fields}"
+    return None

@@ -32,6 +32,48 @@ steps_factory: Callable[[Plan], Sequence[Step]] = default_steps
 runtime_factory: Callable[[Plan, Path, bool], Any] = default_runtime
 
 
+def resolve_mode(plan: Plan, plan_path: Path, journal_path: Path, *, probe: bool) -> Plan:
+    """The plan with `cutover.mode: auto` resolved to the mode its run uses (other modes: the plan as is).
+
+    A run that began already journaled its step list (run_started): its mode is read back from it, so a resumed
+    run, a rollback and `status` agree with the run whatever the servers look like now (a source made read-only or
+    stopped by the window). A new run asks the servers (reads only; `probe`): replicate when they allow it, else
+    shutdown; preflight then says which and why. Without `probe` (status, a dry-run's fallback) an unresolved
+    `auto` shows the replicate steps.
+    """
+    if plan.cutover.mode != "auto":
+        return plan
+    from orchestrator.engine.journal import Journal, RunStatus
+    from orchestrator.steps.repl_common import SWITCH_STEP
+
+    mode: str | None = None
+    state = Journal(journal_path).state() if journal_path.exists() else None
+    if state is not None and state.status != RunStatus.ROLLED_BACK:
+        started = [ev for ev in Journal(journal_path).events if ev.get("event") == "run_started"]
+        steps = list(started[-1].get("steps") or []) if started else []
+        if steps:
+            mode = "replicate" if SWITCH_STEP in steps else "shutdown"
+    if mode is None and probe:
+        mode = _probe_mode(plan, plan_path)
+    if mode is None:
+        return plan
+    return plan.model_copy(update={"cutover": plan.cutover.model_copy(update={"mode": mode})})
+
+
+def _probe_mode(plan: Plan, plan_path: Path) -> str:
+    from orchestrator.steps.repl_common import probe_replication
+
+    rt = runtime_factory(plan, plan_path, True)
+    try:
+        problems = probe_replication(rt)
+    except Exception as exc:  # the servers cannot be asked now: preflight will say why, in the shutdown mode
+        mlog.get_logger().warning("cutover.mode auto: the servers could not be asked", error=str(exc))
+        return "shutdown"
+    finally:
+        close_runtime(rt)
+    return "shutdown" if problems else "replicate"
+
+
 def hooks_for(plan: Plan, plan_path: Path) -> HookRunner:
     directory = Path(os.path.expanduser(plan.hooks.dir))
     if not directory.is_absolute():

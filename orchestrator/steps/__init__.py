@@ -5,8 +5,9 @@ the module's name; `build_steps` finds it by that name. Steps never import each 
 `orchestrator.steps.common` (and `orchestrator.probes`, `orchestrator.results`, `orchestrator.window`).
 
 The cut-over is chosen by `cutover.mode`: each mode is a sibling sequence of steps between the shared pre-sync of
-the file trees and the shared end (file delta, start, verify, DNS flip, finish). Another mode (e.g. replication)
-plugs in as one more entry of CUTOVER_MODES, with its own step modules.
+the file trees and the shared end (file delta, start, verify, DNS flip, finish). `auto` is resolved to one of them
+when the run starts (`orchestrator.run.compose.resolve_mode`), and the run's step list is journaled, so a resumed
+run keeps the mode it began with; the shared steps ask `repl_common.replicate_run(ctx)` which one it is.
 """
 
 from __future__ import annotations
@@ -21,14 +22,19 @@ BEFORE_CUTOVER: tuple[str, ...] = ("preflight", "lower_ttl", "prepare_target", "
 CUTOVER_MODES: dict[str, tuple[str, ...]] = {
     # Pre-sync the live datadir, stop the source database cleanly under the lock, copy its quiet datadir's delta.
     "shutdown": ("db_presync", "cutover", "db_final"),
+    # Seed the target with a hot backup, keep it a GTID replica through an SSH tunnel, compare and catch up before
+    # the window; inside it, read_only on the source, the replica's last transactions, the promotion with proof.
+    "replicate": ("repl_seed", "repl_replica", "repl_catchup", "repl_switch"),
 }
+# `auto` before it is resolved (a dry-run or a status without a run): the replicate steps, the default where possible.
+UNRESOLVED_MODE = "replicate"
 AFTER_CUTOVER: tuple[str, ...] = ("files_final", "start_target", "verify_target", "dns_flip", "finish")
 
 
 def step_order(mode: str) -> tuple[str, ...]:
     """Every step's name, in run order, for a cut-over mode."""
     try:
-        return BEFORE_CUTOVER + CUTOVER_MODES[mode] + AFTER_CUTOVER
+        return BEFORE_CUTOVER + CUTOVER_MODES[UNRESOLVED_MODE if mode == "auto" else mode] + AFTER_CUTOVER
     except KeyError:
         raise LookupError(f"no steps for cutover.mode {mode!r}") from None
 

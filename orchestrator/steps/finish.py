@@ -17,9 +17,26 @@ from orchestrator.plan.model import Service
 from orchestrator.report import build_report
 from orchestrator.results import FinishResult
 from orchestrator.steps.common import run_services
+from orchestrator.steps.repl_common import (
+    FORWARD_TUNNEL,
+    REPLICA_STEP,
+    REVERSE_TUNNEL,
+    SWITCH_STEP,
+    TunnelFacts,
+    close_tunnel,
+    open_tunnel,
+    replica_source,
+    replicate_run,
+    saved_from,
+)
+from orchestrator.transports import replication as repl
 
 # Names of the source services this run stopped (or was about to stop), journaled before each stop.
 STOPPED_SERVICES = "source_services_stopped"
+# Replicate mode: the old source pointed at the target (journaled first), and replication torn down.
+REVERSE_POINTED = "reverse_pointed"
+TORN_DOWN = "replication_torn_down"
+REVERSE_CATCH_UP = 60.0
 
 
 class Finish(Step):
@@ -34,16 +51,39 @@ class Finish(Step):
             lines = [f"the source {plan.source.address} stays fenced (refuses writes)"]
         if plan.finish.drain_seconds:
             lines.append(f"wait {plan.finish.drain_seconds:g} s for traffic to leave the source")
+        if replicate_run(ctx):
+            keep = plan.replication.keep_reverse if plan.replication else 0.0
+            lines += [
+                "reverse replication: ssh -L on the source reaches the target's database; the old source (read-only) "
+                "becomes a GTID replica of the target from the switch's final position, and catches up",
+                f"keep that reverse path {keep:g} s (replication.keep_reverse), then tear replication down on both "
+                "sides: STOP SLAVE, RESET SLAVE ALL (master.info, which holds the password, deleted), tunnels ended",
+            ]
         lines.append("write the run report beside the journal")
         return lines
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         rt = runtime(ctx)
         plan = rt.plan
+        reverse: dict[str, Any] | None = None
+        if replicate_run(ctx) and not ctx.saved(TORN_DOWN):
+            reverse = self._reverse_replication(ctx)
         if plan.finish.drain_seconds:
             # Clients with a cached DNS answer still reach the source for up to the record's TTL.
             ctx.log.info("finish.drain", seconds=plan.finish.drain_seconds)
             time.sleep(plan.finish.drain_seconds)
+        if replicate_run(ctx) and not ctx.saved(TORN_DOWN):
+            keep = plan.replication.keep_reverse if plan.replication else 0.0
+            if keep:
+                ctx.log.info(
+                    "finish.keep_reverse",
+                    seconds=keep,
+                    ends="by itself after replication.keep_reverse; the old source follows the target meanwhile",
+                )
+                time.sleep(keep)
+            self._tear_down(ctx)
+            if reverse is not None:
+                reverse["torn_down"] = True
         stopped: list[str] = list(ctx.saved(STOPPED_SERVICES) or [])
 
         def _journal_first(service: Service) -> None:
@@ -64,11 +104,70 @@ class Finish(Step):
             source_services_stopped=stopped,
             write_block_seconds=report.get("write_block_seconds"),
             bytes_moved=report.get("bytes_moved"),
+            reverse_replication=reverse,
         ).journal() | {"ttls_restored": restore_original_ttls(ctx)}
+
+    # -- replicate mode
+
+    def _reverse_replication(self, ctx: StepContext) -> dict[str, Any] | None:
+        """The old source becomes a replica of the target at the switch's final position (the same GTID position
+        both stand at), through an `ssh -L` tunnel; proven by catching up with the target's position.
+
+        Committed already: a reverse path that cannot be set up is logged, never fails the run.
+        """
+        rt = runtime(ctx)
+        final = ctx.output(SWITCH_STEP).get("final_gtid")
+        if not final:
+            return None
+        try:
+            tunnel = open_tunnel(ctx, "local", REVERSE_TUNNEL)
+            source = rt.db("source")
+            target = rt.db("target")
+            try:
+                status = repl.replica_status(source)
+                if not (ctx.saved(REVERSE_POINTED) and status is not None and status.master_port == tunnel.port):
+                    ctx.save(REVERSE_POINTED, True)
+                    repl.point_replica(source, replica_source(rt, tunnel.port), repl.GtidPosition.parse(str(final)))
+                repl.start_replica(source)
+                waited = repl.wait_for_position(source, repl.gtid_binlog_pos(target), REVERSE_CATCH_UP)
+            finally:
+                rt.release(source)
+                rt.release(target)
+        except Exception as exc:  # committed: say it, go on
+            ctx.log.warning("finish.reverse_replication_failed", error=str(exc))
+            return {"healthy": False, "error": str(exc)}
+        healthy = waited.outcome == "reached"
+        ctx.log.info("finish.reverse_replication", healthy=healthy, tunnel=tunnel.name, port=tunnel.port,
+                     at=str(waited.position), error=waited.error)  # fmt: skip
+        return {"healthy": healthy, "tunnel": tunnel.name, "port": tunnel.port, "position": str(waited.position),
+                "error": waited.error}  # fmt: skip
+
+    def _tear_down(self, ctx: StepContext) -> None:
+        """Replication forgotten on both sides (RESET SLAVE ALL deletes master.info and its clear-text password),
+        both tunnels ended."""
+        rt = runtime(ctx)
+        failures: list[str] = []
+        for which in ("source", "target"):
+            try:
+                conn = rt.db(which)  # type: ignore[arg-type]
+                try:
+                    repl.forget_replication(conn)
+                finally:
+                    rt.release(conn)
+            except Exception as exc:
+                failures.append(f"{which}: {exc}")
+        close_tunnel(ctx, REVERSE_TUNNEL)
+        close_tunnel(ctx, FORWARD_TUNNEL, TunnelFacts.of(saved_from(ctx, REPLICA_STEP, FORWARD_TUNNEL)))
+        if failures:
+            raise StepError("tearing replication down: " + "; ".join(failures))
+        ctx.save(TORN_DOWN, True)
+        ctx.log.info("finish.replication_torn_down")
 
     def undo(self, ctx: StepContext) -> None:
         """Start again, in the plan's order, the source services this run stopped; every start is tried."""
         rt = runtime(ctx)
+        if replicate_run(ctx) and not ctx.saved(TORN_DOWN):
+            self._tear_down(ctx)  # the old source stops following the target before it serves again
         stopped = set(ctx.saved(STOPPED_SERVICES) or [])
         started = run_services(
             ctx, rt.source, [s for s in rt.plan.services.source if s.name in stopped], "start",

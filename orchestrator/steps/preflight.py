@@ -17,6 +17,7 @@ from orchestrator import probes
 from orchestrator.contracts import Which, runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.secrets import redact
+from orchestrator.steps.repl_common import mode_reason, probe_replication, replicate_run
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -118,11 +119,61 @@ class Preflight(Step):
         if reachable["source"] and reachable["target"]:
             self._space(ctx, problems, figures)
         self._dns(ctx, problems)
+        if reachable["source"] and reachable["target"]:
+            self._cutover_mode(ctx, problems, figures)
         if problems.items:
             count = len(problems.items)
             raise StepError(f"preflight: {count} problem{'s' if count > 1 else ''}: " + "; ".join(problems.items))
         ctx.log.info("preflight_passed", **{k: v for k, v in figures.items() if not isinstance(v, dict)})
         return figures
+
+    def _cutover_mode(self, ctx: StepContext, problems: Problems, figures: dict[str, Any]) -> None:
+        """The cut-over mode this run resolved to, and why (one line each); in replicate mode, what it needs:
+        binlog on, distinct server ids, log_slave_updates, ROW format, gtid_strict_mode, mariadb-backup, and
+        application accounts that read_only stops."""
+        rt = runtime(ctx)
+        declared = rt.plan.cutover.mode
+        replicate = replicate_run(ctx)
+        try:
+            found = probe_replication(rt) if replicate or declared == "auto" else []
+        except (TransportError, mysql.DbError, pymysql.MySQLError) as exc:
+            found = [f"the servers could not be asked: {exc}"]
+        if replicate:
+            for problem in found:
+                problems.add(f"replicate mode: {problem}")
+            for problem in self._app_users(ctx):
+                problems.add(problem)
+        mode = "replicate" if replicate else "shutdown"
+        figures["cutover_mode"] = mode
+        figures["mode_reason"] = mode_reason(mode, found, declared)
+        ctx.log.info("preflight.cutover_mode", mode=mode)
+        ctx.log.info("preflight.mode_reason", why=figures["mode_reason"])
+
+    def _app_users(self, ctx: StepContext) -> list[str]:
+        """Accounts that write through read_only (READ ONLY ADMIN, which ALL ON *.* includes, or SUPER before
+        MariaDB 11.0.1) would keep writing on the source inside the window."""
+        rt = runtime(ctx)
+        settings = rt.plan.replication
+        if settings is None or not settings.app_users:
+            return []
+        problems: list[str] = []
+        conn = rt.db("source")
+        try:
+            with conn.cursor() as cur:
+                for user in settings.app_users:
+                    cur.execute(
+                        "SELECT DISTINCT GRANTEE FROM information_schema.USER_PRIVILEGES WHERE GRANTEE LIKE %s "
+                        "AND PRIVILEGE_TYPE IN ('READ ONLY ADMIN', 'SUPER')",
+                        (f"'{user}'@%",),
+                    )
+                    for (grantee,) in cur.fetchall():
+                        problems.append(
+                            f"replicate mode: the application account {grantee} holds READ ONLY ADMIN or SUPER: it "
+                            "would write through read_only inside the window; REVOKE it"
+                        )
+        finally:
+            rt.release(conn)
+        return problems
 
     def _ssh(self, ctx: StepContext, which: Which, problems: Problems) -> bool:
         try:

@@ -16,6 +16,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import StartTargetResult
 from orchestrator.steps.common import COMMAND_TIMEOUT, run_services, wait_db_answers
+from orchestrator.steps.repl_common import REPLICA_STEP, replicate_run
 from orchestrator.transports.ssh import TransportError
 
 DB_READY_TIMEOUT = 120.0
@@ -29,6 +30,11 @@ class StartTarget(Step):
 
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
+        if replicate_run(ctx):
+            return [
+                "replicate mode: the target's database runs (promoted) and its services run fenced since the "
+                "replica step: nothing is started inside the window; check that the database answers"
+            ]
         lines = []
         fence = plan.services.target_fence.enable
         if fence:
@@ -44,6 +50,8 @@ class StartTarget(Step):
         rt = runtime(ctx)
         plan = rt.plan
         window = ctx.window
+        if replicate_run(ctx):
+            return self._already_running(ctx)
 
         def _timeout() -> float | None:
             return window.timeout(COMMAND_TIMEOUT)
@@ -80,14 +88,27 @@ class StartTarget(Step):
             db_ready_seconds=round(ready_seconds, 3), services=started.done, target_fenced=bool(fence)
         ).journal()
 
+    def _already_running(self, ctx: StepContext) -> dict[str, Any]:
+        """Replicate mode: the database and the services started before the window (the replica step); the
+        database must answer, within the budget."""
+        ctx.window.check("checking the target database")
+        ready_seconds = wait_db_answers(ctx, "target", ctx.window.timeout(DB_READY_TIMEOUT) or DB_READY_TIMEOUT)
+        started = ctx.output(REPLICA_STEP).get("services") or []
+        fenced = runtime(ctx).plan.services.target_fence.enable is not None
+        return StartTargetResult(db_ready_seconds=round(ready_seconds, 3), services=started,
+                                 target_fenced=fenced).journal()  # fmt: skip
+
     def undo(self, ctx: StepContext) -> None:
         """Stop the services (reverse order), then the database; every stop is tried even if one fails.
 
         The target's fence, when this run put it up, stays up: the target must not take writes a rolled-back
-        migration would not carry anywhere (`migrate apply` puts it up again anyway).
+        migration would not carry anywhere (`migrate apply` puts it up again anyway). In replicate mode this step
+        started nothing: the replica step's undo stops them.
         """
         rt = runtime(ctx)
         plan = rt.plan
+        if replicate_run(ctx):
+            return
         stopped = run_services(
             ctx, rt.target, reversed(plan.services.target), "stop", event="target_service_stopped", keep_going=True
         )

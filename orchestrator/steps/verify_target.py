@@ -24,7 +24,9 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError, WriteWindow
 from orchestrator.plan.model import CommandCheck, HealthCheck, HttpCheck, SqlCheck, TcpCheck
 from orchestrator.results import Compared, CutoverResult, VerifyResult
+from orchestrator.steps.repl_common import SWITCH_STEP, replicate_run
 from orchestrator.transports import mysql, rsync
+from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 
 MAX_LISTED = 5
@@ -138,6 +140,12 @@ class VerifyTarget(Step):
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
         lines = [f"health check {check_label(c)} (up to {plan.health.attempts} tries)" for c in plan.health.checks]
+        if replicate_run(ctx):
+            return [
+                *lines,
+                "GTID positions: the source still at its final position, the target executed exactly it "
+                "(the data was compared before the window; nothing inside it reads whole tables or trees)",
+            ]
         verify = plan.database.verify
         if verify.row_counts:
             lines.append("compare every table's row count with the source's, taken under the cut-over's lock")
@@ -247,8 +255,43 @@ class VerifyTarget(Step):
                 problems.append(f"tree {tree.name} differs: {_listed(items)}")
         return {"trees_differing_items": trees}, problems
 
+    def positions(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
+        """Replicate mode: O(changes) proof of the data. The source is still at the final position the switch
+        journaled (nothing committed there since), and the target executed exactly that position."""
+        rt = runtime(ctx)
+        final_text = ctx.output(SWITCH_STEP).get("final_gtid")
+        if not final_text:
+            return {}, ["no final GTID position recorded by the switch"]
+        final = repl.GtidPosition.parse(str(final_text))
+        timeout = ctx.window.timeout(rt.plan.database.read_timeout)
+        problems: list[str] = []
+        try:
+            for which in ("source", "target"):
+                conn = rt.db(which, read_timeout=timeout)
+                try:
+                    now = repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
+                finally:
+                    rt.release(conn)
+                if not repl.same_position(final, now):
+                    problems.append(f"the {which} stands at GTID {now or 'nothing'}, not the final position {final}")
+        except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
+            ctx.window.check("comparing GTID positions")
+            problems.append(f"reading GTID positions: {exc}")
+        return {}, problems
+
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         ctx.window.check("starting the verification")
+        if replicate_run(ctx):
+            # Side by side, as below: the positions in a thread (carrying the log context), the checks here.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as pool:
+                positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
+                tries, problems = self.health(ctx)
+                problems += positions_future.result()[1]
+            if problems:
+                raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
+            ctx.window.check("the verification")
+            ctx.log.info("target_verified", gtid=ctx.output(SWITCH_STEP).get("final_gtid"))
+            return VerifyResult(health_tries=tries).journal()
         # The three checks are independent and each takes time inside the downtime window: run them side by side
         # (the database and the trees in threads, carrying the log context; the health checks here). Each is
         # bounded by the budget, so leaving the pool (which waits for both threads) is bounded too.

@@ -246,6 +246,14 @@ log=$(mktemp); trap 'rm -f "$log"' EXIT
     return _bash(script)
 
 
+def _chown(spec: SeedSpec, datadir: str, previous: str) -> str:
+    """The copy is written by the SSH user (root): it takes the owner given, else that of the datadir it replaces
+    (the database server's account), so the server can open it."""
+    if spec.owner:
+        return f"chown -R {shlex.quote(spec.owner)} {datadir}"
+    return f"if [ -e {previous} ]; then chown -R --reference={previous} {datadir}; fi"
+
+
 def install_command(spec: SeedSpec) -> str:
     """Run on the target, its database stopped: the prepared copy becomes the datadir.
 
@@ -256,7 +264,7 @@ def install_command(spec: SeedSpec) -> str:
     staging, datadir, previous = (
         shlex.quote(p) for p in (spec.staging_dir, spec.target_datadir.rstrip("/"), spec.previous_dir)
     )
-    chown = f"chown -R {shlex.quote(spec.owner)} {datadir}" if spec.owner else "true"
+    chown = _chown(spec, datadir, previous)
     script = f"""set -euo pipefail
 if ! grep -qx 'backup_type = log-applied' {staging}/xtrabackup_checkpoints 2>/dev/null; then
   echo "no prepared seed in {spec.staging_dir}" >&2; exit 1
@@ -264,6 +272,28 @@ fi
 rm -rf {previous}
 if [ -e {datadir} ]; then mv {datadir} {previous}; fi
 mv {staging} {datadir}
+{chown}"""
+    return _bash(script)
+
+
+def finish_install_command(spec: SeedSpec) -> str:
+    """Run on the target, its database stopped: complete an install a crash cut short, never undoing one.
+
+    After a crash the swap stands at one of three places: not begun (the prepared staging dir and the datadir both
+    there: a plain install), half done (the datadir already moved aside, the staging dir not yet in its place: move
+    it), or done (no staging dir: nothing to do). A plain re-run of `install_command` in the half-done case would
+    delete the previous datadir.
+    """
+    staging, datadir, previous = (
+        shlex.quote(p) for p in (spec.staging_dir, spec.target_datadir.rstrip("/"), spec.previous_dir)
+    )
+    chown = _chown(spec, datadir, previous)
+    script = f"""set -euo pipefail
+if [ -d {staging} ]; then
+  if [ -e {datadir} ]; then {install_command(spec)}; exit $?; fi
+  grep -qx 'backup_type = log-applied' {staging}/xtrabackup_checkpoints
+  mv {staging} {datadir}
+fi
 {chown}"""
     return _bash(script)
 
@@ -400,6 +430,21 @@ def tunnel_down_command(spec: TunnelSpec) -> str:
     return _bash(f"{_control(spec, 'exit')} 2>/dev/null; rm -f {files}; true")
 
 
+def free_port_command(low: int = 20000, high: int = 60000) -> str:
+    """Run on a host: print a TCP port nothing listens on at 127.0.0.1 now (a tunnel's listening end).
+
+    Only a hint: the tunnel's ssh fails on a port taken meanwhile (ExitOnForwardFailure) and is tried again.
+    """
+    return _bash(
+        f"for i in $(seq 50); do p=$(( {low} + (RANDOM * 32768 + RANDOM) % ({high} - {low}) )); "
+        "if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then echo $p; exit 0; fi; done; exit 1"
+    )
+
+
+def parse_port(stdout: str) -> int:
+    return int(stdout.strip().split()[0])
+
+
 def tunnel_probe_command(port: int, user: str, password_env: str) -> str:
     """Run where the tunnel listens: a MariaDB handshake and login through it ('mysqld is alive' on success).
 
@@ -498,6 +543,14 @@ def point_replica(conn: pymysql.Connection, source: ReplicaSource, start_at: Gti
     except pymysql.MySQLError as exc:
         message = str(db_error("pointing the replica at its source", exc)).replace(source.password, "***")
         raise ReplicationError(redact(message)) from None
+
+
+def forget_replication(conn: pymysql.Connection) -> None:
+    """STOP SLAVE and RESET SLAVE ALL: no more replication, and master.info (which holds the replication password
+    in clear) deleted. A no-op on a server that is not a replica."""
+    if replica_status(conn) is None:
+        return
+    _run(conn, "forgetting replication", "STOP SLAVE", "RESET SLAVE ALL")
 
 
 def start_replica(conn: pymysql.Connection) -> None:

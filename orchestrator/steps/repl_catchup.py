@@ -1,0 +1,167 @@
+"""Catch-up (replicate mode), before any window: the comparison, then the wait until the replica is close enough.
+
+The comparison (after Vitess VDiff): the replica is stopped first, then a consistent snapshot opens on the source
+(it blocks no writer) at a known GTID position, the replica runs up to exactly that position and stops there, and
+both sides are checksummed over the same primary-key chunks. A difference stops the run, naming the table and the
+chunk; the source never stopped serving. The replica then resumes.
+
+The lag gate: the window may begin only once the replica reaches a position just read on the source within
+`replication.max_lag` seconds (the wait the window itself will have). It tries for at most
+`replication.lag_wait` seconds, logging what it waits for; a replica that stops with an error ends the wait at
+once with the replica's own message. Nothing here changes the source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from orchestrator.contracts import runtime
+from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.results import CatchupResult
+from orchestrator.transports import mysql
+from orchestrator.transports import replication as repl
+
+LOG_EVERY = 2.0
+
+
+class ReplCatchup(Step):
+    name = "repl_catchup"
+    title = "Compare source and replica at one consistent point, then wait until the replica's lag is small"
+
+    def describe(self, ctx: StepContext) -> list[str]:
+        plan = runtime(ctx).plan
+        settings = plan.replication
+        lines = []
+        if settings is None or settings.compare:
+            rows = settings.chunk_rows if settings else 2000
+            lines.append(
+                "stop the replica, open a consistent snapshot on the source at its GTID position, run the replica "
+                f"to exactly that position, compare every table in chunks of {rows} rows (checksums); a difference "
+                "stops the run naming the table and chunk"
+            )
+        max_lag = settings.max_lag if settings else 1.0
+        lag_wait = settings.lag_wait if settings else 600.0
+        lines.append(
+            f"wait until the replica reaches the source's current position within {max_lag:g} s "
+            f"(replication.max_lag), at most {lag_wait:g} s (replication.lag_wait); a replica error stops the run "
+            "with the replica's own message"
+        )
+        return lines
+
+    def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        rt = runtime(ctx)
+        settings = rt.plan.replication
+        assert settings is not None
+        result = CatchupResult()
+        source = rt.db("source")
+        target = rt.db("target")
+        try:
+            failure = self._replica_error(target)
+            if failure:
+                raise StepError(f"the replica stopped: {failure}")
+            if settings.compare:
+                self._compare(ctx, source, target, result)
+            self._wait_for_lag(ctx, source, target, result)
+        except repl.ReplicationError as exc:
+            raise StepError(f"catching up: {exc}") from None
+        finally:
+            rt.release(source)
+            rt.release(target)
+        return result.journal()
+
+    @staticmethod
+    def _replica_error(conn: Any) -> str | None:
+        status = repl.replica_status(conn)
+        if status is None:
+            return "the target is not a replica"
+        return status.error
+
+    def _compare(self, ctx: StepContext, source: Any, target: Any, result: CatchupResult) -> None:
+        rt = runtime(ctx)
+        settings = rt.plan.replication
+        assert settings is not None
+        tables = mysql.list_tables(source, rt.plan.database.schemas)
+        snapshot_conn = rt.db("source", read_timeout=max(rt.plan.database.read_timeout, 600.0))
+        started = time.monotonic()
+        chunks = 0
+        last_log = 0.0
+
+        def _progress(table: str, done: int, total: int) -> None:
+            nonlocal chunks, last_log
+            chunks += 1
+            now = time.monotonic()
+            if now - last_log >= LOG_EVERY or done == total:
+                last_log = now
+                ctx.log.info("repl.compare_progress", table=table, chunk=done, of=total)
+
+        try:
+            repl.stop_replica(target)  # before the snapshot: the replica must not be past it
+            snapshot = repl.open_consistent_snapshot(snapshot_conn)
+            result.snapshot_gtid = str(snapshot.gtid)
+            stopped = repl.stop_replica_at(target, snapshot.gtid, settings.lag_wait)
+            if stopped.outcome != "reached":
+                why = stopped.error or f"it did not reach it within {settings.lag_wait:g} s (replication.lag_wait)"
+                raise StepError(f"the replica could not stop at the snapshot's position {snapshot.gtid}: {why}")
+            ctx.log.info("repl.compare_started", tables=len(tables), at=str(snapshot.gtid))
+            diffs = repl.compare_tables(
+                snapshot_conn, target, tables, chunk_rows=settings.chunk_rows, pause_ratio=settings.compare_pause,
+                on_chunk=_progress,
+            )  # fmt: skip
+        finally:
+            with contextlib.suppress(repl.ReplicationError):
+                repl.close_snapshot(snapshot_conn)
+            rt.release(snapshot_conn)
+        result.compared_tables = len(tables)
+        result.compared_chunks = chunks
+        result.compare_seconds = round(time.monotonic() - started, 3)
+        if diffs:
+            more = f" (and {len(diffs) - 3} more chunks)" if len(diffs) > 3 else ""
+            raise StepError(
+                "the replica differs from the source at "
+                + str(result.snapshot_gtid)
+                + ": "
+                + "; ".join(d.describe() for d in diffs[:3])
+                + more
+            )
+        repl.start_replica(target)
+        ctx.log.info("repl.compared_equal", tables=len(tables), chunks=chunks, seconds=result.compare_seconds)
+
+    def _wait_for_lag(self, ctx: StepContext, source: Any, target: Any, result: CatchupResult) -> None:
+        settings = runtime(ctx).plan.replication
+        assert settings is not None
+        started = time.monotonic()
+        last_log = 0.0
+        while True:
+            wanted = repl.gtid_binlog_pos(source)
+            waited = repl.wait_for_position(target, wanted, settings.max_lag)
+            if waited.outcome == "reached":
+                result.lag_seconds = round(waited.waited, 3)
+                result.lag_waited_seconds = round(time.monotonic() - started, 3)
+                ctx.log.info("repl.caught_up", lag_s=result.lag_seconds, waited_s=result.lag_waited_seconds)
+                return
+            if waited.outcome == "replica_failed":
+                raise StepError(f"the replica stopped: {waited.error}")
+            spent = time.monotonic() - started
+            status = repl.replica_status(target)
+            behind = status.seconds_behind if status else None
+            if spent >= settings.lag_wait:
+                raise StepError(
+                    f"the replica did not reach the source's position within replication.max_lag "
+                    f"{settings.max_lag:g} s in {spent:.0f} s of trying (replication.lag_wait {settings.lag_wait:g} "
+                    f"s): it stands at {waited.position or 'nothing'}, the source at {wanted}, "
+                    f"Seconds_Behind_Master {behind}; nothing was changed, the source serves as before"
+                )
+            now = time.monotonic()
+            if now - last_log >= LOG_EVERY:
+                last_log = now
+                ctx.log.info(
+                    "repl.waiting_for_lag",
+                    waiting_for=f"the replica to reach the source's position within {settings.max_lag:g} s",
+                    replica_at=str(waited.position),
+                    source_at=str(wanted),
+                    seconds_behind=behind,
+                    waited_s=round(spent, 1),
+                    gives_up_after_s=settings.lag_wait,
+                )

@@ -1,0 +1,295 @@
+"""What the replicate cut-over's steps (and the shared steps, in that mode) share: which mode this run resolved to,
+whether the servers allow replication, the seed's and the tunnels' specs, the replica's source, the facts the
+steps journal and read back.
+
+Not a step: steps import this module, never each other.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+
+from orchestrator import probes
+from orchestrator.contracts import StepRuntime, runtime
+from orchestrator.engine.step import StepContext, StepError
+from orchestrator.plan.model import Plan, ReplicationEndpoint
+from orchestrator.transports import replication as repl
+from orchestrator.transports.rsync import target_ssh_command
+
+# The step whose presence in a run's journaled step list says the run is in replicate mode.
+SWITCH_STEP = "repl_switch"
+REPLICA_STEP = "repl_replica"
+SEED_STEP = "repl_seed"
+# Journal keys (step_saved) read by more than one step.
+SEED_POSITION = "seed_position"
+FORWARD_TUNNEL = "forward_tunnel"
+REVERSE_TUNNEL = "reverse_tunnel"
+FINAL_GTID = "final_gtid"
+# Where the tunnels keep their control socket and log on the source.
+TUNNEL_DIR = "/tmp"
+# The password of the replication account travels to a host only in this environment variable's value.
+REPL_PASSWORD_ENV = "MIGRATE_REPL_PASSWORD"
+DB_PASSWORD_ENV = "MIGRATE_DB_PASSWORD"
+# Server variables the replicate mode depends on.
+REPLICATION_VARIABLES = (
+    "log_bin",
+    "server_id",
+    "log_slave_updates",
+    "binlog_format",
+    "gtid_strict_mode",
+    "read_only",
+)
+COMMAND_TIMEOUT = 60.0
+
+
+def run_steps(ctx: StepContext) -> list[str]:
+    """The step names this run started with (journaled in run_started)."""
+    started = [ev for ev in ctx.history() if ev.get("event") == "run_started"]
+    return list(started[-1].get("steps") or []) if started else []
+
+
+def replicate_run(ctx: StepContext) -> bool:
+    """This run is in replicate mode (its steps include the switch); without a journal, the plan says."""
+    steps = run_steps(ctx)
+    if steps:
+        return SWITCH_STEP in steps
+    # A run's plan has its mode resolved (run/compose.py); a dry-run's unresolved auto shows the replicate steps.
+    mode = runtime(ctx).plan.cutover.mode
+    return mode == "replicate" or (mode == "auto" and ctx.dry_run)
+
+
+# --- can this pair of servers replicate? ----------------------------------------------------------------------
+
+
+def server_variables(conn: pymysql.Connection) -> dict[str, str]:
+    names = REPLICATION_VARIABLES
+    with conn.cursor() as cur:
+        cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names)
+        return {str(k).lower(): str(v) for k, v in cur.fetchall()}
+
+
+def _on(value: str | None) -> bool:
+    return (value or "").upper() in ("ON", "1", "YES")
+
+
+def replication_problems(
+    plan: Plan, source: dict[str, str] | None, target: dict[str, str] | None, programs: dict[str, bool]
+) -> list[str]:
+    """Why the replicate mode cannot run on these servers (empty: it can).
+
+    `source`/`target`: their server variables (None: that database did not answer; the target's are then checked
+    when the seed starts it). log_bin and log_slave_updates need a server restart: that is the shutdown mode's job.
+    """
+    problems: list[str] = []
+    if plan.replication is None:
+        problems.append("the plan has no replication section (user, password)")
+    if plan.database.engine != "mariadb":
+        problems.append("database.engine is not mariadb")
+    for name, present in sorted(programs.items()):
+        if not present:
+            problems.append(f"{name} is not installed")
+    if source is None:
+        problems.append("the source database did not answer")
+        return problems
+    for side, variables in (("source", source), ("target", target)):
+        if variables is None:
+            continue
+        if not _on(variables.get("log_bin")):
+            problems.append(f"the {side}'s binary log is off (log_bin needs a restart)")
+        if not _on(variables.get("log_slave_updates")):
+            problems.append(f"the {side} does not log replicated events (log_slave_updates needs a restart)")
+        if (variables.get("binlog_format") or "").upper() != "ROW":
+            problems.append(f"the {side}'s binlog_format is {variables.get('binlog_format')}, not ROW")
+        if not _on(variables.get("gtid_strict_mode")):
+            problems.append(f"the {side} runs without gtid_strict_mode")
+    if source.get("server_id") in (None, "0"):
+        problems.append("the source's server_id is 0")
+    if target is not None and target.get("server_id") == source.get("server_id"):
+        problems.append(f"source and target share server_id {source.get('server_id')}")
+    return problems
+
+
+def probe_replication(rt: StepRuntime) -> list[str]:
+    """Ask both hosts (reads only) whether the replicate mode can run: the problems, empty when it can."""
+    plan = rt.plan
+    programs: dict[str, bool] = {}
+    for which, names in (("source", ("mariadb-backup",)), ("target", ("mariadb-backup", "mbstream"))):
+        for name in names:
+            programs[f"{name} on the {which}"] = probes.ask(rt.host(which), probes.has_program(name))  # type: ignore[arg-type]
+    variables: dict[str, dict[str, str] | None] = {}
+    for which in ("source", "target"):
+        try:
+            conn = rt.db(which, retry=False, read_timeout=10.0)  # type: ignore[arg-type]
+        except Exception:
+            variables[which] = None
+            continue
+        try:
+            variables[which] = server_variables(conn)
+        finally:
+            rt.release(conn)
+    return replication_problems(plan, variables["source"], variables["target"], programs)
+
+
+def mode_reason(mode: str, problems: list[str], declared: str) -> str:
+    """The one line preflight says about the mode."""
+    if mode == "replicate":
+        how = "chosen by 'auto'" if declared == "auto" else "as the plan says"
+        return (
+            f"replicate ({how}): binlog on, ROW format, GTID strict, log_slave_updates, distinct server ids; "
+            "the window waits for the replica instead of copying files"
+        )
+    if declared == "auto":
+        return "shutdown (chosen by 'auto'): replication is not possible here: " + "; ".join(problems)
+    return "shutdown (as the plan says): the source database is stopped cleanly inside the window"
+
+
+# --- specs ------------------------------------------------------------------------------------------------------
+
+
+def ssh_to_target(plan: Plan) -> tuple[str, ...]:
+    """The ssh argv, run on the source, that reaches the target (the hop rsync uses, host key verified)."""
+    login = f"{plan.target.user}@{plan.target.address}"
+    return (*shlex.split(target_ssh_command(plan, control="no")), login)
+
+
+def seed_spec(plan: Plan) -> repl.SeedSpec:
+    settings = plan.replication
+    assert settings is not None
+    db = plan.database
+    return repl.SeedSpec(
+        source_datadir=db.source.datadir,
+        target_datadir=db.target.datadir,
+        ssh_to_target=ssh_to_target(plan),
+        source_socket=db.source.socket,
+        source_user=db.user,
+        password_env=DB_PASSWORD_ENV if db.password is not None else None,
+        owner=settings.datadir_owner,
+        throttle=settings.seed_throttle,
+        nice=settings.seed_nice,
+        no_defaults=False,
+    )
+
+
+def endpoint(plan: Plan, which: str) -> ReplicationEndpoint:
+    settings = plan.replication
+    assert settings is not None
+    given = settings.source if which == "source" else settings.target
+    if given is not None:
+        return given
+    db = plan.database.source if which == "source" else plan.database.target
+    return ReplicationEndpoint(host=db.host, port=db.port)
+
+
+@dataclass(frozen=True)
+class TunnelFacts:
+    """What the journal keeps of a tunnel: enough to find it again after a crash, and to end it."""
+
+    name: str
+    direction: str
+    port: int
+
+    def journal(self) -> dict[str, Any]:
+        return {"name": self.name, "direction": self.direction, "port": self.port}
+
+    @classmethod
+    def of(cls, data: dict[str, Any] | None) -> TunnelFacts | None:
+        if not data:
+            return None
+        return cls(str(data["name"]), str(data["direction"]), int(data["port"]))
+
+
+def tunnel_spec(plan: Plan, facts: TunnelFacts) -> repl.TunnelSpec:
+    """The forward tunnel (-R: the target reaches the source's database) or the reverse one (-L)."""
+    if facts.direction == "remote":
+        far = endpoint(plan, "source")
+        return repl.TunnelSpec(facts.name, "remote", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
+    far = endpoint(plan, "target")
+    return repl.TunnelSpec(facts.name, "local", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
+
+
+def tunnel_name(plan: Plan, direction: str) -> str:
+    return f"{plan.name}-{'fwd' if direction == 'remote' else 'rev'}"
+
+
+def replica_source(rt: StepRuntime, port: int) -> repl.ReplicaSource:
+    settings = rt.plan.replication
+    assert settings is not None
+    return repl.ReplicaSource("127.0.0.1", port, settings.user, rt.secret(settings.password))  # type: ignore[attr-defined]
+
+
+def open_tunnel(ctx: StepContext, direction: str, key: str, *, attempts: int = 5) -> TunnelFacts:
+    """Bring up (or find again) the tunnel journaled under `key`; a new one gets a free port on its listening host.
+
+    The facts are journaled BEFORE the ssh starts: whatever happens next, undo and finish know what to end.
+    """
+    rt = runtime(ctx)
+    plan = rt.plan
+    listening = rt.target if direction == "remote" else rt.source
+    facts = TunnelFacts.of(ctx.saved(key))
+    last = ""
+    for _ in range(attempts):
+        if facts is None:
+            port = repl.parse_port(listening.run(repl.free_port_command(), timeout=COMMAND_TIMEOUT).stdout)
+            facts = TunnelFacts(tunnel_name(plan, direction), direction, port)
+            ctx.save(key, facts.journal())
+        result = rt.source.run(repl.tunnel_up_command(tunnel_spec(plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
+        if result.exit_status == 0 and repl.parse_tunnel_pid(result.stdout) is not None:
+            ctx.log.info("repl.tunnel_up", tunnel=facts.name, port=facts.port, direction=direction)
+            return facts
+        last = (result.stderr or result.stdout).strip().splitlines()[-1:] or [f"exit {result.exit_status}"]
+        last = last[0] if isinstance(last, list) else last
+        ctx.log.warning("repl.tunnel_failed", tunnel=facts.name, port=facts.port, error=last)
+        facts = None  # the port may have been taken meanwhile: another one
+    raise StepError(f"the replication tunnel over ssh from the source to the target did not come up: {last}")
+
+
+def close_tunnel(ctx: StepContext, key: str, facts: TunnelFacts | None = None) -> None:
+    """End the tunnel journaled under `key` by this step (or the one `facts` name); nothing if there is none."""
+    rt = runtime(ctx)
+    facts = facts or TunnelFacts.of(ctx.saved(key))
+    if facts is None:
+        return
+    rt.source.run(repl.tunnel_down_command(tunnel_spec(rt.plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
+    ctx.log.info("repl.tunnel_down", tunnel=facts.name)
+
+
+def saved_from(ctx: StepContext, step: str, key: str) -> Any:
+    """A value another step of this run journaled (step_saved), the latest one."""
+    value = None
+    events = ctx.history()
+    starts = [i for i, ev in enumerate(events) if ev.get("event") == "run_started"]
+    for ev in events[starts[-1] if starts else 0 :]:
+        if ev.get("event") == "step_saved" and ev.get("step") == step and ev.get("key") == key:
+            value = ev.get("value")
+    return value
+
+
+def repl_error(what: str, exc: Exception) -> StepError:
+    return StepError(f"{what}: {exc}")
+
+
+def replica_line(rt: StepRuntime) -> str:
+    """One line on the replica, read live: its lag and position against the source's, or its own error."""
+    target = rt.db("target", retry=False, read_timeout=10.0)
+    try:
+        status = repl.replica_status(target)
+    finally:
+        rt.release(target)
+    if status is None:
+        return "replica: the target is not replicating"
+    source = rt.db("source", retry=False, read_timeout=10.0)
+    try:
+        at = repl.gtid_binlog_pos(source)
+    finally:
+        rt.release(source)
+    if status.error:
+        return f"replica: stopped: {status.error}"
+    behind = "unknown" if status.seconds_behind is None else f"{status.seconds_behind} s"
+    return (
+        f"replica: {behind} behind (Seconds_Behind_Master), received up to {status.gtid_io_pos or 'nothing'}, "
+        f"the source at {at}; IO thread {status.io_running}, SQL thread {'Yes' if status.sql_running else 'No'}"
+    )

@@ -1,0 +1,232 @@
+"""Switch (replicate mode) — the downtime window begins here: the source stops taking writes, the replica executes
+its last transactions and becomes the primary.
+
+Fence the source's service and, side by side, SET GLOBAL read_only on the source with the bounded wait
+(`writes_blocked_at`, `fenced` and `source_read_only` journaled first: read_only is global and outlives this
+process, so undo and a resume clear it) → the source's final GTID position (journaled) → MASTER_GTID_WAIT on the
+target for it, bounded by what is left of `cutover.max_write_block` → the promotion with its proof (`promoting`
+journaled first): replication stopped, the target executed exactly the source's final position, replication
+forgotten, read_only off. No file copy, no server start, no full row count: the work is what the replica had not
+applied yet.
+
+The target's services stay fenced: the DNS flip lifts the fence (the commit point).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pymysql
+
+from orchestrator.contracts import runtime
+from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.results import SwitchResult
+from orchestrator.steps.repl_common import FINAL_GTID, mode_reason
+from orchestrator.transports import replication as repl
+from orchestrator.transports.ssh import TransportError
+
+WRITES_BLOCKED_AT = "writes_blocked_at"
+FENCED = "fenced"
+SOURCE_READ_ONLY = "source_read_only"
+PROMOTING = "promoting"
+PROMOTED = "promoted"
+FENCE_TIMEOUT = 60.0
+
+
+class ReplSwitch(Step):
+    name = "repl_switch"
+    title = "Switch: fence and read_only on the source, the replica catches its final position, promoted with proof"
+    begins_downtime = True
+
+    def describe(self, ctx: StepContext) -> list[str]:
+        plan = runtime(ctx).plan
+        c = plan.cutover
+        fence = plan.services.fence.enable
+        return [
+            f"on {plan.source.address}: fence the service: {fence}" if fence else "no fence command: read_only only",
+            f"SET GLOBAL read_only = 1 on the source database, waiting at most {c.lock_wait_timeout:g} s per try, "
+            f"{c.lock_attempts} tries (running commits finish; the app's account must not hold READ ONLY ADMIN)",
+            "read the source's final GTID position (journaled)",
+            "on the target: MASTER_GTID_WAIT(final position), bounded by what is left of the budget",
+            "promote the target: STOP SLAVE, proof that it executed exactly the final position, RESET SLAVE ALL, "
+            "read_only = 0 (its services stay fenced until the DNS flip)",
+            f"writes may stay blocked at most {c.max_write_block:g} s (cutover.max_write_block)",
+        ]
+
+    def check(self, ctx: StepContext) -> bool:
+        return False  # re-entered after a crash: continues from the journaled facts
+
+    def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        rt = runtime(ctx)
+        plan = rt.plan
+        window = ctx.window
+        result = SwitchResult(mode_reason=mode_reason("replicate", [], plan.cutover.mode))
+        # Connections are opened while writes still flow: connecting is not part of the window.
+        source = rt.db("source", read_timeout=max(plan.database.read_timeout, plan.cutover.lock_wait_timeout + 30))
+        target = rt.db("target", read_timeout=max(plan.database.read_timeout, plan.cutover.max_write_block + 30))
+        try:
+            if ctx.saved(PROMOTED) or self._already_promoted(ctx, target):
+                ctx.log.info("repl.switch.already_promoted")
+            else:
+                failure = repl.replica_status(target)
+                if ctx.saved(PROMOTING) and failure is not None and not failure.sql_running and not failure.error:
+                    repl.start_replica(target)  # a crash inside the promotion, after its STOP SLAVE
+                if failure is None or failure.error:
+                    why = failure.error if failure is not None else "the target is not a replica"
+                    raise StepError(f"the replica is not healthy before the window: {why}")
+                began = time.monotonic()
+                # The app's fence and the database's read_only go up side by side: either blocks writes, and the
+                # fence's SSH round trip need not come before the database's.
+                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fence") as pool:
+                    blocked_at = self._begin(ctx)
+                    fenced = pool.submit(contextvars.copy_context().run, self._fence, ctx)
+                    try:
+                        result.read_only_seconds = self._read_only(ctx, source)
+                    finally:
+                        fence_failure = fenced.exception()  # waited for: undo finds the fence up, not going up
+                    if fence_failure is not None:
+                        raise fence_failure
+                result.writes_blocked_at = blocked_at
+                final = self._final_position(ctx, source)
+                result.final_gtid = str(final)
+                window.check("waiting for the replica")
+                waited = repl.wait_for_position(target, final, window.timeout() or plan.cutover.max_write_block)
+                result.wait_seconds = round(waited.waited, 3)
+                if waited.outcome == "replica_failed":
+                    raise StepError(f"the replica stopped inside the window: {waited.error}")
+                if waited.outcome != "reached":
+                    window.check(f"waiting for the replica to reach {final}")
+                    raise StepError(f"the replica did not reach the source's final position {final} in time")
+                window.check("promoting the replica")
+                ctx.save(PROMOTING, True)
+                promoted = time.monotonic()
+                try:
+                    executed = repl.promote(target, expected=final)
+                except repl.PositionMismatch as exc:
+                    raise StepError(f"not promoted: {exc}") from None
+                result.promote_seconds = round(time.monotonic() - promoted, 3)
+                result.executed_gtid = str(executed)
+                result.switch_seconds = round(time.monotonic() - began, 3)
+                ctx.save(PROMOTED, str(executed))
+            result.writes_blocked_at = window.begin(float(ctx.saved(WRITES_BLOCKED_AT)))
+            result.final_gtid = result.final_gtid or ctx.saved(FINAL_GTID)
+            result.executed_gtid = result.executed_gtid or ctx.saved(PROMOTED)
+        except repl.ReplicationError as exc:
+            window.check("the switch")
+            raise StepError(f"the switch: {exc}") from None
+        except pymysql.MySQLError as exc:
+            window.check("the switch")
+            raise StepError(f"the switch: {exc}") from None
+        finally:
+            rt.release(source)
+            rt.release(target)
+        ctx.log.info(
+            "repl.switched", final=result.final_gtid, wait_s=result.wait_seconds, total_s=result.switch_seconds
+        )
+        window.check("finishing the switch")
+        return result.journal()
+
+    # -- the sequence
+
+    def _begin(self, ctx: StepContext) -> float:
+        """The window begins: journaled (`writes_blocked_at`, `fenced`, `source_read_only`) before anything moves."""
+        saved_at = ctx.saved(WRITES_BLOCKED_AT)
+        blocked_at = float(saved_at) if saved_at else time.time()
+        if runtime(ctx).plan.services.fence.enable:
+            ctx.save(FENCED, True)
+        if not saved_at:
+            ctx.save(WRITES_BLOCKED_AT, blocked_at)
+        ctx.save(SOURCE_READ_ONLY, True)
+        ctx.window.begin(blocked_at)
+        return blocked_at
+
+    def _fence(self, ctx: StepContext) -> None:
+        rt = runtime(ctx)
+        fence = rt.plan.services.fence.enable
+        if fence:
+            try:
+                rt.source.run(fence, timeout=ctx.window.timeout(FENCE_TIMEOUT))
+            except TransportError as exc:
+                ctx.window.check("fencing the source")
+                raise StepError(f"fencing the source: {exc}") from None
+        ctx.window.check("fencing the source")
+        ctx.log.info("repl.switch.fenced", fence=bool(fence))
+
+    def _read_only(self, ctx: StepContext, source: Any) -> float:
+        """read_only on the source, each try bounded by the budget, retried with backoff like the lock."""
+        c = runtime(ctx).plan.cutover
+        window = ctx.window
+        started = time.monotonic()
+        delay = c.lock_retry_backoff
+        for attempt in range(1, c.lock_attempts + 1):
+            window.check(f"setting read_only on the source (try {attempt})")
+            try:
+                repl.set_read_only(source, True, lock_wait_timeout=min(c.lock_wait_timeout, window.timeout() or 1.0))
+                seconds = round(time.monotonic() - started, 3)
+                ctx.log.info("repl.switch.source_read_only", attempt=attempt, seconds=seconds)
+                return seconds
+            except repl.ReplicationError as exc:
+                ctx.log.warning("repl.switch.read_only_wait_timeout", attempt=attempt, error=str(exc))
+                if attempt == c.lock_attempts:
+                    raise StepError(
+                        f"could not set read_only on the source in {c.lock_attempts} tries of "
+                        f"{c.lock_wait_timeout:g} s: {exc}"
+                    ) from None
+                window.check(f"waiting to set read_only on the source ({attempt} tries)")
+                time.sleep(min(delay, window.timeout() or delay))
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def _final_position(self, ctx: StepContext, source: Any) -> repl.GtidPosition:
+        """The source's last position, read once it is read-only (journaled before the target waits for it)."""
+        final = repl.gtid_binlog_pos(source)
+        ctx.save(FINAL_GTID, str(final))
+        ctx.log.info("repl.switch.final_position", gtid=str(final))
+        return final
+
+    def _already_promoted(self, ctx: StepContext, target: Any) -> bool:
+        """A crash between the promotion and its journal record: the target is no replica, writable, and at the
+        source's journaled final position."""
+        final = ctx.saved(FINAL_GTID)
+        if not (ctx.saved(PROMOTING) and final):
+            return False
+        if repl.replica_status(target) is not None or repl.is_read_only(target):
+            return False
+        return repl.same_position(repl.GtidPosition.parse(str(final)), repl.gtid_slave_pos(target))
+
+    def undo(self, ctx: StepContext) -> None:
+        """The target read-only again (it must not take writes), the source writable again, its fence lifted.
+
+        The target's replication is put back by the replica step's undo (or the database stopped). read_only is
+        checked on the server, not assumed from the journal: a kill -9 may have left it set.
+        """
+        rt = runtime(ctx)
+        plan = rt.plan
+        failures: list[str] = []
+        if ctx.saved(PROMOTING):
+            try:
+                conn = rt.db("target", retry=False)
+                try:
+                    repl.set_read_only(conn, True, lock_wait_timeout=plan.cutover.lock_wait_timeout)
+                finally:
+                    rt.release(conn)
+            except Exception as exc:
+                failures.append(f"making the target read-only again: {exc}")
+        if ctx.saved(SOURCE_READ_ONLY) or ctx.saved(WRITES_BLOCKED_AT):
+            conn = rt.db("source")
+            try:
+                if repl.is_read_only(conn):
+                    repl.set_read_only(conn, False, lock_wait_timeout=plan.cutover.lock_wait_timeout)
+                    ctx.log.info("repl.switch.undo.source_writable")
+            finally:
+                rt.release(conn)
+            ctx.save(SOURCE_READ_ONLY, False)
+        if ctx.saved(FENCED) and plan.services.fence.disable:
+            rt.source.run(plan.services.fence.disable, timeout=FENCE_TIMEOUT)
+            ctx.log.info("repl.switch.undo.fence_lifted")
+            ctx.save(FENCED, False)
+        if failures:
+            raise StepError("; ".join(failures))

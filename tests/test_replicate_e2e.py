@@ -1,0 +1,440 @@
+"""The replicate cut-over on the lab, through `migrate apply` as an operator runs it.
+
+Success under `migrate lab load` (clients caching DNS, so some keep talking to the old server after the flip):
+nothing acknowledged is lost, replication is torn down on both sides at the end. Failures, each breaking one
+thing: a replica error before the window, a replica that never catches up (bounded wait), a difference planted on
+the replica, kill -9 during the seed and inside the window. Each failure before the window rolls back to a source
+that never stopped serving (never fenced, never read-only); each kill resumes to a completed run with 0 lost.
+
+Faults are planted by the plan's own hooks (a `before-step` hook fires at a known point of the run), so nothing
+here waits on timing. Every test starts and ends with the source live and writable, no replication, no tunnel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+from ruamel.yaml import YAML
+
+from orchestrator import exit_codes
+from orchestrator.lab.state import HostState, LabState
+from orchestrator.lab.verify import main_verify
+from orchestrator.transports import replication as repl
+from tests.test_e2e import (
+    DNS_TTL,
+    PLAN_NAMES,
+    assert_source_serves_and_dns_unchanged,
+    dns_contents,
+    migrate_apply,
+    outcome,
+    plan_name,
+    restore_source_live,
+    run_report,
+    start_load,
+)
+
+pytestmark = pytest.mark.lab
+
+MIGRATE = Path(sys.executable).with_name("migrate")
+TIMEOUT = 600.0
+
+
+# --- the lab, driven from outside ------------------------------------------------------------------------------
+
+
+def connect(state: LabState, host: HostState, database: str | None = None) -> pymysql.Connection:
+    return pymysql.connect(
+        host=host.address, port=host.db_port, user=state.migrate_user, password=state.secrets()[state.db_password_env],
+        database=database, autocommit=True, connect_timeout=10, read_timeout=60,
+    )  # fmt: skip
+
+
+def source_is_plain_and_writable(state: LabState) -> tuple[bool, object]:
+    conn = connect(state, state.source)
+    try:
+        return not repl.is_read_only(conn), repl.replica_status(conn)
+    finally:
+        conn.close()
+
+
+def tunnels_down(state: LabState, names: list[str]) -> None:
+    """End the tunnels a run left (their control sockets are the run's, in /tmp)."""
+    for name in names:
+        control = f"/tmp/migrate-tunnel-{name}.ctl"
+        if Path(control).exists():
+            subprocess.run(["ssh", "-o", f"ControlPath={control}", "-O", "exit", "x"], capture_output=True, timeout=30)
+            Path(control).unlink(missing_ok=True)
+
+
+def tunnel_running(name: str) -> bool:
+    control = f"/tmp/migrate-tunnel-{name}.ctl"
+    if not Path(control).exists():
+        return False
+    check = subprocess.run(["ssh", "-o", f"ControlPath={control}", "-O", "check", "x"], capture_output=True, timeout=30)
+    return check.returncode == 0
+
+
+def restore(state: LabState) -> None:
+    """The source plain and writable (no replication, read_only off), no tunnel, then the e2e restore."""
+    tunnels_down(state, [f"{name}-{kind}" for name in PLAN_NAMES for kind in ("fwd", "rev")])
+    with contextlib.suppress(pymysql.MySQLError):
+        conn = connect(state, state.source)
+        try:
+            repl.forget_replication(conn)
+            repl.set_read_only(conn, False, lock_wait_timeout=5)
+        finally:
+            conn.close()
+    restore_source_live(state)
+
+
+@pytest.fixture
+def live(lab: LabState) -> Iterator[LabState]:
+    restore(lab)
+    try:
+        yield lab
+    finally:
+        restore(lab)
+
+
+def replicate_plan(state: LabState, suffix: str, hooks: dict[str, str] | None = None, **replication: Any) -> Path:
+    """A copy of the lab's plan (cutover.mode auto: it must resolve to replicate here) with its own name, hooks
+    directory and replication settings."""
+    yaml = YAML()
+    data = yaml.load(state.plan_file.read_text())
+    data["name"] = f"{data['name']}-{suffix}"
+    data["cutover"]["mode"] = replication.pop("mode", "auto")
+    if "max_write_block" in replication:
+        data["cutover"]["max_write_block"] = replication.pop("max_write_block")
+    for key, value in replication.items():
+        data["replication"][key] = value
+    hooks_dir = state.path / f"hooks-{suffix}"
+    hooks_dir.mkdir(exist_ok=True)
+    for old in hooks_dir.iterdir():
+        old.unlink()
+    for name, body in (hooks or {}).items():
+        path = hooks_dir / name
+        path.write_text("#!/bin/bash\nset -u\n" + body)
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    data["hooks"] = {"dir": str(hooks_dir), "pass_env": [state.db_password_env]}
+    PLAN_NAMES.add(str(data["name"]))
+    path = state.path / f"plan-{suffix}.yaml"
+    with path.open("w") as out:
+        yaml.dump(data, out)
+    return path
+
+
+def sql_on(state: LabState, host: HostState, statements: str) -> str:
+    """A hook line running SQL on a lab host as the migration's account (password from the hook's environment)."""
+    argv = ["mariadb", "--no-defaults", f"--socket={host.db_socket}", "-u", state.migrate_user, state.db_name]
+    return f'MYSQL_PWD="${state.db_password_env}" {shlex.join(argv)} -e {shlex.quote(statements)}\n'
+
+
+def on_step(step: str, body: str) -> str:
+    return f'[ "$MIGRATE_STEP" = {shlex.quote(step)} ] || exit 0\n{body}'
+
+
+@contextlib.contextmanager
+def writer(state: LabState, prefix: str) -> Iterator[list[str]]:
+    """A client committing rows on the source back to back (paced), the ids it got acknowledged."""
+    acked: list[str] = []
+    stop = threading.Event()
+
+    def _run() -> None:
+        conn: pymysql.Connection | None = None
+        n = 0
+        while not stop.is_set():
+            try:
+                if conn is None:
+                    conn = connect(state, state.source, state.db_name)
+                n += 1
+                row = f"{prefix}-{n:08d}"
+                with conn.cursor() as cur:
+                    cur.execute("INSERT INTO reviews (id, author, course, rating, body) VALUES (%s, 'w', 'c', 3, 'b')",
+                                (row,))  # fmt: skip
+                acked.append(row)
+            except pymysql.MySQLError:
+                with contextlib.suppress(Exception):
+                    if conn is not None:
+                        conn.close()
+                conn = None
+            stop.wait(0.02)
+        if conn is not None:
+            conn.close()
+
+    thread = threading.Thread(target=_run, daemon=True)
+    thread.start()
+    try:
+        yield acked
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def journal_events(state: LabState, plan: Path) -> list[dict[str, Any]]:
+    directory = state.path / ".migrate" / plan_name(plan)
+    events: list[dict[str, Any]] = []
+    for path in [*sorted((directory / "history").glob("*.jsonl")), directory / "journal.jsonl"]:
+        if path.exists():
+            events += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return events
+
+
+def writes_were_blocked(events: list[dict[str, Any]]) -> bool:
+    return any(ev.get("event") == "step_saved" and ev.get("key") == "writes_blocked_at" for ev in events)
+
+
+def assert_rolled_back_before_the_window(state: LabState, plan: Path, result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    events = journal_events(state, plan)
+    # The source never stopped serving: never fenced, never read-only; and now plain and writable.
+    assert not writes_were_blocked(events), "the window began"
+    writable, status = source_is_plain_and_writable(state)
+    assert writable and status is None
+    assert_source_serves_and_dns_unchanged(state)
+    # Nothing left on the target: no seeded datadir in place of its own, no staging copy, no tunnel.
+    datadir = Path(str(state.target.datadir))
+    assert not Path(f"{datadir}.seed").exists() and not Path(f"{datadir}.before-seed").exists()
+    assert not tunnel_running(f"{plan_name(plan)}-fwd")
+
+
+# --- success under load -----------------------------------------------------------------------------------------
+
+
+def test_replicate_under_load_loses_nothing_and_tears_replication_down(live: LabState, tmp_path: Path) -> None:
+    state = live
+    plan = replicate_plan(state, "repl")
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, 300)
+    try:
+        acks = load_dir / "acks.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
+            time.sleep(0.05)  # writes flowing to the source before the migration begins
+        result = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert result.returncode == exit_codes.OK, outcome(result)
+        # Clients with a cached answer reach the (fenced, read-only) source until their cache expires, then move.
+        time.sleep(DNS_TTL + 2)
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load_output, _ = load.communicate(timeout=60)
+    print(load_output)
+
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    report = run_report(state, plan_name(plan))
+    assert report["status"] == "completed"
+    events = journal_events(state, plan)
+    steps = next(ev["steps"] for ev in events if ev.get("event") == "run_started")
+    assert "repl_switch" in steps and "cutover" not in steps, steps  # auto chose replicate on the lab
+    preflight = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "preflight")
+    assert preflight["cutover_mode"] == "replicate" and preflight["mode_reason"].startswith("replicate")
+    switch = report["replicate"]
+    assert switch["final_gtid"] and repl.same_position(
+        repl.GtidPosition.parse(switch["final_gtid"]), repl.GtidPosition.parse(switch["executed_gtid"])
+    )
+
+    verify = main_verify(state, host="target", load_dir=load_dir)
+    print(
+        f"replicate: writes blocked (report) {report['write_block_seconds']} s; switch {switch.get('switch_seconds')} s"
+        f" (read_only {switch.get('read_only_seconds')} s, wait {switch.get('wait_seconds')} s); longest write stall "
+        f"{verify.longest_write_stall_s} s; failed write attempts {verify.write_attempts_failed}; steps "
+        f"{[(step['name'], step['duration']) for step in report['steps']]}"
+    )
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
+
+    # Replication is over on both sides: no replica, no master.info (it held the password), no tunnel; the old source
+    # stays read-only (and fenced) as finish leaves it.
+    finish = next(s for s in report["steps"] if s["name"] == "finish")
+    assert finish["state"] == "done"
+    for host in (state.source, state.target):
+        conn = connect(state, host)
+        try:
+            assert repl.replica_status(conn) is None, host.name
+        finally:
+            conn.close()
+        assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
+    writable, _ = source_is_plain_and_writable(state)
+    assert not writable
+    for kind in ("fwd", "rev"):
+        assert not tunnel_running(f"{plan_name(plan)}-{kind}")
+    reverse = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "finish")
+    assert reverse["reverse_replication"]["healthy"] is True, reverse
+    assert reverse["reverse_replication"]["torn_down"] is True
+
+
+# --- failures before the window: the source never stopped serving ----------------------------------------------
+
+
+def test_a_replica_error_before_the_window_stops_the_run_in_the_replicas_words(live: LabState) -> None:
+    state = live
+    row = f"conflict-{os.getpid()}"
+    plant = sql_on(state, state.target, f"SET sql_log_bin = 0; INSERT INTO reviews (id, author) VALUES ('{row}', 'x')")
+    then = sql_on(state, state.source, f"INSERT INTO reviews (id, author) VALUES ('{row}', 'source')")
+    plan = replicate_plan(state, "replerr", {"before-step": on_step("repl_catchup", plant + then)}, compare=False)
+    result = migrate_apply(state, plan, timeout=TIMEOUT)
+    assert "Duplicate entry" in result.stdout + result.stderr and row in result.stdout + result.stderr, outcome(result)
+    assert_rolled_back_before_the_window(state, plan, result)
+
+
+def test_a_replica_that_never_catches_up_stops_after_the_bounded_wait(live: LabState) -> None:
+    state = live
+    # The replica applies nothing younger than an hour: under writes, it never reaches the source's position.
+    delay = sql_on(state, state.target, "STOP SLAVE; CHANGE MASTER TO MASTER_DELAY = 3600; START SLAVE")
+    # Meanwhile an operator asks where the run stands: the replica's lag, read live.
+    seen = state.path / "status-repllag.json"
+    asked = f"{shlex.quote(str(MIGRATE))} status {shlex.quote(str(state.path / 'plan-repllag.yaml'))} --json"
+    ask = f"{asked} > {shlex.quote(str(seen))}\n"
+    plan = replicate_plan(
+        state, "repllag", {"before-step": on_step("repl_catchup", ask + delay)}, compare=False, max_lag=0.5,
+        lag_wait=3,
+    )  # fmt: skip
+    with writer(state, f"lag-{os.getpid()}") as acked:
+        result = migrate_apply(state, plan, timeout=TIMEOUT)
+    text = result.stdout + result.stderr
+    assert "replication.max_lag 0.5 s" in text and "replication.lag_wait 3 s" in text, outcome(result)
+    assert "nothing was changed" in text
+    assert_rolled_back_before_the_window(state, plan, result)
+    status = json.loads(seen.read_text())
+    assert status["replication"].startswith("replica: ") and " behind " in status["replication"], status
+    # Every write the source acknowledged meanwhile is there: it never stopped taking them.
+    conn = connect(state, state.source, state.db_name)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM reviews WHERE id LIKE %s", (f"lag-{os.getpid()}-%",))
+            assert cur.fetchone()[0] == len(acked) > 0
+    finally:
+        conn.close()
+
+
+def test_the_comparison_finds_a_difference_planted_on_the_replica(live: LabState) -> None:
+    state = live
+    plant = sql_on(
+        state, state.target, "SET sql_log_bin = 0; UPDATE reviews SET rating = rating + 1 ORDER BY id LIMIT 1"
+    )
+    plan = replicate_plan(state, "repldiff", {"before-step": on_step("repl_catchup", plant)}, chunk_rows=50)
+    result = migrate_apply(state, plan, timeout=TIMEOUT)
+    text = result.stdout + result.stderr
+    assert f"{state.db_name}.reviews chunk 0 " in text and "contents differ" in text, outcome(result)
+    assert_rolled_back_before_the_window(state, plan, result)
+
+
+# --- kill -9: the run resumes and loses nothing -----------------------------------------------------------------
+
+
+def run_killed(state: LabState, plan: Path) -> None:
+    """`migrate apply` until one of the plan's hooks kills it with SIGKILL."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
+    command = [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)]
+    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert first.returncode == -signal.SIGKILL, outcome(first)
+
+
+def resumed_under_load(state: LabState, plan: Path, load_dir: Path, killed_by: str) -> dict[str, Any]:
+    load = start_load(state, load_dir, 300)
+    try:
+        acks = load_dir / "acks.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
+            time.sleep(0.05)
+        run_killed(state, plan)
+        Path(killed_by).unlink(missing_ok=True)
+        result = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert result.returncode == exit_codes.OK, outcome(result)
+        assert "resuming" in result.stdout + result.stderr, outcome(result)
+        time.sleep(DNS_TTL + 2)
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load.communicate(timeout=60)
+    verify = main_verify(state, host="target", load_dir=load_dir)
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    report = run_report(state, plan_name(plan))
+    assert report["status"] == "completed"
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    return report
+
+
+def test_killed_during_the_seed_resumes_and_loses_nothing(live: LabState, tmp_path: Path) -> None:
+    state = live
+    staging = f"{state.target.datadir}.seed"
+    # Once the stream has begun landing on the target, the run is killed (the watcher outlives this hook).
+    killer = (
+        f"( while [ ! -d {shlex.quote(staging)} ]; do sleep 0.01; done; kill -9 $PPID ) >/dev/null 2>&1 &\n"
+    ).replace("$PPID", "$MIGRATE_PID")
+    body = "MIGRATE_PID=$PPID\n" + killer
+    plan = replicate_plan(state, "replkill1", {"before-step": on_step("repl_seed", body)}, compare=False)
+    hook = state.path / "hooks-replkill1" / "before-step"
+    report = resumed_under_load(state, plan, tmp_path / "load", str(hook))
+    seed = next(s for s in report["steps"] if s["name"] == "repl_seed")
+    assert seed["attempts"] == 2
+
+
+def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_path: Path) -> None:
+    state = live
+    # Inside the window: the source read-only and fenced, the target promoted, DNS not flipped yet.
+    plan = replicate_plan(state, "replkill2", {"before-step": on_step("files_final", "kill -9 $PPID\n")})
+    hook = state.path / "hooks-replkill2" / "before-step"
+    report = resumed_under_load(state, plan, tmp_path / "load", str(hook))
+    events = journal_events(state, plan)
+    assert writes_were_blocked(events)
+    assert next(s for s in report["steps"] if s["name"] == "repl_switch")["attempts"] == 1
+
+
+def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_source(
+    live: LabState, tmp_path: Path
+) -> None:
+    """The budget spent while nobody ran: the resume rolls back; the source is writable again (read_only is global
+    and survived the kill: the rollback clears it), the target read-only and stopped, DNS unchanged, 0 lost."""
+    state = live
+    budget = 8.0
+    plan = replicate_plan(
+        state, "replkill3", {"before-step": on_step("files_final", "kill -9 $PPID\n")}, max_write_block=budget
+    )
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, 300)
+    try:
+        acks = load_dir / "acks.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
+            time.sleep(0.05)
+        run_killed(state, plan)
+        (state.path / "hooks-replkill3" / "before-step").unlink()
+        writable, _ = source_is_plain_and_writable(state)
+        assert not writable  # the kill left the source read-only
+        blocked_at = next(
+            float(ev["value"]) for ev in journal_events(state, plan)
+            if ev.get("event") == "step_saved" and ev.get("key") == "writes_blocked_at"
+        )  # fmt: skip
+        while time.time() <= blocked_at + budget:  # the budget runs out while nobody runs
+            time.sleep(0.1)
+        result = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert result.returncode == exit_codes.FAILED, outcome(result)
+        assert "cutover.max_write_block" in result.stdout + result.stderr, outcome(result)
+        time.sleep(DNS_TTL + 2)
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load.communicate(timeout=60)
+    writable, status = source_is_plain_and_writable(state)
+    assert writable and status is None
+    assert_source_serves_and_dns_unchanged(state)
+    verify = main_verify(state, host="source", load_dir=load_dir)
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost

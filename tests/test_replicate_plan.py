@@ -1,0 +1,153 @@
+"""The replicate mode without a lab: its plan section, which servers allow it, the mode a run resolves to and keeps
+(from its journal), and the reverse plan. The mode itself is proven on the lab in test_replicate_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.plan.loader import PlanError, load_plan
+from orchestrator.run import compose
+from orchestrator.steps import build_steps
+from orchestrator.steps.repl_common import mode_reason, replication_problems
+from orchestrator.transports import replication as repl
+from tests.test_plan import SMALL_PLAN, write
+
+REPLICATION = """replication:
+  user: repl
+  password: {env: SHOP_REPL_PASSWORD}
+  max_lag: 0.5
+  app_users: [shop]
+"""
+GOOD = {
+    "log_bin": "ON",
+    "server_id": "1",
+    "log_slave_updates": "ON",
+    "binlog_format": "ROW",
+    "gtid_strict_mode": "ON",
+    "read_only": "OFF",
+}
+PROGRAMS = {"mariadb-backup on the source": True, "mbstream on the target": True}
+
+
+def plan_with(tmp_path: Path, mode: str, replication: str = REPLICATION) -> Path:
+    text = SMALL_PLAN.replace("  max_write_block: 60\n", f"  max_write_block: 60\n  mode: {mode}\n") + replication
+    return write(tmp_path, text)
+
+
+def test_the_replicate_mode_needs_its_section_and_says_where(tmp_path: Path) -> None:
+    with pytest.raises(PlanError) as caught:
+        load_plan(plan_with(tmp_path, "replicate", replication=""))
+    assert caught.value.lines == [f"{tmp_path / 'plan.yaml'}:26:3: cutover.mode: 'replicate' needs a replication "
+                                  "section (user, password)"]  # fmt: skip
+    loaded = load_plan(plan_with(tmp_path, "replicate")).plan
+    assert loaded.replication is not None and loaded.replication.max_lag == 0.5
+    assert [s.name for s in build_steps(loaded)][3:7] == ["repl_seed", "repl_replica", "repl_catchup", "repl_switch"]
+
+
+def test_the_replication_section_refuses_a_password_value_and_bad_numbers(tmp_path: Path) -> None:
+    with pytest.raises(PlanError) as caught:
+        load_plan(plan_with(tmp_path, "auto", REPLICATION.replace("{env: SHOP_REPL_PASSWORD}", "hunter2")))
+    assert "hunter2" not in " ".join(caught.value.lines) and "replication.password" in caught.value.lines[0]
+    with pytest.raises(PlanError) as caught:
+        load_plan(plan_with(tmp_path, "auto", REPLICATION.replace("max_lag: 0.5", "max_lag: 0")))
+    assert "replication.max_lag" in caught.value.lines[0]
+
+
+def test_which_servers_allow_replication() -> None:
+    from orchestrator.plan.model import Plan
+
+    plan = Plan.model_validate(
+        {
+            "name": "p", "source": {"address": "10.0.0.1"}, "target": {"address": "10.0.0.2"},
+            "database": {
+                "source": {"datadir": "/var/lib/mysql", "start": "a", "stop": "b"},
+                "target": {"datadir": "/var/lib/mysql", "start": "a", "stop": "b"},
+            },
+            "dns": {"api_token": {"env": "T"}, "zone": "example.com", "records": ["example.com"]},
+            "replication": {"user": "repl", "password": {"env": "R"}},
+        }
+    )  # fmt: skip
+    assert replication_problems(plan, GOOD, {**GOOD, "server_id": "2"}, PROGRAMS) == []
+    assert replication_problems(plan, GOOD, None, PROGRAMS) == []  # a stopped target is checked when it starts
+    found = replication_problems(
+        plan, {**GOOD, "log_bin": "OFF", "binlog_format": "MIXED"}, {**GOOD, "gtid_strict_mode": "OFF"},
+        {**PROGRAMS, "mbstream on the target": False},
+    )  # fmt: skip
+    assert found == [
+        "mbstream on the target is not installed",
+        "the source's binary log is off (log_bin needs a restart)",
+        "the source's binlog_format is MIXED, not ROW",
+        "the target runs without gtid_strict_mode",
+        "source and target share server_id 1",
+    ]
+    assert replication_problems(plan, None, None, PROGRAMS) == ["the source database did not answer"]
+    reason = mode_reason("shutdown", found[:1], "auto")
+    assert reason.startswith("shutdown (chosen by 'auto')") and "mbstream" in reason and "\n" not in reason
+    assert mode_reason("replicate", [], "auto").startswith("replicate (chosen by 'auto')")
+
+
+def journal_of(tmp_path: Path, steps: list[str], status_events: list[str]) -> Path:
+    path = tmp_path / "journal.jsonl"
+    events = [{"seq": 1, "ts": 1.0, "event": "run_started", "run_id": "r1", "plan_path": "p", "plan_name": "shop",
+               "plan_sha256": "h", "plan_text": "", "steps": steps, "dry_run": False}]  # fmt: skip
+    events += [{"seq": i + 2, "ts": 2.0 + i, "event": name} for i, name in enumerate(status_events)]
+    path.write_text("".join(json.dumps(ev) + "\n" for ev in events))
+    return path
+
+
+def test_a_run_keeps_the_mode_it_began_with(tmp_path: Path) -> None:
+    path = plan_with(tmp_path, "auto")
+    plan = load_plan(path).plan
+    # A run in flight: its journaled step list decides, whatever the servers look like now (no probe is made).
+    replicating = journal_of(tmp_path, ["preflight", "repl_seed", "repl_switch", "finish"], [])
+    assert compose.resolve_mode(plan, path, replicating, probe=False).cutover.mode == "replicate"
+    shutting = journal_of(tmp_path, ["preflight", "db_presync", "cutover", "finish"], [])
+    assert compose.resolve_mode(plan, path, shutting, probe=False).cutover.mode == "shutdown"
+    # No run (or a rolled-back one) and no probe: still auto (a dry-run shows the replicate steps).
+    assert compose.resolve_mode(plan, path, tmp_path / "none.jsonl", probe=False).cutover.mode == "auto"
+    rolled_back = journal_of(tmp_path, ["preflight", "cutover"], ["rollback_started", "rollback_completed"])
+    assert compose.resolve_mode(plan, path, rolled_back, probe=False).cutover.mode == "auto"
+    # A declared mode is never changed.
+    fixed = load_plan(plan_with(tmp_path, "shutdown")).plan
+    assert compose.resolve_mode(fixed, path, replicating, probe=False).cutover.mode == "shutdown"
+
+
+def test_the_reverse_plan_swaps_the_replication_endpoints_and_goes_back_in_the_shutdown_mode(tmp_path: Path) -> None:
+    section = REPLICATION + "  source: {host: 10.1.0.1, port: 3306}\n  target: {host: 10.2.0.2, port: 3307}\n"
+    fences = "  target_fence: {enable: touch /srv/m, disable: rm -f /srv/m}\n"
+    text = plan_with(tmp_path, "replicate", section).read_text().replace("services:\n", "services:\n" + fences)
+    plan = load_plan(write(tmp_path, text)).plan
+    back = plan.reversed()
+    assert back.cutover.mode == "shutdown"
+    assert back.replication is not None and plan.replication is not None
+    assert back.replication.source == plan.replication.target and back.replication.target == plan.replication.source
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+def test_the_installed_copy_takes_the_owner_of_the_datadir_it_replaces(tmp_path: Path) -> None:
+    datadir = tmp_path / "mysql"
+    datadir.mkdir()
+    (datadir / "ibdata1").write_text("old")
+    os.chown(datadir, 65534, 65534)
+    spec = repl.SeedSpec("/unused", str(datadir), ("ssh", "unused"))
+    staging = Path(spec.staging_dir)
+    staging.mkdir()
+    (staging / "xtrabackup_checkpoints").write_text("backup_type = log-applied\n")
+    (staging / "ibdata1").write_text("new")
+    subprocess.run(repl.install_command(spec), shell=True, check=True)
+    assert (datadir / "ibdata1").read_text() == "new" and (datadir / "ibdata1").stat().st_uid == 65534
+    assert (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
+    # A crash between the two renames: finishing the install moves the copy in and keeps the previous datadir.
+    subprocess.run(repl.restore_previous_command(spec), shell=True, check=True)
+    staging.mkdir()
+    (staging / "xtrabackup_checkpoints").write_text("backup_type = log-applied\n")
+    datadir.rename(spec.previous_dir)
+    subprocess.run(repl.finish_install_command(spec), shell=True, check=True)
+    assert (datadir / "xtrabackup_checkpoints").exists() and (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
+    subprocess.run(repl.finish_install_command(spec), shell=True, check=True)  # done: nothing more to do
+    assert (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
