@@ -46,7 +46,10 @@ def test_the_replicate_mode_needs_its_section_and_says_where(tmp_path: Path) -> 
                                   "section (user, password)"]  # fmt: skip
     loaded = load_plan(plan_with(tmp_path, "replicate")).plan
     assert loaded.replication is not None and loaded.replication.max_lag == 0.5
-    assert [s.name for s in build_steps(loaded)][3:7] == ["repl_seed", "repl_replica", "repl_catchup", "repl_switch"]
+    names = [s.name for s in build_steps(loaded)]
+    start = names.index("repl_seed")
+    assert names[start - 1] == "files_presync"
+    assert names[start : start + 4] == ["repl_seed", "repl_replica", "repl_catchup", "repl_switch"]
 
 
 def test_the_replication_section_refuses_a_password_value_and_bad_numbers(tmp_path: Path) -> None:
