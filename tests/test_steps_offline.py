@@ -139,6 +139,8 @@ class FakeSession:
             return [("binlog.000003", 1234)]
         if "gtid_binlog_pos" in sql:
             return [("0-1-42",)]
+        if "@@GLOBAL.read_only" in sql:
+            return [(0,)]
         if sql.startswith("SELECT COUNT(*)"):
             return [(7,)] if "reviews" in sql else [(2,)]
         return []
@@ -469,7 +471,14 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
     assert result["binlog"] == {"file": "binlog.000003", "position": 1234, "gtid": "0-1-42"}
     assert rt.session.closed, "the lock's session is closed (the lock released) once the database stopped"
     # Journaled in order, each before the action it protects.
-    assert list(journal) == ["fenced", "writes_blocked_at", "final_state", "source_db_stopped"]
+    assert list(journal) == [
+        "rollback_reserve",
+        "writes_blocked_at",
+        "fenced",
+        "source_read_only",
+        "final_state",
+        "source_db_stopped",
+    ]
     assert journal["final_state"]["row_counts"] == result["row_counts"]
     assert rt.window.blocked_at == journal["writes_blocked_at"] == result["writes_blocked_at"]
 

@@ -270,6 +270,9 @@ class Engine:
         else:
             self.log.warning("resuming the rollback", reason=state.rollback_reason)
         state = self._require_state()
+        # Every compensation is tried even when one fails: each may be what makes a host serve again (a DNS restore
+        # that fails must not keep the source's database stopped). The failures are reported together.
+        failed: list[tuple[str, str]] = []
         for step in reversed(self.steps):
             rec = state.step(step.name)
             if rec.state in (StepState.PENDING, StepState.UNDONE):
@@ -285,16 +288,20 @@ class Engine:
             except Exception as exc:
                 error = _one_line(exc)
                 self._append("undo_failed", step=step.name, error=error)
-                self.log.error(
-                    "compensation failed; fix the cause and run `migrate rollback` to finish the rollback",
-                    error=error,
-                )
-                state = self._require_state()
-                self._fire("on-failure", interruptible=False, **self._hook_env(state, step), MIGRATE_ERROR=error)
-                return Outcome.NEEDS_ATTENTION
+                self.log.error("compensation failed; the rollback goes on with the others", error=error)
+                failed.append((step.name, error))
             finally:
                 structlog.contextvars.unbind_contextvars("step")
             state = self._require_state()
+        if failed:
+            summary = "; ".join(f"{name}: {error}" for name, error in failed)
+            self.log.error(
+                "rollback incomplete: fix the cause and run `migrate rollback` to finish it",
+                could_not=summary,
+            )
+            last = next(s for s in self.steps if s.name == failed[-1][0])
+            self._fire("on-failure", interruptible=False, **self._hook_env(state, last), MIGRATE_ERROR=summary)
+            return Outcome.NEEDS_ATTENTION
         self._append("rollback_completed")
         state = self._require_state()
         self.log.warning("rolled back: the source serves as before", reason=state.rollback_reason)
