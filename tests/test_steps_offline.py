@@ -483,9 +483,21 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
     assert rt.window.blocked_at == journal["writes_blocked_at"] == result["writes_blocked_at"]
 
     # Re-entered after the shutdown began: no new lock, the journaled figures, the stop again.
-    again = OfflineRuntime(p, source=RecordingHost([("^readlink -f", "/var/lib/mysql\n"), ("^date", "0\n")]))
+    # The figures stand: the binary log ends where it ended under the lock, but for the shutdown's stop event.
+    binlog_unchanged = ("^cd /var/lib/mysql && stat", "1257\n3\n./binlog.000003\n")
+    again = OfflineRuntime(
+        p, source=RecordingHost([("^readlink -f", "/var/lib/mysql\n"), ("^date", "0\n"), binlog_unchanged])
+    )
     again.answers["source"] = False
     resumed = Cutover().run(context(again, "cutover", saved=journal))
     assert resumed is not None and resumed["row_counts"] == result["row_counts"]
     assert resumed["writes_blocked_at"] == result["writes_blocked_at"]
     assert fence not in again.source.commands and stop in again.source.commands
+    # Written to since (a write acknowledged once the lock died with our session): the figures do not stand.
+    for moved, why in [("2480\n3\n./binlog.000003\n", "ends at 2480"), ("256\n4\n./binlog.000004\n", "moved on")]:
+        changed = OfflineRuntime(
+            p, source=RecordingHost([("^readlink -f", "/var/lib/mysql\n"), ("^date", "0\n"), ("^cd /var/lib", moved)])
+        )
+        changed.answers["source"] = False
+        with pytest.raises(StepError, match=why):
+            Cutover().run(context(changed, "cutover", saved=journal))

@@ -113,7 +113,7 @@ class Cutover(Step):
         try:
             if journaled is not None:
                 ctx.log.info("cutover.resume_after_shutdown")
-                self._block_writes(ctx)  # the fence may have come down with a crashed rollback: up again
+                self._resume_blocked(ctx)
             final = journaled if journaled is not None else self._freeze(ctx)
             # Counted from the first fence, on a re-run too.
             result.writes_blocked_at = ctx.window.blocked_at
@@ -178,6 +178,16 @@ class Cutover(Step):
             rt.source.run(fence, timeout=window.timeout(FENCE_COMMAND_TIMEOUT))
         ctx.log.info("cutover.fenced", fence=bool(fence))
         return blocked_at
+
+    def _resume_blocked(self, ctx: StepContext) -> None:
+        """Re-entered after the shutdown began: the window goes on from the journal; the fence goes up again only
+        if the journal says it came down."""
+        saved_at = ctx.saved(WRITES_BLOCKED_AT)
+        if ctx.saved(FENCED) or not runtime(ctx).plan.services.fence.enable:
+            if not ctx.window.blocked_now and saved_at:
+                ctx.window.begin(float(saved_at))
+            return
+        self._block_writes(ctx)
 
     def _let_writes_in(self, ctx: StepContext, *, timeout: float) -> None:
         """Writes reach the source again: the fence lifted, then journaled (the conservative end)."""
