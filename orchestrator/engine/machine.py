@@ -293,6 +293,7 @@ class Engine:
             finally:
                 structlog.contextvars.unbind_contextvars("step")
             state = self._require_state()
+        failed += self._settle_after_rollback(state)
         if failed:
             summary = "; ".join(f"{name}: {error}" for name, error in failed)
             self.log.error(
@@ -309,6 +310,26 @@ class Engine:
             "on-rollback", interruptible=False, **self._hook_env(state, None), MIGRATE_ERROR=state.rollback_reason or ""
         )
         return Outcome.ROLLED_BACK
+
+    def _settle_after_rollback(self, state: RunState) -> list[tuple[str, str]]:
+        """Once every compensation ran (the source serves again), steps that must wait for an outside effect to
+        settle (an API edit that may still be in flight) wait for it here, never before the service is back."""
+        failed: list[tuple[str, str]] = []
+        for step in reversed(self.steps):
+            settle = getattr(step, "settle_after_rollback", None)
+            if settle is None or state.step(step.name).state == StepState.PENDING:
+                continue
+            structlog.contextvars.bind_contextvars(step=step.name)
+            try:
+                settle(self._context(step, state))
+            except Exception as exc:
+                error = _one_line(exc)
+                self._append("undo_failed", step=step.name, error=error)
+                self.log.error("could not settle after the rollback", error=error)
+                failed.append((step.name, error))
+            finally:
+                structlog.contextvars.unbind_contextvars("step")
+        return failed
 
     # -------------------------------------------------------------- dry-run
     def describe(self) -> list[StepPlan]:

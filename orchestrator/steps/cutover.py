@@ -298,7 +298,7 @@ class Cutover(Step):
                 return LockFigures(
                     lock_attempts=attempt, lock_wait_seconds=round(waited, 3), lock_acquired_at=time.time()
                 )
-            holders = mysql.find_lock_holders(conn)
+            holders = mysql.find_lock_holders(conn, waited=time.monotonic() - asked)
             blockers = mysql.find_blockers(conn)
             in_use = mysql.tables_in_use(conn)
             last = mysql.summarize_blockers(blockers, in_use, holders=holders)

@@ -170,17 +170,33 @@ class DnsFlip(Step):
         if old:
             try:
                 zone_id = self._zone_id(ctx)
-                wanted = {saved.id: saved.content for saved in (RecordSnapshot.of(r) for r in old.values())}
-                failures += self._converge(ctx, zone_id, wanted, bounded=False)
+                # Put back what differs now; an edit that may still be in flight is awaited once the source serves
+                # again (settle_after_rollback), not before.
+                failures += self._converge(ctx, zone_id, self._restore_wanted(ctx), bounded=False, settle=False)
             except Exception as exc:  # the API unreachable: say which records could not be put back
                 names = sorted({RecordSnapshot.of(r).name for r in old.values()})
                 failures.append(f"restoring DNS records {', '.join(names)}: {exc}")
         if failures:
             raise StepError("; ".join(failures))
 
+    def settle_after_rollback(self, ctx: StepContext) -> None:
+        """After the whole rollback: wait out any edit that may still be in flight, re-applying the old content
+        over it, until the records hold it and stay so (within a bound)."""
+        if not ctx.saved(OLD_RECORDS):
+            return
+        failures = self._converge(ctx, self._zone_id(ctx, bounded=False), self._restore_wanted(ctx), bounded=False)
+        if failures:
+            raise StepError("; ".join(failures))
+
     # -- convergence
 
-    def _converge(self, ctx: StepContext, zone_id: str, wanted: dict[str, str], *, bounded: bool) -> list[str]:
+    def _restore_wanted(self, ctx: StepContext) -> dict[str, str]:
+        old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
+        return {saved.id: saved.content for saved in (RecordSnapshot.of(r) for r in old.values())}
+
+    def _converge(
+        self, ctx: StepContext, zone_id: str, wanted: dict[str, str], *, bounded: bool, settle: bool = True
+    ) -> list[str]:
         """Make every record id in `wanted` hold its content and stay so: re-apply what differs, and read until
         two reads in a row agree and every edit that may be in flight has had its time. Failures, one per record.
         """
@@ -190,6 +206,8 @@ class DnsFlip(Step):
             [float(e["sent_at"]) + plan.dns.timeout + IN_FLIGHT_MARGIN for e in edits.values() if not e.get("answered")]
             or [0.0]
         )
+        if not settle:
+            settle_until = 0.0
         deadline = time.time() + 2 * (plan.dns.timeout + IN_FLIGHT_MARGIN) + plan.retry.max_seconds
         failures: dict[str, str] = {}
         previous: dict[str, str] | None = None
@@ -221,13 +239,17 @@ class DnsFlip(Step):
                 return stuck
             previous = contents if contents == wanted else None
             edits = ctx.saved(EDITS) or {}
-            settle_until = max(
-                [settle_until]
-                + [
-                    float(e["sent_at"]) + plan.dns.timeout + IN_FLIGHT_MARGIN
-                    for e in edits.values()
-                    if not e.get("answered")
-                ]
+            settle_until = (
+                settle_until
+                if not settle
+                else max(
+                    [settle_until]
+                    + [
+                        float(e["sent_at"]) + plan.dns.timeout + IN_FLIGHT_MARGIN
+                        for e in edits.values()
+                        if not e.get("answered")
+                    ]
+                )
             )
             time.sleep(SETTLE_POLL)
 

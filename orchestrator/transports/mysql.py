@@ -308,13 +308,13 @@ _WAITING_STATES = ("Waiting for table metadata lock", "Waiting for backup lock",
                    "Waiting for global read lock")  # fmt: skip
 
 
-def find_lock_holders(conn: pymysql.Connection) -> list[Blocker]:
+def find_lock_holders(conn: pymysql.Connection, waited: float = 0.0) -> list[Blocker]:
     """Sessions holding the locks others wait for, even idle ones (LOCK TABLES … WRITE then nothing).
 
     Where the server shows metadata locks (information_schema.METADATA_LOCK_INFO, a MariaDB plugin) they name the
-    holder exactly; otherwise a holder is an idle session, connected longer than the oldest waiter has waited,
-    that holds a table lock or an open transaction: the sessions that can be holding it are named, newest waits
-    left out. Waiters themselves are never named as holders.
+    holder exactly; otherwise a holder is an idle session with an open transaction, or idle for at least as long
+    as the oldest waiter has waited (our own lock attempt, `waited` seconds, counts as a waiter): the sessions that
+    can be holding it are named. Waiters themselves are never named as holders.
     """
     with conn.cursor() as cur:
         try:
@@ -335,13 +335,15 @@ def find_lock_holders(conn: pymysql.Connection) -> list[Blocker]:
             _WAITING_STATES,
         )
         row = cur.fetchone()
-        longest_wait = int(row[0]) if row and row[0] is not None else None
-        if longest_wait is None:
+        longest_wait = max(int(row[0]) if row and row[0] is not None else 0, int(waited))
+        if longest_wait <= 0:
             return []
         cur.execute(
             "SELECT p.ID, p.USER, p.COMMAND, p.TIME, 'idle, holding a lock or an open transaction', p.INFO "
             "FROM information_schema.PROCESSLIST p LEFT JOIN information_schema.INNODB_TRX t "
             "ON t.trx_mysql_thread_id = p.ID WHERE p.ID <> CONNECTION_ID() AND p.COMMAND = 'Sleep' "
+            # Our own other sessions (this run's pooled connections) hold nothing that blocks our lock.
+            "AND p.USER <> SUBSTRING_INDEX(USER(), '@', 1) "
             "AND (t.trx_id IS NOT NULL OR p.TIME >= %s) ORDER BY t.trx_started IS NULL, p.TIME DESC LIMIT 10",
             (longest_wait,),
         )
