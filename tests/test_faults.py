@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -238,4 +239,192 @@ def test_idle_lock_holder_lets_writes_flow_between_attempts_and_is_named(
     events = journal_events(state, plan)
     assert sum(1 for ev in events if ev.get("key") == "writes_lifted_at") >= attempts
     assert_source_serves_and_dns_unchanged(state)
+    assert_nothing_lost(verify)
+
+
+# --- 2. DNS converges -----------------------------------------------------------------------------------------------
+
+
+def clear_requests(state: LabState) -> None:
+    token = state.secrets()[state.token_env]
+    request = urllib.request.Request(
+        f"http://{state.cf_address}:{state.cf_port}/__lab/requests",
+        method="DELETE",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+
+
+def saved_keys(journal: Path) -> list[str]:
+    if not journal.exists():
+        return []
+    return [ev.get("key", "") for ev in map(json.loads, journal.read_text().splitlines()) if ev.get("key")]
+
+
+def test_slow_edit_in_flight_at_sigterm_converges_to_the_source(live_lab: LabState, load: Load) -> None:
+    state = live_lab
+    plan = plan_copy(state, "inflight", {"dns": {"timeout": 8}})
+    # The first record's edit is answered slowly, and applied when the answer finally goes out: after the run
+    # gave up on it.
+    first = record_ids(state)[state.records[0]]
+    cf_control(state, "faults", {"mode": "slow", "delay": 5, "count": 1, "methods": ["PATCH"], "path_contains": first})
+    run = popen_apply(state, plan)
+    try:
+        wait_for(lambda: "edits" in saved_keys(journal_path(state, plan)), "the first DNS edit", proc=run)
+        run.send_signal(signal.SIGTERM)
+        stdout, stderr = run.communicate(timeout=240)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        cf_control(state, "faults", {"mode": "none"})
+    verify = load.stop("source")
+    print(stdout[-2000:], stderr[-3000:])
+    assert run.returncode == exit_codes.FAILED, (run.returncode, stderr[-3000:])
+    # The abandoned edit landed on the API after the rollback read the record: it was waited out and superseded.
+    requests = cf_control(state, "state")["requests"]
+    assert any(r.get("fault") == "slow" for r in requests), "the slow edit never reached the API"
+    assert dns_contents(state) == {name: state.source.address for name in state.records}
+    assert_source_serves_and_dns_unchanged(state)
+    assert_nothing_lost(verify)
+
+
+def test_api_outage_after_the_first_edit_ends_with_one_serving_host(live_lab: LabState, load: Load) -> None:
+    state = live_lab
+    plan = plan_copy(state, "outage", {"dns": {"timeout": 5}, "retry": {"attempts": 20, "max_wait": 1}})
+    ids = record_ids(state)
+    first, second = ids[state.records[0]], ids[state.records[1]]
+    # The second edit is slow, so the outage begins while it is in flight, after the first edit went through.
+    cf_control(state, "faults", {"mode": "slow", "delay": 3, "count": 1, "methods": ["PATCH"], "path_contains": second})
+    clear_requests(state)
+    run = popen_apply(state, plan)
+
+    def first_edit_applied() -> bool:
+        return any(
+            r["method"] == "PATCH" and first in r["path"] and r["status"] == 200
+            for r in cf_control(state, "state")["requests"]
+        )
+
+    try:
+        wait_for(first_edit_applied, "the first DNS edit", proc=run)
+        cf_control(state, "faults", {"mode": "5xx", "status": 503, "count": 12})
+        stdout, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        cf_control(state, "faults", {"mode": "none"})
+    assert run.returncode in (exit_codes.OK, exit_codes.FAILED), (run.returncode, stdout[-2000:], stderr[-3000:])
+    serving = state.target if run.returncode == exit_codes.OK else state.source
+    verify = load.stop("target" if serving is state.target else "source")
+    assert dns_contents(state) == {name: serving.address for name in state.records}, stderr[-3000:]
+    review = {"id": f"outage-{uuid.uuid4().hex[:8]}", "author": "check", "course": "x", "rating": 5, "body": "b"}
+    assert http(state, serving, "POST", "/reviews", review)[0] == 201
+    assert_nothing_lost(verify)
+
+
+# --- 4. the database refuses writes for the whole window -------------------------------------------------------------
+
+BYPASS_USER, BYPASS_PASSWORD = "bypass", "bypass-writer-pw"
+
+
+def root_sql(state: LabState, *statements: str) -> None:
+    conn = pymysql.connect(unix_socket=str(state.source.db_socket), user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+    finally:
+        conn.close()
+
+
+class BypassWriter(threading.Thread):
+    """Inserts a row straight into a database every 50 ms (no app, no fence), noting each acknowledged one."""
+
+    def __init__(self, address: str, port: int) -> None:
+        super().__init__(daemon=True)
+        self.address, self.port = address, port
+        self.acknowledged: list[str] = []
+        self.refused = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        conn: Any = None
+        while not self.done.wait(0.05):
+            row = uuid.uuid4().hex
+            try:
+                if conn is None:
+                    conn = pymysql.connect(
+                        host=self.address, port=self.port, user=BYPASS_USER, password=BYPASS_PASSWORD,
+                        database="coursereview", autocommit=True, connect_timeout=2, read_timeout=30,
+                    )  # fmt: skip
+                with conn.cursor() as cur:
+                    cur.execute("INSERT INTO bypass (id) VALUES (%s)", (row,))
+                self.acknowledged.append(row)
+            except (pymysql.MySQLError, OSError):
+                self.refused += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+
+
+def rows_on(address: str, port: int, ids: list[str]) -> set[str]:
+    conn = pymysql.connect(host=address, port=port, user=BYPASS_USER, password=BYPASS_PASSWORD, database="coursereview")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT id FROM bypass")
+            return {row[0] for row in cur.fetchall()} & set(ids)
+    finally:
+        conn.close()
+
+
+RUNS = int(os.environ.get("MIGRATE_BYPASS_RUNS", "3"))
+
+
+def test_writers_bypassing_the_fence_cannot_fail_a_run_nor_lose_a_row(live_lab: LabState) -> None:
+    from tests.test_e2e import restore_source_live
+
+    state = live_lab
+    root_sql(
+        state,
+        "CREATE TABLE IF NOT EXISTS coursereview.bypass (id VARCHAR(64) PRIMARY KEY)",
+        f"CREATE USER IF NOT EXISTS '{BYPASS_USER}'@'%' IDENTIFIED BY '{BYPASS_PASSWORD}'",
+        f"GRANT SELECT, INSERT ON coursereview.* TO '{BYPASS_USER}'@'%'",
+    )
+    plan = plan_copy(state, "bypass", {})
+    for run in range(RUNS):
+        writer = BypassWriter(state.source.address, state.source.db_port)
+        writer.start()
+        try:
+            wait_for(lambda w=writer: len(w.acknowledged) >= 5, "the bypassing writer's first rows")
+            result = migrate_apply(state, plan)
+        finally:
+            writer.done.set()
+            writer.join(timeout=60)
+        assert result.returncode == exit_codes.OK, f"run {run + 1}: " + outcome(result)
+        found = rows_on(state.target.address, state.target.db_port, writer.acknowledged)
+        missing = set(writer.acknowledged) - found
+        print(f"run {run + 1}: {len(writer.acknowledged)} rows acknowledged, {writer.refused} refused, 0 missing")
+        assert not missing, f"run {run + 1}: {len(missing)} acknowledged rows missing on the target"
+        restore_source_live(state)
+
+
+# --- 5. a resume re-proves what it relies on -------------------------------------------------------------------------
+
+
+def test_kill9_during_the_shutdown_under_load_resumes_to_completion(live_lab: LabState, load: Load) -> None:
+    state = live_lab
+    plan = plan_copy(state, "kill-shutdown", {})
+    journal = journal_path(state, plan)
+    first = popen_apply(state, plan)
+    try:
+        wait_for(lambda: "source_db_stopped" in saved_keys(journal), "the source's shutdown", proc=first)
+        first.kill()
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.wait(timeout=30)
+    assert first.returncode == -signal.SIGKILL
+    result = migrate_apply(state, plan)
+    verify = load.stop("target")
+    assert result.returncode == exit_codes.OK, outcome(result)
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
     assert_nothing_lost(verify)
