@@ -34,7 +34,7 @@ from typing import Any
 
 import pymysql
 
-from orchestrator import probes
+from orchestrator import guard, probes
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CutoverResult, FinalState, LockFigures
@@ -57,6 +57,7 @@ WRITES_BLOCKED_AT = "writes_blocked_at"
 FINAL_STATE = "final_state"
 SOURCE_DB_STOPPED = "source_db_stopped"
 SOURCE_READ_ONLY = "source_read_only"
+GUARD = "guard"
 FENCE_COMMAND_TIMEOUT = 60.0
 # A clean shutdown appends one stop event (19-byte header, 4-byte checksum) to the binary log: anything longer
 # after the position journaled under the lock is a write that happened since.
@@ -78,6 +79,7 @@ class Cutover(Step):
         self._datadir = ""
         # The database server's processes, seen holding its InnoDB files before the stop: they must be gone after.
         self._server_pids: set[int] = set()
+        self._clock_offset = 0.0
 
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
@@ -104,11 +106,10 @@ class Cutover(Step):
         # Figures read under the lock stand only once the shutdown began: before that the lock may have been
         # lost with a crashed process, and writes may have followed.
         journaled = FinalState.of(ctx.saved(FINAL_STATE)) if ctx.saved(SOURCE_DB_STOPPED) else None
+        # Measured before writes stop: one round trip less inside the window.
+        self._clock_offset = round(probes.clock_offset(rt.source), 6)
         result = CutoverResult(
-            mode=rt.plan.cutover.mode,
-            mode_reason=MODE_REASON,
-            # Measured before writes stop: one round trip less inside the window.
-            source_clock_offset=round(probes.clock_offset(rt.source), 6),
+            mode=rt.plan.cutover.mode, mode_reason=MODE_REASON, source_clock_offset=self._clock_offset
         )
         try:
             if journaled is not None:
@@ -155,8 +156,24 @@ class Cutover(Step):
             self._let_writes_in(ctx, timeout=FENCE_COMMAND_TIMEOUT)
         except TransportError as exc:
             failures.append(f"lifting the source's fence ({plan.services.fence.disable}): {exc}")
+        self._release_guard(ctx, failures)
         if failures:
             raise StepError("; ".join(failures))
+
+    def _release_guard(self, ctx: StepContext, failures: list[str]) -> None:
+        """Tell the guard the run released the source itself (it stops), and say what it did if it acted."""
+        directory = self._guard_dir(ctx)
+        if directory is None:
+            return
+        source = runtime(ctx).source
+        trace = guard.read_trace(source, directory)
+        if guard.restored(trace):
+            ctx.log.warning("cutover.undo.guard_had_restored_the_source", trace=trace)
+        if not failures:
+            try:
+                guard.mark(source, directory, guard.RELEASED, timeout=30.0)
+            except TransportError as exc:
+                ctx.log.warning("cutover.undo.guard_not_told", error=str(exc))
 
     # -- blocking and admitting writes (the one place each: a front door plugs in here)
 
@@ -224,12 +241,42 @@ class Cutover(Step):
         if blind:
             raise StepError(blind)
         self._reserve_for_rollback(ctx)
+        self._start_guard(ctx)
         lock = self._take_lock(ctx, conn)
         self._refuse_writes_in_the_database(ctx, conn)
         final = self._final_state(ctx, lock)
         ctx.save(FINAL_STATE, final.journal())
         ctx.window.check("about to stop the source database")
         return final
+
+    def _start_guard(self, ctx: StepContext) -> None:
+        """The guard on the source (orchestrator/guard.py): restores the source if this run is gone past its
+        budget. Its deadline bounds the window in wall-clock time: the budget, every backoff between lock tries
+        (writes flow then) and a margin."""
+        rt = runtime(ctx)
+        saved = ctx.saved(GUARD)
+        if isinstance(saved, dict) and saved.get("pid"):
+            return
+        c = rt.plan.cutover
+        endpoint = rt.plan.database.source
+        offset = self._clock_offset
+        plan = guard.GuardPlan(
+            directory=guard.guard_dir(ctx.run_id),
+            deadline=guard.deadline(
+                time.time() + sum(backoff_delays(c.lock_attempts, c.lock_retry_backoff)), c.max_write_block, offset
+            ),
+            db_start=endpoint.start,
+            db_stop=endpoint.stop,
+            fence_off=rt.plan.services.fence.disable,
+        )
+        ctx.save(GUARD, {"dir": plan.directory, "deadline": plan.deadline})
+        pid = guard.start(rt.source, plan, timeout=30.0)
+        ctx.save(GUARD, guard.journal_value(pid, plan))
+        ctx.log.info("cutover.guard_started", pid=pid, dir=plan.directory, deadline=plan.deadline)
+
+    def _guard_dir(self, ctx: StepContext) -> str | None:
+        saved = ctx.saved(GUARD)
+        return str(saved["dir"]) if isinstance(saved, dict) and saved.get("dir") else None
 
     def _reserve_for_rollback(self, ctx: StepContext) -> None:
         """Keep back, from the budget, the time the rollback itself needs (journaled: a resume keeps it)."""
@@ -255,6 +302,9 @@ class Cutover(Step):
         by anyone bypassing the app's fence) fail instead of committing when the lock goes with the shutdown."""
         was = mysql.is_read_only(conn)
         ctx.save(SOURCE_READ_ONLY, {"set": True, "was": was})
+        directory = self._guard_dir(ctx)
+        if directory is not None:  # the guard restarts a read-only database it finds running
+            guard.mark(runtime(ctx).source, directory, guard.READ_ONLY, timeout=ctx.window.timeout(30.0))
         if not was:
             set_read_only(conn, True, lock_wait_timeout=1)
         ctx.log.info("cutover.read_only", was=was)
@@ -362,8 +412,11 @@ class Cutover(Step):
         rt = runtime(ctx)
         endpoint = rt.plan.database.source
         started = time.monotonic()
+        directory = self._guard_dir(ctx)
+        # The guard learns the database is stopped before the stop begins (it starts it again if need be).
+        stop = f"{guard.marker_command(directory, guard.DB_STOPPED)} && {endpoint.stop}" if directory else endpoint.stop
         try:
-            rt.source.run(endpoint.stop, timeout=ctx.window.timeout(rt.plan.database.read_timeout + 300))
+            rt.source.run(stop, timeout=ctx.window.timeout(rt.plan.database.read_timeout + 300))
         except TransportError:
             ctx.window.check("stopping the source database")  # cut short by the budget: say so
             raise

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from orchestrator import guard
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Retry
@@ -104,7 +105,7 @@ class DnsFlip(Step):
             # says; rolling back now would only make things worse.
             ctx.log.warning("dns_flip.resuming_partial_flip", already=already)
             if not fenced:
-                ctx.commit(self._partial_reason(already))
+                self._commit(ctx, self._partial_reason(already))
         else:
             ctx.window.check("flipping DNS")
         old: dict[str, dict[str, Any]] = dict(ctx.saved(OLD_RECORDS) or {})
@@ -139,7 +140,7 @@ class DnsFlip(Step):
             if not fenced and not already:
                 moved = self._moved_after_failure(ctx, zone_id, new, flipped, attempted=bool(old))
                 if moved:
-                    ctx.commit(self._partial_reason(moved))
+                    self._commit(ctx, self._partial_reason(moved))
             # With a target fence the target took no write: the engine rolls back and undo restores the records.
             raise
         lifted = self._lift_target_fence(ctx)
@@ -294,6 +295,17 @@ class DnsFlip(Step):
 
     # -- helpers
 
+    def _commit(self, ctx: StepContext, reason: str) -> None:
+        """The guard on the source learns of the commit first (it must then leave the source alone), then the
+        journal. A guard that cannot be told means no commit: the run fails before the target takes writes."""
+        directory = _guard_dir(ctx)
+        if directory is not None:
+            try:
+                guard.mark(runtime(ctx).source, directory, guard.COMMITTED, timeout=FENCE_COMMAND_TIMEOUT)
+            except TransportError as exc:
+                raise StepError(f"cannot tell the guard on the source that the run commits: {exc}") from None
+        ctx.commit(reason)
+
     @staticmethod
     def _partial_reason(moved: list[str]) -> str:
         return (
@@ -308,7 +320,7 @@ class DnsFlip(Step):
             return False
         # Committed before the command: if it fails (or half-works) the target may take writes, and a rollback
         # would lose them. `migrate apply` lifts it again.
-        ctx.commit("every DNS record points at the target: lifting the target's fence")
+        self._commit(ctx, "every DNS record points at the target: lifting the target's fence")
         try:
             runtime(ctx).target.run(fence.disable, timeout=FENCE_COMMAND_TIMEOUT)
         except TransportError as exc:
@@ -397,6 +409,17 @@ class DnsFlip(Step):
         if updated.content != content:
             raise StepError(f"DNS record {record.name} reads back {updated.content}, expected {content}")
         return updated
+
+
+def _guard_dir(ctx: StepContext) -> str | None:
+    """The guard's directory on the source, as the cut-over journaled it (None: no guard was started)."""
+    found = None
+    for ev in ctx.history():
+        if ev.get("event") == "run_started":
+            found = None
+        elif ev.get("event") == "step_saved" and ev.get("key") == "guard" and isinstance(ev.get("value"), dict):
+            found = ev["value"].get("dir")
+    return str(found) if found else None
 
 
 def _answered(exc: BaseException) -> bool:
