@@ -37,8 +37,8 @@ RESERVE_KEY = "rollback_reserve"
 
 # The rollback's reserve: this share of the budget, at least RESERVE_MIN s (a database start and two commands),
 # at most RESERVE_MAX s.
-RESERVE_SHARE = 0.2
-RESERVE_MIN = 3.0
+RESERVE_SHARE = 0.25
+RESERVE_MIN = 5.0
 RESERVE_MAX = 30.0
 
 History = Callable[[], list[dict[str, Any]]]

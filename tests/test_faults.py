@@ -120,7 +120,9 @@ def assert_nothing_lost(verify: Any) -> None:
 def wait_for(predicate: Any, what: str, timeout: float = 180.0, proc: subprocess.Popen[Any] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert proc is None or proc.poll() is None, f"the run ended before {what}"
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}:\n{out[-2000:]}\n{err[-3000:]}")
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
 
@@ -427,4 +429,48 @@ def test_kill9_during_the_shutdown_under_load_resumes_to_completion(live_lab: La
     verify = load.stop("target")
     assert result.returncode == exit_codes.OK, outcome(result)
     assert dns_contents(state) == {name: state.target.address for name in state.records}
+    assert_nothing_lost(verify)
+
+
+# --- 6. the guard on the source ---------------------------------------------------------------------------------------
+
+
+def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_lab: LabState, load: Load) -> None:
+    from orchestrator import guard
+
+    state = live_lab
+    budget = 15.0
+    plan = plan_copy(state, "guard", {"cutover": {"max_write_block": budget, "lock_attempts": 1}})
+    journal = journal_path(state, plan)
+    run = popen_apply(state, plan)
+    try:
+        wait_for(lambda: "source_db_stopped" in saved_keys(journal), "the source's shutdown", proc=run)
+        run.kill()
+    finally:
+        if run.poll() is None:
+            run.kill()
+        run.communicate(timeout=30)
+    events = journal_events(state, plan)
+    saved = {ev["key"]: ev["value"] for ev in events if ev.get("event") == "step_saved"}
+    trace_file = Path(saved["guard"]["dir"]) / guard.TRACE
+    # Nobody resumes: the guard alone brings the source back once the budget and its margin have passed.
+    wait_for(
+        lambda: trace_file.exists() and trace_file.read_text().rstrip().endswith(" restored"),
+        "the guard to restore the source",
+        timeout=budget + guard.MARGIN + 120,
+    )
+    trace = trace_file.read_text().splitlines()
+    print("\n".join(trace))
+    acted_at = next(float(line.split()[0]) for line in trace if "deadline passed" in line)
+    blocked_at = float(saved["writes_blocked_at"])
+    # It acted at its deadline (within one poll and the deadline's rounding to a whole second), not later.
+    assert acted_at - blocked_at <= budget + guard.MARGIN + guard.POLL + 1.0, trace
+    assert "start the database: done" in " ".join(trace) and "lift the fence: done" in " ".join(trace), trace
+    assert_source_serves_and_dns_unchanged(state)
+    # A later `migrate apply` finds the run past its budget, rolls it back, and says what the guard had done.
+    result = migrate_apply(state, plan)
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    assert "guard_had_restored_the_source" in result.stdout + result.stderr, outcome(result)
+    verify = load.stop("source")
+    assert_source_serves_and_dns_unchanged(state)
     assert_nothing_lost(verify)
