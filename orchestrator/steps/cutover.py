@@ -111,6 +111,7 @@ class Cutover(Step):
         result = CutoverResult(
             mode=rt.plan.cutover.mode, mode_reason=MODE_REASON, source_clock_offset=self._clock_offset
         )
+        self._refuse_after_guard(ctx)
         try:
             if journaled is not None:
                 ctx.log.info("cutover.resume_after_shutdown")
@@ -273,6 +274,19 @@ class Cutover(Step):
         pid = guard.start(rt.source, plan, timeout=30.0)
         ctx.save(GUARD, guard.journal_value(pid, plan))
         ctx.log.info("cutover.guard_started", pid=pid, dir=plan.directory, deadline=plan.deadline)
+
+    def _refuse_after_guard(self, ctx: StepContext) -> None:
+        """A re-run after the guard restored the source must not block it again: the source took writes since."""
+        directory = self._guard_dir(ctx)
+        if directory is None:
+            return
+        trace = guard.read_trace(runtime(ctx).source, directory)
+        if guard.restored(trace):
+            ctx.log.warning("cutover.guard_had_restored_the_source", trace=trace)
+            raise StepError(
+                "the guard on the source restored it after this run stopped past its budget (its trace: "
+                f"{directory}/{guard.TRACE}); the source has taken writes since: the run rolls back"
+            )
 
     def _guard_dir(self, ctx: StepContext) -> str | None:
         saved = ctx.saved(GUARD)
