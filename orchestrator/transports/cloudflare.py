@@ -28,6 +28,7 @@ import cloudflare
 import httpx
 
 from orchestrator import secrets
+from orchestrator.engine.interrupt import Interrupted
 
 DEFAULT_BASE_URL = "https://api.cloudflare.com/client/v4"
 _AUTH_HEADERS = {"authorization", "x-auth-key", "x-auth-email", "x-auth-user-service-key"}
@@ -229,6 +230,7 @@ class DnsClient:
         return list(page.result)
 
     def _error(self, action: str, exc: Exception) -> DnsError:
+        _reraise_interruption(exc)
         transient, detail = _classify(exc, self._last_timeout)
         message = " ".join(f"Cloudflare {action}: {detail}".split())
         if len(message) > _MESSAGE_LIMIT:
@@ -259,6 +261,18 @@ def _http_client(base_url: str) -> httpx.Client | None:
     except ValueError:
         loopback = False
     return cloudflare.DefaultHttpxClient(trust_env=False) if loopback else None
+
+
+def _reraise_interruption(exc: BaseException) -> None:
+    """An operator's signal raised inside the HTTP call comes back wrapped as a connection error: it is not one
+    (retrying it would carry on past the interruption), so it goes on as itself."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, Interrupted | KeyboardInterrupt):
+            raise cause
+        cause = cause.__cause__ or cause.__context__
 
 
 def _retry_after(exc: Exception) -> float | None:
