@@ -88,7 +88,9 @@ def start(host: Host, guard: GuardPlan, *, timeout: float) -> int:
     """Install and start the guard detached from our session (it outlives us); its pid."""
     d = shlex.quote(guard.directory)
     out = host.run(
-        f"mkdir -p {d} && cat > {d}/guard.sh && setsid nohup sh {d}/guard.sh </dev/null >/dev/null 2>&1 & echo $!",
+        # Only the guard goes to the background (a backgrounded `cat` would read /dev/null, not the script).
+        f"mkdir -p {d} && cat > {d}/guard.sh && {{ setsid nohup sh {d}/guard.sh </dev/null >/dev/null 2>&1 & "
+        "echo $!; }",
         input=script(guard),
         timeout=timeout,
     ).stdout.split()
