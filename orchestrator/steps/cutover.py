@@ -346,9 +346,9 @@ class Cutover(Step):
             left = window.remaining() or 0.0
             if left < 1.0:  # MariaDB waits in whole seconds: a wait of at least 1 s would overrun the budget
                 raise StepError(
-                    f"no time left for another FLUSH TABLES WITH READ LOCK (try {attempt}): {left:.1f} s of "
-                    f"cutover.max_write_block {c.max_write_block:g} s remain after the rollback's reserve"
-                    f" ({window.reserve:g} s); last try blocked by {last}"
+                    f"another FLUSH TABLES WITH READ LOCK (try {attempt}) would keep writes blocked more than "
+                    f"cutover.max_write_block {c.max_write_block:g} s: {max(left, 0):.1f} s remain after the "
+                    f"rollback's reserve ({window.reserve:g} s); last try blocked by {last}"
                 )
             mysql.set_lock_wait_timeout(conn, min(c.lock_wait_timeout, int(left)))
             asked = time.monotonic()

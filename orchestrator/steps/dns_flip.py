@@ -120,11 +120,12 @@ class DnsFlip(Step):
                     old.setdefault(record.id, _snapshot(record))
                     ctx.save(OLD_RECORDS, old)
                     attempted.append(record.name)
-                    self._set(ctx, zone_id, record, new)
+                    # A resumed partial flip finishes whatever the budget says (see above).
+                    self._set(ctx, zone_id, record, new, bounded=not already)
                     flipped.append(record.name)
                     ctx.log.info("dns_flip.record", record=record.name, old=record.content, new=new)
             wanted = {r.id: new for records in found.values() for r in records}
-            stuck = self._converge(ctx, zone_id, wanted, bounded=True)
+            stuck = self._converge(ctx, zone_id, wanted, bounded=not already)
             if stuck:
                 raise StepError(f"DNS read back: not every record of {plan.dns.records} points at {new}: {stuck[0]}")
         except BaseException:
