@@ -17,7 +17,7 @@ timeout from what is left of the write budget and its retries end with it (`ctx.
 Convergence: an edit whose answer never came (a timeout, a connection cut, an interruption) may still be applied
 by the API later. Each edit is journaled before it is sent and when it is answered (`edits`); undo (and a resumed
 flip) treat an unanswered edit as in flight: they re-apply the wanted content and keep reading until two reads
-agree and the in-flight edit's time is up (`dns.timeout` plus a margin after it was sent), within a bound. Every
+agree and the in-flight edit's time is up (twice `dns.timeout` plus a margin after it was sent), within a bound. Every
 read-back is journaled (`records_now`), so `status` and the report say where every record points now.
 """
 
@@ -39,7 +39,8 @@ OLD_RECORDS = "old_records"
 EDITS = "edits"
 # The last read of every record: {"at": ts, "records": {name: [contents]}} (what `status` and the report show).
 RECORDS_NOW = "records_now"
-# An unanswered edit is taken as landed or dead this long after its own timeout ran out.
+# An unanswered edit is taken as landed or dead once twice the API timeout, plus this margin, has passed since it
+# was sent: an API may apply an edit after the client gave up on it, even later than the client's own timeout.
 IN_FLIGHT_MARGIN = 2.0
 # Reads made while waiting for records to settle.
 SETTLE_POLL = 0.25
@@ -204,13 +205,10 @@ class DnsFlip(Step):
         """
         plan = runtime(ctx).plan
         edits: dict[str, dict[str, Any]] = ctx.saved(EDITS) or {}
-        settle_until = max(
-            [float(e["sent_at"]) + plan.dns.timeout + IN_FLIGHT_MARGIN for e in edits.values() if not e.get("answered")]
-            or [0.0]
-        )
+        settle_until = _in_flight_until(edits, plan.dns.timeout)
         if not settle:
             settle_until = 0.0
-        deadline = time.time() + 2 * (plan.dns.timeout + IN_FLIGHT_MARGIN) + plan.retry.max_seconds
+        deadline = max(settle_until, time.time()) + 2 * (plan.dns.timeout + IN_FLIGHT_MARGIN) + plan.retry.max_seconds
         failures: dict[str, str] = {}
         previous: dict[str, str] | None = None
         while True:
@@ -241,18 +239,8 @@ class DnsFlip(Step):
                 return stuck
             previous = contents if contents == wanted else None
             edits = ctx.saved(EDITS) or {}
-            settle_until = (
-                settle_until
-                if not settle
-                else max(
-                    [settle_until]
-                    + [
-                        float(e["sent_at"]) + plan.dns.timeout + IN_FLIGHT_MARGIN
-                        for e in edits.values()
-                        if not e.get("answered")
-                    ]
-                )
-            )
+            if settle:
+                settle_until = max(settle_until, _in_flight_until(edits, plan.dns.timeout))
             time.sleep(SETTLE_POLL)
 
     @staticmethod
@@ -410,6 +398,12 @@ class DnsFlip(Step):
         if updated.content != content:
             raise StepError(f"DNS record {record.name} reads back {updated.content}, expected {content}")
         return updated
+
+
+def _in_flight_until(edits: dict[str, dict[str, Any]], api_timeout: float) -> float:
+    """Until when an unanswered edit may still land (0: none in flight)."""
+    pending = [float(e["sent_at"]) for e in edits.values() if not e.get("answered")]
+    return max(pending) + 2 * api_timeout + IN_FLIGHT_MARGIN if pending else 0.0
 
 
 def _guard_dir(ctx: StepContext) -> str | None:
