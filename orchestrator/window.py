@@ -38,7 +38,7 @@ RESERVE_KEY = "rollback_reserve"
 # The rollback's reserve: this share of the budget, at least RESERVE_MIN s (a database start and two commands),
 # at most RESERVE_MAX s.
 RESERVE_SHARE = 0.25
-RESERVE_MIN = 5.0
+RESERVE_MIN = 8.0
 RESERVE_MAX = 30.0
 
 History = Callable[[], list[dict[str, Any]]]

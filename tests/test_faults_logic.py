@@ -77,7 +77,7 @@ def test_a_resumed_window_recalls_its_intervals_and_reserve_from_the_journal() -
 
 def test_the_reserve_is_a_share_of_the_budget_within_bounds() -> None:
     assert estimate_reserve(60.0) == 15.0
-    assert estimate_reserve(20.0) == 5.0
+    assert estimate_reserve(20.0) == 8.0
     assert estimate_reserve(4.0) == 2.0  # never more than half the budget
     assert estimate_reserve(3600.0) == 30.0
 
