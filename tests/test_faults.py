@@ -177,7 +177,7 @@ def test_cloudflare_fault_at_the_flip_keeps_writes_blocked_within_the_budget(
     assert result.returncode == exit_codes.FAILED, outcome(result)
     blocked = blocked_seconds(journal_events(state, plan))
     print(f"{fault}: writes blocked {blocked:.2f} s of a {BUDGET:g} s budget")
-    assert blocked <= BUDGET, f"{fault}: writes blocked {blocked:.1f} s, budget {BUDGET:g} s"
+    assert blocked <= BUDGET, f"{fault}: writes blocked {blocked:.1f} s, budget {BUDGET:g} s\n" + outcome(result)
     if fault == "slow":
         # The abandoned edit landed after the rollback; the run waited for it and put the old content back.
         assert "dns_flip.record_set" in result.stdout + result.stderr, outcome(result)
