@@ -193,7 +193,11 @@ class Cutover(Step):
         window.begin(blocked_at)
         if fence:
             ctx.save(FENCED, True)
-            rt.source.run(fence, timeout=window.timeout(FENCE_COMMAND_TIMEOUT))
+            try:
+                rt.source.run(fence, timeout=window.timeout(FENCE_COMMAND_TIMEOUT))
+            except TransportError:
+                window.check("fencing the source")  # cut short by the budget: say so
+                raise
         ctx.log.info("cutover.fenced", fence=bool(fence))
         return blocked_at
 
