@@ -3,6 +3,11 @@
 Only transient failures are retried: an exception is transient when it carries `transient = True` (our
 transport errors do). Permanent failures (a host key that does not verify, a refused login) surface at once:
 retrying them only delays the operator's fix.
+
+`max_seconds` is a hard end, not a hint: no wait is started that would end past it (a tenacity
+`stop_after_delay` only looks after a try, so its last wait could overrun), and a server's `Retry-After`
+(carried as `retry_after` on the error) is honoured, or the retries stop at once when it asks for more time than
+is left. Inside the downtime window the policy comes from `window.bounded`, so retries end with the budget.
 """
 
 from __future__ import annotations
@@ -22,9 +27,28 @@ def is_transient(exc: BaseException) -> bool:
     return bool(getattr(exc, "transient", False))
 
 
+def _retry_after(exc: BaseException | None) -> float | None:
+    value = getattr(exc, "retry_after", None)
+    return float(value) if isinstance(value, int | float) else None
+
+
 def retrying(policy: Retry, *, what: str) -> tenacity.Retrying:
-    """A tenacity controller: at most `attempts` tries within `max_seconds`, jittered exponential waits."""
+    """A tenacity controller: at most `attempts` tries, no wait ending past `max_seconds`, jittered exponential
+    waits (or the server's Retry-After when it gave one)."""
     log = structlog.get_logger()
+    backoff = tenacity.wait_exponential_jitter(multiplier=0.5, max=policy.max_wait)
+
+    def _wait(state: tenacity.RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        asked = _retry_after(exc)
+        return asked if asked is not None else backoff(state)
+
+    def _stop(state: tenacity.RetryCallState) -> bool:
+        if state.attempt_number >= policy.attempts:
+            return True
+        # The next try would begin after the wait: past the end, there is no next try.
+        wait = state.upcoming_sleep or 0.0
+        return (state.seconds_since_start or 0.0) + wait >= policy.max_seconds
 
     def _log_retry(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
@@ -39,8 +63,8 @@ def retrying(policy: Retry, *, what: str) -> tenacity.Retrying:
         )
 
     return tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(policy.attempts) | tenacity.stop_after_delay(policy.max_seconds),
-        wait=tenacity.wait_exponential_jitter(multiplier=0.5, max=policy.max_wait),
+        stop=_stop,
+        wait=_wait,
         retry=tenacity.retry_if_exception(is_transient),
         before_sleep=_log_retry,
         reraise=True,

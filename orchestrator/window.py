@@ -27,8 +27,19 @@ from orchestrator.plan.model import Retry
 # The shortest timeout given to an action inside the window: even an action started with a few milliseconds of
 # budget left gets a real deadline (and fails on it) rather than a zero timeout that would mean "no wait".
 FLOOR = 0.1
-# The journal keys the step that blocks writes saves (step_saved events), and its result carries.
+# The journal keys the step that blocks writes saves (step_saved events), and its result carries: the first
+# moment writes were blocked, each moment they flowed again (a fence lifted between lock attempts, or by the
+# rollback), each moment they were blocked again, and the seconds kept back for the rollback's own work.
 BLOCKED_AT_KEY = "writes_blocked_at"
+LIFTED_AT_KEY = "writes_lifted_at"
+BLOCKED_AGAIN_AT_KEY = "writes_blocked_again_at"
+RESERVE_KEY = "rollback_reserve"
+
+# The rollback's reserve: this share of the budget, at least RESERVE_MIN s (a database start and two commands),
+# at most RESERVE_MAX s.
+RESERVE_SHARE = 0.25
+RESERVE_MIN = 8.0
+RESERVE_MAX = 30.0
 
 History = Callable[[], list[dict[str, Any]]]
 P = TypeVar("P", bound=Retry)
@@ -44,6 +55,49 @@ def journaled_blocked_at(events: list[dict[str, Any]]) -> float | None:
         if kind == "step_completed" and (ev.get("result") or {}).get(BLOCKED_AT_KEY):
             return float(ev["result"][BLOCKED_AT_KEY])
     return None
+
+
+def _last_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    starts = [i for i, ev in enumerate(events) if ev.get("event") == "run_started"]
+    return events[starts[-1] if starts else 0 :]
+
+
+def journaled_intervals(events: list[dict[str, Any]]) -> list[list[float | None]]:
+    """The intervals writes were blocked in the journal's last run, [start, end] (end None: blocked still)."""
+    intervals: list[list[float | None]] = []
+    for ev in _last_run(events):
+        kind = ev.get("event")
+        if kind == "step_completed" and not intervals and (ev.get("result") or {}).get(BLOCKED_AT_KEY):
+            intervals.append([float(ev["result"][BLOCKED_AT_KEY]), None])
+        if kind != "step_saved" or ev.get("value") in (None, False):
+            continue
+        key = ev.get("key")
+        open_now = bool(intervals) and intervals[-1][1] is None
+        if (key == BLOCKED_AT_KEY and not intervals) or (key == BLOCKED_AGAIN_AT_KEY and not open_now):
+            intervals.append([float(ev["value"]), None])
+        elif key == LIFTED_AT_KEY and open_now:
+            intervals[-1][1] = float(ev["value"])
+    return intervals
+
+
+def journaled_reserve(events: list[dict[str, Any]]) -> float | None:
+    """The seconds the run kept back for its rollback's own work, as journaled (None: not yet)."""
+    found = None
+    for ev in _last_run(events):
+        if ev.get("event") == "step_saved" and ev.get("key") == RESERVE_KEY and ev.get("value") is not None:
+            found = float((ev["value"] or {}).get("seconds", 0.0)) if isinstance(ev["value"], dict) else None
+    return found
+
+
+def blocked_seconds(intervals: list[list[float | None]], now: float) -> float:
+    """Seconds writes were blocked over these intervals (an open one counts until `now`)."""
+    return sum(max(0.0, (end if end is not None else now) - start) for start, end in intervals)  # type: ignore[operator]
+
+
+def estimate_reserve(max_seconds: float) -> float:
+    """Seconds to keep back for the rollback's own work (start the source database, lift the fence, restore DNS):
+    a share of the budget, at least RESERVE_MIN (never more than half the budget), at most RESERVE_MAX."""
+    return round(min(max(max_seconds * RESERVE_SHARE, min(RESERVE_MIN, max_seconds / 2)), RESERVE_MAX), 3)
 
 
 class DowntimeWindow:
@@ -69,6 +123,7 @@ class DowntimeWindow:
 
     def lift(self, at: float | None = None) -> None:
         """Writes flow again from `at`: the time until the next `begin` does not count against the budget."""
+        self._recall()
         if self._intervals and self._intervals[-1][1] is None:
             self._intervals[-1][1] = self._clock() if at is None else at
 
@@ -81,9 +136,20 @@ class DowntimeWindow:
     def _recall(self) -> None:
         history, self._history = self._history, None
         if history is not None and not self._intervals:
-            since = journaled_blocked_at(history())
-            if since is not None:
-                self._intervals.append([since, None])
+            events = history()
+            self._intervals = journaled_intervals(events)
+            reserve = journaled_reserve(events)
+            if reserve is not None:
+                self.reserve = reserve
+
+    @property
+    def blocked_now(self) -> bool:
+        self._recall()
+        return bool(self._intervals) and self._intervals[-1][1] is None
+
+    def intervals(self) -> list[list[float | None]]:
+        self._recall()
+        return [list(i) for i in self._intervals]
 
     # --- what steps ask
 
@@ -98,8 +164,7 @@ class DowntimeWindow:
         self._recall()
         if not self._intervals:
             return None
-        now = self._clock()
-        return sum(max(0.0, (end if end is not None else now) - start) for start, end in self._intervals)  # type: ignore[operator]
+        return blocked_seconds(self._intervals, self._clock())
 
     def remaining(self) -> float | None:
         """Seconds the actions inside the window may still take (None while writes were never blocked)."""

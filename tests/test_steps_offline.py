@@ -139,6 +139,8 @@ class FakeSession:
             return [("binlog.000003", 1234)]
         if "gtid_binlog_pos" in sql:
             return [("0-1-42",)]
+        if "@@GLOBAL.read_only" in sql:
+            return [(0,)]
         if sql.startswith("SELECT COUNT(*)"):
             return [(7,)] if "reviews" in sql else [(2,)]
         return []
@@ -448,13 +450,14 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
             ("^date", f"{time.time():.6f}\n"),
             # Seen while the server runs, still held once after the stop command, then released.
             ("^find /proc", [holders, holders, ""]),
+            ("guard.sh", "4242\n"),
         ]
     )
     rt = OfflineRuntime(p, source=source)
     journal: dict[str, Any] = {}
 
     def _stop(command: str) -> None:
-        if command == p.database.source.stop:
+        if command.endswith(p.database.source.stop):
             rt.session.server_running = False
 
     source.effect = _stop
@@ -463,6 +466,10 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
     assert result is not None
     fence, stop = p.services.fence.enable, p.database.source.stop
     commands = source.commands
+    stop = next(c for c in commands if c.endswith(stop))
+    # The guard on the source learns the database is stopped before the stop begins.
+    assert "/db_stopped && " in stop
+    assert commands.index(next(c for c in commands if "guard.sh" in c)) < commands.index(fence)
     assert commands.index(fence) < commands.index(stop)
     # The server's pid, seen before the stop, is followed until it has exited.
     assert "/proc/41/stat" in [c for c in commands if c.startswith("find /proc")][-1]
@@ -473,14 +480,34 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
     assert result["binlog"] == {"file": "binlog.000003", "position": 1234, "gtid": "0-1-42"}
     assert rt.session.closed, "the lock's session is closed (the lock released) once the database stopped"
     # Journaled in order, each before the action it protects.
-    assert list(journal) == ["fenced", "writes_blocked_at", "final_state", "source_db_stopped"]
+    assert list(journal) == [
+        "rollback_reserve",
+        "guard",
+        "writes_blocked_at",
+        "fenced",
+        "source_read_only",
+        "final_state",
+        "source_db_stopped",
+    ]
     assert journal["final_state"]["row_counts"] == result["row_counts"]
     assert rt.window.blocked_at == journal["writes_blocked_at"] == result["writes_blocked_at"]
 
     # Re-entered after the shutdown began: no new lock, the journaled figures, the stop again.
-    again = OfflineRuntime(p, source=RecordingHost([("^readlink -f", "/var/lib/mysql\n"), ("^date", "0\n")]))
+    # The figures stand: the binary log ends where it ended under the lock, but for the shutdown's stop event.
+    binlog_unchanged = ("^cd /var/lib/mysql && stat", "1257\n3\n./binlog.000003\n")
+    again = OfflineRuntime(
+        p, source=RecordingHost([("^readlink -f", "/var/lib/mysql\n"), ("^date", "0\n"), binlog_unchanged])
+    )
     again.answers["source"] = False
     resumed = Cutover().run(context(again, "cutover", saved=journal))
     assert resumed is not None and resumed["row_counts"] == result["row_counts"]
     assert resumed["writes_blocked_at"] == result["writes_blocked_at"]
-    assert fence not in again.source.commands and stop in again.source.commands
+    assert fence not in again.source.commands and any(c.endswith(p.database.source.stop) for c in again.source.commands)
+    # Written to since (a write acknowledged once the lock died with our session): the figures do not stand.
+    for moved, why in [("2480\n3\n./binlog.000003\n", "ends at 2480"), ("256\n4\n./binlog.000004\n", "moved on")]:
+        changed = OfflineRuntime(
+            p, source=RecordingHost([("^readlink -f", "/var/lib/mysql\n"), ("^date", "0\n"), ("^cd /var/lib", moved)])
+        )
+        changed.answers["source"] = False
+        with pytest.raises(StepError, match=why):
+            Cutover().run(context(changed, "cutover", saved=journal))

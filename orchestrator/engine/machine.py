@@ -270,6 +270,9 @@ class Engine:
         else:
             self.log.warning("resuming the rollback", reason=state.rollback_reason)
         state = self._require_state()
+        # Every compensation is tried even when one fails: each may be what makes a host serve again (a DNS restore
+        # that fails must not keep the source's database stopped). The failures are reported together.
+        failed: list[tuple[str, str]] = []
         for step in reversed(self.steps):
             rec = state.step(step.name)
             if rec.state in (StepState.PENDING, StepState.UNDONE):
@@ -285,16 +288,21 @@ class Engine:
             except Exception as exc:
                 error = _one_line(exc)
                 self._append("undo_failed", step=step.name, error=error)
-                self.log.error(
-                    "compensation failed; fix the cause and run `migrate rollback` to finish the rollback",
-                    error=error,
-                )
-                state = self._require_state()
-                self._fire("on-failure", interruptible=False, **self._hook_env(state, step), MIGRATE_ERROR=error)
-                return Outcome.NEEDS_ATTENTION
+                self.log.error("compensation failed; the rollback goes on with the others", error=error)
+                failed.append((step.name, error))
             finally:
                 structlog.contextvars.unbind_contextvars("step")
             state = self._require_state()
+        failed += self._settle_after_rollback(state)
+        if failed:
+            summary = "; ".join(f"{name}: {error}" for name, error in failed)
+            self.log.error(
+                "rollback incomplete: fix the cause and run `migrate rollback` to finish it",
+                could_not=summary,
+            )
+            last = next(s for s in self.steps if s.name == failed[-1][0])
+            self._fire("on-failure", interruptible=False, **self._hook_env(state, last), MIGRATE_ERROR=summary)
+            return Outcome.NEEDS_ATTENTION
         self._append("rollback_completed")
         state = self._require_state()
         self.log.warning("rolled back: the source serves as before", reason=state.rollback_reason)
@@ -302,6 +310,26 @@ class Engine:
             "on-rollback", interruptible=False, **self._hook_env(state, None), MIGRATE_ERROR=state.rollback_reason or ""
         )
         return Outcome.ROLLED_BACK
+
+    def _settle_after_rollback(self, state: RunState) -> list[tuple[str, str]]:
+        """Once every compensation ran (the source serves again), steps that must wait for an outside effect to
+        settle (an API edit that may still be in flight) wait for it here, never before the service is back."""
+        failed: list[tuple[str, str]] = []
+        for step in reversed(self.steps):
+            settle = getattr(step, "settle_after_rollback", None)
+            if settle is None or state.step(step.name).state == StepState.PENDING:
+                continue
+            structlog.contextvars.bind_contextvars(step=step.name)
+            try:
+                settle(self._context(step, state))
+            except Exception as exc:
+                error = _one_line(exc)
+                self._append("undo_failed", step=step.name, error=error)
+                self.log.error("could not settle after the rollback", error=error)
+                failed.append((step.name, error))
+            finally:
+                structlog.contextvars.unbind_contextvars("step")
+        return failed
 
     # -------------------------------------------------------------- dry-run
     def describe(self) -> list[StepPlan]:

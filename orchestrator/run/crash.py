@@ -11,6 +11,7 @@ from orchestrator.engine.journal import RunState, RunStatus, StepState
 from orchestrator.engine.step import Step
 from orchestrator.run.policy import next_action
 from orchestrator.run.results import Interruption
+from orchestrator.window import blocked_seconds, journaled_intervals, journaled_reserve
 
 UNFINISHED = (RunStatus.RUNNING, RunStatus.ROLLING_BACK, RunStatus.ROLLBACK_FAILED)
 
@@ -34,12 +35,21 @@ def interruption_of(
     downtime = next((s for s in steps if s.begins_downtime), None)
     blocked_by: str | None = None
     blocked_since: float | None = None
+    left: float | None = None
     if downtime is not None and not state.committed:
         rec = state.step(downtime.name)
+        intervals = journaled_intervals(events)
         if rec.state not in (StepState.PENDING, StepState.UNDONE):
             blocked_by = downtime.name
-            blocked_since = _writes_blocked_at(events)
-    left = None if blocked_since is None else budget - (now - blocked_since)
+            # Blocked now only while the last journaled interval is open (a fence lifted between lock tries is not).
+            if intervals and intervals[-1][1] is None:
+                blocked_since = intervals[-1][0]
+            elif not intervals:
+                blocked_since = _writes_blocked_at(events)
+        if blocked_by is not None and intervals:
+            left = budget - (journaled_reserve(events) or 0.0) - blocked_seconds(intervals, now)
+        elif blocked_by is not None and blocked_since is not None:
+            left = budget - (now - blocked_since)
     if state.status != RunStatus.RUNNING:
         would = "resume the rollback (`migrate rollback` or `apply`)"
     elif left is not None and left <= 0:
@@ -48,9 +58,20 @@ def interruption_of(
         would = "continue: " + next_action(state, steps, reverse).removeprefix("`migrate apply` resumes: ")
         if left is not None:
             would += f", with {left:.1f} s of the write budget left"
-    found = Interruption(blocked_since, blocked_by, budget, left, would)
+    found = Interruption(blocked_since, blocked_by, budget, left, would, dns_now=dns_now(events))
     if state.status == RunStatus.ROLLBACK_FAILED:
         found.headline = "stopped: a compensation failed and no process holds the lock"
+    return found
+
+
+def dns_now(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where every DNS record pointed at the run's last journaled read: {"at": ts, "records": {name: [contents]}}."""
+    found: dict[str, Any] | None = None
+    for event in events:
+        if event.get("event") == "run_started":
+            found = None
+        elif event.get("event") == "step_saved" and event.get("key") == "records_now" and event.get("value"):
+            found = event["value"]
     return found
 
 

@@ -81,6 +81,8 @@ class Interruption:
     budget_left: float | None
     resume_would: str
     headline: str = "interrupted: the run stopped without finishing and no process holds its lock"
+    # The DNS records as last read by the run (journaled): {"at": ts, "records": {name: [contents]}}.
+    dns_now: dict[str, Any] | None = None
 
     def lines(self, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
@@ -98,6 +100,10 @@ class Interruption:
                 f"{self.budget_left:.1f} s left" if self.budget_left > 0 else f"spent ({-self.budget_left:.1f} s over)"
             )
             lines.append(f"write budget (cutover.max_write_block {self.budget:g} s): {left}")
+        if self.dns_now:
+            when = time.strftime("%H:%M:%S", time.localtime(float(self.dns_now.get("at", 0))))
+            where = ", ".join(f"{n} → {','.join(c)}" for n, c in sorted(self.dns_now.get("records", {}).items()))
+            lines.append(f"DNS (last read at {when}): {where}")
         lines.append(f"a resume now would {self.resume_would}")
         return lines
 
@@ -108,6 +114,7 @@ class Interruption:
             "max_write_block": self.budget,
             "budget_left": self.budget_left,
             "resume_would": self.resume_would,
+            "dns_now": self.dns_now,
         }
 
 

@@ -6,10 +6,19 @@ the final figures; the source database is then shut down cleanly, and the next s
 datadir nothing is writing any more.
 
 Order, each fact journaled BEFORE the action it protects, so a crash at any point leaves a state undo can
-repair and a re-run can continue from: fence the service (`writes_blocked_at`) → FTWRL (bounded wait, retried
-with backoff) → binlog position and row counts under the lock (`final_state`) → clean shutdown of the source
-database (`source_db_stopped`). A re-run reuses each journaled fact: the figures read under the lock stand once
-the shutdown began (a stopped database has none to give), and the stop is idempotent.
+repair and a re-run can continue from: the rollback's reserve (`rollback_reserve`) → fence the service
+(`writes_blocked_at`) → FTWRL (bounded wait) → `read_only` on the source database (`source_read_only`: the
+database itself refuses writes for the rest of the window, whatever becomes of our session or the app's fence) →
+binlog position and row counts under the lock (`final_state`) → clean shutdown of the source database
+(`source_db_stopped`).
+
+Between lock attempts the fence is lifted and the service takes writes again (`writes_lifted_at`, then
+`writes_blocked_again_at`): only the time writes are actually blocked counts against the budget, and nobody waits
+through a backoff. `_block_writes` and `_let_writes_in` are the one place each that blocks and admits writes.
+
+A re-run reuses the figures read under the lock only once it proves the source did not change since: after the
+(idempotent) stop, the binary log must end where it ended under the lock (nothing but the shutdown's own stop
+event after it). Otherwise the run fails, saying exactly what moved, and rolls back.
 
 "Stopped" is proven, not assumed: a stop command may return while the server is still shutting down (MariaDB
 closes client connections early, before InnoDB has flushed), so after it the step waits until no process on
@@ -19,18 +28,21 @@ The SQL lives in `transports.mysql`, the host probes in `orchestrator.probes`.
 
 from __future__ import annotations
 
+import shlex
 import time
 from typing import Any
 
 import pymysql
 
-from orchestrator import probes
+from orchestrator import guard, probes
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CutoverResult, FinalState, LockFigures
 from orchestrator.steps.common import wait_db_answers
 from orchestrator.transports import mysql
+from orchestrator.transports.replication import set_read_only
 from orchestrator.transports.ssh import TransportError
+from orchestrator.window import BLOCKED_AGAIN_AT_KEY, LIFTED_AT_KEY, RESERVE_KEY, estimate_reserve
 
 SOURCE_DB_START_TIMEOUT = 120.0
 # How often the source is asked whether anything still holds the datadir's InnoDB files open.
@@ -44,6 +56,12 @@ FENCED = "fenced"
 WRITES_BLOCKED_AT = "writes_blocked_at"
 FINAL_STATE = "final_state"
 SOURCE_DB_STOPPED = "source_db_stopped"
+SOURCE_READ_ONLY = "source_read_only"
+GUARD = "guard"
+FENCE_COMMAND_TIMEOUT = 60.0
+# A clean shutdown appends one stop event (19-byte header, 4-byte checksum) to the binary log: anything longer
+# after the position journaled under the lock is a write that happened since.
+STOP_EVENT_MAX_BYTES = 64
 
 
 def backoff_delays(attempts: int, first: float) -> list[float]:
@@ -61,6 +79,7 @@ class Cutover(Step):
         self._datadir = ""
         # The database server's processes, seen holding its InnoDB files before the stop: they must be gone after.
         self._server_pids: set[int] = set()
+        self._clock_offset = 0.0
 
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
@@ -87,20 +106,23 @@ class Cutover(Step):
         # Figures read under the lock stand only once the shutdown began: before that the lock may have been
         # lost with a crashed process, and writes may have followed.
         journaled = FinalState.of(ctx.saved(FINAL_STATE)) if ctx.saved(SOURCE_DB_STOPPED) else None
+        # Measured before writes stop: one round trip less inside the window.
+        self._clock_offset = round(probes.clock_offset(rt.source), 6)
         result = CutoverResult(
-            mode=rt.plan.cutover.mode,
-            mode_reason=MODE_REASON,
-            # Measured before writes stop: one round trip less inside the window.
-            source_clock_offset=round(probes.clock_offset(rt.source), 6),
+            mode=rt.plan.cutover.mode, mode_reason=MODE_REASON, source_clock_offset=self._clock_offset
         )
+        self._refuse_after_guard(ctx)
         try:
             if journaled is not None:
                 ctx.log.info("cutover.resume_after_shutdown")
+                self._resume_blocked(ctx)
             final = journaled if journaled is not None else self._freeze(ctx)
             # Counted from the first fence, on a re-run too.
-            result.writes_blocked_at = ctx.window.begin(float(ctx.saved(WRITES_BLOCKED_AT)))
+            result.writes_blocked_at = ctx.window.blocked_at
             ctx.save(SOURCE_DB_STOPPED, True)
             result.shutdown_seconds = self._stop_source_db(ctx)
+            if journaled is not None:
+                self._prove_unchanged(ctx, journaled)
         finally:
             self._release_lock()
         ctx.window.check("finishing the cut-over's shutdown")
@@ -109,18 +131,108 @@ class Cutover(Step):
         return merged.journal()
 
     def undo(self, ctx: StepContext) -> None:
+        """Make the source serve again: its database started, writable again, the fence lifted. Each part is
+        tried even when another failed (a source with its database up but fenced, or unfenced but read-only, is
+        no better than one down): the failures are reported together."""
         rt = runtime(ctx)
         plan = rt.plan
         self._release_lock()
+        failures: list[str] = []
         if ctx.saved(SOURCE_DB_STOPPED):
-            ctx.log.info("cutover.undo.start_source_db", command=plan.database.source.start)
-            rt.source.run(plan.database.source.start, timeout=SOURCE_DB_START_TIMEOUT)
-            wait_db_answers(ctx, "source", SOURCE_DB_START_TIMEOUT, refusal_is_up=True)
-            ctx.save(SOURCE_DB_STOPPED, False)
-        if ctx.saved(FENCED) and plan.services.fence.disable:
-            ctx.log.info("cutover.undo.lift_fence", command=plan.services.fence.disable)
-            rt.source.run(plan.services.fence.disable, timeout=60)
+            try:
+                ctx.log.info("cutover.undo.start_source_db", command=plan.database.source.start)
+                rt.source.run(plan.database.source.start, timeout=SOURCE_DB_START_TIMEOUT)
+                wait_db_answers(ctx, "source", SOURCE_DB_START_TIMEOUT, refusal_is_up=True)
+                ctx.save(SOURCE_DB_STOPPED, False)
+            except (TransportError, StepError, mysql.DbError) as exc:
+                failures.append(f"starting the source database: {exc}")
+        read_only = ctx.saved(SOURCE_READ_ONLY)
+        if isinstance(read_only, dict) and read_only.get("set") and not failures:
+            try:
+                self._restore_read_only(ctx, bool(read_only.get("was")))
+                ctx.save(SOURCE_READ_ONLY, {**read_only, "set": False})
+            except (mysql.DbError, StepError, OSError) as exc:
+                failures.append(f"turning read_only off on the source database: {exc}")
+        try:
+            self._let_writes_in(ctx, timeout=FENCE_COMMAND_TIMEOUT)
+        except TransportError as exc:
+            failures.append(f"lifting the source's fence ({plan.services.fence.disable}): {exc}")
+        self._release_guard(ctx, failures)
+        if failures:
+            raise StepError("; ".join(failures))
+
+    def _release_guard(self, ctx: StepContext, failures: list[str]) -> None:
+        """Tell the guard the run released the source itself (it stops), and say what it did if it acted."""
+        directory = self._guard_dir(ctx)
+        if directory is None:
+            return
+        source = runtime(ctx).source
+        trace = guard.read_trace(source, directory)
+        if guard.restored(trace):
+            ctx.log.warning("cutover.undo.guard_had_restored_the_source", trace=trace)
+        if not failures:
+            try:
+                guard.mark(source, directory, guard.RELEASED, timeout=30.0)
+            except TransportError as exc:
+                ctx.log.warning("cutover.undo.guard_not_told", error=str(exc))
+
+    # -- blocking and admitting writes (the one place each: a front door plugs in here)
+
+    def _block_writes(self, ctx: StepContext) -> float:
+        """Writes stop reaching the source: journaled first (when, and that a fence is up), then the fence.
+
+        Counted from just before the fence goes up (the conservative end). Returns when writes were blocked.
+        """
+        window = ctx.window
+        if window.blocked_now:
+            return float(window.intervals()[-1][0])  # type: ignore[arg-type]
+        rt = runtime(ctx)
+        fence = rt.plan.services.fence.enable
+        blocked_at = time.time()
+        ctx.save(WRITES_BLOCKED_AT if window.blocked_at is None else BLOCKED_AGAIN_AT_KEY, blocked_at)
+        window.begin(blocked_at)
+        if fence:
+            ctx.save(FENCED, True)
+            try:
+                rt.source.run(fence, timeout=window.timeout(FENCE_COMMAND_TIMEOUT))
+            except TransportError:
+                window.check("fencing the source")  # cut short by the budget: say so
+                raise
+        ctx.log.info("cutover.fenced", fence=bool(fence))
+        return blocked_at
+
+    def _resume_blocked(self, ctx: StepContext) -> None:
+        """Re-entered after the shutdown began: the window goes on from the journal; the fence goes up again only
+        if the journal says it came down."""
+        saved_at = ctx.saved(WRITES_BLOCKED_AT)
+        if ctx.saved(FENCED) or not runtime(ctx).plan.services.fence.enable:
+            if not ctx.window.blocked_now and saved_at:
+                ctx.window.begin(float(saved_at))
+            return
+        self._block_writes(ctx)
+
+    def _let_writes_in(self, ctx: StepContext, *, timeout: float) -> None:
+        """Writes reach the source again: the fence lifted, then journaled (the conservative end)."""
+        rt = runtime(ctx)
+        disable = rt.plan.services.fence.disable
+        if ctx.saved(FENCED) and disable:
+            ctx.log.info("cutover.lift_fence", command=disable)
+            rt.source.run(disable, timeout=timeout)
             ctx.save(FENCED, False)
+        if ctx.window.blocked_now:
+            lifted_at = time.time()
+            ctx.save(LIFTED_AT_KEY, lifted_at)
+            ctx.window.lift(lifted_at)
+
+    def _restore_read_only(self, ctx: StepContext, was: bool) -> None:
+        rt = runtime(ctx)
+        conn = rt.db("source", read_timeout=30.0)
+        try:
+            if mysql.is_read_only(conn) != was:
+                set_read_only(conn, was, lock_wait_timeout=rt.plan.cutover.lock_wait_timeout)
+            ctx.log.info("cutover.undo.read_only_restored", read_only=was)
+        finally:
+            rt.release(conn)
 
     # -- the sequence
 
@@ -133,27 +245,87 @@ class Cutover(Step):
         self._server_pids, blind = probes.innodb_files_visible(rt.source, self._datadir)
         if blind:
             raise StepError(blind)
-        self._fence(ctx)
-        final = self._final_state(ctx, self._take_lock(ctx, conn))
+        self._reserve_for_rollback(ctx)
+        self._start_guard(ctx)
+        lock = self._take_lock(ctx, conn)
+        self._refuse_writes_in_the_database(ctx, conn)
+        final = self._final_state(ctx, lock)
         ctx.save(FINAL_STATE, final.journal())
         ctx.window.check("about to stop the source database")
         return final
 
-    def _fence(self, ctx: StepContext) -> float:
+    def _start_guard(self, ctx: StepContext) -> None:
+        """The guard on the source (orchestrator/guard.py): restores the source if this run is gone past its
+        budget. Its deadline bounds the window in wall-clock time: the budget, every backoff between lock tries
+        (writes flow then) and a margin."""
         rt = runtime(ctx)
-        fence = rt.plan.services.fence.enable
-        saved_at = ctx.saved(WRITES_BLOCKED_AT)
-        # Counted from just before the fence goes up (the conservative end); on a re-run, from the first fence.
-        blocked_at = float(saved_at) if saved_at else time.time()
-        if fence:
-            ctx.save(FENCED, True)
-        if not saved_at:
-            ctx.save(WRITES_BLOCKED_AT, blocked_at)
-        if fence:
-            rt.source.run(fence, timeout=60)
-        ctx.window.begin(blocked_at)
-        ctx.log.info("cutover.fenced", fence=bool(fence))
-        return blocked_at
+        saved = ctx.saved(GUARD)
+        if isinstance(saved, dict) and saved.get("pid"):
+            return
+        c = rt.plan.cutover
+        endpoint = rt.plan.database.source
+        offset = self._clock_offset
+        plan = guard.GuardPlan(
+            directory=guard.guard_dir(ctx.run_id),
+            deadline=guard.deadline(
+                time.time() + sum(backoff_delays(c.lock_attempts, c.lock_retry_backoff)), c.max_write_block, offset
+            ),
+            db_start=endpoint.start,
+            db_stop=endpoint.stop,
+            fence_off=rt.plan.services.fence.disable,
+        )
+        ctx.save(GUARD, {"dir": plan.directory, "deadline": plan.deadline})
+        pid = guard.start(rt.source, plan, timeout=30.0)
+        ctx.save(GUARD, guard.journal_value(pid, plan))
+        ctx.log.info("cutover.guard_started", pid=pid, dir=plan.directory, deadline=plan.deadline)
+
+    def _refuse_after_guard(self, ctx: StepContext) -> None:
+        """A re-run after the guard restored the source must not block it again: the source took writes since."""
+        directory = self._guard_dir(ctx)
+        if directory is None:
+            return
+        trace = guard.read_trace(runtime(ctx).source, directory)
+        if guard.restored(trace):
+            ctx.log.warning("cutover.guard_had_restored_the_source", trace=trace)
+            raise StepError(
+                "the guard on the source restored it after this run stopped past its budget (its trace: "
+                f"{directory}/{guard.TRACE}); the source has taken writes since: the run rolls back"
+            )
+
+    def _guard_dir(self, ctx: StepContext) -> str | None:
+        saved = ctx.saved(GUARD)
+        return str(saved["dir"]) if isinstance(saved, dict) and saved.get("dir") else None
+
+    def _reserve_for_rollback(self, ctx: StepContext) -> None:
+        """Keep back, from the budget, the time the rollback itself needs (journaled: a resume keeps it)."""
+        window = ctx.window
+        saved = ctx.saved(RESERVE_KEY)
+        if isinstance(saved, dict) and "seconds" in saved:
+            window.reserve = float(saved["seconds"])
+            return
+        budget = runtime(ctx).plan.cutover.max_write_block
+        window.reserve = estimate_reserve(budget)
+        ctx.save(
+            RESERVE_KEY,
+            {
+                "seconds": window.reserve,
+                "basis": "estimated: a share of cutover.max_write_block for starting the source database, "
+                "lifting the fence and restoring DNS",
+            },
+        )
+        ctx.log.info("cutover.rollback_reserve", seconds=window.reserve, budget=budget)
+
+    def _refuse_writes_in_the_database(self, ctx: StepContext, conn: pymysql.connections.Connection) -> None:
+        """SET GLOBAL read_only under our lock: it outlives our session, so writes queued behind the lock (or sent
+        by anyone bypassing the app's fence) fail instead of committing when the lock goes with the shutdown."""
+        was = mysql.is_read_only(conn)
+        ctx.save(SOURCE_READ_ONLY, {"set": True, "was": was})
+        directory = self._guard_dir(ctx)
+        if directory is not None:  # the guard restarts a read-only database it finds running
+            guard.mark(runtime(ctx).source, directory, guard.READ_ONLY, timeout=ctx.window.timeout(30.0))
+        if not was:
+            set_read_only(conn, True, lock_wait_timeout=1)
+        ctx.log.info("cutover.read_only", was=was)
 
     def _open_lock_session(self, ctx: StepContext) -> pymysql.connections.Connection:
         rt = runtime(ctx)
@@ -165,12 +337,24 @@ class Cutover(Step):
         return conn
 
     def _take_lock(self, ctx: StepContext, conn: pymysql.connections.Connection) -> LockFigures:
+        """FTWRL with a bounded wait per attempt; between attempts the fence is lifted (writes flow) during the
+        backoff, so a lock that cannot be had costs the service one attempt's wait at a time, never the backoff."""
         c = runtime(ctx).plan.cutover
+        window = ctx.window
         delays = backoff_delays(c.lock_attempts, c.lock_retry_backoff)
         waited = 0.0
-        last_blockers: list[mysql.Blocker] = []
-        last_in_use: list[str] = []
+        last = "no attempt"
         for attempt in range(1, c.lock_attempts + 1):
+            self._block_writes(ctx)
+            window.check(f"waiting for FLUSH TABLES WITH READ LOCK (try {attempt})")
+            left = window.remaining() or 0.0
+            if left < 1.0:  # MariaDB waits in whole seconds: a wait of at least 1 s would overrun the budget
+                raise StepError(
+                    f"another FLUSH TABLES WITH READ LOCK (try {attempt}) would keep writes blocked more than "
+                    f"cutover.max_write_block {c.max_write_block:g} s: {max(left, 0):.1f} s remain after the "
+                    f"rollback's reserve ({window.reserve:g} s); last try blocked by {last}"
+                )
+            mysql.set_lock_wait_timeout(conn, min(c.lock_wait_timeout, int(left)))
             asked = time.monotonic()
             try:
                 locked = mysql.flush_tables_with_read_lock(conn)
@@ -182,22 +366,26 @@ class Cutover(Step):
                 return LockFigures(
                     lock_attempts=attempt, lock_wait_seconds=round(waited, 3), lock_acquired_at=time.time()
                 )
-            last_blockers = mysql.find_blockers(conn)
-            last_in_use = mysql.tables_in_use(conn)
+            holders = mysql.find_lock_holders(conn, waited=time.monotonic() - asked)
+            blockers = mysql.find_blockers(conn)
+            in_use = mysql.tables_in_use(conn)
+            last = mysql.summarize_blockers(blockers, in_use, holders=holders)
             ctx.log.warning(
                 "cutover.lock_wait_timeout",
                 attempt=attempt,
                 of=c.lock_attempts,
                 waited_s=round(waited, 3),
-                blocked_by=[b.summary() for b in last_blockers],
-                tables_in_use=last_in_use,
+                held_by=[h.summary() for h in holders],
+                waiting=[b.summary() for b in blockers],
+                tables_in_use=in_use,
             )
             if attempt <= len(delays):
-                ctx.window.check(f"waiting for FLUSH TABLES WITH READ LOCK ({attempt} tries)")
+                # Writes flow while we wait to try again.
+                self._let_writes_in(ctx, timeout=window.timeout(FENCE_COMMAND_TIMEOUT) or FENCE_COMMAND_TIMEOUT)
                 time.sleep(delays[attempt - 1])
         raise StepError(
             f"could not get FLUSH TABLES WITH READ LOCK in {c.lock_attempts} tries of "
-            f"{c.lock_wait_timeout:g} s: blocked by {mysql.summarize_blockers(last_blockers, last_in_use)}"
+            f"{c.lock_wait_timeout:g} s: blocked by {last}"
         )
 
     def _final_state(self, ctx: StepContext, lock: LockFigures) -> FinalState:
@@ -242,8 +430,11 @@ class Cutover(Step):
         rt = runtime(ctx)
         endpoint = rt.plan.database.source
         started = time.monotonic()
+        directory = self._guard_dir(ctx)
+        # The guard learns the database is stopped before the stop begins (it starts it again if need be).
+        stop = f"{guard.marker_command(directory, guard.DB_STOPPED)} && {endpoint.stop}" if directory else endpoint.stop
         try:
-            rt.source.run(endpoint.stop, timeout=ctx.window.timeout(rt.plan.database.read_timeout + 300))
+            rt.source.run(stop, timeout=ctx.window.timeout(rt.plan.database.read_timeout + 300))
         except TransportError:
             ctx.window.check("stopping the source database")  # cut short by the budget: say so
             raise
@@ -301,6 +492,43 @@ class Cutover(Step):
             if remaining is None or remaining <= 0:
                 raise _still_running()
             time.sleep(min(RELEASE_POLL_INTERVAL, remaining))
+
+    def _prove_unchanged(self, ctx: StepContext, journaled: FinalState) -> None:
+        """The figures journaled under the lock stand only if the source wrote nothing since: its binary log
+        (read on the stopped source) ends where it ended under the lock, but for the shutdown's stop event."""
+        rt = runtime(ctx)
+        binlog = journaled.binlog
+        if binlog is None:
+            raise StepError(
+                "resuming after the source's shutdown began, but the figures journaled under the lock carry no "
+                "binary log position: nothing proves the source wrote nothing since; rolling back"
+            )
+        name = binlog.file
+        index = name.rsplit(".", 1)[0] + ".index"
+        datadir = shlex.quote(self._datadir)
+        out = rt.source.run(
+            f"cd {datadir} && stat -c %s {shlex.quote(name)} && grep -c . {shlex.quote(index)}"
+            f" && tail -n 1 {shlex.quote(index)}",
+            timeout=ctx.window.timeout(30.0),
+        ).stdout.split("\n")
+        try:
+            size, last = int(out[0]), out[2].strip().rsplit("/", 1)[-1]
+        except (IndexError, ValueError):
+            raise StepError(
+                f"resuming after the source's shutdown began: cannot read the binary log {name} in "
+                f"{self._datadir} to prove the source wrote nothing since the lock; rolling back"
+            ) from None
+        if last != name:
+            raise StepError(
+                f"the source's binary log moved on since the figures were read under the lock ({name} then, "
+                f"{last} now): the source changed after the lock was lost; rolling back"
+            )
+        if not binlog.position <= size <= binlog.position + STOP_EVENT_MAX_BYTES:
+            raise StepError(
+                f"the source's binary log {name} ends at {size}, it ended at {binlog.position} under the lock: "
+                "the source wrote after the lock was lost, the journaled figures no longer hold; rolling back"
+            )
+        ctx.log.info("cutover.figures_reproven", binlog=name, position=binlog.position, size=size)
 
     def _source_db_answers(self, ctx: StepContext) -> bool:
         conn = self._lock_conn

@@ -16,6 +16,7 @@ from orchestrator import probes
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.results import CutoverResult, DbFinalResult
+from orchestrator.retry import call_with_retry
 from orchestrator.steps.common import DATADIR_EXCLUDES, presync_began
 from orchestrator.transports import rsync
 
@@ -56,12 +57,19 @@ class DbFinal(Step):
             # file, so only the blocks written since travel (a hot table is mostly unchanged).
             extra=["--modify-window=-1", "--no-whole-file"],
         )
-        stats = rsync.push(
-            rt.source,  # type: ignore[arg-type]
-            command,
+        # Each try gets what is left of the budget as its deadline (the remote rsync is wrapped in `timeout`, so it
+        # dies at that deadline even if this process died first); the tries end with the budget.
+        one_try = plan.retry.model_copy(update={"attempts": 1})
+        stats = call_with_retry(
+            lambda: rsync.push(
+                rt.source,  # type: ignore[arg-type]
+                command,
+                what="final datadir pass",
+                retry=one_try,
+                timeout=window.timeout(),
+            ),
+            window.bounded(plan.retry),
             what="final datadir pass",
-            retry=window.bounded(plan.retry),
-            timeout=window.timeout(),
         )
         # With delta transfer, the literal data is what travelled; the files' size is what was brought up to date.
         result = DbFinalResult(
@@ -91,12 +99,15 @@ class DbFinal(Step):
             if offset is None:  # a cut-over journaled without it: one round trip more
                 offset = probes.clock_offset(rt.source)
             since = began + offset - FORCE_MARGIN
-        names = probes.ask(rt.source, probes.files_changed_since(db.source.datadir, since), timeout=LISTING_TIMEOUT)
+        window = ctx.window
+        names = probes.ask(
+            rt.source, probes.files_changed_since(db.source.datadir, since), timeout=window.timeout(LISTING_TIMEOUT)
+        )
         if names:
             rt.target.run(
                 f"cd {shlex.quote(db.target.datadir)} && xargs -0 -r touch -c -m -d @0 --",
                 input="\0".join(names) + "\0",
-                timeout=LISTING_TIMEOUT,
+                timeout=window.timeout(LISTING_TIMEOUT),
             )
         ctx.log.info("db_final.forced_files", files=len(names), presync_began=began)
         return len(names)

@@ -10,6 +10,15 @@ read back, the run is committed (journaled) and the target's fence is lifted: fr
 writes. A plan without a target fence cannot be rolled back safely once any record points at the target (clients
 following it may already have written there): such a partial flip commits the run instead, and `migrate apply`
 finishes it.
+
+Bounds: before the commit, every API call inside the downtime window (lookups, edits, read-backs) takes its
+timeout from what is left of the write budget and its retries end with it (`ctx.window`).
+
+Convergence: an edit whose answer never came (a timeout, a connection cut, an interruption) may still be applied
+by the API later. Each edit is journaled before it is sent and when it is answered (`edits`); undo (and a resumed
+flip) treat an unanswered edit as in flight: they re-apply the wanted content and keep reading until two reads
+agree and the in-flight edit's time is up (twice `dns.timeout` plus a margin after it was sent), within a bound. Every
+read-back is journaled (`records_now`), so `status` and the report say where every record points now.
 """
 
 from __future__ import annotations
@@ -17,13 +26,24 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from orchestrator import guard
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.plan.model import Retry
 from orchestrator.results import DnsFlipResult, RecordSnapshot
 from orchestrator.retry import call_with_retry
 from orchestrator.transports.ssh import TransportError
 
 OLD_RECORDS = "old_records"
+# Per record id: when its last edit was sent and whether an answer came back (no answer: it may be in flight).
+EDITS = "edits"
+# The last read of every record: {"at": ts, "records": {name: [contents]}} (what `status` and the report show).
+RECORDS_NOW = "records_now"
+# An unanswered edit is taken as landed or dead once twice the API timeout, plus this margin, has passed since it
+# was sent: an API may apply an edit after the client gave up on it, even later than the client's own timeout.
+IN_FLIGHT_MARGIN = 2.0
+# Reads made while waiting for records to settle.
+SETTLE_POLL = 0.25
 # Journaled once the target's fence is lifted: a resumed run that finds every record flipped still lifts it if not.
 TARGET_FENCE_LIFTED = "target_fence_lifted"
 FENCE_COMMAND_TIMEOUT = 120.0
@@ -86,11 +106,12 @@ class DnsFlip(Step):
             # says; rolling back now would only make things worse.
             ctx.log.warning("dns_flip.resuming_partial_flip", already=already)
             if not fenced:
-                ctx.commit(self._partial_reason(already))
+                self._commit(ctx, self._partial_reason(already))
         else:
             ctx.window.check("flipping DNS")
         old: dict[str, dict[str, Any]] = dict(ctx.saved(OLD_RECORDS) or {})
         flipped: list[str] = []
+        attempted: list[str] = []
         try:
             for name in plan.dns.records:
                 for record in found[name]:
@@ -99,17 +120,29 @@ class DnsFlip(Step):
                     # Journal first: whatever happens next, undo knows what to put back.
                     old.setdefault(record.id, _snapshot(record))
                     ctx.save(OLD_RECORDS, old)
-                    self._set(ctx, zone_id, record, new)
+                    attempted.append(record.name)
+                    # A resumed partial flip finishes whatever the budget says (see above).
+                    self._set(ctx, zone_id, record, new, bounded=not already)
                     flipped.append(record.name)
                     ctx.log.info("dns_flip.record", record=record.name, old=record.content, new=new)
-            if not self._all_point_at(ctx, zone_id, new):
-                raise StepError(f"DNS read back: not every record of {plan.dns.records} points at {new}")
+            wanted = {r.id: new for records in found.values() for r in records}
+            stuck = self._converge(ctx, zone_id, wanted, bounded=not already)
+            if stuck:
+                raise StepError(f"DNS read back: not every record of {plan.dns.records} points at {new}: {stuck[0]}")
         except BaseException:
-            ctx.log.error("dns_flip.failed_midway", flipped=flipped)
+            # Which records the API holds at the target now: an edit that failed may still have been applied.
+            now = self._read_once(ctx, zone_id)
+            moved = sorted(n for n, contents in (now or {}).items() if new in contents)
+            ctx.log.error(
+                "dns_flip.failed_midway",
+                flipped=moved if now is not None else flipped,
+                edits_sent=attempted,
+                records_now=now if now is not None else "(could not be read)",
+            )
             if not fenced and not already:
                 moved = self._moved_after_failure(ctx, zone_id, new, flipped, attempted=bool(old))
                 if moved:
-                    ctx.commit(self._partial_reason(moved))
+                    self._commit(ctx, self._partial_reason(moved))
             # With a target fence the target took no write: the engine rolls back and undo restores the records.
             raise
         lifted = self._lift_target_fence(ctx)
@@ -125,7 +158,8 @@ class DnsFlip(Step):
         ).journal()
 
     def undo(self, ctx: StepContext) -> None:
-        """Fence the target again (nothing more may be written there), then put back every record's old content."""
+        """Fence the target again (nothing more may be written there), then put back every record's old content
+        and wait until the records agree with it (an edit still in flight is awaited, then superseded)."""
         rt = runtime(ctx)
         failures: list[str] = []
         fence = rt.plan.services.target_fence.enable
@@ -137,25 +171,129 @@ class DnsFlip(Step):
                 failures.append(f"fencing the target again: {exc}")
         old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
         if old:
-            zone_id = self._zone_id(ctx)
-            for saved in (RecordSnapshot.of(r) for r in old.values()):
-                current = [r for r in self._find(ctx, zone_id, saved.name) if r.id == saved.id]
-                if not current:
-                    failures.append(f"cannot restore DNS record {saved.name}: record id {saved.id} is gone")
-                    continue
-                record = current[0]
-                if record.content == saved.content:
-                    continue
-                try:
-                    self._set(ctx, zone_id, record, saved.content)
-                except Exception as exc:  # every record is tried; the rollback reports them all
-                    failures.append(f"restoring DNS record {saved.name}: {exc}")
-                    continue
-                ctx.log.info("dns_flip.restored", record=saved.name, content=saved.content)
+            try:
+                zone_id = self._zone_id(ctx)
+                # Put back what differs now; an edit that may still be in flight is awaited once the source serves
+                # again (settle_after_rollback), not before.
+                failures += self._converge(ctx, zone_id, self._restore_wanted(ctx), bounded=False, settle=False)
+            except Exception as exc:  # the API unreachable: say which records could not be put back
+                names = sorted({RecordSnapshot.of(r).name for r in old.values()})
+                failures.append(f"restoring DNS records {', '.join(names)}: {exc}")
         if failures:
             raise StepError("; ".join(failures))
 
+    def settle_after_rollback(self, ctx: StepContext) -> None:
+        """After the whole rollback: wait out any edit that may still be in flight, re-applying the old content
+        over it, until the records hold it and stay so (within a bound)."""
+        if not ctx.saved(OLD_RECORDS):
+            return
+        failures = self._converge(ctx, self._zone_id(ctx, bounded=False), self._restore_wanted(ctx), bounded=False)
+        if failures:
+            raise StepError("; ".join(failures))
+
+    # -- convergence
+
+    def _restore_wanted(self, ctx: StepContext) -> dict[str, str]:
+        old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
+        return {saved.id: saved.content for saved in (RecordSnapshot.of(r) for r in old.values())}
+
+    def _converge(
+        self, ctx: StepContext, zone_id: str, wanted: dict[str, str], *, bounded: bool, settle: bool = True
+    ) -> list[str]:
+        """Make every record id in `wanted` hold its content and stay so: re-apply what differs, and read until
+        two reads in a row agree and every edit that may be in flight has had its time. Failures, one per record.
+        """
+        plan = runtime(ctx).plan
+        edits: dict[str, dict[str, Any]] = ctx.saved(EDITS) or {}
+        settle_until = _in_flight_until(edits, plan.dns.timeout)
+        if not settle:
+            settle_until = 0.0
+        deadline = max(settle_until, time.time()) + 2 * (plan.dns.timeout + IN_FLIGHT_MARGIN) + plan.retry.max_seconds
+        failures: dict[str, str] = {}
+        previous: dict[str, str] | None = None
+        while True:
+            current = self._read_ids(ctx, zone_id, wanted, bounded=bounded)
+            failures = {}
+            for record_id, record in current.items():
+                want = wanted[record_id]
+                if record is None:
+                    failures[record_id] = f"cannot restore DNS record id {record_id}: it is gone"
+                elif record.content != want:
+                    try:
+                        self._set(ctx, zone_id, record, want, bounded=bounded)
+                        ctx.log.info("dns_flip.record_set", record=record.name, old=record.content, new=want)
+                    except Exception as exc:  # every record is tried; the caller reports them all
+                        failures[record_id] = f"setting DNS record {record.name} to {want}: {exc}"
+            contents = {i: r.content for i, r in current.items() if r is not None}
+            settled = not failures and contents == wanted and previous == contents and time.time() >= settle_until
+            if settled:
+                ctx.log.info("dns_flip.records_converged", records=self._names(current))
+                return []
+            if bounded:
+                ctx.window.check("waiting for the DNS records to settle")
+            if time.time() >= deadline:
+                stuck = list(failures.values()) or [
+                    f"DNS records did not settle on {sorted(set(wanted.values()))} within the bound: "
+                    f"{self._names(current)}"
+                ]
+                return stuck
+            previous = contents if contents == wanted else None
+            edits = ctx.saved(EDITS) or {}
+            if settle:
+                settle_until = max(settle_until, _in_flight_until(edits, plan.dns.timeout))
+            time.sleep(SETTLE_POLL)
+
+    @staticmethod
+    def _names(current: dict[str, Any]) -> dict[str, str]:
+        return {r.name: r.content for r in current.values() if r is not None}
+
+    def _read_ids(self, ctx: StepContext, zone_id: str, wanted: dict[str, str], *, bounded: bool) -> dict[str, Any]:
+        """The records with these ids as the API holds them now (None: gone), journaled as `records_now`."""
+        plan = runtime(ctx).plan
+        by_id: dict[str, Any] = dict.fromkeys(wanted)
+        for name in plan.dns.records:
+            for record in self._find(ctx, zone_id, name, bounded=bounded):
+                if record.id in by_id:
+                    by_id[record.id] = record
+        self._journal_now(ctx, [r for r in by_id.values() if r is not None])
+        return by_id
+
+    def _read_once(self, ctx: StepContext, zone_id: str) -> dict[str, list[str]] | None:
+        """Every record's contents, one bounded try each (journaled), or None when the API cannot say."""
+        plan = runtime(ctx).plan
+        try:
+            records = [
+                r
+                for name in plan.dns.records
+                for r in runtime(ctx).dns.find_records(zone_id, name, plan.dns.type, timeout=self._call_timeout(ctx))
+            ]
+        except Exception as exc:
+            ctx.log.warning("dns_flip.read_back_failed", error=str(exc))
+            return None
+        return self._journal_now(ctx, records)
+
+    def _journal_now(self, ctx: StepContext, records: list[Any]) -> dict[str, list[str]]:
+        now: dict[str, list[str]] = {}
+        for record in records:
+            now.setdefault(record.name, []).append(record.content)
+        value = {"at": time.time(), "records": {n: sorted(c) for n, c in now.items()}}
+        previous = ctx.saved(RECORDS_NOW) or {}
+        if previous.get("records") != value["records"] or time.time() - float(previous.get("at", 0)) > 5:
+            ctx.save(RECORDS_NOW, value)
+        return value["records"]
+
     # -- helpers
+
+    def _commit(self, ctx: StepContext, reason: str) -> None:
+        """The guard on the source learns of the commit first (it must then leave the source alone), then the
+        journal. A guard that cannot be told means no commit: the run fails before the target takes writes."""
+        directory = _guard_dir(ctx)
+        if directory is not None:
+            try:
+                guard.mark(runtime(ctx).source, directory, guard.COMMITTED, timeout=FENCE_COMMAND_TIMEOUT)
+            except TransportError as exc:
+                raise StepError(f"cannot tell the guard on the source that the run commits: {exc}") from None
+        ctx.commit(reason)
 
     @staticmethod
     def _partial_reason(moved: list[str]) -> str:
@@ -171,7 +309,7 @@ class DnsFlip(Step):
             return False
         # Committed before the command: if it fails (or half-works) the target may take writes, and a rollback
         # would lose them. `migrate apply` lifts it again.
-        ctx.commit("every DNS record points at the target: lifting the target's fence")
+        self._commit(ctx, "every DNS record points at the target: lifting the target's fence")
         try:
             runtime(ctx).target.run(fence.disable, timeout=FENCE_COMMAND_TIMEOUT)
         except TransportError as exc:
@@ -192,25 +330,39 @@ class DnsFlip(Step):
         if not attempted:
             return []
         plan = runtime(ctx).plan
-        moved: list[str] = []
-        try:
-            for name in plan.dns.records:
-                # One try each: the API just failed us, and an interrupted operator should not wait on retries.
-                records = runtime(ctx).dns.find_records(zone_id, name, plan.dns.type)
-                moved += [r.name for r in records if r.content == new]
-        except Exception as exc:
-            ctx.log.warning("dns_flip.read_back_failed", error=str(exc))
+        # One try each: the API just failed us, and an interrupted operator should not wait on retries.
+        now = self._read_once(ctx, zone_id)
+        if now is None:
             return ["(unknown: DNS could not be read back after an edit was tried)"]
-        return moved
+        return sorted(name for name in plan.dns.records if new in now.get(name, []))
 
-    def _zone_id(self, ctx: StepContext) -> str:
+    # Before the commit, inside the downtime window, every call and its retries are bounded by what is left of the
+    # write budget; undo and a committed run use the plan's own bounds.
+
+    def _policy(self, ctx: StepContext, bounded: bool) -> Retry:
         plan = runtime(ctx).plan
-        return call_with_retry(lambda: runtime(ctx).dns.zone_id(plan.dns.zone), plan.retry, what="DNS zone lookup")
+        return ctx.window.bounded(plan.retry) if bounded else plan.retry
 
-    def _find(self, ctx: StepContext, zone_id: str, name: str) -> list[Any]:
+    def _call_timeout(self, ctx: StepContext, bounded: bool = True) -> float:
+        cap = runtime(ctx).plan.dns.timeout
+        return (ctx.window.timeout(cap) or cap) if bounded else cap
+
+    def _zone_id(self, ctx: StepContext, *, bounded: bool = True) -> str:
         plan = runtime(ctx).plan
         return call_with_retry(
-            lambda: runtime(ctx).dns.find_records(zone_id, name, plan.dns.type), plan.retry, what=f"DNS lookup {name}"
+            lambda: runtime(ctx).dns.zone_id(plan.dns.zone, timeout=self._call_timeout(ctx, bounded)),
+            self._policy(ctx, bounded),
+            what="DNS zone lookup",
+        )
+
+    def _find(self, ctx: StepContext, zone_id: str, name: str, *, bounded: bool = True) -> list[Any]:
+        plan = runtime(ctx).plan
+        return call_with_retry(
+            lambda: runtime(ctx).dns.find_records(
+                zone_id, name, plan.dns.type, timeout=self._call_timeout(ctx, bounded)
+            ),
+            self._policy(ctx, bounded),
+            what=f"DNS lookup {name}",
         )
 
     def _all_point_at(self, ctx: StepContext, zone_id: str, content: str) -> bool:
@@ -220,11 +372,52 @@ class DnsFlip(Step):
                 return False
         return True
 
-    def _set(self, ctx: StepContext, zone_id: str, record: Any, content: str) -> Any:
-        plan = runtime(ctx).plan
-        updated = call_with_retry(
-            lambda: runtime(ctx).dns.set_content(zone_id, record, content), plan.retry, what=f"DNS edit {record.name}"
-        )
+    def _set(self, ctx: StepContext, zone_id: str, record: Any, content: str, *, bounded: bool = True) -> Any:
+        """One record's edit, journaled before it is sent and once answered (no answer: it may be in flight)."""
+
+        def _edit() -> Any:
+            if bounded:
+                ctx.window.check(f"editing DNS record {record.name}")
+            edits: dict[str, dict[str, Any]] = dict(ctx.saved(EDITS) or {})
+            edits[record.id] = {"name": record.name, "content": content, "sent_at": time.time(), "answered": False}
+            ctx.save(EDITS, edits)
+            try:
+                return runtime(ctx).dns.set_content(zone_id, record, content, timeout=self._call_timeout(ctx, bounded))
+            except Exception as exc:
+                # An API that answered (an HTTP status) did not leave the edit in flight; a timeout or a cut did.
+                if _answered(exc):
+                    edits[record.id]["answered"] = True
+                    ctx.save(EDITS, edits)
+                raise
+
+        updated = call_with_retry(_edit, self._policy(ctx, bounded), what=f"DNS edit {record.name}")
+        edits = dict(ctx.saved(EDITS) or {})
+        if record.id in edits:
+            edits[record.id] = {**edits[record.id], "answered": True}
+            ctx.save(EDITS, edits)
         if updated.content != content:
             raise StepError(f"DNS record {record.name} reads back {updated.content}, expected {content}")
         return updated
+
+
+def _in_flight_until(edits: dict[str, dict[str, Any]], api_timeout: float) -> float:
+    """Until when an unanswered edit may still land (0: none in flight)."""
+    pending = [float(e["sent_at"]) for e in edits.values() if not e.get("answered")]
+    return max(pending) + 2 * api_timeout + IN_FLIGHT_MARGIN if pending else 0.0
+
+
+def _guard_dir(ctx: StepContext) -> str | None:
+    """The guard's directory on the source, as the cut-over journaled it (None: no guard was started)."""
+    found = None
+    for ev in ctx.history():
+        if ev.get("event") == "run_started":
+            found = None
+        elif ev.get("event") == "step_saved" and ev.get("key") == "guard" and isinstance(ev.get("value"), dict):
+            found = ev["value"].get("dir")
+    return str(found) if found else None
+
+
+def _answered(exc: BaseException) -> bool:
+    """Did the API answer (an HTTP status), as opposed to a timeout or a cut connection (an edit maybe in flight)?"""
+    text = str(exc)
+    return "HTTP " in text or "success: false" in text

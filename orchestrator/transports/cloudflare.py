@@ -10,7 +10,10 @@ What the SDK (5.x) does that callers must not trip over, and how this adapter ha
 - Iterating a list page fetches page+1 until a page comes back empty, without bound: the adapter reads one page
   at a time, up to `max_pages`.
 - The SDK retries 408/409/429/5xx and connection errors itself; here it retries at most `max_retries` times
-  (default 0) because callers own retries (tenacity), deciding from `DnsError.transient`.
+  (default 0) because callers own retries (tenacity), deciding from `DnsError.transient` and honouring
+  `DnsError.retry_after` (a 429's Retry-After).
+- Every operation takes an optional `timeout` (seconds, per HTTP request) so a caller inside the downtime window
+  bounds each call by what is left of its budget, not by the client's default.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import cloudflare
 import httpx
 
 from orchestrator import secrets
+from orchestrator.engine.interrupt import Interrupted
 
 DEFAULT_BASE_URL = "https://api.cloudflare.com/client/v4"
 _AUTH_HEADERS = {"authorization", "x-auth-key", "x-auth-email", "x-auth-user-service-key"}
@@ -34,10 +38,12 @@ _MESSAGE_LIMIT = 300
 class DnsError(Exception):
     """A DNS API failure, as one readable line without secrets; `transient` says whether a retry may help."""
 
-    def __init__(self, message: str, *, transient: bool) -> None:
+    def __init__(self, message: str, *, transient: bool, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.transient = transient
+        # Seconds the API asked us to wait before trying again (429 Retry-After), when it said.
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class DnsClient:
         self._token = api_token
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self.timeout = timeout
+        self._last_timeout = timeout
         self.per_page = per_page
         self.max_pages = max_pages
         self._client = cloudflare.Cloudflare(
@@ -116,11 +123,16 @@ class DnsClient:
         if answer.status != "active":
             raise DnsError(f"Cloudflare API token is {answer.status}", transient=False)
 
-    def zone_id(self, zone_name: str) -> str:
+    def _timeout(self, timeout: float | None) -> float:
+        # Remembered for the error message of the call it bounds (one call at a time per client).
+        self._last_timeout = self.timeout if timeout is None else max(0.05, min(timeout, self.timeout))
+        return self._last_timeout
+
+    def zone_id(self, zone_name: str, *, timeout: float | None = None) -> str:
         """The id of the zone with exactly this name, as the token sees it."""
         wanted = zone_name.lower().rstrip(".")
         try:
-            page = self._client.zones.list(name=wanted, page=1, per_page=50)
+            page = self._client.zones.list(name=wanted, page=1, per_page=50, timeout=self._timeout(timeout))
         except cloudflare.CloudflareError as exc:
             raise self._error(f"look up zone {wanted}", exc) from None
         zones = [z for z in self._page_items(page, f"look up zone {wanted}") if z.name.lower() == wanted]
@@ -130,7 +142,7 @@ class DnsClient:
             raise DnsError(f"Cloudflare has {len(zones)} zones named {wanted}", transient=False)
         return str(zones[0].id)
 
-    def find_records(self, zone_id: str, name: str, type: str) -> list[DnsRecord]:
+    def find_records(self, zone_id: str, name: str, type: str, *, timeout: float | None = None) -> list[DnsRecord]:
         """All records with exactly this name and type, read one bounded page at a time."""
         wanted = name.lower().rstrip(".")
         action = f"list {type} records of {wanted}"
@@ -143,6 +155,7 @@ class DnsClient:
                     type=type,  # type: ignore[arg-type]
                     page=page_number,
                     per_page=self.per_page,
+                    timeout=self._timeout(timeout),
                 )
             except cloudflare.CloudflareError as exc:
                 raise self._error(action, exc) from None
@@ -155,16 +168,16 @@ class DnsClient:
                 return found
         raise DnsError(f"Cloudflare {action}: more than {self.max_pages} pages of results", transient=False)
 
-    def get_record(self, zone_id: str, record_id: str) -> DnsRecord:
+    def get_record(self, zone_id: str, record_id: str, *, timeout: float | None = None) -> DnsRecord:
         try:
-            answer = self._client.dns.records.get(record_id, zone_id=zone_id)
+            answer = self._client.dns.records.get(record_id, zone_id=zone_id, timeout=self._timeout(timeout))
         except cloudflare.CloudflareError as exc:
             raise self._error(f"read record {record_id}", exc) from None
         if answer is None:
             raise DnsError(f"Cloudflare read record {record_id}: the API answered success: false", transient=False)
         return _to_record(answer)
 
-    def set_content(self, zone_id: str, record: DnsRecord, content: str) -> DnsRecord:
+    def set_content(self, zone_id: str, record: DnsRecord, content: str, *, timeout: float | None = None) -> DnsRecord:
         """Point `record` at `content` (PATCH keeping name, type, ttl, proxied), then read it back to be sure."""
         action = f"set {record.type} {record.name} to {content}"
         try:
@@ -176,12 +189,13 @@ class DnsClient:
                 ttl=record.ttl,
                 proxied=record.proxied,
                 content=content,
+                timeout=self._timeout(timeout),
             )
         except cloudflare.CloudflareError as exc:
             raise self._error(action, exc) from None
         if answer is None:
             raise DnsError(f"Cloudflare {action}: the API answered success: false", transient=False)
-        current = self.get_record(zone_id, record.id)
+        current = self.get_record(zone_id, record.id, timeout=timeout)
         if current.content != content:
             raise DnsError(f"Cloudflare {action}: read back {current.content!r} after the edit", transient=False)
         return current
@@ -216,11 +230,16 @@ class DnsClient:
         return list(page.result)
 
     def _error(self, action: str, exc: Exception) -> DnsError:
-        transient, detail = _classify(exc, self.timeout)
+        _reraise_interruption(exc)
+        transient, detail = _classify(exc, self._last_timeout)
         message = " ".join(f"Cloudflare {action}: {detail}".split())
         if len(message) > _MESSAGE_LIMIT:
             message = message[: _MESSAGE_LIMIT - 3] + "..."
-        return DnsError(secrets.redact(message.replace(self._token, secrets.MASK)), transient=transient)
+        return DnsError(
+            secrets.redact(message.replace(self._token, secrets.MASK)),
+            transient=transient,
+            retry_after=_retry_after(exc),
+        )
 
 
 def _to_record(answer: Any) -> DnsRecord:
@@ -242,6 +261,27 @@ def _http_client(base_url: str) -> httpx.Client | None:
     except ValueError:
         loopback = False
     return cloudflare.DefaultHttpxClient(trust_env=False) if loopback else None
+
+
+def _reraise_interruption(exc: BaseException) -> None:
+    """An operator's signal raised inside the HTTP call comes back wrapped as a connection error: it is not one
+    (retrying it would carry on past the interruption), so it goes on as itself."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, Interrupted | KeyboardInterrupt):
+            raise cause
+        cause = cause.__cause__ or cause.__context__
+
+
+def _retry_after(exc: Exception) -> float | None:
+    if not isinstance(exc, cloudflare.APIStatusError) or exc.status_code != 429:
+        return None
+    try:
+        return max(0.0, float(exc.response.headers.get("retry-after", "")))
+    except ValueError:
+        return None
 
 
 def _classify(exc: Exception, timeout: float) -> tuple[bool, str]:

@@ -230,6 +230,11 @@ def flush_tables_with_read_lock(conn: pymysql.Connection) -> bool:
     return True
 
 
+def is_read_only(conn: pymysql.Connection) -> bool:
+    """Is the server refusing writes to accounts without READ ONLY ADMIN (SET GLOBAL read_only)?"""
+    return int(str(_scalar(conn, "SELECT @@GLOBAL.read_only"))) == 1
+
+
 def session_alive(conn: pymysql.Connection) -> bool:
     """Does this session's server still answer? (A session dies with its server.)"""
     try:
@@ -298,6 +303,53 @@ def find_blockers(conn: pymysql.Connection) -> list[Blocker]:
         return blockers_from_rows(cur.fetchall())
 
 
+# States of sessions waiting for a lock someone else holds (metadata locks, LOCK TABLES, FTWRL's backup lock).
+_WAITING_STATES = ("Waiting for table metadata lock", "Waiting for backup lock", "Waiting for table level lock",
+                   "Waiting for global read lock")  # fmt: skip
+
+
+def find_lock_holders(conn: pymysql.Connection, waited: float = 0.0) -> list[Blocker]:
+    """Sessions holding the locks others wait for, even idle ones (LOCK TABLES … WRITE then nothing).
+
+    Where the server shows metadata locks (information_schema.METADATA_LOCK_INFO, a MariaDB plugin) they name the
+    holder exactly; otherwise a holder is an idle session with an open transaction, or idle for at least as long
+    as the oldest waiter has waited (our own lock attempt, `waited` seconds, counts as a waiter): the sessions that
+    can be holding it are named. Waiters themselves are never named as holders.
+    """
+    with conn.cursor() as cur:
+        try:
+            cur.execute(
+                "SELECT DISTINCT p.ID, p.USER, p.COMMAND, p.TIME, p.STATE, p.INFO "
+                "FROM information_schema.METADATA_LOCK_INFO m JOIN information_schema.PROCESSLIST p "
+                "ON p.ID = m.THREAD_ID WHERE m.THREAD_ID <> CONNECTION_ID() "
+                "AND m.LOCK_TYPE LIKE '%%table lock%%' ORDER BY p.TIME DESC LIMIT 10"
+            )
+            exact = blockers_from_rows(cur.fetchall())
+            if exact:
+                return exact
+        except pymysql.err.MySQLError:
+            pass  # the plugin is not installed: infer from the process list
+        states = ", ".join(["%s"] * len(_WAITING_STATES))
+        cur.execute(
+            f"SELECT MAX(TIME) FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND STATE IN ({states})",
+            _WAITING_STATES,
+        )
+        row = cur.fetchone()
+        longest_wait = max(int(row[0]) if row and row[0] is not None else 0, int(waited))
+        if longest_wait <= 0:
+            return []
+        cur.execute(
+            "SELECT p.ID, p.USER, p.COMMAND, p.TIME, 'idle, holding a lock or an open transaction', p.INFO "
+            "FROM information_schema.PROCESSLIST p LEFT JOIN information_schema.INNODB_TRX t "
+            "ON t.trx_mysql_thread_id = p.ID WHERE p.ID <> CONNECTION_ID() AND p.COMMAND = 'Sleep' "
+            # Our own other sessions (this run's pooled connections) hold nothing that blocks our lock.
+            "AND p.USER <> SUBSTRING_INDEX(USER(), '@', 1) "
+            "AND (t.trx_id IS NOT NULL OR p.TIME >= %s) ORDER BY t.trx_started IS NULL, p.TIME DESC LIMIT 10",
+            (longest_wait,),
+        )
+        return blockers_from_rows(cur.fetchall())
+
+
 def tables_in_use(conn: pymysql.Connection, limit: int = 10) -> list[str]:
     """Tables some session holds open or locked (LOCK TABLES leaves no running query to show)."""
     with conn.cursor() as cur:
@@ -306,12 +358,22 @@ def tables_in_use(conn: pymysql.Connection, limit: int = 10) -> list[str]:
     return [f"{row[0]}.{row[1]}" for row in rows[:limit]]
 
 
-def summarize_blockers(blockers: list[Blocker], in_use: list[str] | None = None, limit: int = 3) -> str:
+def summarize_blockers(
+    blockers: list[Blocker], in_use: list[str] | None = None, limit: int = 3, *, holders: list[Blocker] | None = None
+) -> str:
+    """Who holds the lock first (idle or not), then who waits behind it, then the tables in use."""
     parts: list[str] = []
-    if blockers:
-        parts.append("; ".join(b.summary() for b in blockers[:limit]))
-        if len(blockers) > limit:
-            parts.append(f"and {len(blockers) - limit} more")
+    holder_ids = {h.id for h in holders or []}
+    if holders:
+        parts.append("held by " + "; ".join(h.summary() for h in holders[:limit]))
+    waiting = [b for b in blockers if b.id not in holder_ids and b.state in _WAITING_STATES]
+    running = [b for b in blockers if b.id not in holder_ids and b.state not in _WAITING_STATES]
+    if running:
+        parts.append("; ".join(b.summary() for b in running[:limit]))
+        if len(running) > limit:
+            parts.append(f"and {len(running) - limit} more")
+    if waiting:
+        parts.append(f"{len(waiting)} session(s) waiting behind it")
     if in_use:
         parts.append("tables in use: " + ", ".join(in_use))
     if not parts:

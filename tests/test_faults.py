@@ -1,0 +1,481 @@
+"""Fault paths on the lab, each under `migrate lab load` and checked with `lab verify` (0 acknowledged writes lost).
+
+- The write budget is a hard bound: every Cloudflare fault at the flip (429 with a long Retry-After, 5xx, slow
+  answers, success:false, a revoked token) ends in a rollback with writes blocked no longer than
+  cutover.max_write_block, measured from the journal.
+- A table held by an idle session (LOCK TABLES … WRITE, then nothing): writes flow between lock attempts (the
+  load's longest write stall stays within one attempt plus a margin) and the message names the idle holder.
+- DNS converges: a slow edit in flight at SIGTERM ends with every record at the source; an API outage after the
+  first edit ends with every record at the one host that serves.
+- The database refuses writes for the whole window: a writer straight to the source database, bypassing the app's
+  fence, cannot make a run fail; every row it was told was written is on the target.
+- kill -9 while the source database shuts down: the resume completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+
+from orchestrator import exit_codes
+from orchestrator.lab.state import LabState
+from orchestrator.lab.verify import main_verify
+from orchestrator.window import journaled_intervals
+from tests.test_e2e import (
+    MIGRATE,
+    PLAN_NAMES,
+    assert_source_serves_and_dns_unchanged,
+    cf_control,
+    dns_contents,
+    http,
+    live_lab,
+    migrate_apply,
+    outcome,
+    plan_copy,
+    plan_name,
+    record_ids,
+    start_load,
+)
+
+pytestmark = pytest.mark.lab
+__all__ = ["live_lab"]
+
+BUDGET = 20.0
+# The load's stall may exceed one lock attempt by the fence's own commands and the clients' retry interval.
+STALL_MARGIN = 3.0
+
+
+# --- helpers ------------------------------------------------------------------------------------------------------
+
+
+def journal_path(state: LabState, plan: Path) -> Path:
+    return state.path / ".migrate" / plan_name(plan) / "journal.jsonl"
+
+
+def journal_events(state: LabState, plan: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in journal_path(state, plan).read_text().splitlines() if line.strip()]
+
+
+def blocked_seconds(events: list[dict[str, Any]]) -> float:
+    """Seconds writes were blocked, from the journal: every interval must be closed (the fence lifted by the
+    rollback) or end at the commit (the target took writes)."""
+    intervals = journaled_intervals(events)
+    assert intervals, "the journal shows no write block"
+    committed = [float(ev["ts"]) for ev in events if ev.get("event") == "committed"]
+    total = 0.0
+    for start, end in intervals:
+        if end is None:
+            assert committed, f"writes still blocked at the end of the run: {intervals}"
+            end = committed[0]
+        total += end - float(start)  # type: ignore[arg-type]
+    return total
+
+
+class Load:
+    """`migrate lab load` for the duration of a block, then `lab verify` on the host that serves."""
+
+    def __init__(self, state: LabState, directory: Path) -> None:
+        self.state = state
+        self.directory = directory
+        self.proc = start_load(state, directory, duration=900)
+
+    def stop(self, host: str) -> Any:
+        self.proc.send_signal(signal.SIGTERM)
+        output, _ = self.proc.communicate(timeout=90)
+        print(output[-2000:])
+        return main_verify(self.state, host=host, load_dir=self.directory)
+
+
+@pytest.fixture
+def load(live_lab: LabState, tmp_path: Path) -> Iterator[Load]:
+    running = Load(live_lab, tmp_path / "load")
+    try:
+        yield running
+    finally:
+        if running.proc.poll() is None:
+            running.proc.kill()
+            running.proc.wait(timeout=30)
+
+
+def assert_nothing_lost(verify: Any) -> None:
+    print(f"lost {verify.acknowledged_lost}, longest write stall {verify.longest_write_stall_s} s")
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+
+
+def wait_for(predicate: Any, what: str, timeout: float = 180.0, proc: subprocess.Popen[Any] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}:\n{out[-2000:]}\n{err[-3000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def popen_apply(state: LabState, plan: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
+    PLAN_NAMES.add(plan_name(plan))
+    return subprocess.Popen(
+        [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def fault_plan(state: LabState, suffix: str, **dns: Any) -> Path:
+    return plan_copy(
+        state,
+        suffix,
+        {
+            "cutover": {"max_write_block": BUDGET},
+            "retry": {"attempts": 50, "max_seconds": 300, "max_wait": 2},
+            "dns": {"timeout": 30, **dns},
+        },
+    )
+
+
+# --- 1. the budget is a hard bound ----------------------------------------------------------------------------------
+
+CLOUDFLARE_FAULTS = {
+    "429_long_retry_after": {"mode": "429", "retry_after": 120},
+    "429_storm": {"mode": "429", "retry_after": 1},
+    "5xx": {"mode": "5xx", "status": 503},
+    # Slower than the API timeout (30 s): the client gives up, the API applies the edit later.
+    "slow": {"mode": "slow", "delay": 45, "count": 1},
+    "success_false": {"mode": "success_false"},
+    "invalid_token": {"mode": "invalid_token"},
+}
+
+
+@pytest.mark.parametrize("fault", sorted(CLOUDFLARE_FAULTS))
+def test_cloudflare_fault_at_the_flip_keeps_writes_blocked_within_the_budget(
+    live_lab: LabState, load: Load, fault: str
+) -> None:
+    state = live_lab
+    plan = fault_plan(state, f"cf-{fault.replace('_', '-')}")
+    spec = {"count": -1, "methods": ["PATCH", "PUT"], **CLOUDFLARE_FAULTS[fault]}
+    cf_control(state, "faults", spec)
+    try:
+        result = migrate_apply(state, plan, timeout=400)
+    finally:
+        cf_control(state, "faults", {"mode": "none"})
+    verify = load.stop("source")
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    blocked = blocked_seconds(journal_events(state, plan))
+    print(f"{fault}: writes blocked {blocked:.2f} s of a {BUDGET:g} s budget")
+    assert blocked <= BUDGET, f"{fault}: writes blocked {blocked:.1f} s, budget {BUDGET:g} s\n" + outcome(result)
+    if fault == "slow":
+        # The abandoned edit landed after the rollback; the run waited for it and put the old content back.
+        assert "dns_flip.record_set" in result.stdout + result.stderr, outcome(result)
+    assert_source_serves_and_dns_unchanged(state)
+    assert_nothing_lost(verify)
+
+
+# --- the lock held by an idle session -------------------------------------------------------------------------------
+
+IDLE_HOLDER = """
+import sys, time, pymysql
+conn = pymysql.connect(unix_socket=sys.argv[1], user="root", database="coursereview", autocommit=True)
+with conn.cursor() as cur:
+    cur.execute("CREATE TABLE IF NOT EXISTS held (id INT PRIMARY KEY)")
+    cur.execute("LOCK TABLES held WRITE")
+open(sys.argv[2], "w").write(str(conn.thread_id()))
+time.sleep(600)
+"""
+
+
+def test_idle_lock_holder_lets_writes_flow_between_attempts_and_is_named(
+    live_lab: LabState, load: Load, tmp_path: Path
+) -> None:
+    state = live_lab
+    attempt_seconds, attempts = 2, 3
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    ready = tmp_path / "holder.thread"
+    holder_pid = tmp_path / "holder.pid"
+    hook = hooks / "before-cutover"
+    hook.write_text(
+        "#!/bin/bash\nset -e\n"
+        f"setsid {sys.executable} -c '{IDLE_HOLDER}' {state.source.db_socket} {ready} >/dev/null 2>&1 &\n"
+        f"echo $! > {holder_pid}\n"
+        f"for i in $(seq 200); do [ -s {ready} ] && exit 0; sleep 0.05; done\nexit 1\n"
+    )
+    hook.chmod(0o755)
+    plan = plan_copy(
+        state,
+        "idle-lock",
+        {
+            "cutover": {
+                "lock_wait_timeout": attempt_seconds,
+                "lock_attempts": attempts,
+                "lock_retry_backoff": 2,
+                "max_write_block": 60,
+            },
+            "hooks": {"dir": str(hooks)},
+        },
+    )
+    try:
+        result = migrate_apply(state, plan)
+    finally:
+        if holder_pid.exists():
+            os.kill(int(holder_pid.read_text()), signal.SIGTERM)
+    verify = load.stop("source")
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    text = " ".join((result.stdout + result.stderr).split())
+    holder = ready.read_text().strip()
+    assert f"held by #{holder} root Sleep" in text, outcome(result)
+    assert "INSERT" not in text.split("held by", 1)[1].split(";")[0], "a waiting INSERT named as the holder"
+    # Between attempts the fence was lifted: the load's writes never stalled longer than one attempt.
+    assert verify.longest_write_stall_s is not None
+    assert verify.longest_write_stall_s <= attempt_seconds + STALL_MARGIN, verify.longest_write_stall_s
+    events = journal_events(state, plan)
+    assert sum(1 for ev in events if ev.get("key") == "writes_lifted_at") >= attempts
+    assert_source_serves_and_dns_unchanged(state)
+    assert_nothing_lost(verify)
+
+
+# --- 2. DNS converges -----------------------------------------------------------------------------------------------
+
+
+def clear_requests(state: LabState) -> None:
+    token = state.secrets()[state.token_env]
+    request = urllib.request.Request(
+        f"http://{state.cf_address}:{state.cf_port}/__lab/requests",
+        method="DELETE",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+
+
+def saved_keys(journal: Path) -> list[str]:
+    if not journal.exists():
+        return []
+    return [ev.get("key", "") for ev in map(json.loads, journal.read_text().splitlines()) if ev.get("key")]
+
+
+def test_slow_edit_in_flight_at_sigterm_converges_to_the_source(live_lab: LabState, load: Load) -> None:
+    state = live_lab
+    plan = plan_copy(state, "inflight", {"dns": {"timeout": 8}})
+    # The first record's edit is answered slowly, and applied when the answer finally goes out: after the run
+    # gave up on it.
+    first = record_ids(state)[state.records[0]]
+    cf_control(state, "faults", {"mode": "slow", "delay": 5, "count": 1, "methods": ["PATCH"], "path_contains": first})
+    run = popen_apply(state, plan)
+    try:
+        # The double took the slow fault (its count went to 0): the edit is in the API's hands, unanswered.
+        wait_for(lambda: cf_control(state, "faults")["count"] == 0, "the first DNS edit in flight", proc=run)
+        run.send_signal(signal.SIGTERM)
+        stdout, stderr = run.communicate(timeout=240)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        cf_control(state, "faults", {"mode": "none"})
+    verify = load.stop("source")
+    print(stdout[-2000:], stderr[-3000:])
+    assert run.returncode == exit_codes.FAILED, (run.returncode, stderr[-3000:])
+    # The abandoned edit landed on the API after the rollback had read the record: it was waited out, then
+    # superseded by the old content.
+    assert "dns_flip.record_set" in stdout + stderr, stderr[-3000:]
+    assert dns_contents(state) == {name: state.source.address for name in state.records}
+    assert_source_serves_and_dns_unchanged(state)
+    assert_nothing_lost(verify)
+
+
+def test_api_outage_after_the_first_edit_ends_with_one_serving_host(live_lab: LabState, load: Load) -> None:
+    state = live_lab
+    plan = plan_copy(state, "outage", {"dns": {"timeout": 5}, "retry": {"attempts": 20, "max_wait": 1}})
+    ids = record_ids(state)
+    first, second = ids[state.records[0]], ids[state.records[1]]
+    # The second edit is slow, so the outage begins while it is in flight, after the first edit went through.
+    cf_control(state, "faults", {"mode": "slow", "delay": 3, "count": 1, "methods": ["PATCH"], "path_contains": second})
+    clear_requests(state)
+    run = popen_apply(state, plan)
+
+    def first_edit_applied() -> bool:
+        return any(
+            r["method"] == "PATCH" and first in r["path"] and r["status"] == 200
+            for r in cf_control(state, "state")["requests"]
+        )
+
+    try:
+        wait_for(first_edit_applied, "the first DNS edit", proc=run)
+        cf_control(state, "faults", {"mode": "5xx", "status": 503, "count": 12})
+        stdout, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        cf_control(state, "faults", {"mode": "none"})
+    assert run.returncode in (exit_codes.OK, exit_codes.FAILED), (run.returncode, stdout[-2000:], stderr[-3000:])
+    serving = state.target if run.returncode == exit_codes.OK else state.source
+    verify = load.stop("target" if serving is state.target else "source")
+    assert dns_contents(state) == {name: serving.address for name in state.records}, stderr[-3000:]
+    review = {"id": f"outage-{uuid.uuid4().hex[:8]}", "author": "check", "course": "x", "rating": 5, "body": "b"}
+    assert http(state, serving, "POST", "/reviews", review)[0] == 201
+    assert_nothing_lost(verify)
+
+
+# --- 4. the database refuses writes for the whole window -------------------------------------------------------------
+
+BYPASS_USER, BYPASS_PASSWORD = "bypass", "bypass-writer-pw"
+
+
+def root_sql(state: LabState, *statements: str) -> None:
+    conn = pymysql.connect(unix_socket=str(state.source.db_socket), user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+    finally:
+        conn.close()
+
+
+class BypassWriter(threading.Thread):
+    """Inserts a row straight into a database every 50 ms (no app, no fence), noting each acknowledged one."""
+
+    def __init__(self, address: str, port: int) -> None:
+        super().__init__(daemon=True)
+        self.address, self.port = address, port
+        self.acknowledged: list[str] = []
+        self.refused = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        conn: Any = None
+        while not self.done.wait(0.05):
+            row = uuid.uuid4().hex
+            try:
+                if conn is None:
+                    conn = pymysql.connect(
+                        host=self.address, port=self.port, user=BYPASS_USER, password=BYPASS_PASSWORD,
+                        database="coursereview", autocommit=True, connect_timeout=2, read_timeout=30,
+                    )  # fmt: skip
+                with conn.cursor() as cur:
+                    cur.execute("INSERT INTO bypass (id) VALUES (%s)", (row,))
+                self.acknowledged.append(row)
+            except (pymysql.MySQLError, OSError):
+                self.refused += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+
+
+def rows_on(address: str, port: int, ids: list[str]) -> set[str]:
+    conn = pymysql.connect(host=address, port=port, user=BYPASS_USER, password=BYPASS_PASSWORD, database="coursereview")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT id FROM bypass")
+            return {row[0] for row in cur.fetchall()} & set(ids)
+    finally:
+        conn.close()
+
+
+RUNS = int(os.environ.get("MIGRATE_BYPASS_RUNS", "3"))
+
+
+def test_writers_bypassing_the_fence_cannot_fail_a_run_nor_lose_a_row(live_lab: LabState) -> None:
+    from tests.test_e2e import restore_source_live
+
+    state = live_lab
+    root_sql(
+        state,
+        "CREATE TABLE IF NOT EXISTS coursereview.bypass (id VARCHAR(64) PRIMARY KEY)",
+        f"CREATE USER IF NOT EXISTS '{BYPASS_USER}'@'%' IDENTIFIED BY '{BYPASS_PASSWORD}'",
+        f"GRANT SELECT, INSERT ON coursereview.* TO '{BYPASS_USER}'@'%'",
+    )
+    plan = plan_copy(state, "bypass", {})
+    for run in range(RUNS):
+        writer = BypassWriter(state.source.address, state.source.db_port)
+        writer.start()
+        try:
+            wait_for(lambda w=writer: len(w.acknowledged) >= 5, "the bypassing writer's first rows")
+            result = migrate_apply(state, plan)
+        finally:
+            writer.done.set()
+            writer.join(timeout=60)
+        assert result.returncode == exit_codes.OK, f"run {run + 1}: " + outcome(result)
+        found = rows_on(state.target.address, state.target.db_port, writer.acknowledged)
+        missing = set(writer.acknowledged) - found
+        print(f"run {run + 1}: {len(writer.acknowledged)} rows acknowledged, {writer.refused} refused, 0 missing")
+        assert not missing, f"run {run + 1}: {len(missing)} acknowledged rows missing on the target"
+        restore_source_live(state)
+
+
+# --- 5. a resume re-proves what it relies on -------------------------------------------------------------------------
+
+
+def test_kill9_during_the_shutdown_under_load_resumes_to_completion(live_lab: LabState, load: Load) -> None:
+    state = live_lab
+    plan = plan_copy(state, "kill-shutdown", {})
+    journal = journal_path(state, plan)
+    first = popen_apply(state, plan)
+    try:
+        wait_for(lambda: "source_db_stopped" in saved_keys(journal), "the source's shutdown", proc=first)
+        first.kill()
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.wait(timeout=30)
+    assert first.returncode == -signal.SIGKILL
+    result = migrate_apply(state, plan)
+    verify = load.stop("target")
+    assert result.returncode == exit_codes.OK, outcome(result)
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    assert_nothing_lost(verify)
+
+
+# --- 6. the guard on the source ---------------------------------------------------------------------------------------
+
+
+def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_lab: LabState, load: Load) -> None:
+    from orchestrator import guard
+
+    state = live_lab
+    budget = 15.0
+    plan = plan_copy(state, "guard", {"cutover": {"max_write_block": budget, "lock_attempts": 1}})
+    journal = journal_path(state, plan)
+    run = popen_apply(state, plan)
+    try:
+        wait_for(lambda: "source_db_stopped" in saved_keys(journal), "the source's shutdown", proc=run)
+        run.kill()
+    finally:
+        if run.poll() is None:
+            run.kill()
+        run.communicate(timeout=30)
+    events = journal_events(state, plan)
+    saved = {ev["key"]: ev["value"] for ev in events if ev.get("event") == "step_saved"}
+    trace_file = Path(saved["guard"]["dir"]) / guard.TRACE
+    # Nobody resumes: the guard alone brings the source back once the budget and its margin have passed.
+    wait_for(
+        lambda: trace_file.exists() and trace_file.read_text().rstrip().endswith(" restored"),
+        "the guard to restore the source",
+        timeout=budget + guard.MARGIN + 120,
+    )
+    trace = trace_file.read_text().splitlines()
+    print("\n".join(trace))
+    acted_at = next(float(line.split()[0]) for line in trace if "deadline passed" in line)
+    blocked_at = float(saved["writes_blocked_at"])
+    # It acted at its deadline (within one poll and the deadline's rounding to a whole second), not later.
+    assert acted_at - blocked_at <= budget + guard.MARGIN + guard.POLL + 1.0, trace
+    assert "start the database: done" in " ".join(trace) and "lift the fence: done" in " ".join(trace), trace
+    assert_source_serves_and_dns_unchanged(state)
+    # A later `migrate apply` finds the run past its budget, rolls it back, and says what the guard had done.
+    result = migrate_apply(state, plan)
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    assert "guard_had_restored_the_source" in result.stdout + result.stderr, outcome(result)
+    verify = load.stop("source")
+    assert_source_serves_and_dns_unchanged(state)
+    assert_nothing_lost(verify)
