@@ -50,7 +50,7 @@ PRUNE = 'chomp; next if defined $kept && index($_, "$kept/") == 0; print "$_\\0"
 # One streaming pass over the new complete records (perl -0: NUL-terminated), adding to the counts so far
 # (arguments: offset, overflows, root_gone); prints the new three.
 SCAN = (
-    'BEGIN { ($o, $q, $g) = splice(@ARGV, 0, 3); } if (chomp) { $o += length($_) + 1; $q++ if /^Q_OVERFLOW/; '
+    "BEGIN { ($o, $q, $g) = splice(@ARGV, 0, 3); } if (chomp) { $o += length($_) + 1; $q++ if /^Q_OVERFLOW/; "
     '$g++ if /^([A-Z_,]*,)?(UNMOUNT|(DELETE_SELF|MOVE_SELF)[A-Z_,]* \\.\\/$)/; } END { print "$o $q $g\\n"; }'
 )
 BARRIER_PREFIX = ".migrate-tracker-barrier-"
@@ -425,7 +425,7 @@ class ChangeTracker:
             f"set -- $(cat {scan} 2>/dev/null) 0 0 0; off=$1; "
             f"if [ -f {events} ]; then "
             f"set -- $(tail -c +$((off + 1)) {events} | perl -0 -ne {_q(SCAN)} $1 $2 $3); "
-            f"echo \"$1 $2 $3\" > {scan}.tmp && mv {scan}.tmp {scan}; fi; "
+            f'echo "$1 $2 $3" > {scan}.tmp && mv {scan}.tmp {scan}; fi; '
             f"echo overflows=$2; echo root_gone=$3; "
             f"echo statfs=$(stat -f -c %T {_q(self.root)} 2>/dev/null); "
             f"echo gaps=$(cat {_q(self.gaps_file)} 2>/dev/null | wc -l); "

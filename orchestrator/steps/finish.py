@@ -7,6 +7,8 @@ lifted its fence.
 
 from __future__ import annotations
 
+import resource
+import sys
 import time
 from typing import Any
 
@@ -14,11 +16,44 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Service
 from orchestrator.report import build_report
-from orchestrator.results import FinishResult
+from orchestrator.results import FilesResult, FinishResult
 from orchestrator.steps.common import run_services
+from orchestrator.tracking import ChangeTracker
+from orchestrator.transports.ssh import TransportError
 
 # Names of the source services this run stopped (or was about to stop), journaled before each stop.
 STOPPED_SERVICES = "source_services_stopped"
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (ru_maxrss: KiB on Linux, bytes on macOS), in MiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1 << 20) if sys.platform == "darwin" else peak / 1024, 1)
+
+
+def stop_trackers(ctx: StepContext) -> list[str]:
+    """Stop (only our verified pid) and remove the trees' change trackers files_presync started on the source.
+
+    A tracker that cannot be reached is logged, not fatal: the migration is done, and the tracker exits with
+    its tree (or is found by its state directory, named in the log)."""
+    rt = runtime(ctx)
+    presync = FilesResult.of(ctx.output("files_presync"))
+    stopped: list[str] = []
+    for tree in rt.plan.files:
+        figures = presync.trees.get(tree.name)
+        ref = figures.tracker if figures else None
+        if ref is None:
+            continue
+        tracker = ChangeTracker(rt.source, tree.source, ref.state_dir, name=ref.name)  # type: ignore[arg-type]
+        try:
+            tracker.stop()
+            tracker.remove()
+        except TransportError as exc:
+            ctx.log.warning("tracking_not_stopped", tree=tree.name, state_dir=tracker.dir, error=str(exc))
+            continue
+        ctx.log.info("tracking_stopped", tree=tree.name)
+        stopped.append(tree.name)
+    return stopped
 
 
 class Finish(Step):
@@ -33,6 +68,7 @@ class Finish(Step):
             lines = [f"the source {plan.source.address} stays fenced (refuses writes)"]
         if plan.finish.drain_seconds:
             lines.append(f"wait {plan.finish.drain_seconds:g} s for traffic to leave the source")
+        lines += [f"stop and remove the change tracker of tree {t.name} on the source" for t in plan.files]
         lines.append("write the run report beside the journal")
         return lines
 
@@ -56,6 +92,7 @@ class Finish(Step):
                 ctx, rt.source, plan.services.source, "stop", event="finish.source_service_stopped",
                 keep_going=False, kind="source service", before=_journal_first,
             )  # fmt: skip
+        trackers = stop_trackers(ctx)
         # The full report (this step included) is written by the command line once the run has ended.
         report = build_report(ctx.history(), now=time.time())
         return FinishResult(
@@ -63,6 +100,8 @@ class Finish(Step):
             source_services_stopped=stopped,
             write_block_seconds=report.get("write_block_seconds"),
             bytes_moved=report.get("bytes_moved"),
+            peak_rss_mib=peak_rss_mib(),
+            trackers_stopped=trackers,
         ).journal()
 
     def undo(self, ctx: StepContext) -> None:
