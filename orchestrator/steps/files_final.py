@@ -62,7 +62,9 @@ class FilesFinal(Step):
             return self.full_scan(ctx, tree, presync, f"the change list could not be read: {exc}")
         if not changes.trust.trusted:
             return self.full_scan(ctx, tree, presync, "; ".join(changes.trust.reasons))
-        return self.tracked_copy(ctx, tree, changes.path, changes.count)
+        figures = self.tracked_copy(ctx, tree, changes.path, changes.count)
+        figures.entries = presync.entries if presync else None  # what a full scan would have had to compare
+        return figures
 
     def tracked_copy(self, ctx: StepContext, tree: FileTree, list_file: str, count: int) -> TreeFigures:
         """rsync of the listed paths only: each copied, or deleted on the target when gone from the source."""
