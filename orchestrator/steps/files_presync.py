@@ -117,7 +117,7 @@ class FilesPresync(Step):
 
         started = time.monotonic()
         try:
-            result = rt.source.stream(command, _line, timeout=None, check=False)
+            result = rt.source.stream(command, _line, timeout=None, check=False, keep=lambda _line: False)
         except TransportError as exc:
             raise StepError(f"comparing tree {tree.name} before the window: {exc}") from None
         if result.exit_status not in (0, rsync.VANISHED) and not (

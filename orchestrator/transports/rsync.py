@@ -241,6 +241,10 @@ def _stat(text: str, label: str) -> int:
     return int(match.group(1).replace(",", "")) if match else 0
 
 
+def _not_progress(line: str) -> bool:
+    return _PROGRESS.match(line) is None
+
+
 def parse_stats(text: str) -> Stats:
     """The --stats block."""
     return Stats(
@@ -287,7 +291,7 @@ def push(
                 last_sent = now
                 on_progress(progress)
 
-        result = host.stream(command, _line, timeout=timeout, check=False)
+        result = host.stream(command, _line, timeout=timeout, check=False, keep=_not_progress)
         kind = exit_kind(result.exit_status)
         if live and result.exit_status == PARTIAL and only_vanished(result.stderr):
             kind = "vanished"
