@@ -106,7 +106,9 @@ class FilesPresync(Step):
             nonlocal last_logged
             path = rsync.item_path(line)
             if path is not None:
-                paths.append(path)
+                # The root itself (its permissions, say) is not listed: a listed root would recurse the whole tree.
+                if path != ".":
+                    paths.append(path)
                 return
             progress = rsync.parse_progress(line)
             now = time.monotonic()
