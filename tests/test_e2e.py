@@ -523,6 +523,8 @@ def test_killed_during_the_cutover_resumes_to_a_clean_target(live_lab: LabState)
     assert report["verification"]["row_counts"]["compared"] == len(report["row_counts"]) > 0
     assert dns_contents(state) == {name: state.target.address for name in state.records}
     assert "crash recovery" not in last_server_start(state.target)
+    # The uploads' change tracker outlived the killed run: the resumed one found it and copied only the changes.
+    assert report["final_pass_trees"]["uploads"]["mode"] == "tracked", report["final_pass_trees"]
 
 
 # --- the reverse migration: back to the source after the flip, with the target's writes ---------------------------
