@@ -4,6 +4,7 @@ what the report says about where each check ran."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 from orchestrator.report import build_report, checks_where, final_pass_trees
@@ -100,3 +101,16 @@ def test_the_report_carries_the_peak_rss_finish_recorded() -> None:
         {"event": "run_completed", "ts": 4.0},
     ]
     assert build_report(events, now=5.0)["peak_rss_mib"] == 81.5
+
+
+def test_peak_rss_is_the_runs_own_not_the_size_of_the_process_that_started_it() -> None:
+    """ru_maxrss survives execve: a run started by a large process must still report its own peak."""
+    parent = (
+        "import subprocess, sys\n"
+        "ballast = bytearray(300 << 20)\n"
+        "ballast[:: 4096] = b'x' * len(ballast[:: 4096])\n"
+        "code = 'from orchestrator.steps.finish import peak_rss_mib; print(peak_rss_mib())'\n"
+        "print(subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True, timeout=120)
+    assert float(done.stdout.strip()) < 200, done.stdout

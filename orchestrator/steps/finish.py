@@ -26,8 +26,18 @@ STOPPED_SERVICES = "source_services_stopped"
 
 
 def peak_rss_mib() -> float:
-    """This process's peak resident memory (ru_maxrss: KiB on Linux, bytes on macOS), in MiB."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """This process's peak resident memory, in MiB.
+
+    On Linux, VmHWM of /proc/self/status: getrusage's ru_maxrss survives execve, so a `migrate` started by a large
+    process (a test runner, a shell wrapper holding much) would report its parent's size instead of its own."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return round(peak / (1 << 20) if sys.platform == "darwin" else peak / 1024, 1)
 
 
