@@ -1,6 +1,6 @@
 """Benchmark: the downtime window of a real `migrate apply` as the uploads tree grows, with change tracking.
 
-    .venv/bin/python bench/window.py --files 10000 100000 [--lab-dir-root DIR]   (about 5 min for these two)
+    .venv/bin/python bench/window.py --files 10000 100000 [--lab-dir-root DIR]   (about 10 min for these two here)
 
 For each size, one after the other on a fresh lab (`lab up --files N`, in a temporary directory, taken down after):
 the lab's load runs (new uploads, some rewritten in place), `migrate apply` migrates, the load stops. Printed per size:
