@@ -42,6 +42,7 @@ class Host(Protocol):
         timeout: float | None = None,
         check: bool = True,
         env: dict[str, str] | None = None,
+        keep: Callable[[str], bool] | None = None,
     ) -> CommandResult: ...
 
 

@@ -14,7 +14,16 @@ from typing import Any
 import structlog
 
 from orchestrator.engine.journal import replay
-from orchestrator.results import CutoverResult, DbFinalResult, DnsFlipResult, SwitchResult, VerifyResult, result_of
+from orchestrator.results import (
+    CutoverResult,
+    DbFinalResult,
+    DnsFlipResult,
+    FilesResult,
+    FinishResult,
+    SwitchResult,
+    VerifyResult,
+    result_of,
+)
 from orchestrator.secrets import redact_obj
 
 
@@ -93,8 +102,52 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "write_block_seconds": round(flipped_at - blocked_at, 3) if blocked_at and flipped_at else None,
         "row_counts": cutover.row_counts,
         "verification": verify,
+        "final_pass_trees": final_pass_trees(outputs),
+        "checks": checks_where(outputs),
+        "peak_rss_mib": FinishResult.of(outputs.get("finish")).peak_rss_mib,
     }
     return redact_obj(report)  # type: ignore[return-value]
+
+
+def final_pass_trees(outputs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per tree: how the final pass inside the window worked (only the tracked changes, or a full scan and why)."""
+    final = FilesResult.of(outputs.get("files_final"))
+    return {
+        name: {
+            "mode": t.mode,
+            "paths_listed": t.listed,
+            "files_copied": t.files,
+            "bytes": t.bytes,
+            "seconds": t.seconds,
+            "fallback_reason": t.fallback_reason,
+            "tree_entries": t.entries,
+        }
+        for name, t in final.trees.items()
+    }
+
+
+def checks_where(outputs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Which verification ran where: before the window (source live), inside it (writes blocked), after it."""
+    checks: list[dict[str, Any]] = []
+    presync = FilesResult.of(outputs.get("files_presync"))
+    for name, t in presync.trees.items():
+        if t.compared is not None:
+            checks.append({"check": f"tree {name}: every file's checksum", "where": "before",
+                           "differing": t.compared.differing, "seconds": t.compared.seconds})  # fmt: skip
+    if "verify_target" in outputs:
+        verify = VerifyResult.of(outputs["verify_target"])
+        for name, scope in (verify.trees_verified or {}).items():
+            checks.append({"check": f"tree {name}: checksums of {scope}", "where": "inside",
+                           "differing": (verify.trees_differing_items or {}).get(name)})  # fmt: skip
+        if verify.health_tries:
+            checks.append({"check": "health checks", "where": "inside", "passed": sorted(verify.health_tries)})
+        if verify.row_counts:
+            checks.append({"check": "row counts of every table", "where": "inside",
+                           "tables": verify.row_counts.tables})  # fmt: skip
+        if verify.checksums:
+            checks.append({"check": "CHECKSUM TABLE of every table", "where": "inside",
+                           "tables": verify.checksums.tables})  # fmt: skip
+    return checks
 
 
 def _when(ts: float | None) -> str:
@@ -137,6 +190,15 @@ def render_report(report: dict[str, Any]) -> str:
             f"  writes blocked {_when(cut.get('writes_blocked_at'))} → DNS flipped "
             f"{_when(report.get('dns_flipped_at'))}: {report['write_block_seconds']:.2f} s"
         )
+    for name, tree in (report.get("final_pass_trees") or {}).items():
+        if tree.get("mode") == "tracked":
+            lines.append(f"  tree {name}: final pass copied only the {tree.get('paths_listed')} tracked path(s)")
+        elif tree.get("mode"):
+            lines.append(f"  tree {name}: final pass scanned the whole tree: {tree.get('fallback_reason')}")
+    for check in report.get("checks") or []:
+        lines.append(f"  check {check['where']:<6} the window: {check['check']}")
+    if report.get("peak_rss_mib") is not None:
+        lines.append(f"  orchestrator peak RSS: {report['peak_rss_mib']} MiB")
     counts = report.get("row_counts") or {}
     if counts:
         lines.append(f"  tables verified: {len(counts)} ({sum(counts.values())} rows at the cut-over)")

@@ -31,11 +31,35 @@ class Contract(BaseModel):
 # --- transfers ---
 
 
+class TrackerRef(Contract):
+    """A tree's change tracker on the source (orchestrator/tracking.py), found again from these."""
+
+    state_dir: str
+    name: str
+    unavailable: str | None = None  # why it could not start (the final pass then scans the whole tree)
+
+
+class TreeComparison(Contract):
+    """The full checksum comparison of a tree before the window (throttled, the source live)."""
+
+    differing: int = 0  # items that differed (on a live tree: written since the pass; the final pass copies them)
+    seconds: float = 0.0
+
+
 class TreeFigures(Contract):
     bytes: int = 0
     files: int = 0
     total_size: int = 0
+    entries: int | None = None  # files, directories and links in the tree (rsync's "Number of files")
     seconds: float = 0.0
+    # files_presync: the tracker started before the pass, and the full comparison after it.
+    tracker: TrackerRef | None = None
+    compared: TreeComparison | None = None
+    # files_final: "tracked" (only the changed paths) or "full_scan" (and why).
+    mode: str | None = None
+    listed: int | None = None  # paths in the change list the final pass copied
+    change_list: str | None = None  # that list, NUL-separated, on the source (verify_target reads the same)
+    fallback_reason: str | None = None
 
 
 class FilesResult(Contract):
@@ -187,6 +211,7 @@ class VerifyResult(Contract):
     row_counts: Compared | None = None
     checksums: Compared | None = None
     trees_differing_items: dict[str, int] | None = None
+    trees_verified: dict[str, str] | None = None  # what each tree's in-window comparison covered
 
 
 class RecordSnapshot(Contract):
@@ -217,6 +242,9 @@ class FinishResult(Contract):
     reverse_replication: dict[str, Any] | None = None
     # The run's total so far, as the report counted it (not this step's own transfer).
     run_bytes_moved: int | None = Field(default=None, alias="bytes_moved")
+    # The orchestrator's peak resident memory so far (getrusage ru_maxrss), in MiB.
+    peak_rss_mib: float | None = None
+    trackers_stopped: list[str] = []
 
 
 # Each step's result model, by step name (what the report reads).

@@ -24,6 +24,7 @@ Tracking that cannot be trusted says why (`trust()`); the caller then falls back
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import shlex
@@ -46,6 +47,12 @@ FORMAT = "%e %w%f%0"
 # is deleted whole; listing its children as well would make rsync stat them under a missing parent ("vanished").
 # The list is sorted with '/' as the lowest byte, so a directory's descendants follow it.
 PRUNE = 'chomp; next if defined $kept && index($_, "$kept/") == 0; print "$_\\0"; $kept = $_;'
+# One streaming pass over the new complete records (perl -0: NUL-terminated), adding to the counts so far
+# (arguments: offset, overflows, root_gone); prints the new three.
+SCAN = (
+    "BEGIN { ($o, $q, $g) = splice(@ARGV, 0, 3); } if (chomp) { $o += length($_) + 1; $q++ if /^Q_OVERFLOW/; "
+    '$g++ if /^([A-Z_,]*,)?(UNMOUNT|(DELETE_SELF|MOVE_SELF)[A-Z_,]* \\.\\/$)/; } END { print "$o $q $g\\n"; }'
+)
 BARRIER_PREFIX = ".migrate-tracker-barrier-"
 READY_LINE = "Watches established."
 WATCH_LIMIT_TEXT = "upper limit on inotify watches reached"
@@ -270,6 +277,21 @@ def verify_listed_command(
     return shlex.join(argv)
 
 
+# --- naming ------------------------------------------------------------------------------------------------------
+
+
+def tracker_name(plan_name: str, tree_name: str, root: str) -> str:
+    """A tracker's directory name: readable, and unique per tree root (two plans, or two labs, never share one)."""
+    digest = hashlib.sha256(f"{plan_name}\0{root}".encode()).hexdigest()[:12]
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{plan_name}-{tree_name}")[:60]
+    return f"{readable}-{digest}"
+
+
+def state_dir_command() -> str:
+    """Shell: where trackers keep their files on a host (under the SSH user's home, outside every tree)."""
+    return 'printf %s "${HOME:-/tmp}/.migrate-tracking"'
+
+
 # --- the tracker -----------------------------------------------------------------------------------------------
 
 
@@ -341,7 +363,7 @@ class ChangeTracker:
             f"|| {{ echo 'inotifywait lacks --no-newline (inotify-tools 3.21 or later needed)' >&2; exit 3; }}; "
             f'if [ -f {_q(self.pid_file)} ]; then echo "$(date -u +%FT%TZ) restarted after the tracker stopped" '
             f">> {_q(self.gaps_file)}; fi; "
-            f"rm -f {_q(self.events_file)} {_q(self.stderr_file)} {_q(self.list_file)}; "
+            f"rm -f {_q(self.events_file)} {_q(self.stderr_file)} {_q(self.list_file)} {_q(self.scan_file)}; "
             f"echo {_q(self.root)} > {_q(self.dir + '/root')}; "
             f"setsid sh -c {_q(inner)} </dev/null >{_q(self.events_file)} 2>{_q(self.stderr_file)} & "
             f"echo started"
@@ -380,21 +402,41 @@ class ChangeTracker:
         if result.exit_status != 0:
             raise TrackingError(f"the tracker of {self.root} did not establish its watches in {timeout:g} s")
 
+    @property
+    def scan_file(self) -> str:
+        """How far `trust()` has read the events file: 'OFFSET OVERFLOWS ROOT_GONE' (it reads each event once)."""
+        return f"{self.dir}/scanned"
+
+    @property
+    def extra_file(self) -> str:
+        """NUL-separated paths added to the change list (e.g. what the pre-window comparison found different)."""
+        return f"{self.dir}/extra.list"
+
     def probe_command(self) -> str:
         events = _q(self.events_file)
+        scan = _q(self.scan_file)
+        # Incremental: only the events written since the last probe are read, complete records only (a record
+        # still being written is read next time), and the counts add up in the scan file.
         return (
             f"export LC_ALL=C; "
             f"if [ -f {_q(self.pid_file)} ]; then echo started=1; else echo started=0; fi; "
             f"if {self._alive_test()}; then echo alive=1; else echo alive=0; fi; "
             f"echo events_bytes=$(stat -c %s {events} 2>/dev/null || echo 0); "
-            f"echo overflows=$(grep -z -c '^Q_OVERFLOW' {events} 2>/dev/null || true); "
-            f"echo root_gone=$(grep -z -c -E '^([A-Z_,]*,)?(UNMOUNT|(DELETE_SELF|MOVE_SELF)[A-Z_,]* \\./$)' "
-            f"{events} 2>/dev/null || true); "
+            f"set -- $(cat {scan} 2>/dev/null) 0 0 0; off=$1; "
+            f"if [ -f {events} ]; then "
+            f"set -- $(tail -c +$((off + 1)) {events} | perl -0 -ne {_q(SCAN)} $1 $2 $3); "
+            f'echo "$1 $2 $3" > {scan}.tmp && mv {scan}.tmp {scan}; fi; '
+            f"echo overflows=$2; echo root_gone=$3; "
             f"echo statfs=$(stat -f -c %T {_q(self.root)} 2>/dev/null); "
             f"echo gaps=$(cat {_q(self.gaps_file)} 2>/dev/null | wc -l); "
             f"echo --stderr--; cat {_q(self.stderr_file)} 2>/dev/null; "
             f"echo --mounts--; findmnt -rn -o FSTYPE,TARGET 2>/dev/null || true"
         )
+
+    def is_running(self) -> bool:
+        """Whether the recorded tracker is alive (an inotifywait on our root)."""
+        result = self.host.run(f"if {self._alive_test()}; then echo alive; fi", timeout=30, check=False)
+        return "alive" in result.stdout
 
     def trust(self) -> Trust:
         """Every reason the recorded changes may be incomplete (none: trusted)."""
@@ -422,8 +464,9 @@ class ChangeTracker:
             f"fi; if ! {{ {self._alive_test()}; }}; then echo 'the tracker is not running' >&2; exit 6; fi; "
             f"sleep 0.02; done; "
             f"end=$(stat -c %s {events}); "
-            f"head -c $end {events} | grep -z -v '^Q_OVERFLOW' "
-            f"| sed -z -e 's/^[A-Z_,]* //' -e 's:^\\./::' -e 's:/*$::' -e 's:^$:.:' "
+            f"{{ head -c $end {events} | grep -z -v '^Q_OVERFLOW' "
+            f"| sed -z -e 's/^[A-Z_,]* //' -e 's:^\\./::' -e 's:/*$::' -e 's:^$:.:'; "
+            f"cat {_q(self.extra_file)} 2>/dev/null || true; }} "
             f"| grep -z -v -x -F {_q(marker)} | tr / '\\001' | sort -z -u | tr '\\001' / > {tmp}.sorted; "
             f"if grep -z -q -x -F . {tmp}.sorted; then printf '.\\000' > {tmp}; "
             f"else perl -0 -ne {_q(PRUNE)} {tmp}.sorted > {tmp}; fi; "

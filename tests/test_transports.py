@@ -56,7 +56,8 @@ def test_live_push_is_niced_on_both_ends_and_bandwidth_limited() -> None:
     assert argv[:5] == ["nice", "-n19", "ionice", "-c3", "rsync"]
     assert "--rsync-path=nice -n19 ionice -c3 rsync" in argv
     assert "--bwlimit=50M" in argv and "--exclude=*.tmp" in argv and "--delete" in argv
-    assert {"--info=progress2", "--no-inc-recursive", "--stats", "--whole-file"} <= set(argv)
+    assert {"--info=progress2", "--stats", "--whole-file"} <= set(argv)
+    assert "--no-inc-recursive" not in argv  # incremental recursion keeps memory flat on huge trees
     # Paths with spaces and quotes reach rsync intact, with the trailing slash that copies contents.
     assert argv[-2:] == ["/srv/up loads/", "deploy@10.0.0.2:/srv/it's here/"]
     assert "-s" in argv, "paths travel in rsync's protocol, never through the target's shell"
@@ -95,7 +96,7 @@ def test_progress2_and_stats_are_parsed() -> None:
         "Literal data: 3,999,999 bytes\n"
         "Matched data: 0 bytes\n"
     )
-    assert stats == rsync.Stats(16, 4_194_304, 4_000_000, 3_999_999)
+    assert stats == rsync.Stats(16, 4_194_304, 4_000_000, 3_999_999, files_total=20)
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,7 @@ def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool) -> TreeFigures:
             retry=window.bounded(plan.retry),
             on_progress=_progress,
             timeout=window.timeout(),
+            live=live,
         )
     except TransportError as exc:
         raise StepError(f"copying tree {tree.name}: {exc}") from None
@@ -79,6 +80,7 @@ def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool) -> TreeFigures:
         bytes=stats.transferred_bytes,
         files=stats.files_transferred,
         total_size=stats.total_size,
+        entries=stats.files_total,
         seconds=round(time.monotonic() - started, 3),
     )
     ctx.log.info("tree_synced", tree=tree.name, **figures.journal())

@@ -1,13 +1,28 @@
-"""The file trees' delta after writes stopped: no bandwidth limit, no nice, we are in the downtime window."""
+"""The file trees' delta after writes stopped: no bandwidth limit, no nice, we are in the downtime window.
+
+Each tree's change tracker (started by files_presync before its first pass) lists on the source the paths created,
+changed, renamed or deleted since; when its tracking can be trusted only those are copied (rsync --files-from,
+deletions included): the work is O(changes). When it cannot (watch limit, queue overflow, tracker dead, network
+filesystem, ...), the tree is scanned whole, and the log and the result say why and what that costs.
+"""
 
 from __future__ import annotations
 
+import shlex
+import time
 from typing import Any
 
 from orchestrator.contracts import runtime
-from orchestrator.engine.step import Step, StepContext
-from orchestrator.results import FilesResult
+from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.plan.model import FileTree
+from orchestrator.results import FilesResult, TreeFigures
 from orchestrator.steps.common import sync_tree
+from orchestrator.tracking import ChangeTracker, TrackingError, final_pass_command
+from orchestrator.transports import rsync
+from orchestrator.transports.ssh import TransportError
+
+TRACKED = "tracked"
+FULL_SCAN = "full_scan"
 
 
 class FilesFinal(Step):
@@ -19,16 +34,75 @@ class FilesFinal(Step):
         if not plan.files:
             return ["no file trees in the plan"]
         return [
-            f"on the source: rsync {t.source}/ → {plan.target.address}:{t.target}/ at full speed (delta only,"
-            " nanosecond mtimes)"
+            f"on the source: rsync of the paths tracked as changed in {t.source}/ → {plan.target.address}:"
+            f"{t.target}/ at full speed (a full delta scan, nanosecond mtimes, if the tracking cannot be trusted)"
             for t in plan.files
         ]
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         result = FilesResult()
+        presync = FilesResult.of(ctx.output("files_presync"))
         for tree in runtime(ctx).plan.files:
             ctx.window.check(f"starting the final copy of tree {tree.name}")
-            result.trees[tree.name] = sync_tree(ctx, tree, live=False)
+            result.trees[tree.name] = self.final_copy(ctx, tree, presync.trees.get(tree.name))
             ctx.window.check(f"the final copy of tree {tree.name}")
         result.bytes = sum(t.bytes for t in result.trees.values())
         return result.journal()
+
+    def final_copy(self, ctx: StepContext, tree: FileTree, presync: TreeFigures | None) -> TreeFigures:
+        ref = presync.tracker if presync else None
+        if ref is None:
+            return self.full_scan(ctx, tree, presync, "no change tracker was started for this tree")
+        if ref.unavailable:
+            return self.full_scan(ctx, tree, presync, f"the tracker could not start: {ref.unavailable}")
+        tracker = ChangeTracker(runtime(ctx).source, tree.source, ref.state_dir, name=ref.name)  # type: ignore[arg-type]
+        try:
+            changes = tracker.changes(timeout=ctx.window.timeout(300.0) or 300.0)
+        except (TrackingError, TransportError) as exc:
+            return self.full_scan(ctx, tree, presync, f"the change list could not be read: {exc}")
+        if not changes.trust.trusted:
+            return self.full_scan(ctx, tree, presync, "; ".join(changes.trust.reasons))
+        figures = self.tracked_copy(ctx, tree, changes.path, changes.count)
+        figures.entries = presync.entries if presync else None  # what a full scan would have had to compare
+        return figures
+
+    def tracked_copy(self, ctx: StepContext, tree: FileTree, list_file: str, count: int) -> TreeFigures:
+        """rsync of the listed paths only: each copied, or deleted on the target when gone from the source."""
+        rt = runtime(ctx)
+        plan = rt.plan
+        window = ctx.window
+        ctx.log.info("final_pass_tracked", tree=tree.name, paths=count)
+        started = time.monotonic()
+        stats = rsync.Stats()
+        if count:
+            command = final_pass_command(
+                tree.source, rsync.target_spec(plan, tree.target), list_file, ssh=rsync.target_ssh_command(plan),
+                exclude=tree.exclude, chown=tree.owner, timeout=plan.transfer.rsync_timeout,
+                whole_file=plan.transfer.whole_file, extra=["-s"],
+            )  # fmt: skip
+            try:
+                rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=window.timeout(60.0))
+                stats = rsync.push(rt.source, command, what=f"tracked final pass of tree {tree.name}",  # type: ignore[arg-type]
+                                   retry=window.bounded(plan.retry), timeout=window.timeout())  # fmt: skip
+            except TransportError as exc:
+                raise StepError(f"copying the changes of tree {tree.name}: {exc}") from None
+        figures = TreeFigures(
+            bytes=stats.transferred_bytes, files=stats.files_transferred, total_size=stats.total_size,
+            seconds=round(time.monotonic() - started, 3), mode=TRACKED, listed=count, change_list=list_file,
+        )  # fmt: skip
+        ctx.log.info("tree_synced", tree=tree.name, **figures.journal())
+        return figures
+
+    def full_scan(self, ctx: StepContext, tree: FileTree, presync: TreeFigures | None, reason: str) -> TreeFigures:
+        """The whole tree's delta: every file stat'ed on both hosts. Said loudly, with why and what it costs."""
+        entries = presync.entries if presync else None
+        size = presync.total_size if presync else None
+        ctx.log.warning(
+            "final_pass_full_scan", tree=tree.name, reason=reason, tree_entries=entries, tree_bytes=size,
+            cost="every file of the tree is compared on both hosts while writes are blocked",
+        )  # fmt: skip
+        figures = sync_tree(ctx, tree, live=False)
+        figures.mode = FULL_SCAN
+        figures.fallback_reason = reason
+        figures.entries = figures.entries or entries
+        return figures

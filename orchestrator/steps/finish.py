@@ -7,6 +7,8 @@ lifted its fence.
 
 from __future__ import annotations
 
+import resource
+import sys
 import time
 from typing import Any
 
@@ -15,7 +17,7 @@ from orchestrator.dns_ttl import restore_original_ttls
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Service
 from orchestrator.report import build_report
-from orchestrator.results import FinishResult
+from orchestrator.results import FilesResult, FinishResult
 from orchestrator.steps.common import run_services
 from orchestrator.steps.repl_common import (
     FORWARD_TUNNEL,
@@ -29,7 +31,9 @@ from orchestrator.steps.repl_common import (
     replicate_run,
     saved_from,
 )
+from orchestrator.tracking import ChangeTracker
 from orchestrator.transports import replication as repl
+from orchestrator.transports.ssh import TransportError
 
 # Names of the source services this run stopped (or was about to stop), journaled before each stop.
 STOPPED_SERVICES = "source_services_stopped"
@@ -37,6 +41,47 @@ STOPPED_SERVICES = "source_services_stopped"
 REVERSE_POINTED = "reverse_pointed"
 TORN_DOWN = "replication_torn_down"
 REVERSE_CATCH_UP = 60.0
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory, in MiB.
+
+    On Linux, VmHWM of /proc/self/status: getrusage's ru_maxrss survives execve, so a `migrate` started by a large
+    process (a test runner, a shell wrapper holding much) would report its parent's size instead of its own."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return round(peak / (1 << 20) if sys.platform == "darwin" else peak / 1024, 1)
+
+
+def stop_trackers(ctx: StepContext) -> list[str]:
+    """Stop (only our verified pid) and remove the trees' change trackers files_presync started on the source.
+
+    A tracker that cannot be reached is logged, not fatal: the migration is done, and the tracker exits with
+    its tree (or is found by its state directory, named in the log)."""
+    rt = runtime(ctx)
+    presync = FilesResult.of(ctx.output("files_presync"))
+    stopped: list[str] = []
+    for tree in rt.plan.files:
+        figures = presync.trees.get(tree.name)
+        ref = figures.tracker if figures else None
+        if ref is None:
+            continue
+        tracker = ChangeTracker(rt.source, tree.source, ref.state_dir, name=ref.name)  # type: ignore[arg-type]
+        try:
+            tracker.stop()
+            tracker.remove()
+        except TransportError as exc:
+            ctx.log.warning("tracking_not_stopped", tree=tree.name, state_dir=tracker.dir, error=str(exc))
+            continue
+        ctx.log.info("tracking_stopped", tree=tree.name)
+        stopped.append(tree.name)
+    return stopped
 
 
 class Finish(Step):
@@ -59,6 +104,7 @@ class Finish(Step):
                 f"keep that reverse path {keep:g} s (replication.keep_reverse), then tear replication down on both "
                 "sides: STOP SLAVE, RESET SLAVE ALL (master.info, which holds the password, deleted), tunnels ended",
             ]
+        lines += [f"stop and remove the change tracker of tree {t.name} on the source" for t in plan.files]
         lines.append("write the run report beside the journal")
         return lines
 
@@ -97,6 +143,7 @@ class Finish(Step):
                 ctx, rt.source, plan.services.source, "stop", event="finish.source_service_stopped",
                 keep_going=False, kind="source service", before=_journal_first,
             )  # fmt: skip
+        trackers = stop_trackers(ctx)
         # The full report (this step included) is written by the command line once the run has ended.
         report = build_report(ctx.history(), now=time.time())
         return FinishResult(
@@ -105,6 +152,8 @@ class Finish(Step):
             write_block_seconds=report.get("write_block_seconds"),
             bytes_moved=report.get("bytes_moved"),
             reverse_replication=reverse,
+            peak_rss_mib=peak_rss_mib(),
+            trackers_stopped=trackers,
         ).journal() | {"ttls_restored": restore_original_ttls(ctx)}
 
     # -- replicate mode

@@ -22,9 +22,10 @@ import pymysql
 
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError, WriteWindow
-from orchestrator.plan.model import CommandCheck, HealthCheck, HttpCheck, SqlCheck, TcpCheck
-from orchestrator.results import Compared, CutoverResult, VerifyResult
+from orchestrator.plan.model import CommandCheck, FileTree, HealthCheck, HttpCheck, Plan, SqlCheck, TcpCheck
+from orchestrator.results import Compared, CutoverResult, FilesResult, TreeFigures, VerifyResult
 from orchestrator.steps.repl_common import SWITCH_STEP, replicate_run
+from orchestrator.tracking import verify_listed_command
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
@@ -133,6 +134,20 @@ def compare_figures(kind: str, expected: dict[str, Any], actual: dict[str, Any])
     return [f"{kind} differ: {_listed(diffs)}"] if diffs else []
 
 
+def tree_verification(plan: Plan, tree: FileTree, final: TreeFigures | None) -> tuple[str | None, str]:
+    """The in-window comparison of one tree (None: nothing to compare) and what it covers, in words."""
+    if final is not None and final.mode == "tracked" and final.change_list:
+        if not final.listed:
+            return None, "no path changed since the pre-sync"
+        command = verify_listed_command(
+            tree.source, rsync.target_spec(plan, tree.target), final.change_list,
+            ssh=rsync.target_ssh_command(plan), exclude=tree.exclude, chown=tree.owner,
+        )  # fmt: skip
+        return command, f"the {final.listed} path(s) the final pass copied"
+    command = rsync.compare_command(plan, tree.source, tree.target, exclude=tree.exclude, chown=tree.owner)
+    return command, "the whole tree (the final pass scanned it whole)"
+
+
 class VerifyTarget(Step):
     name = "verify_target"
     title = "Verify the target: health checks, row counts, file trees"
@@ -152,7 +167,11 @@ class VerifyTarget(Step):
         if verify.checksum:
             lines.append("compare CHECKSUM TABLE of every table with the source's")
         if verify.files:
-            lines += [f"rsync --dry-run --checksum of tree {t.name} must list no change" for t in plan.files]
+            lines += [
+                f"rsync --dry-run --checksum of the paths the final pass of tree {t.name} copied (the whole tree if it"
+                " was scanned whole) must list no change"
+                for t in plan.files
+            ]
         return lines
 
     def health(self, ctx: StepContext) -> tuple[dict[str, int], list[str]]:
@@ -227,22 +246,27 @@ class VerifyTarget(Step):
         return figures, problems
 
     def trees(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
-        """Every file tree equal: an rsync --dry-run --checksum from the source lists no change.
+        """Every path the final pass handled is equal on both hosts (rsync --dry-run --checksum lists no change).
 
-        It reads whole trees on both sides: each comparison is bounded by what is left of the budget.
+        The whole trees were compared before the window (files_presync); here only the final pass's list is read
+        (O(changes)), or the whole tree when that pass had to scan it. Bounded by what is left of the budget.
         """
         rt = runtime(ctx)
         plan = rt.plan
         window = ctx.window
         problems: list[str] = []
         trees: dict[str, int] = {}
+        scopes: dict[str, str] = {}
         if not plan.database.verify.files:
             return {}, problems
+        final = FilesResult.of(ctx.output("files_final"))
         for tree in plan.files:
-            command = rsync.compare_command(plan, tree.source, tree.target, exclude=tree.exclude,
-                                            chown=tree.owner)  # fmt: skip
-            doing = f"comparing tree {tree.name}"
+            command, scopes[tree.name] = tree_verification(plan, tree, final.trees.get(tree.name))
+            doing = f"comparing tree {tree.name} ({scopes[tree.name]})"
             window.check(doing)
+            if command is None:
+                trees[tree.name] = 0
+                continue
             try:
                 items = rsync.changed_items(rt.source, command, what=f"compare of tree {tree.name}",
                                             timeout=window.timeout())  # fmt: skip
@@ -253,7 +277,7 @@ class VerifyTarget(Step):
             trees[tree.name] = len(items)
             if items:
                 problems.append(f"tree {tree.name} differs: {_listed(items)}")
-        return {"trees_differing_items": trees}, problems
+        return {"trees_differing_items": trees, "trees_verified": scopes}, problems
 
     def positions(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
         """Replicate mode: O(changes) proof of the data. The source is still at the final position the switch

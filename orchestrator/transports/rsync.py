@@ -25,6 +25,12 @@ from orchestrator.transports.ssh import CommandFailed, SshHost, TransportError
 NICE = ["nice", "-n19", "ionice", "-c3"]
 # Exit codes: 24 = files vanished during the transfer (normal on a live tree); these are worth another try.
 VANISHED = 24
+# Exit 23 (partial transfer) is also what rsync sometimes gives when files vanish on a churning tree: on a LIVE
+# tree it counts as vanished when every error line says so; inside the window it stays an error.
+PARTIAL = 23
+_VANISHED_LINES = re.compile(
+    r"^(file has vanished: |rsync warning: some files vanished|rsync error: some files/attrs were not transferred)"
+)
 TRANSIENT_EXITS = {10, 12, 30, 35, 255}
 
 ExitKind = Literal["ok", "vanished", "transient", "permanent"]
@@ -56,6 +62,17 @@ class Stats:
     total_size: int = 0
     transferred_bytes: int = 0
     literal_bytes: int = 0
+    files_total: int = 0  # entries in the transfer (files, directories, links)
+
+
+def only_vanished(stderr: str) -> bool:
+    """Every line of rsync's stderr is about files that vanished during the transfer (and there is one)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return (
+        bool(lines)
+        and any(line.startswith("file has vanished") for line in lines)
+        and all(_VANISHED_LINES.match(line) for line in lines)
+    )
 
 
 def exit_kind(code: int | None) -> ExitKind:
@@ -159,18 +176,47 @@ def push_command(
         argv.append(f"--bwlimit={transfer.bwlimit}")
     if nice:
         argv.append("--rsync-path=" + shlex.join([*NICE, "rsync"]))
-    argv += ["--info=progress2", "--no-inc-recursive", "--stats"]
+    # Incremental recursion (rsync's default) keeps rsync's memory flat on a tree of millions of files; the whole
+    # list up front (--no-inc-recursive) would only make progress2's percentage exact.
+    argv += ["--info=progress2", "--stats"]
     argv += ["-e", target_ssh_command(plan), _slash(source_dir), target_spec(plan, target_dir)]
     return shlex.join(argv)
 
 
 def compare_command(
-    plan: Plan, source_dir: str, target_dir: str, *, exclude: Iterable[str] = (), chown: str | None = None
+    plan: Plan,
+    source_dir: str,
+    target_dir: str,
+    *,
+    exclude: Iterable[str] = (),
+    chown: str | None = None,
+    live: bool = False,
 ) -> str:
-    """A --dry-run --checksum --itemize-changes run: it lists every item that WOULD change (none = equal)."""
-    argv = ["rsync", *_common(plan, exclude, chown), "--dry-run", "--checksum", "--itemize-changes"]
+    """A --dry-run --checksum --itemize-changes run: it lists every item that WOULD change (none = equal).
+
+    `live`: the full comparison made before the window reads every byte on both hosts while the source serves, so
+    it runs with the plan's nice/ionice on both ends, like the pre-sync, and reports its progress.
+    """
+    nice = live and plan.transfer.nice
+    argv = [*NICE] if nice else []
+    argv += ["rsync", *_common(plan, exclude, chown), "--dry-run", "--checksum", "--itemize-changes"]
+    if live:
+        argv.append("--info=progress2")
+    if nice:
+        argv.append("--rsync-path=" + shlex.join([*NICE, "rsync"]))
     argv += ["-e", target_ssh_command(plan), _slash(source_dir), target_spec(plan, target_dir)]
     return shlex.join(argv)
+
+
+def item_path(line: str) -> str | None:
+    """The path of one --itemize-changes line ('>f.st...... dir/file', '*deleting   gone'), None for other lines.
+
+    rsync pads the item flags (and '*deleting') to 11 characters, then one space."""
+    if len(line) < 13 or line[11] != " " or line[0] not in "<>ch.*":
+        return None
+    if _DIR_TIMES_ONLY.match(line[:11]):
+        return None
+    return line[12:].rstrip("/") or None
 
 
 _PROGRESS = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+)\s+(\d+:\d\d:\d\d)")
@@ -229,6 +275,10 @@ def _stat(text: str, label: str) -> int:
     return int(match.group(1).replace(",", "")) if match else 0
 
 
+def _not_progress(line: str) -> bool:
+    return _PROGRESS.match(line) is None
+
+
 def parse_stats(text: str) -> Stats:
     """The --stats block."""
     return Stats(
@@ -236,6 +286,7 @@ def parse_stats(text: str) -> Stats:
         total_size=_stat(text, "Total file size"),
         transferred_bytes=_stat(text, "Total transferred file size"),
         literal_bytes=_stat(text, "Literal data"),
+        files_total=_stat(text, "Number of files"),
     )
 
 
@@ -248,8 +299,12 @@ def push(
     on_progress: Callable[[Progress], None] | None = None,
     progress_interval: float = 2.0,
     timeout: float | None = None,
+    live: bool = False,
 ) -> Stats:
     """Run a push_command on `host` (the source), retrying transient failures; returns the --stats figures.
+
+    `live`: the source tree is being written to, so files vanishing under rsync are normal (exit 24, or 23 when
+    every error is a vanished file).
 
     `on_progress` is called at most every `progress_interval` seconds (and with the last update).
     """
@@ -272,8 +327,10 @@ def push(
                 last_sent = now
                 on_progress(progress)
 
-        result = host.stream(command, _line, timeout=timeout, check=False)
+        result = host.stream(command, _line, timeout=timeout, check=False, keep=_not_progress)
         kind = exit_kind(result.exit_status)
+        if live and result.exit_status == PARTIAL and only_vanished(result.stderr):
+            kind = "vanished"
         if kind == "vanished":
             log.warning("rsync_files_vanished", what=what, detail="normal on a live tree")
         elif kind != "ok":

@@ -274,10 +274,12 @@ class SshHost:
         timeout: float | None = None,
         check: bool = True,
         env: dict[str, str] | None = None,
+        keep: Callable[[str], bool] | None = None,
     ) -> CommandResult:
         """Run a command, calling `on_line` (in this thread) for each stdout line split on \\r or \\n.
 
-        The full stdout is also returned (without empty lines), e.g. for rsync's --stats block.
+        The full stdout is also returned (without empty lines), e.g. for rsync's --stats block; `keep` limits it to
+        the lines worth keeping (rsync prints a progress line per file: a million of them must not pile up here).
         """
         conn = self.connection()
         prefix, data = _env_prefix(env, None)
@@ -321,7 +323,8 @@ class SshHost:
                 if line is None:
                     break
                 if line:
-                    out.append(line)
+                    if keep is None or keep(line):
+                        out.append(line)
                     on_line(line)
         except BaseException:
             # The caller gave up (its callback failed, or an interrupt): do not leave the command running.

@@ -1,0 +1,116 @@
+"""The tracked final pass's pure parts: rsync's vanished-file exits, itemized paths, the incremental trust scan, and
+what the report says about where each check ran."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.report import build_report, checks_where, final_pass_trees
+from orchestrator.tracking import ChangeTracker, tracker_name
+from orchestrator.transports import rsync
+from orchestrator.transports.ssh import CommandResult
+
+
+class LocalHost:
+    """Runs the tracker's shell on this machine (the same shell it runs on a source over SSH)."""
+
+    def run(self, command: str, *, timeout: float | None = None, check: bool = True) -> CommandResult:
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
+def test_exit_23_counts_as_vanished_only_when_every_error_is_a_vanished_file() -> None:
+    vanished = (
+        'file has vanished: "/srv/up/a/b.bin"\n'
+        "rsync error: some files/attrs were not transferred (see previous errors) (code 23) at main.c(1338)\n"
+    )
+    assert rsync.only_vanished(vanished)
+    denied = vanished + 'rsync: [sender] send_files failed to open "/srv/up/c": Permission denied (13)\n'
+    assert not rsync.only_vanished(denied)
+    assert not rsync.only_vanished("rsync error: some files/attrs were not transferred (code 23)\n")
+    assert not rsync.only_vanished("")
+
+
+def test_itemized_lines_give_their_paths_and_directory_times_are_not_differences() -> None:
+    assert rsync.item_path(">f.st...... a/b c.bin") == "a/b c.bin"
+    assert rsync.item_path("*deleting   gone/") == "gone"
+    assert rsync.item_path("cd+++++++++ new/") == "new"
+    assert rsync.item_path(".d..t...... old/") is None
+    assert rsync.item_path("     1,234  45%    1.00MB/s    0:00:01 (xfr#1, to-chk=0/3)") is None
+
+
+def test_trust_reads_each_event_once_and_a_record_still_being_written_next_time(tmp_path: Path) -> None:
+    root, state = tmp_path / "tree", tmp_path / "state"
+    root.mkdir()
+    tracker = ChangeTracker(LocalHost(), str(root), str(state), name="t")  # type: ignore[arg-type]
+    Path(tracker.dir).mkdir(parents=True)
+    Path(tracker.pid_file).write_text("0\n")
+    events = Path(tracker.events_file)
+    events.write_bytes(b"CREATE ./a\0MODIFY ./b\0Q_OVERF")  # the last record is cut mid-write
+    first = tracker.trust()
+    assert not any("overflowed" in r for r in first.reasons), first
+    assert Path(tracker.scan_file).read_text().split() == ["22", "0", "0"]
+    with events.open("ab") as out:
+        out.write(b"LOW \0DELETE_SELF ./\0")
+    second = tracker.trust()
+    assert any("overflowed" in r for r in second.reasons), second
+    assert any("moved, deleted or unmounted" in r for r in second.reasons), second
+    assert Path(tracker.scan_file).read_text().split() == [str(events.stat().st_size), "1", "1"]
+
+
+def test_tracker_names_differ_per_root_and_stay_plain() -> None:
+    one = tracker_name("shop", "uploads", "/srv/a")
+    assert one != tracker_name("shop", "uploads", "/srv/b")
+    assert tracker_name("shop prod/é", "up loads", "/srv/a").replace("-", "").replace("_", "").isalnum()
+
+
+def test_the_report_says_how_the_final_pass_worked_and_where_each_check_ran() -> None:
+    outputs = {
+        "files_presync": {"trees": {"uploads": {"entries": 100_100, "compared": {"differing": 12, "seconds": 9.5}}}},
+        "files_final": {
+            "trees": {
+                "uploads": {"mode": "tracked", "listed": 40, "files": 31, "bytes": 9000, "change_list": "/x/l"},
+                "media": {"mode": "full_scan", "fallback_reason": "the tracker is not running", "entries": 7},
+            }
+        },
+        "verify_target": {
+            "health_tries": {"http": 1},
+            "trees_differing_items": {"uploads": 0, "media": 0},
+            "trees_verified": {"uploads": "the 40 path(s) the final pass copied", "media": "the whole tree"},
+        },
+    }
+    trees = final_pass_trees(outputs)
+    assert trees["uploads"]["mode"] == "tracked" and trees["uploads"]["paths_listed"] == 40
+    assert trees["media"]["fallback_reason"] == "the tracker is not running"
+    where = {c["check"]: c["where"] for c in checks_where(outputs)}
+    assert where == {
+        "tree uploads: every file's checksum": "before",
+        "tree uploads: checksums of the 40 path(s) the final pass copied": "inside",
+        "tree media: checksums of the whole tree": "inside",
+        "health checks": "inside",
+    }
+
+
+def test_the_report_carries_the_peak_rss_finish_recorded() -> None:
+    events = [
+        {"event": "run_started", "run_id": "r1", "ts": 1.0, "plan_sha256": "0", "plan_path": "p.yaml"},
+        {"event": "step_started", "step": "finish", "ts": 2.0},
+        {"event": "step_completed", "step": "finish", "ts": 3.0, "result": {"peak_rss_mib": 81.5}},
+        {"event": "run_completed", "ts": 4.0},
+    ]
+    assert build_report(events, now=5.0)["peak_rss_mib"] == 81.5
+
+
+def test_peak_rss_is_the_runs_own_not_the_size_of_the_process_that_started_it() -> None:
+    """ru_maxrss survives execve: a run started by a large process must still report its own peak."""
+    parent = (
+        "import subprocess, sys\n"
+        "ballast = bytearray(300 << 20)\n"
+        "ballast[:: 4096] = b'x' * len(ballast[:: 4096])\n"
+        "code = 'from orchestrator.steps.finish import peak_rss_mib; print(peak_rss_mib())'\n"
+        "print(subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True, timeout=120)
+    assert float(done.stdout.strip()) < 200, done.stdout
