@@ -499,6 +499,27 @@ class Transfer(Strict):
     )
 
 
+class Preflight(Strict):
+    """The storage preflight: what it measures on both hosts, and what a finding does (README: storage preflight)."""
+
+    storage: Literal["warn", "refuse"] = Field(
+        default="warn",
+        description="a target slower or less durable than the source: 'warn' reports it and goes on, 'refuse' stops "
+        "the preflight",
+    )
+    max_fsync_ratio: float = Field(
+        default=3.0, gt=1, le=1_000_000, description="target fsync p50 more than this many times the source's is slow"
+    )
+    min_fsync_ms: float = Field(
+        default=1.0,
+        ge=0,
+        le=10_000,
+        description="a target whose fsync p50 is under this is never called slow, whatever the ratio (milliseconds)",
+    )
+    fsync_writes: int = Field(default=200, ge=10, le=100_000, description="most 4 KiB synchronous writes per host")
+    fsync_seconds: float = _seconds(0, 60, default=2.0, description="longest the fsync sample may take per host")
+
+
 class Hooks(Strict):
     dir: FilePath = Field(default="hooks", description="directory of hook executables, relative to the plan")
     timeout: float = _seconds(0, 3600, default=60.0, description="longest a hook may run")
@@ -550,6 +571,7 @@ class Plan(Strict):
     cutover: Cutover = Field(default_factory=Cutover)
     finish: Finish = Field(default_factory=Finish)
     transfer: Transfer = Field(default_factory=Transfer)
+    preflight: Preflight = Field(default_factory=Preflight)
     hooks: Hooks = Field(default_factory=Hooks)
     retry: Retry = Field(default_factory=Retry)
     reverse: ReverseOverrides | None = Field(
