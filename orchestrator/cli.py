@@ -248,6 +248,16 @@ def rollback(
     raise Exit(exit_codes.NEEDS_ATTENTION)
 
 
+@app.command()
+def rehearse(plan_path: PlanArg, env_file: EnvFileOpt = None, state_dir: StateDirOpt = None) -> None:
+    """Estimate what the migration would move and how long, and predict the window (reads and rsync dry-runs)."""
+    from orchestrator.run.rehearse import lines
+    from orchestrator.run.rehearse import rehearse as measure
+
+    for line in lines(measure(plan_path, env_file=env_file, state_dir=state_dir)):
+        out.print(redact(line), markup=False)
+
+
 def _mount_lab() -> None:
     try:
         from orchestrator.lab.cli import lab_app

@@ -1,0 +1,200 @@
+"""Estimates: offline (rates, the window's parts, the comparison with a run) and on the lab (read-only, and within
+10 % of the bytes the real pre-syncs that follow move)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from ruamel.yaml import YAML
+
+from orchestrator import estimates
+from orchestrator.engine.step import StepContext
+from orchestrator.estimates import TransferEstimate
+from orchestrator.lab.state import LabState
+from orchestrator.plan.model import Plan
+from orchestrator.results import DbPresyncResult, FilesResult
+from orchestrator.run.rehearse import compare
+from orchestrator.runtime import Runtime
+from orchestrator.steps.db_presync import DbPresync
+from orchestrator.steps.files_presync import FilesPresync
+from tests.conftest import migrate
+
+# --- offline ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("50M", 50 * 1024**2), ("1500K", 1500 * 1024), ("100", 100 * 1024), ("2MB", 2_000_000), ("1.5MiB", 1.5 * 1024**2)],
+)
+def test_bwlimit_reads_as_rsync_does(value: str, expected: float) -> None:
+    assert estimates.bwlimit_bytes(value) == expected
+
+
+def test_read_rate_from_dd() -> None:
+    output = "64+0 records in\n64+0 records out\n67108864 bytes (67 MB, 64 MiB) copied, 0.5 s, 134 MB/s\n"
+    assert estimates.parse_read_rate(output) == 67108864 / 0.5
+    assert estimates.parse_read_rate("dd: failed to open\n") is None
+
+
+def test_prediction_adds_bytes_at_the_rate_to_the_comparison() -> None:
+    transfer = TransferEstimate("files_presync", "uploads", 10_000_000, 10, 20_000_000, 0.5, 0.0)
+    (predicted,) = estimates.predict([transfer], 5_000_000)
+    assert predicted.predicted_seconds == 2.5
+
+
+def test_window_parts_name_their_basis() -> None:
+    transfers = [
+        TransferEstimate("files_presync", "uploads", 0, 0, 0, 0.4, 0.4),
+        TransferEstimate("db_presync", "datadir", 0, 0, 0, 0.3, 0.3),
+    ]
+    parts = estimates.predict_window(transfers, sql_round_trip=0.01, dns_round_trip=0.02, records=2, checks=1)
+    by_name = {part.name: part for part in parts}
+    assert by_name["final datadir pass"].seconds == 0.3 and by_name["uploads delta"].seconds == 0.4
+    assert by_name["DNS flip"].seconds == 0.12
+    assert all(part.basis.startswith(("measured:", "assumed:")) for part in parts)
+
+
+def test_compare_states_the_error_per_step() -> None:
+    estimate = {"transfers": [{"step": "files_presync", "bytes": 110}, {"step": "db_presync", "bytes": 90}]}
+    assert compare(estimate, {"files_presync": 100, "db_presync": 100}) == [
+        "files_presync: estimated 110 bytes, moved 100 (+10.0 %)",
+        "db_presync: estimated 90 bytes, moved 100 (-10.0 %)",
+    ]
+
+
+# --- on the lab -------------------------------------------------------------------------------------------------
+
+
+def tree_state(root: Path) -> str:
+    """A tree's file list with sizes, mtimes (ns) and modes: any write, creation or removal changes it."""
+    digest = hashlib.sha256()
+    for directory, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(files) + dirs:
+            path = Path(directory) / name
+            stat = path.lstat()
+            digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_mode}\n".encode())
+    return digest.hexdigest()
+
+
+def dns_state(lab: LabState) -> Any:
+    import urllib.request
+
+    token = lab.secrets()[lab.token_env]
+    request = urllib.request.Request(
+        f"{lab.cf_base_url}/zones?per_page=50", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        zones = json.loads(answer.read())["result"]
+    records = {}
+    for zone in zones:
+        request = urllib.request.Request(
+            f"{lab.cf_base_url}/zones/{zone['id']}/dns_records?per_page=100",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            records[zone["id"]] = json.loads(answer.read())["result"]
+    return records
+
+
+def everything(lab: LabState) -> dict[str, Any]:
+    state: dict[str, Any] = {"dns": dns_state(lab)}
+    for host in (lab.source, lab.target):
+        state[f"{host.name} uploads"] = tree_state(host.uploads)
+        state[f"{host.name} datadir"] = tree_state(host.datadir)
+    return state
+
+
+@pytest.fixture
+def plan(lab: LabState, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plan]:
+    for key, value in lab.secrets().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("CLOUDFLARE_EMAIL", raising=False)
+    monkeypatch.delenv("CLOUDFLARE_API_KEY", raising=False)
+    yield Plan.model_validate(YAML(typ="safe").load(lab.plan_file.read_text()))
+
+
+SERVER_WRITES = ("Innodb_data_written", "Innodb_os_log_written", "Innodb_pages_written")
+
+
+def server_writes(rt: Runtime) -> tuple[int, ...]:
+    """The source server's own write counters: while they stand still, any change to its files is someone else's."""
+    conn = rt.db("source")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS WHERE Variable_name IN %s", (SERVER_WRITES,))
+            values = dict(cur.fetchall())
+        return tuple(int(values[name]) for name in SERVER_WRITES)
+    finally:
+        rt.release(conn)
+
+
+@pytest.mark.lab
+def test_rehearse_changes_nothing_on_either_host_nor_in_dns(lab: LabState, plan: Plan, tmp_path: Path) -> None:
+    """Both hosts' trees and datadirs (names, sizes, mtimes, modes) and every DNS record, before and after.
+
+    The live source database flushes pages by itself now and then: a rehearsal during which its own write counters
+    moved proves nothing about its datadir, so it is repeated (at most 5 times) until one ran while it was still.
+    """
+    rt = Runtime(plan, lab.plan_file)
+    try:
+        for _attempt in range(5):
+            counters, before = server_writes(rt), everything(lab)
+            result = migrate("rehearse", str(lab.plan_file), "--state-dir", str(tmp_path / "state"),
+                             env=lab.secrets(), timeout=180)  # fmt: skip
+            after = everything(lab)
+            if server_writes(rt) == counters:
+                break
+            before.pop("source datadir"), after.pop("source datadir")
+            assert after == before  # everything but the live datadir, whatever its server did
+        else:
+            pytest.fail("the source database never stood still during a rehearsal")
+    finally:
+        rt.close()
+    assert result.returncode == 0, result.stderr
+    assert "predicted window:" in result.stdout and "files_presync" in result.stdout
+    assert after == before
+    saved = json.loads((tmp_path / "state" / "estimate.json").read_text())
+    assert saved["window_seconds"] > 0 and {t["step"] for t in saved["transfers"]} == {"files_presync", "db_presync"}
+    assert all(secret not in result.stdout + result.stderr for secret in lab.secrets().values())
+
+
+def empty(directory: Path) -> None:
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+@pytest.mark.lab
+def test_estimates_are_within_ten_percent_of_the_presyncs_that_follow(lab: LabState, plan: Plan) -> None:
+    rt = Runtime(plan, lab.plan_file)
+    try:
+        assert not rt.db_answers("target"), "the lab's target database must be stopped"
+        # An empty target: the estimate has something real to predict.
+        empty(lab.target.uploads)
+        empty(lab.target.datadir)
+        estimate = estimates.estimate(rt)
+        moved: dict[str, int] = {}
+        for step in (FilesPresync(), DbPresync()):
+            ctx = StepContext(run_id="test", step=step.name, dry_run=False, rt=rt, log=structlog.get_logger())
+            output = step.run(ctx) or {}
+            if step.name == "files_presync":
+                moved[step.name] = FilesResult.of(output).bytes
+            else:
+                moved[step.name] = DbPresyncResult.of(output).rounds[0].files_size
+    finally:
+        rt.close()
+    assert estimate.bytes_of("files_presync") > 0 and estimate.bytes_of("db_presync") > 0
+    for step, actual in moved.items():
+        predicted = estimate.bytes_of(step)
+        assert abs(predicted - actual) <= 0.10 * actual, compare(estimate.as_dict(), moved)
