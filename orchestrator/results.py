@@ -36,6 +36,7 @@ class TreeFigures(Contract):
     files: int = 0
     total_size: int = 0
     seconds: float = 0.0
+    throttled_seconds: float = 0.0  # paused for the source's load (transfer.max_load)
 
 
 class FilesResult(Contract):
@@ -43,6 +44,7 @@ class FilesResult(Contract):
 
     trees: dict[str, TreeFigures] = {}
     bytes: int = 0
+    throttled_seconds: float = 0.0
 
     def bytes_moved(self) -> int:
         return self.bytes
@@ -59,6 +61,7 @@ class DbPresyncResult(Contract):
     rounds: list[PresyncRound] = []
     converged: bool = False
     predicted_final_seconds: float | None = None
+    throttled_seconds: float = 0.0  # paused for the source's load (transfer.max_load)
 
     def bytes_moved(self) -> int:
         return sum(r.bytes for r in self.rounds)

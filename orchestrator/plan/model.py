@@ -483,6 +483,24 @@ class Transfer(Strict):
         default=None, description="rsync --bwlimit for the live pre-syncs, e.g. '50M' (per second)"
     )
     nice: bool = Field(default=True, description="run rsync on the source with nice -n19 and ionice -c3")
+    max_load: float | None = Field(
+        default=None,
+        ge=0,
+        le=10_000,
+        description="pause the live pre-syncs while the source's 1-minute load average is above this (SIGSTOP of "
+        "rsync's process group on the source, SIGCONT once it is back under, or after max_pause); none = never",
+    )
+    load_check_interval: float = _seconds(0, 600, default=2.0, description="how often the source's load is read")
+    max_pause: float = _seconds(
+        0, 3600, default=30.0,
+        description="longest one pause lasts before rsync runs again for a check interval (keep it well under "
+        "rsync_timeout: the target's rsync gives up after that long without data)",
+    )  # fmt: skip
+    nocache: bool = Field(
+        default=True,
+        description="wrap the source's rsync in `nocache` when installed there, so reading the trees does not "
+        "evict the live service's page cache",
+    )
     whole_file: bool = Field(default=True, description="rsync --whole-file (faster on a fast network)")
     rsync_timeout: int = Field(default=300, ge=0, le=86400, description="rsync --timeout (seconds of no I/O; 0 = none)")
     # rsync runs ON the source and pushes to the target: the source itself must be able to ssh to the target.

@@ -27,4 +27,7 @@ class FilesPresync(Step):
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         trees = {tree.name: sync_tree(ctx, tree, live=True) for tree in runtime(ctx).plan.files}
-        return FilesResult(trees=trees, bytes=sum(t.bytes for t in trees.values())).journal()
+        throttled = round(sum(t.throttled_seconds for t in trees.values()), 3)
+        return FilesResult(
+            trees=trees, bytes=sum(t.bytes for t in trees.values()), throttled_seconds=throttled
+        ).journal()
