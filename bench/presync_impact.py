@@ -19,9 +19,9 @@ import argparse
 import http.client
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,53 +43,62 @@ BENCH_DIR = "bench-presync"
 FILE_MB = 8
 
 
-class Sampler:
-    """Requests the source's app at a steady rate; (start time, seconds) for every answer."""
-
-    def __init__(self, address: str, port: int, rate: float, upload: str) -> None:
-        self.address, self.port, self.interval, self.upload = address, port, 1 / rate, upload
-        self.samples: list[tuple[float, float]] = []
-        self.failures = 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _once(self, path: str) -> None:
-        began = time.monotonic()
-        conn = http.client.HTTPConnection(self.address, self.port, timeout=10)
-        try:
-            conn.request("GET", path)
-            answer = conn.getresponse()
-            answer.read()
-            if answer.status != 200:
-                self.failures += 1
-                return
-        except OSError:
-            self.failures += 1
-            return
-        finally:
-            conn.close()
-        self.samples.append((began, time.monotonic() - began))
-
-    def _run(self) -> None:
-        n = 0
-        next_at = time.monotonic()
-        while not self._done.is_set():
-            self._once("/reviews?limit=20" if n % 2 == 0 else f"/uploads/{self.upload}")
+def sample_forever(address: str, port: int, rate: float, upload: str, out: Path) -> None:
+    """In a process of its own (the orchestrator's threads must not share its interpreter): request the app at a
+    steady rate, one line per answer, 'start seconds' (monotonic clock, comparable across processes) or 'failed'."""
+    interval, n = 1 / rate, 0
+    next_at = time.monotonic()
+    with out.open("a", buffering=1) as log:
+        while True:
+            path = "/reviews?limit=20" if n % 2 == 0 else f"/uploads/{upload}"
+            began = time.monotonic()
+            conn = http.client.HTTPConnection(address, port, timeout=10)
+            try:
+                conn.request("GET", path)
+                answer = conn.getresponse()
+                answer.read()
+                log.write(f"{began} {time.monotonic() - began}\n" if answer.status == 200 else "failed\n")
+            except OSError:
+                log.write("failed\n")
+            finally:
+                conn.close()
             n += 1
-            next_at += self.interval
-            self._done.wait(max(0.0, next_at - time.monotonic()))
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+
+class Sampler:
+    """The sampling process, and the p99 of its answers within an interval."""
+
+    def __init__(self, address: str, port: int, rate: float, upload: str, out: Path) -> None:
+        self.out = out
+        self.argv = [sys.executable, __file__, "--sample", address, str(port), str(rate), upload, str(out)]
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        self.proc = subprocess.Popen(self.argv)
 
     def stop(self) -> None:
-        self._done.set()
-        self._thread.join(timeout=30)
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def _lines(self) -> list[str]:
+        return self.out.read_text().splitlines() if self.out.exists() else []
+
+    @property
+    def failures(self) -> int:
+        return sum(1 for line in self._lines() if line == "failed")
 
     def p99(self, since: float, until: float) -> float:
-        values = sorted(seconds for began, seconds in self.samples if since <= began < until)
+        values = []
+        for line in self._lines():
+            fields = line.split()
+            if len(fields) == 2 and since <= float(fields[0]) < until:
+                values.append(float(fields[1]))
         if not values:
             return float("nan")
+        values.sort()
         return values[min(len(values) - 1, int(len(values) * 0.99))] * 1000
 
 
@@ -164,6 +173,10 @@ def main() -> int:
     parser.add_argument("--baseline", type=float, default=8.0, help="seconds of latency sampled before each pre-sync")
     parser.add_argument("--bwlimit", default="40M", help="transfer.bwlimit of the protected variant")
     parser.add_argument("--max-load", type=float, default=float(os.cpu_count() or 2), help="transfer.max_load")
+    if len(sys.argv) > 1 and sys.argv[1] == "--sample":
+        address, port, rate, upload, out = sys.argv[2:7]
+        sample_forever(address, int(port), float(rate), upload, Path(out))
+        return 0
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     with a_lab(args.lab_dir) as state:
@@ -171,7 +184,8 @@ def main() -> int:
             os.environ[key] = value
         base = Plan.model_validate(YAML(typ="safe").load(state.plan_file.read_text()))
         bench = grow_uploads(state, args.uploads_size_mb)
-        upload = f"{BENCH_DIR}/blob-0000.bin"
+        # A small file the app serves (its names have no '/'): the page cache the pre-sync must not evict.
+        upload = sorted(p.name for p in state.source.uploads.iterdir() if p.is_file())[0]
         plans = {
             "unprotected": base.transfer.model_copy(
                 update={"nice": False, "nocache": False, "bwlimit": None, "max_load": None}
@@ -181,7 +195,8 @@ def main() -> int:
                         "load_check_interval": 1.0, "max_pause": 10.0}
             ),
         }  # fmt: skip
-        sampler = Sampler(state.source.address, state.source.app_port, args.rate, upload)
+        samples = Path(tempfile.mkdtemp(prefix="presync-samples-")) / "samples.txt"
+        sampler = Sampler(state.source.address, state.source.app_port, args.rate, upload, samples)
         sampler.start()
         try:
             variants = [
@@ -192,8 +207,10 @@ def main() -> int:
             sampler.stop()
             shutil.rmtree(bench, ignore_errors=True)
             shutil.rmtree(state.target.uploads / BENCH_DIR, ignore_errors=True)
+    failures = sampler.failures
+    shutil.rmtree(samples.parent, ignore_errors=True)
     print(f"uploads pre-sync of {args.uploads_size_mb} MiB; app requests at {args.rate}/s; "
-          f"failed requests: {sampler.failures}")  # fmt: skip
+          f"failed requests: {failures}")  # fmt: skip
     print(f"{'variant':<12} {'p99 before':>11} {'p99 during':>11} {'ratio':>6} {'pre-sync':>9} {'throttled':>10}")
     for v in variants:
         print(f"{v.name:<12} {v.p99_before_ms:>9.1f}ms {v.p99_during_ms:>9.1f}ms {v.ratio:>5.2f}x "

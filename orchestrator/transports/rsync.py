@@ -340,8 +340,11 @@ class LoadThrottle:
         with contextlib.suppress(TransportError):
             self.host.run(f"rm -f {shlex.quote(self.marker)}", timeout=30, check=False)
 
-    def _signal(self, signal: str, group: int) -> None:
-        self.host.run(f"kill -{signal} -- -{group} 2>/dev/null; true", timeout=30, check=False)
+    def _signal(self, signal: str, group: int) -> bool:
+        """Signal every process of the group; True once delivered. The external kill: dash's builtin refuses a
+        negative process-group id."""
+        command = f"env kill -{signal} -- -{group} 2>/dev/null && echo delivered; true"
+        return self.host.run(command, timeout=30, check=False).stdout.strip() == "delivered"
 
     def _resume(self, why: str) -> None:
         assert self._paused_at is not None and self._group is not None
@@ -375,8 +378,10 @@ class LoadThrottle:
                 continue
             if load > self.max_load:
                 self._group = group
+                stopped = False
                 with contextlib.suppress(TransportError):
-                    self._signal("STOP", group)
+                    stopped = self._signal("STOP", group)
+                if stopped:  # counted only when the signal reached rsync (it may have just ended)
                     self._paused_at = time.monotonic()
                     self.pauses += 1
                     self._log.info("presync_paused", load=load, max_load=self.max_load)
