@@ -54,6 +54,7 @@ class Estimate:
     rate_basis: str = ""
     database_bytes: int | None = None
     window: list[WindowPart] = field(default_factory=list)
+    measured_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     @property
     def window_seconds(self) -> float:
@@ -70,6 +71,7 @@ class Estimate:
             "database_bytes": self.database_bytes,
             "window": [asdict(part) for part in self.window],
             "window_seconds": self.window_seconds,
+            "measured_at": self.measured_at,
         }
 
 

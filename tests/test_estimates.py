@@ -26,6 +26,9 @@ from orchestrator.runtime import Runtime
 from orchestrator.steps.db_presync import DbPresync
 from orchestrator.steps.files_presync import FilesPresync
 from tests.conftest import migrate
+from tests.test_e2e import live_lab, migrate_apply, outcome, plan_copy, plan_name, run_report
+
+__all__ = ["live_lab"]  # a fixture, used by name
 
 # --- offline ----------------------------------------------------------------------------------------------------
 
@@ -198,3 +201,24 @@ def test_estimates_are_within_ten_percent_of_the_presyncs_that_follow(lab: LabSt
     for step, actual in moved.items():
         predicted = estimate.bytes_of(step)
         assert abs(predicted - actual) <= 0.10 * actual, compare(estimate.as_dict(), moved)
+
+
+@pytest.mark.lab
+def test_the_real_run_states_the_rehearsals_estimate_beside_what_happened(live_lab: LabState) -> None:
+    """`migrate rehearse`, then `migrate apply` of the same plan onto an empty target: the run's report carries the
+    estimate beside the bytes each pre-sync moved, each within 10 %, and the predicted window beside the real one."""
+    plan = plan_copy(live_lab, "estimate", {})
+    empty(live_lab.target.uploads)
+    empty(live_lab.target.datadir)
+    rehearsed = migrate("rehearse", str(plan), "--env-file", str(live_lab.env_file), timeout=180)
+    assert rehearsed.returncode == 0, rehearsed.stderr
+    applied = migrate_apply(live_lab, plan)
+    assert applied.returncode == 0, outcome(applied)
+    assert "estimate of the rehearsal" in applied.stdout and "window: predicted" in applied.stdout
+    report = run_report(live_lab, plan_name(plan))
+    estimate = report["estimate"]["estimate"]
+    for step in ("files_presync", "db_presync"):
+        predicted = sum(t["bytes"] for t in estimate["transfers"] if t["step"] == step)
+        actual = report["bytes_by_step"][step]
+        assert actual > 0 and abs(predicted - actual) <= 0.10 * actual, report["estimate"]["lines"]
+    assert estimate["window_seconds"] > 0 and report["write_block_seconds"] > 0

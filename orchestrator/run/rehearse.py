@@ -78,6 +78,25 @@ def lines(rehearsal: Rehearsal) -> list[str]:
     return out
 
 
+def estimate_beside(state_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """The last rehearsal's estimate beside what the run did (bytes per step, the window), or {} without one."""
+    saved = state_dir / ESTIMATE_FILE
+    try:
+        estimate = json.loads(saved.read_text())
+    except (OSError, ValueError):
+        return {}
+    lines = compare(estimate, report.get("bytes_by_step") or {})
+    predicted, blocked = estimate.get("window_seconds"), report.get("write_block_seconds")
+    if predicted and blocked:
+        lines.append(
+            f"window: predicted {predicted:.2f} s, writes blocked {blocked:.2f} s"
+            f" ({(predicted - blocked) / blocked * 100:+.1f} %)"
+        )
+    when = estimate.get("measured_at")
+    heading = "estimate of the rehearsal" + (f" at {when}" if when else "") + " beside this run:"
+    return {"estimate": estimate, "lines": [heading, *(f"  {line}" for line in lines)]}
+
+
 def compare(estimate: dict[str, Any], moved: dict[str, int]) -> list[str]:
     """The estimate beside what a run moved ({step: bytes}): one line per step, with the error in percent."""
     predicted: dict[str, int] = {}
