@@ -3,10 +3,14 @@ pause on the source's load that engages above `transfer.max_load` while the copy
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,9 +31,9 @@ from orchestrator.transports.ssh import TransportError
 # --- offline ----------------------------------------------------------------------------------------------------
 
 
-def test_load_check_reads_the_load_and_the_group() -> None:
-    assert rsync.parse_load_check("0.52 0.40 0.33 2/301 4242\n4243\n") == (0.52, 4243)
-    assert rsync.parse_load_check("1.00 0.40 0.33 2/301 4242\n") == (1.0, None)  # rsync not started yet
+def test_load_check_reads_the_load_the_group_and_its_state() -> None:
+    assert rsync.parse_load_check("0.52 0.40 0.33 2/301 4242\n4243\nT\n") == (0.52, 4243, "T")
+    assert rsync.parse_load_check("1.00 0.40 0.33 2/301 4242\n\n") == (1.0, None, "")  # rsync not started yet
     with pytest.raises(TransportError):
         rsync.parse_load_check("")
 
@@ -55,6 +59,30 @@ def test_live_command_under_nocache_when_installed() -> None:
     done = sh(rsync.live_command('echo "$LD_PRELOAD"', nocache=True, group_marker=None))
     assert "nocache" in done.stdout
     assert "nocache" not in sh(rsync.live_command('echo "$LD_PRELOAD"', nocache=False, group_marker=None)).stdout
+
+
+def test_live_command_stops_itself_before_the_copy_when_loaded(tmp_path: Path) -> None:
+    """Above the threshold at the start, the command stops before running anything, until it is continued: a
+    copy too short for the watcher's first look is paused all the same."""
+    marker, ran = tmp_path / "group", tmp_path / "ran"
+    proc = subprocess.Popen(["sh", "-c", rsync.live_command(f"touch {ran}", nocache=False, group_marker=str(marker),
+                                                            max_load=-1.0)])  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        state = ""
+        while time.monotonic() < deadline and state != "T":
+            if marker.exists() and marker.read_text().strip():
+                stat = Path(f"/proc/{marker.read_text().strip()}/stat")
+                state = stat.read_text().rsplit(")", 1)[1].split()[0] if stat.exists() else ""
+            time.sleep(0.05)
+        assert state == "T" and not ran.exists()
+        os.killpg(int(marker.read_text()), signal.SIGCONT)
+        assert proc.wait(timeout=30) == 0 and ran.exists()
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(marker.read_text()), signal.SIGCONT)
+            proc.kill()
 
 
 # --- on the lab -------------------------------------------------------------------------------------------------

@@ -276,26 +276,32 @@ def changed_items(host: SshHost, command: str, *, what: str, timeout: float | No
 # --- a pre-sync the live site does not feel -------------------------------------------------------------------
 
 # The source's rsync runs in a process group of its own (setsid), whose id it writes to a marker file first, so a
-# watcher can pause (SIGSTOP) and resume (SIGCONT) it, and its ssh child to the target with it, as a whole.
-_GROUP_SCRIPT = 'echo $$ > "$1"; exec sh -c "$2"'
-_NOCACHE_SCRIPT = 'if command -v nocache >/dev/null 2>&1; then exec nocache sh -c "$1"; else exec sh -c "$1"; fi'
-_GROUP_NOCACHE_SCRIPT = (
-    'echo $$ > "$1"; if command -v nocache >/dev/null 2>&1; then exec nocache sh -c "$2"; else exec sh -c "$2"; fi'
+# watcher can pause (SIGSTOP) and resume (SIGCONT) it, and its ssh child to the target with it, as a whole. With a
+# load threshold it also checks the load itself before it starts and, above it, stops itself at once: a short copy
+# cannot slip through before the watcher's first look.
+_NOCACHE = 'if command -v nocache >/dev/null 2>&1; then exec nocache sh -c "$2"; else exec sh -c "$2"; fi'
+_PLAIN = 'exec sh -c "$2"'
+_STOP_IF_LOADED = (
+    'read load _ < /proc/loadavg; if awk -v l="$load" -v m="$3" \'BEGIN { exit !(l > m) }\'; then kill -STOP $$; fi; '
 )
 
 
-def live_command(command: str, *, nocache: bool, group_marker: str | None) -> str:
+def live_command(command: str, *, nocache: bool, group_marker: str | None, max_load: float | None = None) -> str:
     """A push command wrapped for the live source: in `nocache` when the source has it (rsync's reads then leave
     the service's page cache alone; rsync has no such option itself), and, with `group_marker`, in a process group
-    of its own whose id is written to that file (setsid -w waits for it and returns its exit status)."""
+    of its own whose id is written to that file (setsid -w waits for it and returns its exit status), stopped
+    from the start when the load is above `max_load`."""
+    run = _NOCACHE if nocache else _PLAIN
     if group_marker is None:
-        return command if not nocache else f"sh -c {shlex.quote(_NOCACHE_SCRIPT)} sh {shlex.quote(command)}"
-    script = _GROUP_NOCACHE_SCRIPT if nocache else _GROUP_SCRIPT
-    return f"setsid -w sh -c {shlex.quote(script)} sh {shlex.quote(group_marker)} {shlex.quote(command)}"
+        return f"sh -c {shlex.quote(run)} sh - {shlex.quote(command)}" if nocache else command
+    script = 'echo $$ > "$1"; ' + (_STOP_IF_LOADED if max_load is not None else "") + run
+    limit = repr(float(max_load)) if max_load is not None else "-"
+    return f"setsid -w sh -c {shlex.quote(script)} sh {shlex.quote(group_marker)} {shlex.quote(command)} {limit}"
 
 
-def parse_load_check(output: str) -> tuple[float, int | None]:
-    """A load check's output: /proc/loadavg's line, then the group id from the marker file (once written)."""
+def parse_load_check(output: str) -> tuple[float, int | None, str]:
+    """A load check's output: /proc/loadavg's line, then the group id from the marker file (once written) and the
+    state of the group's leader (T: stopped)."""
     lines = output.splitlines()
     if not lines:
         raise TransportError("no answer from the source's load check", True)
@@ -305,7 +311,8 @@ def parse_load_check(output: str) -> tuple[float, int | None]:
     except (IndexError, ValueError):
         raise TransportError(f"unexpected /proc/loadavg: {lines[0][:80]}", True) from None
     group = lines[1].strip() if len(lines) > 1 else ""
-    return load, int(group) if group.isdigit() and int(group) > 1 else None
+    state = lines[2].strip() if len(lines) > 2 else ""
+    return load, int(group) if group.isdigit() and int(group) > 1 else None, state
 
 
 class LoadThrottle:
@@ -356,10 +363,14 @@ class LoadThrottle:
         self._log.info("presync_resumed", why=why, paused_seconds=round(paused, 3))
 
     def _watch(self) -> None:
-        check = f"cat /proc/loadavg; cat {shlex.quote(self.marker)} 2>/dev/null; true"
+        marker = shlex.quote(self.marker)
+        check = (
+            f'cat /proc/loadavg; g=$(cat {marker} 2>/dev/null); echo "$g"; '
+            "[ -n \"$g\" ] && sed 's/.*) //' /proc/$g/stat 2>/dev/null | cut -d' ' -f1; true"
+        )
         while not self._done.is_set():
             try:
-                load, group = parse_load_check(self.host.run(check, timeout=30, check=False).stdout)
+                load, group, state = parse_load_check(self.host.run(check, timeout=30, check=False).stdout)
             except TransportError as exc:
                 self._log.warning("load_check_failed", error=str(exc))
                 self._done.wait(self.interval)
@@ -375,6 +386,12 @@ class LoadThrottle:
                 continue
             if group is None:
                 self._done.wait(min(self.interval, 0.1))  # rsync has not started yet
+                continue
+            if state == "T":  # it stopped itself at the start, the load being above the threshold
+                self._group, self._paused_at = group, time.monotonic()
+                self.pauses += 1
+                self._log.info("presync_paused", load=load, max_load=self.max_load, at_start=True)
+                self._done.wait(min(self.interval, self.max_pause))
                 continue
             if load > self.max_load:
                 self._group = group
@@ -407,7 +424,7 @@ def push_live(
         wrapped = live_command(command, nocache=transfer.nocache, group_marker=None)
         return push(host, wrapped, what=what, retry=retry, on_progress=on_progress, timeout=timeout), 0.0
     marker = f"/tmp/migrate-rsync-{uuid.uuid4().hex}.pgid"
-    wrapped = live_command(command, nocache=transfer.nocache, group_marker=marker)
+    wrapped = live_command(command, nocache=transfer.nocache, group_marker=marker, max_load=transfer.max_load)
     throttle = LoadThrottle(
         host, marker, max_load=transfer.max_load, interval=transfer.load_check_interval, max_pause=transfer.max_pause
     )
