@@ -222,3 +222,41 @@ def test_the_real_run_states_the_rehearsals_estimate_beside_what_happened(live_l
         actual = report["bytes_by_step"][step]
         assert actual > 0 and abs(predicted - actual) <= 0.10 * actual, report["estimate"]["lines"]
     assert estimate["window_seconds"] > 0 and report["write_block_seconds"] > 0
+
+
+@pytest.mark.lab
+def test_rehearse_for_real_leaves_the_source_as_it_was_and_the_target_warm_or_clean(
+    live_lab: LabState, plan: Plan
+) -> None:
+    """Pre-syncs, the target started fenced on a copy and health-checked, DNS read, the window predicted from the
+    measured parts; the source's trees and DNS unchanged and the source still serving; the target stopped and left
+    warm (its pre-synced datadir kept as it was copied) or, with --clean, empty."""
+    plan_file = plan_copy(live_lab, "rehearsal", {})
+    empty(live_lab.target.uploads)
+    empty(live_lab.target.datadir)
+    before = {"dns": dns_state(live_lab), "uploads": tree_state(live_lab.source.uploads)}
+    done = migrate("rehearse", str(plan_file), "--for-real", "--env-file", str(live_lab.env_file), timeout=600)
+    assert done.returncode == 0, outcome(done)
+    assert "predicted window:" in done.stdout and "target start: " in done.stdout and "target left warm" in done.stdout
+    assert {"dns": dns_state(live_lab), "uploads": tree_state(live_lab.source.uploads)} == before
+    assert tree_digest(live_lab.target.uploads) == tree_digest(live_lab.source.uploads)
+    assert (live_lab.target.datadir / "ibdata1").exists()
+    assert not list(live_lab.target.datadir.parent.glob("*.rehearsal-warm"))
+    rt = Runtime(plan, plan_file)
+    try:
+        assert not rt.db_answers("target") and rt.db_answers("source")
+    finally:
+        rt.close()
+    cleaned = migrate("rehearse", str(plan_file), "--for-real", "--clean", "--env-file", str(live_lab.env_file),
+                      timeout=600)  # fmt: skip
+    assert cleaned.returncode == 0, outcome(cleaned)
+    assert "target left clean" in cleaned.stdout
+    assert list(live_lab.target.uploads.iterdir()) == [] and list(live_lab.target.datadir.iterdir()) == []
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }

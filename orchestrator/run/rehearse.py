@@ -9,6 +9,8 @@ estimate is saved beside the plan's journal (`estimate.json`), so the real run t
 from __future__ import annotations
 
 import json
+import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,3 +112,124 @@ def compare(estimate: dict[str, Any], moved: dict[str, int]) -> list[str]:
         error = (bytes_predicted - actual) / actual * 100 if actual else (0.0 if bytes_predicted == 0 else 100.0)
         out.append(f"{step}: estimated {bytes_predicted} bytes, moved {actual} ({error:+.1f} %)")
     return out
+
+
+# --- the rehearsal for real: everything up to the window, on the real target ----------------------------------
+
+WARM_SUFFIX = ".rehearsal-warm"
+
+
+@dataclass(frozen=True)
+class Performed:
+    """What the rehearsal did for real: each stage's seconds (or its failure), the window predicted from them."""
+
+    plan_name: str
+    stages: dict[str, float]
+    window: list[estimates.WindowPart]
+    failures: list[str]
+    target_left: str  # "warm" or "clean"
+
+    @property
+    def window_seconds(self) -> float:
+        return round(sum(part.seconds for part in self.window), 3)
+
+    def lines(self) -> list[str]:
+        out = [f"{stage}: {seconds:.2f} s" for stage, seconds in self.stages.items()]
+        out.append(f"predicted window: {self.window_seconds:.2f} s")
+        out += [f"  {part.name}: {part.seconds:.2f} s ({part.basis})" for part in self.window]
+        out += [f"FAILED: {failure}" for failure in self.failures]
+        out.append(f"target left {self.target_left}")
+        return out
+
+
+def _context(rt: Runtime, step: Any) -> Any:
+    from orchestrator import logging as mlog
+    from orchestrator.engine.step import StepContext
+
+    return StepContext(run_id="rehearsal", step=step.name, dry_run=False, rt=rt, log=mlog.get_logger())
+
+
+def _timed(stages: dict[str, float], name: str, action: Any) -> Any:
+    started = time.monotonic()
+    try:
+        return action()
+    finally:
+        stages[name] = round(time.monotonic() - started, 3)
+
+
+def rehearse_for_real(
+    plan_path: Path, *, clean: bool = False, env_file: Path | None = None, state_dir: Path | None = None
+) -> Performed:
+    """Preflight, the target prepared, the pre-syncs for real, the deltas timed again while the source stays live,
+    the target started fenced on a copy of its warm datadir and its health checked, the DNS records read; then the
+    target stopped and left warm (the pre-synced data kept for the real run) or clean. The source is only read."""
+    from orchestrator.results import DbPresyncResult
+    from orchestrator.steps.db_presync import DbPresync
+    from orchestrator.steps.files_presync import FilesPresync
+    from orchestrator.steps.preflight import Preflight
+    from orchestrator.steps.prepare_target import PrepareTarget
+    from orchestrator.steps.start_target import StartTarget
+    from orchestrator.steps.verify_target import VerifyTarget
+
+    subj = subject(plan_path, state_dir=state_dir)
+    load_env(env_file)
+    resolve_secrets(subj.plan, plan_path)
+    plan = subj.plan
+    rt = Runtime(plan, plan_path)
+    stages: dict[str, float] = {}
+    failures: list[str] = []
+    window: list[estimates.WindowPart] = []
+    datadir = shlex.quote(plan.database.target.datadir.rstrip("/"))
+    warm = shlex.quote(plan.database.target.datadir.rstrip("/") + WARM_SUFFIX)
+    started_target = False
+    try:
+        for step in (Preflight(), PrepareTarget()):
+            _timed(stages, step.name, lambda step=step: step.run(_context(rt, step)))
+        _timed(stages, "files_presync", lambda: FilesPresync().run(_context(rt, FilesPresync())))
+        db_result = DbPresyncResult.of(_timed(stages, "db_presync", lambda: DbPresync().run(_context(rt, DbPresync()))))
+        # The uploads' delta as the window would copy it, timed with the source live (its writes continue).
+        _timed(stages, "uploads delta", lambda: FilesPresync().run(_context(rt, FilesPresync())))
+        started_target = True  # from here on, the finally puts the warm datadir back
+        _timed(stages, "copy of the warm datadir", lambda: rt.target.run(
+            f"rm -rf {warm} && mv {datadir} {warm} && cp -a {warm} {datadir}", timeout=3600))  # fmt: skip
+        _timed(stages, "target start (fenced)", lambda: StartTarget().run(_context(rt, StartTarget())))
+        _tries, health_failures = _timed(
+            stages, "health checks", lambda: VerifyTarget().health(_context(rt, VerifyTarget()))
+        )
+        failures += health_failures
+        _timed(stages, "DNS read", lambda: _read_records(rt))
+        window = [
+            estimates.WindowPart("source database shutdown", estimates.ASSUMED_SHUTDOWN_SECONDS,
+                                 "assumed: the source is not stopped in a rehearsal"),
+            estimates.WindowPart("final datadir pass", db_result.rounds[-1].seconds if db_result.rounds else 0.0,
+                                 "measured: the last pre-sync round"),
+            estimates.WindowPart("uploads delta", stages["uploads delta"], "measured: a second uploads pass"),
+            estimates.WindowPart("target start", stages["target start (fenced)"], "measured: on a copy"),
+            estimates.WindowPart("verify", stages["health checks"], "measured: the health checks"),
+            estimates.WindowPart("DNS flip", round(stages["DNS read"] * 3, 3), "measured: a read of every record, x3"),
+        ]  # fmt: skip
+    except (TransportError, StepError, mysql.DbError, pymysql.MySQLError, DnsError) as exc:
+        failures.append(redact(str(exc)))
+    finally:
+        try:
+            if started_target:
+                StartTarget().undo(_context(rt, StartTarget()))
+                # The copy the database ran on goes; the untouched warm copy takes its place (or goes too).
+                restore = f"rm -rf {datadir} && mv {warm} {datadir}"
+                rt.target.run(restore + (f" && find {datadir} -mindepth 1 -delete" if clean else ""), timeout=3600)
+            if clean:
+                for tree in plan.files:
+                    rt.target.run(f"find {shlex.quote(tree.target)} -mindepth 1 -delete", timeout=3600)
+                rt.target.run(f"find {datadir} -mindepth 1 -delete 2>/dev/null; true", timeout=3600)
+        except (TransportError, StepError) as exc:
+            failures.append(f"leaving the target {'clean' if clean else 'warm'}: {redact(str(exc))}")
+        finally:
+            rt.close()
+    return Performed(plan.name, stages, window, failures, "clean" if clean else "warm")
+
+
+def _read_records(rt: Runtime) -> None:
+    plan = rt.plan
+    zone = rt.dns.zone_id(plan.dns.zone)
+    for name in plan.dns.records:
+        rt.dns.find_records(zone, name, plan.dns.type)
