@@ -214,7 +214,7 @@ def test_the_real_run_states_the_rehearsals_estimate_beside_what_happened(live_l
     assert rehearsed.returncode == 0, rehearsed.stderr
     applied = migrate_apply(live_lab, plan)
     assert applied.returncode == 0, outcome(applied)
-    assert "estimate of the rehearsal" in applied.stdout and "window: predicted" in applied.stdout
+    assert "beside this run" in applied.stdout and "window: predicted" in applied.stdout
     report = run_report(live_lab, plan_name(plan))
     estimate = report["estimate"]["estimate"]
     for step in ("files_presync", "db_presync"):
@@ -225,33 +225,47 @@ def test_the_real_run_states_the_rehearsals_estimate_beside_what_happened(live_l
 
 
 @pytest.mark.lab
-def test_rehearse_for_real_leaves_the_source_as_it_was_and_the_target_warm_or_clean(
-    live_lab: LabState, plan: Plan
-) -> None:
+def test_rehearse_for_real_leaves_the_source_as_it_was_and_the_target_clean(live_lab: LabState, plan: Plan) -> None:
     """Pre-syncs, the target started fenced on a copy and health-checked, DNS read, the window predicted from the
-    measured parts; the source's trees and DNS unchanged and the source still serving; the target stopped and left
-    warm (its pre-synced datadir kept as it was copied) or, with --clean, empty."""
-    plan_file = plan_copy(live_lab, "rehearsal", {})
-    empty(live_lab.target.uploads)
-    empty(live_lab.target.datadir)
+    measured parts; the source's trees and DNS unchanged and the source still serving; with --clean, the target
+    stopped and empty."""
+    plan_file = plan_copy(live_lab, "rehearsal-clean", {})
     before = {"dns": dns_state(live_lab), "uploads": tree_state(live_lab.source.uploads)}
-    done = migrate("rehearse", str(plan_file), "--for-real", "--env-file", str(live_lab.env_file), timeout=600)
+    done = migrate("rehearse", str(plan_file), "--for-real", "--clean", "--env-file", str(live_lab.env_file),
+                   timeout=600)  # fmt: skip
     assert done.returncode == 0, outcome(done)
-    assert "predicted window:" in done.stdout and "target start: " in done.stdout and "target left warm" in done.stdout
+    assert "predicted window:" in done.stdout and "target start: " in done.stdout and "target left clean" in done.stdout
     assert {"dns": dns_state(live_lab), "uploads": tree_state(live_lab.source.uploads)} == before
-    assert tree_digest(live_lab.target.uploads) == tree_digest(live_lab.source.uploads)
-    assert (live_lab.target.datadir / "ibdata1").exists()
+    assert list(live_lab.target.uploads.iterdir()) == [] and list(live_lab.target.datadir.iterdir()) == []
     assert not list(live_lab.target.datadir.parent.glob("*.rehearsal-warm"))
     rt = Runtime(plan, plan_file)
     try:
         assert not rt.db_answers("target") and rt.db_answers("source")
     finally:
         rt.close()
-    cleaned = migrate("rehearse", str(plan_file), "--for-real", "--clean", "--env-file", str(live_lab.env_file),
-                      timeout=600)  # fmt: skip
-    assert cleaned.returncode == 0, outcome(cleaned)
-    assert "target left clean" in cleaned.stdout
-    assert list(live_lab.target.uploads.iterdir()) == [] and list(live_lab.target.datadir.iterdir()) == []
+
+
+@pytest.mark.lab
+def test_rehearse_for_real_leaves_the_target_warm_and_the_run_that_follows_states_the_prediction(
+    live_lab: LabState, plan: Plan
+) -> None:
+    """A warm rehearsal is not wasted work: the real run that follows finds the uploads already there, and its
+    report sets the rehearsal's predicted window beside the writes-blocked window it measured."""
+    plan_file = plan_copy(live_lab, "rehearsal-warm", {})
+    empty(live_lab.target.uploads)
+    empty(live_lab.target.datadir)
+    done = migrate("rehearse", str(plan_file), "--for-real", "--env-file", str(live_lab.env_file), timeout=600)
+    assert done.returncode == 0, outcome(done)
+    assert "target left warm" in done.stdout
+    assert tree_digest(live_lab.target.uploads) == tree_digest(live_lab.source.uploads)
+    assert (live_lab.target.datadir / "ibdata1").exists()
+    assert not list(live_lab.target.datadir.parent.glob("*.rehearsal-warm"))
+    applied = migrate_apply(live_lab, plan_file)
+    assert applied.returncode == 0, outcome(applied)
+    assert "rehearsal --for-real of" in applied.stdout and "window: predicted" in applied.stdout
+    report = run_report(live_lab, plan_name(plan_file))
+    assert report["estimate"]["rehearsal"]["window_seconds"] > 0 and report["write_block_seconds"] > 0
+    assert report["bytes_by_step"].get("files_presync", 0) == 0  # the warm target already had every upload
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pymysql
 
 from orchestrator import estimates, exit_codes
+from orchestrator.engine.journal import RunStatus
 from orchestrator.engine.step import StepError
 from orchestrator.redaction import redact
 from orchestrator.run.policy import load_env, resolve_secrets, subject
@@ -28,6 +29,7 @@ from orchestrator.transports.cloudflare import DnsError
 from orchestrator.transports.ssh import TransportError
 
 ESTIMATE_FILE = "estimate.json"
+REHEARSAL_FILE = "rehearsal.json"
 
 
 @dataclass(frozen=True)
@@ -82,21 +84,24 @@ def lines(rehearsal: Rehearsal) -> list[str]:
 
 def estimate_beside(state_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
     """The last rehearsal's estimate beside what the run did (bytes per step, the window), or {} without one."""
-    saved = state_dir / ESTIMATE_FILE
-    try:
-        estimate = json.loads(saved.read_text())
-    except (OSError, ValueError):
-        return {}
-    lines = compare(estimate, report.get("bytes_by_step") or {})
-    predicted, blocked = estimate.get("window_seconds"), report.get("write_block_seconds")
-    if predicted and blocked:
-        lines.append(
-            f"window: predicted {predicted:.2f} s, writes blocked {blocked:.2f} s"
-            f" ({(predicted - blocked) / blocked * 100:+.1f} %)"
-        )
-    when = estimate.get("measured_at")
-    heading = "estimate of the rehearsal" + (f" at {when}" if when else "") + " beside this run:"
-    return {"estimate": estimate, "lines": [heading, *(f"  {line}" for line in lines)]}
+    found: dict[str, Any] = {}
+    lines: list[str] = []
+    blocked = report.get("write_block_seconds")
+    for key, name in ((ESTIMATE_FILE, "estimate"), (REHEARSAL_FILE, "rehearsal")):
+        try:
+            saved = json.loads((state_dir / key).read_text())
+        except (OSError, ValueError):
+            continue
+        found[name] = saved
+        when = saved.get("measured_at")
+        lines.append(f"{'estimate' if name == 'estimate' else 'rehearsal --for-real'} of {when} beside this run:")
+        if name == "estimate":
+            lines += [f"  {line}" for line in compare(saved, report.get("bytes_by_step") or {})]
+        predicted = saved.get("window_seconds")
+        if predicted and blocked:
+            error = (predicted - blocked) / blocked * 100
+            lines.append(f"  window: predicted {predicted:.2f} s, writes blocked {blocked:.2f} s ({error:+.1f} %)")
+    return {**found, "lines": lines} if found else {}
 
 
 def compare(estimate: dict[str, Any], moved: dict[str, int]) -> list[str]:
@@ -172,6 +177,13 @@ def rehearse_for_real(
     from orchestrator.steps.verify_target import VerifyTarget
 
     subj = subject(plan_path, state_dir=state_dir)
+    existing = subj.saved_state()
+    if existing is not None and existing.status not in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK):
+        raise RunError(
+            exit_codes.REFUSED,
+            f"run {existing.run_id} of this plan is unfinished ({existing.status.value}): a rehearsal would stop the"
+            " target it is working on; finish it (`migrate apply`) or roll it back first",
+        )
     load_env(env_file)
     resolve_secrets(subj.plan, plan_path)
     plan = subj.plan
@@ -181,10 +193,12 @@ def rehearse_for_real(
     window: list[estimates.WindowPart] = []
     datadir = shlex.quote(plan.database.target.datadir.rstrip("/"))
     warm = shlex.quote(plan.database.target.datadir.rstrip("/") + WARM_SUFFIX)
-    started_target = False
+    started_target = prepared = False
     try:
         for step in (Preflight(), PrepareTarget()):
             _timed(stages, step.name, lambda step=step: step.run(_context(rt, step)))
+        # Past the preflight (DNS still points at the source: the target is not live) and the target's stop.
+        prepared = True
         _timed(stages, "files_presync", lambda: FilesPresync().run(_context(rt, FilesPresync())))
         db_result = DbPresyncResult.of(_timed(stages, "db_presync", lambda: DbPresync().run(_context(rt, DbPresync()))))
         # The uploads' delta as the window would copy it, timed with the source live (its writes continue).
@@ -217,7 +231,7 @@ def rehearse_for_real(
                 # The copy the database ran on goes; the untouched warm copy takes its place (or goes too).
                 restore = f"rm -rf {datadir} && mv {warm} {datadir}"
                 rt.target.run(restore + (f" && find {datadir} -mindepth 1 -delete" if clean else ""), timeout=3600)
-            if clean:
+            if clean and prepared:
                 for tree in plan.files:
                     rt.target.run(f"find {shlex.quote(tree.target)} -mindepth 1 -delete", timeout=3600)
                 rt.target.run(f"find {datadir} -mindepth 1 -delete 2>/dev/null; true", timeout=3600)
@@ -225,7 +239,17 @@ def rehearse_for_real(
             failures.append(f"leaving the target {'clean' if clean else 'warm'}: {redact(str(exc))}")
         finally:
             rt.close()
-    return Performed(plan.name, stages, window, failures, "clean" if clean else "warm")
+    performed = Performed(plan.name, stages, window, failures, "clean" if clean else "warm")
+    if window and not failures:
+        subj.state_dir.mkdir(parents=True, exist_ok=True)
+        saved = {
+            "stages": stages,
+            "window": [asdict(part) for part in window],
+            "window_seconds": performed.window_seconds,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (subj.state_dir / REHEARSAL_FILE).write_text(json.dumps(saved, indent=2) + "\n")
+    return performed
 
 
 def _read_records(rt: Runtime) -> None:
