@@ -30,6 +30,11 @@ class DbPresync(Step):
         return [
             f"on the source: rsync --inplace {db.source.datadir}/ → {plan.target.address}:{db.target.datadir}/,"
             f" up to {db.presync.max_rounds} rounds, until a round moves ≤ {db.presync.converged_bytes} bytes"
+            + (
+                f"; paused while the source's load is above {plan.transfer.max_load:g}"
+                if plan.transfer.max_load is not None
+                else ""
+            )
         ]
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:

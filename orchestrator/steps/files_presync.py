@@ -22,6 +22,12 @@ class FilesPresync(Step):
             f"on the source: rsync {t.source}/ → {plan.target.user}@{plan.target.address}:{t.target}/"
             + (f" (bwlimit {plan.transfer.bwlimit})" if plan.transfer.bwlimit else "")
             + (" with nice/ionice" if plan.transfer.nice else "")
+            + (" under nocache (when installed)" if plan.transfer.nocache else "")
+            + (
+                f", paused while the source's load is above {plan.transfer.max_load:g}"
+                if plan.transfer.max_load is not None
+                else ""
+            )
             for t in plan.files
         ]
 
