@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,19 @@ def server_writes(rt: Runtime) -> tuple[int, ...]:
         rt.release(conn)
 
 
+def wait_until_still(rt: Runtime, *, settle: float = 1.0, limit: float = 180.0) -> None:
+    """Until the source server's write counters stood still for `settle` seconds (after a load, InnoDB purges and
+    flushes for a while), at most `limit` seconds."""
+    deadline = time.monotonic() + limit
+    last = server_writes(rt)
+    while time.monotonic() < deadline:
+        time.sleep(settle)
+        now = server_writes(rt)
+        if now == last:
+            return
+        last = now
+
+
 @pytest.mark.lab
 def test_rehearse_changes_nothing_on_either_host_nor_in_dns(lab: LabState, plan: Plan, tmp_path: Path) -> None:
     """Both hosts' trees and datadirs (names, sizes, mtimes, modes) and every DNS record, before and after.
@@ -150,6 +164,7 @@ def test_rehearse_changes_nothing_on_either_host_nor_in_dns(lab: LabState, plan:
     rt = Runtime(plan, lab.plan_file)
     try:
         for _attempt in range(5):
+            wait_until_still(rt)
             counters, before = server_writes(rt), everything(lab)
             result = migrate("rehearse", str(lab.plan_file), "--state-dir", str(tmp_path / "state"),
                              env=lab.secrets(), timeout=180)  # fmt: skip
