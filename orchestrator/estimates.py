@@ -149,7 +149,11 @@ def database_bytes(rt: StepRuntime) -> int | None:
     conn = rt.db("source", retry=False, read_timeout=60.0)
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables")
+            # The user's schemas only: opening the server's own (Aria) tables would make it write their headers.
+            cur.execute(
+                "SELECT COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables"
+                " WHERE table_schema NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')"
+            )
             row = cur.fetchone()
             return int(row[0]) if row else None
     finally:

@@ -126,7 +126,15 @@ def plan(lab: LabState, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plan]:
     yield Plan.model_validate(YAML(typ="safe").load(lab.plan_file.read_text()))
 
 
-SERVER_WRITES = ("Innodb_data_written", "Innodb_os_log_written", "Innodb_pages_written")
+# InnoDB's pages and redo log, Aria's (system tables, its log and checkpoints) and the binary log.
+SERVER_WRITES = (
+    "Innodb_data_written",
+    "Innodb_os_log_written",
+    "Innodb_pages_written",
+    "Aria_pagecache_writes",
+    "Aria_transaction_log_syncs",
+    "Binlog_bytes_written",
+)
 
 
 def server_writes(rt: Runtime) -> tuple[int, ...]:
@@ -136,7 +144,7 @@ def server_writes(rt: Runtime) -> tuple[int, ...]:
         with conn.cursor() as cur:
             cur.execute("SHOW GLOBAL STATUS WHERE Variable_name IN %s", (SERVER_WRITES,))
             values = dict(cur.fetchall())
-        return tuple(int(values[name]) for name in SERVER_WRITES)
+        return tuple(int(values.get(name, 0)) for name in SERVER_WRITES)
     finally:
         rt.release(conn)
 
