@@ -237,6 +237,30 @@ def rollback(
     raise Exit(exit_codes.NEEDS_ATTENTION)
 
 
+@app.command()
+def rehearse(
+    plan_path: PlanArg,
+    for_real: Annotated[
+        bool,
+        typer.Option("--for-real", help="pre-sync, start the target fenced on a copy, check it (source only read)"),
+    ] = False,
+    clean: Annotated[bool, typer.Option("--clean", help="with --for-real: leave the target empty, not warm")] = False,
+    env_file: EnvFileOpt = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Estimate what the migration would move and how long, and predict the window (reads and rsync dry-runs);
+    with --for-real, do everything up to the window on the target and time it."""
+    from orchestrator.run import rehearse as rehearsal
+
+    if for_real:
+        performed = rehearsal.rehearse_for_real(plan_path, clean=clean, env_file=env_file, state_dir=state_dir)
+        for line in performed.lines():
+            out.print(redact(line), markup=False)
+        raise Exit(exit_codes.FAILED if performed.failures else exit_codes.OK)
+    for line in rehearsal.lines(rehearsal.rehearse(plan_path, env_file=env_file, state_dir=state_dir)):
+        out.print(redact(line), markup=False)
+
+
 def _mount_lab() -> None:
     try:
         from orchestrator.lab.cli import lab_app

@@ -229,3 +229,191 @@ def innodb_files_visible(host: Host, datadir: str) -> tuple[set[int], str | None
         "could not prove the source database has stopped; connect as root (or as the database's user) and check "
         "that database.source.datadir is the server's datadir"
     )
+
+
+# --- storage ---------------------------------------------------------------------------------------------------
+
+# The nearest existing ancestor of a path (a target's datadir may not exist yet): its filesystem is where the data
+# will land.
+_EXISTING = 'p={path}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+
+
+@dataclass(frozen=True)
+class MountFacts:
+    """The filesystem under a path: findmnt's view, stat -f's counts, and what lies beneath a loop or ZFS mount."""
+
+    path: str
+    mount_point: str = ""
+    device: str = ""
+    fstype: str = ""
+    options: tuple[str, ...] = ()
+    free_bytes: int = 0
+    free_inodes: int = 0
+    total_inodes: int = 0
+    loop_backing_file: str = ""
+    zfs_sync: str = ""
+
+
+def parse_mount(output: str, path: str = "") -> MountFacts:
+    """mount_facts' output: a findmnt -P line, key=value lines from stat -f, losetup and zfs."""
+    fields: dict[str, str] = {}
+    for line in output.splitlines():
+        if line.startswith("TARGET="):
+            for pair in shlex.split(line):
+                key, _, value = pair.partition("=")
+                fields[key] = value
+        elif "=" in line:
+            key, _, value = line.partition("=")
+            fields[key.strip()] = value.strip()
+    if "FSTYPE" not in fields:
+        raise TransportError(f"unexpected findmnt output for {path}", False)
+
+    def _int(key: str) -> int:
+        value = fields.get(key, "")
+        return int(value) if value.isdigit() else 0
+
+    return MountFacts(
+        path=fields.get("path", path),
+        mount_point=fields.get("TARGET", ""),
+        device=fields.get("SOURCE", ""),
+        fstype=fields["FSTYPE"],
+        options=tuple(option for option in fields.get("OPTIONS", "").split(",") if option),
+        free_bytes=_int("bavail") * _int("blocksize"),
+        free_inodes=_int("ffree"),
+        total_inodes=_int("files"),
+        loop_backing_file=fields.get("backing", ""),
+        zfs_sync=fields.get("zfs_sync", ""),
+    )
+
+
+def mount_facts(path: str) -> Probe[MountFacts]:
+    """The filesystem holding `path` (or its nearest existing ancestor), its free bytes and inodes."""
+    script = (
+        _EXISTING.format(path=shlex.quote(path)) + 'echo "path=$p"; '
+        'findmnt -n -P -T "$p" -o TARGET,SOURCE,FSTYPE,OPTIONS | head -n 1; '
+        "stat -f -c 'blocksize=%S' \"$p\"; stat -f -c 'bavail=%a' \"$p\"; "
+        "stat -f -c 'files=%c' \"$p\"; stat -f -c 'ffree=%d' \"$p\"; "
+        'src=$(findmnt -n -o SOURCE -T "$p" | head -n 1); fs=$(findmnt -n -o FSTYPE -T "$p" | head -n 1); '
+        'case "$src" in /dev/loop*) echo "backing=$(losetup -n -O BACK-FILE "$src" 2>/dev/null)";; esac; '
+        'if [ "$fs" = zfs ]; then echo "zfs_sync=$(' + SBIN_PATH + 'zfs get -H -o value sync "$src" 2>/dev/null)"; fi'
+    )
+    return Probe(script, lambda out: parse_mount(out, path))
+
+
+@dataclass(frozen=True)
+class FsyncSample:
+    """Latency of small synchronous writes (a 4 KiB write, then fsync) in one directory's filesystem."""
+
+    writes: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    # "fsync" (each write timed), or "dd" (no python3 on the host: only the mean of oflag=dsync writes is known).
+    method: str = "fsync"
+
+
+# Writes 4 KiB then fsyncs, up to COUNT times or SECONDS, in a file it creates beside the data and always removes:
+# at most 64 KiB on disk (16 blocks rewritten in turn). Prints 'fsync <writes> <latencies in microseconds...>'.
+_FSYNC_SCRIPT = """
+import os, sys, tempfile, time
+count, seconds = int(sys.argv[2]), float(sys.argv[3])
+fd, name = tempfile.mkstemp(prefix=".migrate-fsync-", dir=sys.argv[1])
+block, times = b"\\0" * 4096, []
+try:
+    stop = time.monotonic() + seconds
+    for i in range(count):
+        began = time.perf_counter()
+        os.pwrite(fd, block, (i % 16) * 4096)
+        os.fsync(fd)
+        times.append(int((time.perf_counter() - began) * 1e6))
+        if time.monotonic() > stop:
+            break
+finally:
+    os.close(fd)
+    os.unlink(name)
+print("fsync", len(times), *times)
+"""
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+_DD_COPIED = re.compile(r"copied, ([\d.,]+) s")
+
+
+def parse_fsync(output: str, path: str = "") -> FsyncSample:
+    """fsync_latency's output → the sample's percentiles (milliseconds)."""
+    for line in output.splitlines():
+        fields = line.split()
+        if fields[:1] == ["fsync"] and len(fields) > 2:
+            micros = [int(value) / 1000 for value in fields[2:]]
+            return FsyncSample(
+                len(micros), round(_percentile(micros, 0.5), 3), round(_percentile(micros, 0.99), 3),
+                round(max(micros), 3),
+            )  # fmt: skip
+        if fields[:1] == ["dd"] and len(fields) >= 2 and fields[1].isdigit():
+            copied = _DD_COPIED.search(line)
+            if copied:
+                writes = int(fields[1])
+                mean = float(copied.group(1).replace(",", ".")) * 1000 / max(writes, 1)
+                return FsyncSample(writes, round(mean, 3), round(mean, 3), round(mean, 3), method="dd")
+    raise TransportError(f"no fsync measurement for {path}: {parse_first_line(output)[:200]}", False)
+
+
+def fsync_latency(directory: str, *, count: int = 200, seconds: float = 2.0) -> Probe[FsyncSample]:
+    """Time small synchronous writes in `directory`'s filesystem (bounded by `count` writes and `seconds`).
+
+    The probe file is created and removed in the directory itself (its nearest existing ancestor): a datadir is
+    often a mount point of its own. Without python3 on the host, dd with oflag=dsync gives the mean only.
+    """
+    quoted_count, quoted_seconds = int(count), float(seconds)
+    script = (
+        _EXISTING.format(path=shlex.quote(directory))
+        + "if command -v python3 >/dev/null; then python3 -c "
+        + shlex.quote(_FSYNC_SCRIPT)
+        + f' "$p" {quoted_count} {quoted_seconds}; else f=$(mktemp "$p/.migrate-fsync-XXXXXX") &&'
+        + f' {{ printf "dd {quoted_count} "; timeout {quoted_seconds * 2:.0f} dd if=/dev/zero of="$f" bs=4k'
+        + f' count={quoted_count} oflag=dsync 2>&1 | tail -n 1; rm -f "$f"; }}; fi'
+    )
+    return Probe(script, lambda out: parse_fsync(out, directory))
+
+
+def parse_option_file(output: str) -> dict[str, str]:
+    """`my_print_defaults --mysqld` lines ('--sync-binlog=0') → {sync_binlog: '0'}; a bare flag is 'ON'."""
+    found: dict[str, str] = {}
+    for line in output.splitlines():
+        line = line.strip()
+        if not line.startswith("--"):
+            continue
+        name, _, value = line[2:].partition("=")
+        name = name.replace("-", "_").lower()
+        for prefix in ("loose_", "enable_"):
+            name = name.removeprefix(prefix)
+        found[name] = value if value else "ON"
+    return found
+
+
+def server_option_files() -> Probe[dict[str, str]]:
+    """The [mysqld]/[mariadbd]/[server] options the host's option files give a server started without arguments."""
+    return Probe(SBIN_PATH + "my_print_defaults --mysqld 2>/dev/null", parse_option_file, check=False)
+
+
+def parse_counts(output: str) -> dict[str, int]:
+    """'<count>\\t<path>' lines → {path: entries}."""
+    counts: dict[str, int] = {}
+    for line in output.splitlines():
+        count, _, path = line.partition("\t")
+        if count.strip().isdigit():
+            counts[path] = int(count.strip())
+    return counts
+
+
+def entry_counts(paths: list[str]) -> Probe[dict[str, int]]:
+    """How many files and directories each existing path holds (each takes an inode where it lands)."""
+    script = "; ".join(
+        f"[ -e {quoted} ] && printf '%s\\t%s\\n' \"$(find {quoted} 2>/dev/null | wc -l)\" {quoted}"
+        for quoted in (shlex.quote(path) for path in paths)
+    )
+    return Probe(script + "; true", parse_counts, check=False)

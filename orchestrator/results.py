@@ -60,6 +60,7 @@ class TreeFigures(Contract):
     listed: int | None = None  # paths in the change list the final pass copied
     change_list: str | None = None  # that list, NUL-separated, on the source (verify_target reads the same)
     fallback_reason: str | None = None
+    throttled_seconds: float = 0.0  # paused for the source's load (transfer.max_load)
 
 
 class FilesResult(Contract):
@@ -67,6 +68,7 @@ class FilesResult(Contract):
 
     trees: dict[str, TreeFigures] = {}
     bytes: int = 0
+    throttled_seconds: float = 0.0
 
     def bytes_moved(self) -> int:
         return self.bytes
@@ -83,6 +85,7 @@ class DbPresyncResult(Contract):
     rounds: list[PresyncRound] = []
     converged: bool = False
     predicted_final_seconds: float | None = None
+    throttled_seconds: float = 0.0  # paused for the source's load (transfer.max_load)
 
     def bytes_moved(self) -> int:
         return sum(r.bytes for r in self.rounds)

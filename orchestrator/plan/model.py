@@ -568,6 +568,24 @@ class Transfer(Strict):
         default=None, description="rsync --bwlimit for the live pre-syncs, e.g. '50M' (per second)"
     )
     nice: bool = Field(default=True, description="run rsync on the source with nice -n19 and ionice -c3")
+    max_load: float | None = Field(
+        default=None,
+        ge=0,
+        le=10_000,
+        description="pause the live pre-syncs while the source's 1-minute load average is above this (SIGSTOP of "
+        "rsync's process group on the source, SIGCONT once it is back under, or after max_pause); none = never",
+    )
+    load_check_interval: float = _seconds(0, 600, default=2.0, description="how often the source's load is read")
+    max_pause: float = _seconds(
+        0, 3600, default=30.0,
+        description="longest one pause lasts before rsync runs again for a check interval (keep it well under "
+        "rsync_timeout: the target's rsync gives up after that long without data)",
+    )  # fmt: skip
+    nocache: bool = Field(
+        default=True,
+        description="wrap the source's rsync in `nocache` when installed there, so reading the trees does not "
+        "evict the live service's page cache",
+    )
     whole_file: bool = Field(default=True, description="rsync --whole-file (faster on a fast network)")
     rsync_timeout: int = Field(default=300, ge=0, le=86400, description="rsync --timeout (seconds of no I/O; 0 = none)")
     # rsync runs ON the source and pushes to the target: the source itself must be able to ssh to the target.
@@ -582,6 +600,27 @@ class Transfer(Strict):
         max_length=MAX_SSH_OPTIONS,
         description="extra ssh options for that hop, e.g. ['-o', 'BindAddress=10.0.0.5']",
     )
+
+
+class Preflight(Strict):
+    """The storage preflight: what it measures on both hosts, and what a finding does (README: storage preflight)."""
+
+    storage: Literal["warn", "refuse"] = Field(
+        default="warn",
+        description="a target slower or less durable than the source: 'warn' reports it and goes on, 'refuse' stops "
+        "the preflight",
+    )
+    max_fsync_ratio: float = Field(
+        default=3.0, gt=1, le=1_000_000, description="target fsync p50 more than this many times the source's is slow"
+    )
+    min_fsync_ms: float = Field(
+        default=1.0,
+        ge=0,
+        le=10_000,
+        description="a target whose fsync p50 is under this is never called slow, whatever the ratio (milliseconds)",
+    )
+    fsync_writes: int = Field(default=200, ge=10, le=100_000, description="most 4 KiB synchronous writes per host")
+    fsync_seconds: float = _seconds(0, 60, default=2.0, description="longest the fsync sample may take per host")
 
 
 class Hooks(Strict):
@@ -635,6 +674,7 @@ class Plan(Strict):
     cutover: Cutover = Field(default_factory=Cutover)
     finish: Finish = Field(default_factory=Finish)
     transfer: Transfer = Field(default_factory=Transfer)
+    preflight: Preflight = Field(default_factory=Preflight)
     hooks: Hooks = Field(default_factory=Hooks)
     retry: Retry = Field(default_factory=Retry)
     replication: Replication | None = Field(

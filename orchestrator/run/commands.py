@@ -232,9 +232,14 @@ def _drive(engine: Engine, state: RunState | None, journal: Journal, sdir: Path,
 
 def _write_report(state_dir: Path, journal: Journal) -> tuple[str, Path]:
     from orchestrator.report import build_report, render_report, write_report
+    from orchestrator.run.rehearse import estimate_beside
 
     report = build_report(journal.events)
-    return secrets.redact(render_report(report)), write_report(report, state_dir)
+    beside = estimate_beside(state_dir, report)  # the rehearsal's estimate, when there was one
+    if beside:
+        report["estimate"] = beside
+    text = render_report(report) + "".join(f"\n{line}" for line in beside.get("lines", []))
+    return secrets.redact(text), write_report(report, state_dir)
 
 
 def rollback(

@@ -65,15 +65,13 @@ def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool) -> TreeFigures:
     started = time.monotonic()
     try:
         rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=60)
-        stats = rsync.push(
-            rt.source,  # type: ignore[arg-type]
-            command,
-            what=f"tree {tree.name}",
-            retry=window.bounded(plan.retry),
-            on_progress=_progress,
-            timeout=window.timeout(),
-            live=live,
-        )
+        throttled = 0.0
+        push_options = {"what": f"tree {tree.name}", "retry": window.bounded(plan.retry), "on_progress": _progress,
+                        "timeout": window.timeout()}  # fmt: skip
+        if live:  # the source serves: nocache, and paused while it is loaded (transfer.max_load)
+            stats, throttled = rsync.push_live(rt.source, plan, command, **push_options)  # type: ignore[arg-type]
+        else:
+            stats = rsync.push(rt.source, command, **push_options)  # type: ignore[arg-type]
     except TransportError as exc:
         raise StepError(f"copying tree {tree.name}: {exc}") from None
     figures = TreeFigures(
@@ -82,6 +80,7 @@ def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool) -> TreeFigures:
         total_size=stats.total_size,
         entries=stats.files_total,
         seconds=round(time.monotonic() - started, 3),
+        throttled_seconds=throttled,
     )
     ctx.log.info("tree_synced", tree=tree.name, **figures.journal())
     return figures

@@ -30,6 +30,11 @@ class DbPresync(Step):
         return [
             f"on the source: rsync --inplace {db.source.datadir}/ → {plan.target.address}:{db.target.datadir}/,"
             f" up to {db.presync.max_rounds} rounds, until a round moves ≤ {db.presync.converged_bytes} bytes"
+            + (
+                f"; paused while the source's load is above {plan.transfer.max_load:g}"
+                if plan.transfer.max_load is not None
+                else ""
+            )
         ]
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
@@ -47,6 +52,7 @@ class DbPresync(Step):
             extra=["--modify-window=-1", "--no-whole-file"],
         )  # fmt: skip
         rounds: list[PresyncRound] = []
+        throttled = 0.0
         try:
             rt.target.run(f"mkdir -p {shlex.quote(db.target.datadir)}", timeout=60)
             for number in range(1, db.presync.max_rounds + 1):
@@ -56,9 +62,10 @@ class DbPresync(Step):
                     ctx.log.info("rsync_progress", round=number, bytes=p.bytes, pct=p.pct, rate=p.rate, eta=p.eta)
 
                 command = first_round if number == 1 else later_rounds
-                stats = rsync.push(
-                    rt.source, command, what=f"datadir round {number}", retry=plan.retry, on_progress=_progress
+                stats, paused = rsync.push_live(
+                    rt.source, plan, command, what=f"datadir round {number}", retry=plan.retry, on_progress=_progress
                 )
+                throttled += paused
                 seconds = round(time.monotonic() - started, 3)
                 # What travelled: rsync's literal data (with whole files, their size; with delta transfer, the
                 # changed blocks only).
@@ -82,4 +89,7 @@ class DbPresync(Step):
                 max_write_block=plan.cutover.max_write_block,
                 hint="the final pass may not fit cutover.max_write_block; the run would roll back if it does not",
             )
-        return DbPresyncResult(rounds=rounds, converged=converged, predicted_final_seconds=rounds[-1].seconds).journal()
+        return DbPresyncResult(
+            rounds=rounds, converged=converged, predicted_final_seconds=rounds[-1].seconds,
+            throttled_seconds=round(throttled, 3),
+        ).journal()  # fmt: skip

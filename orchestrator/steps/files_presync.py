@@ -47,6 +47,12 @@ class FilesPresync(Step):
                 f"on the source: rsync {t.source}/ → {plan.target.user}@{plan.target.address}:{t.target}/"
                 + (f" (bwlimit {plan.transfer.bwlimit})" if plan.transfer.bwlimit else "")
                 + (" with nice/ionice" if plan.transfer.nice else "")
+                + (" under nocache (when installed)" if plan.transfer.nocache else "")
+                + (
+                    f", paused while the source's load is above {plan.transfer.max_load:g}"
+                    if plan.transfer.max_load is not None
+                    else ""
+                )
             )
             lines.append(f"compare tree {t.name} in full (rsync --dry-run --checksum), before the window")
         return lines
@@ -61,6 +67,7 @@ class FilesPresync(Step):
             figures.compared = self.compare_before_window(ctx, tree, ref)
             result.trees[tree.name] = figures
         result.bytes = sum(t.bytes for t in result.trees.values())
+        result.throttled_seconds = round(sum(t.throttled_seconds for t in result.trees.values()), 3)
         return result.journal()
 
     # --- change tracking ---

@@ -13,8 +13,8 @@ from typing import Any
 
 import pymysql
 
-from orchestrator import probes
-from orchestrator.contracts import Which, runtime
+from orchestrator import probes, storage
+from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.secrets import redact
 from orchestrator.steps.repl_common import mode_reason, probe_replication, replicate_run
@@ -98,6 +98,10 @@ class Preflight(Step):
             f"the source database keeps every file under {plan.database.source.datadir} (InnoDB logs and undo,"
             " binary and Aria logs), no symbolic links there, and its open InnoDB files are visible",
             "enough free space on the target for the datadir and the file trees (+10%)",
+            "storage, source and target side by side: filesystem under the datadir and each tree, free bytes and"
+            f" inodes, fsync latency of the datadirs (best of {FSYNC_ROUNDS} samples of ≤ {plan.preflight.fsync_writes}"
+            f" writes of 4 KiB, ≤ {plan.preflight.fsync_seconds:g} s each), durability settings; a target >"
+            f" {plan.preflight.max_fsync_ratio:g}x slower or less durable: {plan.preflight.storage}",
             f"Cloudflare token valid; records {', '.join(plan.dns.records)} point at {plan.source.dns_content}",
         ]
 
@@ -118,6 +122,7 @@ class Preflight(Step):
             self._target_version(ctx, problems, figures, source_version)
         if reachable["source"] and reachable["target"]:
             self._space(ctx, problems, figures)
+            self._storage(ctx, problems, figures)
         self._dns(ctx, problems)
         if reachable["source"] and reachable["target"]:
             self._cutover_mode(ctx, problems, figures)
@@ -337,6 +342,22 @@ class Preflight(Step):
                     " (source data + 10%): free some space"
                 )
 
+    def _storage(self, ctx: StepContext, problems: Problems, figures: dict[str, Any]) -> None:
+        """The storage under the data on both hosts, and what the plan says about a slower or less durable target."""
+        rt = runtime(ctx)
+        try:
+            report = survey_storage(rt)
+        except TransportError as exc:
+            problems.add(f"storage: {exc}")
+            return
+        figures["storage"] = report.figures()
+        for finding in report.findings:
+            log = ctx.log.info if finding.kind == "layout" else ctx.log.warning
+            log("storage_finding", kind=finding.kind, side=finding.side, where=finding.where, finding=finding.text,
+                protects_against=finding.protects_against)  # fmt: skip
+        for finding in report.blocking(rt.plan.preflight.storage):
+            problems.add(f"storage: {finding.line()}")
+
     def _dns(self, ctx: StepContext, problems: Problems) -> None:
         plan = runtime(ctx).plan
         try:
@@ -358,6 +379,68 @@ class Preflight(Step):
             # DnsError and the SDK's own errors: their messages carry no token, redacted again to be sure.
             text = redact(str(exc))
             problems.add(text if text.startswith("Cloudflare") else f"Cloudflare: {text}")
+
+
+FSYNC_ROUNDS = 2
+DURABILITY_VARIABLES = (*storage.DURABLE_SETTINGS, "innodb_flush_method")
+
+
+def _db_settings(rt: StepRuntime, which: Which) -> dict[str, str]:
+    conn = rt.db(which, retry=False, read_timeout=COMMAND_TIMEOUT)
+    try:
+        with conn.cursor() as cur:
+            names = DURABILITY_VARIABLES
+            cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names)
+            return {str(name): str(value) for name, value in cur.fetchall()}
+    finally:
+        rt.release(conn)
+
+
+def survey_storage(rt: StepRuntime) -> storage.StorageReport:
+    """Gather both hosts' storage facts (reads, plus a bounded fsync sample in each datadir) and judge them."""
+    plan = rt.plan
+    options = plan.preflight
+    roles = {"datadir": (plan.database.source.datadir, plan.database.target.datadir)}
+    roles.update({f"tree {tree.name}": (tree.source, tree.target) for tree in plan.files})
+    sides: dict[Which, storage.SideFacts] = {}
+    which: Which
+    for index, which in enumerate(("source", "target")):
+        host = rt.host(which)
+        facts = storage.SideFacts()
+        for role, paths in roles.items():
+            facts.mounts[role] = probes.ask(host, probes.mount_facts(paths[index]), timeout=COMMAND_TIMEOUT)
+        try:
+            facts.settings = _db_settings(rt, which) if which == "source" or rt.db_answers(which) else {}
+        except (mysql.DbError, pymysql.MySQLError, TransportError):
+            facts.settings = {}
+        if which == "target" and not facts.settings:
+            # A stopped target will run with what its option files say (the datadir carries no settings).
+            defaults = probes.ask(host, probes.server_option_files(), timeout=COMMAND_TIMEOUT)
+            facts.settings = {name: defaults[name] for name in DURABILITY_VARIABLES if name in defaults}
+            facts.settings_origin = "option files"
+        sides[which] = facts
+    # The fsync samples alternate between the hosts, twice, and each side keeps its faster one: a neighbour's burst
+    # only ever adds latency, and alternating spreads it over both sides instead of one.
+    for _round in range(FSYNC_ROUNDS):
+        for index, which in enumerate(("source", "target")):
+            sample = probes.fsync_latency(roles["datadir"][index], count=options.fsync_writes,
+                                          seconds=options.fsync_seconds)  # fmt: skip
+            taken = probes.ask(rt.host(which), sample, timeout=options.fsync_seconds * 3 + COMMAND_TIMEOUT)
+            kept = sides[which].fsync
+            if kept is None or taken.p50_ms < kept.p50_ms:
+                sides[which].fsync = taken
+    sources = [paths[0] for paths in roles.values()]
+    sizes = probes.ask(rt.source, probes.sizes(sources), timeout=600)
+    counts = probes.ask(rt.source, probes.entry_counts(sources), timeout=600)
+    needs: dict[str, storage.Need] = {}
+    for role, (source_path, _target_path) in roles.items():
+        mount = sides["target"].mounts[role].mount_point
+        have = needs.get(mount, storage.Need())
+        needs[mount] = storage.Need(have.bytes + sizes.get(source_path, 0), have.entries + counts.get(source_path, 0))
+    return storage.judge(
+        sides["source"], sides["target"], needs, max_fsync_ratio=options.max_fsync_ratio,
+        min_fsync_ms=options.min_fsync_ms,
+    )  # fmt: skip
 
 
 def _content(record: Any) -> str:

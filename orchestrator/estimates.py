@@ -1,0 +1,223 @@
+"""What a migration would move and how long it would take, measured read-only on the real hosts.
+
+Bytes and files come from rsync itself (`--dry-run --stats` of the very command each pre-sync runs, on the source
+against the target), the database's size from information_schema, the rate from the plan's bwlimit or a short
+bounded read of the source's largest datadir file. The window is predicted part by part: what can be measured
+without blocking the source is measured (the final passes cost about what a dry-run's comparison of the same trees
+costs, since their delta is small), the rest is an assumption the report names as such.
+
+Nothing here changes either host: rsync runs with --dry-run, the rest are reads.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+
+from orchestrator.contracts import StepRuntime
+from orchestrator.steps.common import DATADIR_EXCLUDES
+from orchestrator.transports import rsync
+
+# Assumptions for the parts of the window a read-only rehearsal cannot time (NOTES: a lab datadir's clean shutdown
+# took about 1.5 s, a start about 0.25 s): `migrate rehearse` on the target times them for real.
+ASSUMED_SHUTDOWN_SECONDS = 2.0
+ASSUMED_START_SECONDS = 1.0
+READ_SAMPLE_BYTES = 64 * 1024 * 1024
+READ_SAMPLE_SECONDS = 10
+_UNITS = {"": 1024, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+
+
+@dataclass(frozen=True)
+class TransferEstimate:
+    step: str
+    name: str
+    bytes: int
+    files: int
+    total_size: int
+    scan_seconds: float  # the dry-run's own time: listing and comparing both sides
+    predicted_seconds: float
+
+
+@dataclass(frozen=True)
+class WindowPart:
+    name: str
+    seconds: float
+    basis: str  # "measured: ..." or "assumed: ..."
+
+
+@dataclass
+class Estimate:
+    transfers: list[TransferEstimate] = field(default_factory=list)
+    rate_bytes_per_second: float = 0.0
+    rate_basis: str = ""
+    database_bytes: int | None = None
+    window: list[WindowPart] = field(default_factory=list)
+    measured_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+    @property
+    def window_seconds(self) -> float:
+        return round(sum(part.seconds for part in self.window), 3)
+
+    def bytes_of(self, step: str) -> int:
+        return sum(t.bytes for t in self.transfers if t.step == step)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "transfers": [asdict(t) for t in self.transfers],
+            "rate_bytes_per_second": self.rate_bytes_per_second,
+            "rate_basis": self.rate_basis,
+            "database_bytes": self.database_bytes,
+            "window": [asdict(part) for part in self.window],
+            "window_seconds": self.window_seconds,
+            "measured_at": self.measured_at,
+        }
+
+
+def bwlimit_bytes(value: str) -> float:
+    """rsync's --bwlimit value as bytes per second (a bare number is KiB; suffixes as rsync reads them)."""
+    match = re.match(r"^([0-9.]+)([A-Za-z]?)", value)
+    if not match:
+        raise ValueError(f"not a rate: {value}")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit and unit not in _UNITS:
+        raise ValueError(f"not a rate: {value}")
+    decimal = value.lower().endswith("b") and not value.lower().endswith("ib") and unit not in ("", "b")
+    return number * (1000 ** "bkmgtp".index(unit) if decimal else _UNITS[unit])
+
+
+_DD = re.compile(r"^(\d+) bytes .* copied, ([\d.,]+) s", re.MULTILINE)
+
+
+def parse_read_rate(output: str) -> float | None:
+    """dd's summary line → bytes per second (None when it read nothing)."""
+    match = _DD.search(output)
+    if not match:
+        return None
+    copied, seconds = int(match.group(1)), float(match.group(2).replace(",", "."))
+    return copied / seconds if copied and seconds > 0 else None
+
+
+def read_rate_command(directory: str) -> str:
+    """Read up to READ_SAMPLE_BYTES of the largest file under `directory`, bypassing the page cache when the
+    filesystem allows (iflag=direct), bounded in time; dd's summary on stdout."""
+    limit = READ_SAMPLE_BYTES // (1024 * 1024)
+    return (
+        f"f=$(find {shlex.quote(directory)} -type f -printf '%s %p\\n' 2>/dev/null | sort -rn | head -n 1 "
+        "| cut -d' ' -f2-); [ -n \"$f\" ] || exit 0; "
+        f'timeout {READ_SAMPLE_SECONDS} dd if="$f" of=/dev/null bs=1M count={limit} iflag=direct 2>&1 '
+        f'|| timeout {READ_SAMPLE_SECONDS} dd if="$f" of=/dev/null bs=1M count={limit} 2>&1'
+    )
+
+
+def _dry_run(rt: StepRuntime, command: str, what: str) -> tuple[rsync.Stats, float]:
+    started = time.monotonic()
+    stats = rsync.push(rt.source, command, what=f"{what} (dry-run)", retry=rt.plan.retry)  # type: ignore[arg-type]
+    return stats, round(time.monotonic() - started, 3)
+
+
+def measure_transfers(rt: StepRuntime) -> list[TransferEstimate]:
+    """rsync --dry-run --stats of every pre-sync, as the steps will run it (predicted_seconds filled later)."""
+    plan = rt.plan
+    found: list[TransferEstimate] = []
+    for tree in plan.files:
+        # The tree's own pre-sync command (common.tree_push_command, live) with rsync's --dry-run.
+        command = rsync.push_command(
+            plan, tree.source, tree.target, exclude=tree.exclude, live=True, chown=tree.owner, extra=["--dry-run"]
+        )
+        stats, seconds = _dry_run(rt, command, f"tree {tree.name}")
+        found.append(TransferEstimate("files_presync", tree.name, stats.transferred_bytes, stats.files_transferred,
+                                      stats.total_size, seconds, 0.0))  # fmt: skip
+    db = plan.database
+    datadir = rsync.push_command(
+        plan,
+        db.source.datadir,
+        db.target.datadir,
+        exclude=DATADIR_EXCLUDES,
+        live=True,
+        inplace=True,
+        extra=["--dry-run"],
+    )
+    stats, seconds = _dry_run(rt, datadir, "datadir")
+    found.append(TransferEstimate("db_presync", "datadir", stats.transferred_bytes, stats.files_transferred,
+                                  stats.total_size, seconds, 0.0))  # fmt: skip
+    return found
+
+
+def database_bytes(rt: StepRuntime) -> int | None:
+    conn = rt.db("source", retry=False, read_timeout=60.0)
+    try:
+        with conn.cursor() as cur:
+            # The user's schemas only: opening the server's own (Aria) tables would make it write their headers.
+            cur.execute(
+                "SELECT COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables"
+                " WHERE table_schema NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')"
+            )
+            row = cur.fetchone()
+            return int(row[0]) if row else None
+    finally:
+        rt.release(conn)
+
+
+def predict(transfers: list[TransferEstimate], rate: float) -> list[TransferEstimate]:
+    """Each transfer's duration: its comparison (the dry-run's time) plus its bytes at the rate."""
+    return [
+        TransferEstimate(
+            t.step,
+            t.name,
+            t.bytes,
+            t.files,
+            t.total_size,
+            t.scan_seconds,
+            round(t.scan_seconds + t.bytes / rate, 3) if rate > 0 else t.scan_seconds,
+        )
+        for t in transfers
+    ]
+
+
+def predict_window(transfers: list[TransferEstimate], *, sql_round_trip: float, dns_round_trip: float,
+                   records: int, checks: int) -> list[WindowPart]:  # fmt: skip
+    """The window's parts. The final passes compare the same trees the dry-runs compared, with a small delta."""
+    datadir_scan = sum(t.scan_seconds for t in transfers if t.step == "db_presync")
+    trees_scan = sum(t.scan_seconds for t in transfers if t.step == "files_presync")
+    return [
+        WindowPart("fence and lock", round(sql_round_trip * 3, 3), "measured: three SQL round trips to the source"),
+        WindowPart("source database shutdown", ASSUMED_SHUTDOWN_SECONDS, "assumed: a clean shutdown"),
+        WindowPart("final datadir pass", datadir_scan, "measured: the datadir's dry-run comparison"),
+        WindowPart("uploads delta", trees_scan, "measured: the trees' dry-run comparison"),
+        WindowPart("target start", ASSUMED_START_SECONDS, "assumed: database and services start"),
+        WindowPart(
+            "verify",
+            round(trees_scan + sql_round_trip * max(checks, 1), 3),
+            "measured: the trees' comparison and one SQL round trip per check",
+        ),
+        WindowPart(
+            "DNS flip",
+            round(dns_round_trip * 3 * records, 3),
+            "measured: a DNS API read; edit and read back per record",
+        ),
+    ]
+
+
+def estimate(rt: StepRuntime) -> Estimate:
+    """The whole estimate, read-only."""
+    plan = rt.plan
+    transfers = measure_transfers(rt)
+    if plan.transfer.bwlimit:
+        rate, basis = bwlimit_bytes(plan.transfer.bwlimit), f"transfer.bwlimit {plan.transfer.bwlimit}"
+    else:
+        output = rt.source.run(read_rate_command(plan.database.source.datadir), timeout=60, check=False).stdout
+        measured = parse_read_rate(output)
+        rate, basis = (measured or 0.0), "measured: a bounded read of the source's largest datadir file"
+    started = time.monotonic()
+    size = database_bytes(rt)
+    sql_round_trip = time.monotonic() - started
+    client = rt.dns
+    zone = client.zone_id(plan.dns.zone)  # first: the client's own set-up, which the run pays before the window
+    started = time.monotonic()
+    client.find_records(zone, plan.dns.records[0], plan.dns.type)
+    dns_round_trip = time.monotonic() - started
+    window = predict_window(transfers, sql_round_trip=sql_round_trip, dns_round_trip=dns_round_trip,
+                            records=len(plan.dns.records), checks=len(plan.health.checks))  # fmt: skip
+    return Estimate(predict(transfers, rate), round(rate, 1), basis, size, window)

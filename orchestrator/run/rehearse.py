@@ -1,0 +1,259 @@
+"""`migrate rehearse PLAN`: know before you move, without changing either host.
+
+What each pre-sync would move (rsync's own --dry-run --stats, as the steps run it), the database's size, the
+predicted duration of each transfer at the measured (or limited) rate, and the predicted window part by part. The
+estimate is saved beside the plan's journal (`estimate.json`), so the real run that follows can be held against it
+(`compare`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pymysql
+
+from orchestrator import estimates, exit_codes
+from orchestrator.engine.journal import RunStatus
+from orchestrator.engine.step import StepError
+from orchestrator.redaction import redact
+from orchestrator.run.policy import load_env, resolve_secrets, subject
+from orchestrator.run.results import RunError
+from orchestrator.runtime import Runtime
+from orchestrator.transports import mysql
+from orchestrator.transports.cloudflare import DnsError
+from orchestrator.transports.ssh import TransportError
+
+ESTIMATE_FILE = "estimate.json"
+REHEARSAL_FILE = "rehearsal.json"
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    plan_name: str
+    estimate: estimates.Estimate
+    saved_to: Path
+
+
+def rehearse(plan_path: Path, *, env_file: Path | None = None, state_dir: Path | None = None) -> Rehearsal:
+    """Measure the estimate on the plan's hosts (reads and rsync dry-runs only) and save it."""
+    subj = subject(plan_path, state_dir=state_dir)
+    load_env(env_file)
+    resolve_secrets(subj.plan, plan_path)
+    rt = Runtime(subj.plan, plan_path)
+    try:
+        estimate = estimates.estimate(rt)
+    except (TransportError, StepError, mysql.DbError, pymysql.MySQLError, DnsError) as exc:
+        raise RunError(exit_codes.FAILED, f"rehearsal: {redact(str(exc))}") from None
+    finally:
+        rt.close()
+    subj.state_dir.mkdir(parents=True, exist_ok=True)
+    saved = subj.state_dir / ESTIMATE_FILE
+    saved.write_text(json.dumps(estimate.as_dict(), indent=2) + "\n")
+    return Rehearsal(subj.plan.name, estimate, saved)
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+def lines(rehearsal: Rehearsal) -> list[str]:
+    """The estimate as an operator reads it."""
+    est = rehearsal.estimate
+    out = [f"rate: {_size(est.rate_bytes_per_second)}/s ({est.rate_basis})"]
+    if est.database_bytes is not None:
+        out.append(f"database: {_size(est.database_bytes)} of tables and indexes (information_schema)")
+    for t in est.transfers:
+        out.append(
+            f"{t.step} {t.name}: {_size(t.bytes)} in {t.files} files to move (of {_size(t.total_size)}),"
+            f" about {t.predicted_seconds:.1f} s (comparison {t.scan_seconds:.1f} s)"
+        )
+    out.append(f"predicted window: {est.window_seconds:.1f} s")
+    out += [f"  {part.name}: {part.seconds:.2f} s ({part.basis})" for part in est.window]
+    out.append(f"saved: {rehearsal.saved_to}")
+    return out
+
+
+def estimate_beside(state_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """The last rehearsal's estimate beside what the run did (bytes per step, the window), or {} without one."""
+    found: dict[str, Any] = {}
+    lines: list[str] = []
+    blocked = report.get("write_block_seconds")
+    for key, name in ((ESTIMATE_FILE, "estimate"), (REHEARSAL_FILE, "rehearsal")):
+        try:
+            saved = json.loads((state_dir / key).read_text())
+        except (OSError, ValueError):
+            continue
+        found[name] = saved
+        when = saved.get("measured_at")
+        lines.append(f"{'estimate' if name == 'estimate' else 'rehearsal --for-real'} of {when} beside this run:")
+        if name == "estimate":
+            lines += [f"  {line}" for line in compare(saved, report.get("bytes_by_step") or {})]
+        predicted = saved.get("window_seconds")
+        if predicted and blocked:
+            error = (predicted - blocked) / blocked * 100
+            lines.append(f"  window: predicted {predicted:.2f} s, writes blocked {blocked:.2f} s ({error:+.1f} %)")
+    return {**found, "lines": lines} if found else {}
+
+
+def compare(estimate: dict[str, Any], moved: dict[str, int]) -> list[str]:
+    """The estimate beside what a run moved ({step: bytes}): one line per step, with the error in percent."""
+    predicted: dict[str, int] = {}
+    for transfer in estimate.get("transfers", []):
+        predicted[transfer["step"]] = predicted.get(transfer["step"], 0) + int(transfer["bytes"])
+    out = []
+    for step, bytes_predicted in predicted.items():
+        actual = moved.get(step)
+        if actual is None:
+            continue
+        error = (bytes_predicted - actual) / actual * 100 if actual else (0.0 if bytes_predicted == 0 else 100.0)
+        out.append(f"{step}: estimated {bytes_predicted} bytes, moved {actual} ({error:+.1f} %)")
+    return out
+
+
+# --- the rehearsal for real: everything up to the window, on the real target ----------------------------------
+
+WARM_SUFFIX = ".rehearsal-warm"
+
+
+@dataclass(frozen=True)
+class Performed:
+    """What the rehearsal did for real: each stage's seconds (or its failure), the window predicted from them."""
+
+    plan_name: str
+    stages: dict[str, float]
+    window: list[estimates.WindowPart]
+    failures: list[str]
+    target_left: str  # "warm" or "clean"
+
+    @property
+    def window_seconds(self) -> float:
+        return round(sum(part.seconds for part in self.window), 3)
+
+    def lines(self) -> list[str]:
+        out = [f"{stage}: {seconds:.2f} s" for stage, seconds in self.stages.items()]
+        out.append(f"predicted window: {self.window_seconds:.2f} s")
+        out += [f"  {part.name}: {part.seconds:.2f} s ({part.basis})" for part in self.window]
+        out += [f"FAILED: {failure}" for failure in self.failures]
+        out.append(f"target left {self.target_left}")
+        return out
+
+
+def _context(rt: Runtime, step: Any) -> Any:
+    from orchestrator import logging as mlog
+    from orchestrator.engine.step import StepContext
+
+    return StepContext(run_id="rehearsal", step=step.name, dry_run=False, rt=rt, log=mlog.get_logger())
+
+
+def _timed(stages: dict[str, float], name: str, action: Any) -> Any:
+    started = time.monotonic()
+    try:
+        return action()
+    finally:
+        stages[name] = round(time.monotonic() - started, 3)
+
+
+def rehearse_for_real(
+    plan_path: Path, *, clean: bool = False, env_file: Path | None = None, state_dir: Path | None = None
+) -> Performed:
+    """Preflight, the target prepared, the pre-syncs for real, the deltas timed again while the source stays live,
+    the target started fenced on a copy of its warm datadir and its health checked, the DNS records read; then the
+    target stopped and left warm (the pre-synced data kept for the real run) or clean. The source is only read."""
+    from orchestrator.results import DbPresyncResult
+    from orchestrator.steps.db_presync import DbPresync
+    from orchestrator.steps.files_presync import FilesPresync
+    from orchestrator.steps.preflight import Preflight
+    from orchestrator.steps.prepare_target import PrepareTarget
+    from orchestrator.steps.start_target import StartTarget
+    from orchestrator.steps.verify_target import VerifyTarget
+
+    subj = subject(plan_path, state_dir=state_dir)
+    existing = subj.saved_state()
+    if existing is not None and existing.status not in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK):
+        raise RunError(
+            exit_codes.REFUSED,
+            f"run {existing.run_id} of this plan is unfinished ({existing.status.value}): a rehearsal would stop the"
+            " target it is working on; finish it (`migrate apply`) or roll it back first",
+        )
+    load_env(env_file)
+    resolve_secrets(subj.plan, plan_path)
+    plan = subj.plan
+    rt = Runtime(plan, plan_path)
+    stages: dict[str, float] = {}
+    failures: list[str] = []
+    window: list[estimates.WindowPart] = []
+    datadir = shlex.quote(plan.database.target.datadir.rstrip("/"))
+    warm = shlex.quote(plan.database.target.datadir.rstrip("/") + WARM_SUFFIX)
+    started_target = prepared = False
+    try:
+        for step in (Preflight(), PrepareTarget()):
+            _timed(stages, step.name, lambda step=step: step.run(_context(rt, step)))
+        # Past the preflight (DNS still points at the source: the target is not live) and the target's stop.
+        prepared = True
+        _timed(stages, "files_presync", lambda: FilesPresync().run(_context(rt, FilesPresync())))
+        db_result = DbPresyncResult.of(_timed(stages, "db_presync", lambda: DbPresync().run(_context(rt, DbPresync()))))
+        # The uploads' delta as the window would copy it, timed with the source live (its writes continue).
+        _timed(stages, "uploads delta", lambda: FilesPresync().run(_context(rt, FilesPresync())))
+        started_target = True  # from here on, the finally puts the warm datadir back
+        _timed(stages, "copy of the warm datadir", lambda: rt.target.run(
+            f"rm -rf {warm} && mv {datadir} {warm} && cp -a {warm} {datadir}", timeout=3600))  # fmt: skip
+        _timed(stages, "target start (fenced)", lambda: StartTarget().run(_context(rt, StartTarget())))
+        _tries, health_failures = _timed(
+            stages, "health checks", lambda: VerifyTarget().health(_context(rt, VerifyTarget()))
+        )
+        failures += health_failures
+        _timed(stages, "DNS read", lambda: _read_records(rt))
+        window = [
+            estimates.WindowPart("source database shutdown", estimates.ASSUMED_SHUTDOWN_SECONDS,
+                                 "assumed: the source is not stopped in a rehearsal"),
+            estimates.WindowPart("final datadir pass", db_result.rounds[-1].seconds if db_result.rounds else 0.0,
+                                 "measured: the last pre-sync round"),
+            estimates.WindowPart("uploads delta", stages["uploads delta"], "measured: a second uploads pass"),
+            estimates.WindowPart("target start", stages["target start (fenced)"], "measured: on a copy"),
+            estimates.WindowPart("verify", stages["health checks"], "measured: the health checks"),
+            estimates.WindowPart("DNS flip", round(stages["DNS read"] * 3, 3), "measured: a read of every record, x3"),
+        ]  # fmt: skip
+    except (TransportError, StepError, mysql.DbError, pymysql.MySQLError, DnsError) as exc:
+        failures.append(redact(str(exc)))
+    finally:
+        try:
+            if started_target:
+                StartTarget().undo(_context(rt, StartTarget()))
+                # The copy the database ran on goes; the untouched warm copy takes its place (or goes too).
+                restore = f"rm -rf {datadir} && mv {warm} {datadir}"
+                rt.target.run(restore + (f" && find {datadir} -mindepth 1 -delete" if clean else ""), timeout=3600)
+            if clean and prepared:
+                for tree in plan.files:
+                    rt.target.run(f"find {shlex.quote(tree.target)} -mindepth 1 -delete", timeout=3600)
+                rt.target.run(f"find {datadir} -mindepth 1 -delete 2>/dev/null; true", timeout=3600)
+        except (TransportError, StepError) as exc:
+            failures.append(f"leaving the target {'clean' if clean else 'warm'}: {redact(str(exc))}")
+        finally:
+            rt.close()
+    performed = Performed(plan.name, stages, window, failures, "clean" if clean else "warm")
+    if window and not failures:
+        subj.state_dir.mkdir(parents=True, exist_ok=True)
+        saved = {
+            "stages": stages,
+            "window": [asdict(part) for part in window],
+            "window_seconds": performed.window_seconds,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (subj.state_dir / REHEARSAL_FILE).write_text(json.dumps(saved, indent=2) + "\n")
+    return performed
+
+
+def _read_records(rt: Runtime) -> None:
+    plan = rt.plan
+    zone = rt.dns.zone_id(plan.dns.zone)
+    for name in plan.dns.records:
+        rt.dns.find_records(zone, name, plan.dns.type)

@@ -1,0 +1,299 @@
+"""Estimates: offline (rates, the window's parts, the comparison with a run) and on the lab (read-only, and within
+10 % of the bytes the real pre-syncs that follow move)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from ruamel.yaml import YAML
+
+from orchestrator import estimates
+from orchestrator.engine.step import StepContext
+from orchestrator.estimates import TransferEstimate
+from orchestrator.lab.state import LabState
+from orchestrator.plan.model import Plan
+from orchestrator.results import DbPresyncResult, FilesResult
+from orchestrator.run.rehearse import compare
+from orchestrator.runtime import Runtime
+from orchestrator.steps.db_presync import DbPresync
+from orchestrator.steps.files_presync import FilesPresync
+from tests.conftest import migrate
+from tests.test_e2e import live_lab, migrate_apply, outcome, plan_copy, plan_name, run_report
+
+__all__ = ["live_lab"]  # a fixture, used by name
+
+# --- offline ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("50M", 50 * 1024**2), ("1500K", 1500 * 1024), ("100", 100 * 1024), ("2MB", 2_000_000), ("1.5MiB", 1.5 * 1024**2)],
+)
+def test_bwlimit_reads_as_rsync_does(value: str, expected: float) -> None:
+    assert estimates.bwlimit_bytes(value) == expected
+
+
+def test_read_rate_from_dd() -> None:
+    output = "64+0 records in\n64+0 records out\n67108864 bytes (67 MB, 64 MiB) copied, 0.5 s, 134 MB/s\n"
+    assert estimates.parse_read_rate(output) == 67108864 / 0.5
+    assert estimates.parse_read_rate("dd: failed to open\n") is None
+
+
+def test_prediction_adds_bytes_at_the_rate_to_the_comparison() -> None:
+    transfer = TransferEstimate("files_presync", "uploads", 10_000_000, 10, 20_000_000, 0.5, 0.0)
+    (predicted,) = estimates.predict([transfer], 5_000_000)
+    assert predicted.predicted_seconds == 2.5
+
+
+def test_window_parts_name_their_basis() -> None:
+    transfers = [
+        TransferEstimate("files_presync", "uploads", 0, 0, 0, 0.4, 0.4),
+        TransferEstimate("db_presync", "datadir", 0, 0, 0, 0.3, 0.3),
+    ]
+    parts = estimates.predict_window(transfers, sql_round_trip=0.01, dns_round_trip=0.02, records=2, checks=1)
+    by_name = {part.name: part for part in parts}
+    assert by_name["final datadir pass"].seconds == 0.3 and by_name["uploads delta"].seconds == 0.4
+    assert by_name["DNS flip"].seconds == 0.12
+    assert all(part.basis.startswith(("measured:", "assumed:")) for part in parts)
+
+
+def test_compare_states_the_error_per_step() -> None:
+    estimate = {"transfers": [{"step": "files_presync", "bytes": 110}, {"step": "db_presync", "bytes": 90}]}
+    assert compare(estimate, {"files_presync": 100, "db_presync": 100}) == [
+        "files_presync: estimated 110 bytes, moved 100 (+10.0 %)",
+        "db_presync: estimated 90 bytes, moved 100 (-10.0 %)",
+    ]
+
+
+# --- on the lab -------------------------------------------------------------------------------------------------
+
+
+def tree_state(root: Path) -> str:
+    """A tree's file list with sizes, mtimes (ns) and modes: any write, creation or removal changes it."""
+    digest = hashlib.sha256()
+    for directory, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(files) + dirs:
+            path = Path(directory) / name
+            stat = path.lstat()
+            digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_mode}\n".encode())
+    return digest.hexdigest()
+
+
+def dns_state(lab: LabState) -> Any:
+    import urllib.request
+
+    token = lab.secrets()[lab.token_env]
+    request = urllib.request.Request(
+        f"{lab.cf_base_url}/zones?per_page=50", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        zones = json.loads(answer.read())["result"]
+    records = {}
+    for zone in zones:
+        request = urllib.request.Request(
+            f"{lab.cf_base_url}/zones/{zone['id']}/dns_records?per_page=100",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            records[zone["id"]] = json.loads(answer.read())["result"]
+    return records
+
+
+def everything(lab: LabState) -> dict[str, Any]:
+    state: dict[str, Any] = {"dns": dns_state(lab)}
+    for host in (lab.source, lab.target):
+        state[f"{host.name} uploads"] = tree_state(host.uploads)
+        state[f"{host.name} datadir"] = tree_state(host.datadir)
+    return state
+
+
+@pytest.fixture
+def plan(lab: LabState, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plan]:
+    for key, value in lab.secrets().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("CLOUDFLARE_EMAIL", raising=False)
+    monkeypatch.delenv("CLOUDFLARE_API_KEY", raising=False)
+    yield Plan.model_validate(YAML(typ="safe").load(lab.plan_file.read_text()))
+
+
+# InnoDB's pages and redo log, Aria's (system tables, its log and checkpoints) and the binary log.
+SERVER_WRITES = (
+    "Innodb_data_written",
+    "Innodb_os_log_written",
+    "Innodb_pages_written",
+    "Aria_pagecache_writes",
+    "Aria_transaction_log_syncs",
+    "Binlog_bytes_written",
+)
+
+
+def server_writes(rt: Runtime) -> tuple[int, ...]:
+    """The source server's own write counters: while they stand still, any change to its files is someone else's."""
+    conn = rt.db("source")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS WHERE Variable_name IN %s", (SERVER_WRITES,))
+            values = dict(cur.fetchall())
+        return tuple(int(values.get(name, 0)) for name in SERVER_WRITES)
+    finally:
+        rt.release(conn)
+
+
+def wait_until_still(rt: Runtime, *, settle: float = 1.0, limit: float = 180.0) -> None:
+    """Until the source server's write counters stood still for `settle` seconds (after a load, InnoDB purges and
+    flushes for a while), at most `limit` seconds."""
+    deadline = time.monotonic() + limit
+    last = server_writes(rt)
+    while time.monotonic() < deadline:
+        time.sleep(settle)
+        now = server_writes(rt)
+        if now == last:
+            return
+        last = now
+
+
+@pytest.mark.lab
+def test_rehearse_changes_nothing_on_either_host_nor_in_dns(lab: LabState, plan: Plan, tmp_path: Path) -> None:
+    """Both hosts' trees and datadirs (names, sizes, mtimes, modes) and every DNS record, before and after.
+
+    The live source database flushes pages by itself now and then: a rehearsal during which its own write counters
+    moved proves nothing about its datadir, so it is repeated (at most 5 times) until one ran while it was still.
+    """
+    rt = Runtime(plan, lab.plan_file)
+    try:
+        for _attempt in range(5):
+            wait_until_still(rt)
+            counters, before = server_writes(rt), everything(lab)
+            result = migrate("rehearse", str(lab.plan_file), "--state-dir", str(tmp_path / "state"),
+                             env=lab.secrets(), timeout=180)  # fmt: skip
+            after = everything(lab)
+            if server_writes(rt) == counters:
+                break
+            before.pop("source datadir"), after.pop("source datadir")
+            assert after == before  # everything but the live datadir, whatever its server did
+        else:
+            pytest.fail("the source database never stood still during a rehearsal")
+    finally:
+        rt.close()
+    assert result.returncode == 0, result.stderr
+    assert "predicted window:" in result.stdout and "files_presync" in result.stdout
+    assert after == before
+    saved = json.loads((tmp_path / "state" / "estimate.json").read_text())
+    assert saved["window_seconds"] > 0 and {t["step"] for t in saved["transfers"]} == {"files_presync", "db_presync"}
+    assert all(secret not in result.stdout + result.stderr for secret in lab.secrets().values())
+
+
+def empty(directory: Path) -> None:
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+@pytest.mark.lab
+def test_estimates_are_within_ten_percent_of_the_presyncs_that_follow(lab: LabState, plan: Plan) -> None:
+    rt = Runtime(plan, lab.plan_file)
+    try:
+        assert not rt.db_answers("target"), "the lab's target database must be stopped"
+        # An empty target: the estimate has something real to predict.
+        empty(lab.target.uploads)
+        empty(lab.target.datadir)
+        estimate = estimates.estimate(rt)
+        moved: dict[str, int] = {}
+        for step in (FilesPresync(), DbPresync()):
+            ctx = StepContext(run_id="test", step=step.name, dry_run=False, rt=rt, log=structlog.get_logger())
+            output = step.run(ctx) or {}
+            if step.name == "files_presync":
+                moved[step.name] = FilesResult.of(output).bytes
+            else:
+                moved[step.name] = DbPresyncResult.of(output).rounds[0].files_size
+    finally:
+        rt.close()
+    assert estimate.bytes_of("files_presync") > 0 and estimate.bytes_of("db_presync") > 0
+    for step, actual in moved.items():
+        predicted = estimate.bytes_of(step)
+        assert abs(predicted - actual) <= 0.10 * actual, compare(estimate.as_dict(), moved)
+
+
+@pytest.mark.lab
+def test_the_real_run_states_the_rehearsals_estimate_beside_what_happened(live_lab: LabState) -> None:
+    """`migrate rehearse`, then `migrate apply` of the same plan onto an empty target: the run's report carries the
+    estimate beside the bytes each pre-sync moved, each within 10 %, and the predicted window beside the real one."""
+    plan = plan_copy(live_lab, "estimate", {})
+    empty(live_lab.target.uploads)
+    empty(live_lab.target.datadir)
+    rehearsed = migrate("rehearse", str(plan), "--env-file", str(live_lab.env_file), timeout=180)
+    assert rehearsed.returncode == 0, rehearsed.stderr
+    applied = migrate_apply(live_lab, plan)
+    assert applied.returncode == 0, outcome(applied)
+    assert "beside this run" in applied.stdout and "window: predicted" in applied.stdout
+    report = run_report(live_lab, plan_name(plan))
+    estimate = report["estimate"]["estimate"]
+    for step in ("files_presync", "db_presync"):
+        predicted = sum(t["bytes"] for t in estimate["transfers"] if t["step"] == step)
+        actual = report["bytes_by_step"][step]
+        assert actual > 0 and abs(predicted - actual) <= 0.10 * actual, report["estimate"]["lines"]
+    assert estimate["window_seconds"] > 0 and report["write_block_seconds"] > 0
+
+
+@pytest.mark.lab
+def test_rehearse_for_real_leaves_the_source_as_it_was_and_the_target_clean(live_lab: LabState, plan: Plan) -> None:
+    """Pre-syncs, the target started fenced on a copy and health-checked, DNS read, the window predicted from the
+    measured parts; the source's trees and DNS unchanged and the source still serving; with --clean, the target
+    stopped and empty."""
+    plan_file = plan_copy(live_lab, "rehearsal-clean", {})
+    before = {"dns": dns_state(live_lab), "uploads": tree_state(live_lab.source.uploads)}
+    done = migrate("rehearse", str(plan_file), "--for-real", "--clean", "--env-file", str(live_lab.env_file),
+                   timeout=600)  # fmt: skip
+    assert done.returncode == 0, outcome(done)
+    assert "predicted window:" in done.stdout and "target start: " in done.stdout and "target left clean" in done.stdout
+    assert {"dns": dns_state(live_lab), "uploads": tree_state(live_lab.source.uploads)} == before
+    assert list(live_lab.target.uploads.iterdir()) == [] and list(live_lab.target.datadir.iterdir()) == []
+    assert not list(live_lab.target.datadir.parent.glob("*.rehearsal-warm"))
+    rt = Runtime(plan, plan_file)
+    try:
+        assert not rt.db_answers("target") and rt.db_answers("source")
+    finally:
+        rt.close()
+
+
+@pytest.mark.lab
+def test_rehearse_for_real_leaves_the_target_warm_and_the_run_that_follows_states_the_prediction(
+    live_lab: LabState, plan: Plan
+) -> None:
+    """A warm rehearsal is not wasted work: the real run that follows finds the uploads already there, and its
+    report sets the rehearsal's predicted window beside the writes-blocked window it measured."""
+    plan_file = plan_copy(live_lab, "rehearsal-warm", {})
+    empty(live_lab.target.uploads)
+    empty(live_lab.target.datadir)
+    done = migrate("rehearse", str(plan_file), "--for-real", "--env-file", str(live_lab.env_file), timeout=600)
+    assert done.returncode == 0, outcome(done)
+    assert "target left warm" in done.stdout
+    assert tree_digest(live_lab.target.uploads) == tree_digest(live_lab.source.uploads)
+    assert (live_lab.target.datadir / "ibdata1").exists()
+    assert not list(live_lab.target.datadir.parent.glob("*.rehearsal-warm"))
+    applied = migrate_apply(live_lab, plan_file)
+    assert applied.returncode == 0, outcome(applied)
+    assert "rehearsal --for-real of" in applied.stdout and "window: predicted" in applied.stdout
+    report = run_report(live_lab, plan_name(plan_file))
+    assert report["estimate"]["rehearsal"]["window_seconds"] > 0 and report["write_block_seconds"] > 0
+    assert report["bytes_by_step"].get("files_presync", 0) == 0  # the warm target already had every upload
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
