@@ -162,6 +162,11 @@ class FinishResult(Contract):
     write_block_seconds: float | None = None
     # The run's total so far, as the report counted it (not this step's own transfer).
     run_bytes_moved: int | None = Field(default=None, alias="bytes_moved")
+    # The source's front door (plan section `proxy`): requests that still arrived at the old address after the
+    # commit (forwarded to the target), and the earliest moment the source may stop forwarding.
+    requests_at_old_address: int | None = None
+    forwarded_to: str | None = None
+    forwarding_until: float | None = None
 
 
 # Each step's result model, by step name (what the report reads).

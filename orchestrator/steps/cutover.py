@@ -24,7 +24,7 @@ from typing import Any
 
 import pymysql
 
-from orchestrator import probes
+from orchestrator import frontdoor, probes
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CutoverResult, FinalState, LockFigures
@@ -76,6 +76,7 @@ class Cutover(Step):
             + (" and CHECKSUM TABLE" if plan.database.verify.checksum else ""),
             f"on {plan.source.address}: stop the source database cleanly: {plan.database.source.stop}",
             f"writes may stay blocked at most {c.max_write_block:g} s (cutover.max_write_block)",
+            *frontdoor.describe(ctx, "source"),
         ]
 
     def check(self, ctx: StepContext) -> bool:
@@ -112,6 +113,7 @@ class Cutover(Step):
         rt = runtime(ctx)
         plan = rt.plan
         self._release_lock()
+        frontdoor.keep_holding_for_rollback(ctx)
         if ctx.saved(SOURCE_DB_STOPPED):
             ctx.log.info("cutover.undo.start_source_db", command=plan.database.source.start)
             rt.source.run(plan.database.source.start, timeout=SOURCE_DB_START_TIMEOUT)
@@ -121,6 +123,8 @@ class Cutover(Step):
             ctx.log.info("cutover.undo.lift_fence", command=plan.services.fence.disable)
             rt.source.run(plan.services.fence.disable, timeout=60)
             ctx.save(FENCED, False)
+        # Held requests go to the source, which takes writes again.
+        frontdoor.release_source(ctx)
 
     # -- the sequence
 
@@ -149,6 +153,8 @@ class Cutover(Step):
             ctx.save(FENCED, True)
         if not saved_at:
             ctx.save(WRITES_BLOCKED_AT, blocked_at)
+        # The front door holds new requests before the fence would refuse them (plan section `proxy`).
+        frontdoor.hold_source(ctx, blocked_at)
         if fence:
             rt.source.run(fence, timeout=60)
         ctx.window.begin(blocked_at)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from orchestrator import frontdoor
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import DnsFlipResult, RecordSnapshot
@@ -59,7 +60,7 @@ class DnsFlip(Step):
                 "the plan declares no target fence: once any record points at the target the run is committed "
                 "(a failure then needs `migrate apply` to finish the flip, not a rollback)"
             )
-        return lines
+        return [*frontdoor.describe(ctx, "target"), *lines]
 
     def check(self, ctx: StepContext) -> bool:
         plan = runtime(ctx).plan
@@ -89,6 +90,7 @@ class DnsFlip(Step):
                 ctx.commit(self._partial_reason(already))
         else:
             ctx.window.check("flipping DNS")
+            frontdoor.before_flip(ctx)
         old: dict[str, dict[str, Any]] = dict(ctx.saved(OLD_RECORDS) or {})
         flipped: list[str] = []
         try:
@@ -113,6 +115,7 @@ class DnsFlip(Step):
             # With a target fence the target took no write: the engine rolls back and undo restores the records.
             raise
         lifted = self._lift_target_fence(ctx)
+        frontdoor.forward_to_target(ctx)
         flipped_at = time.time()
         blocked_at = ctx.window.blocked_at
         return DnsFlipResult(
@@ -135,6 +138,10 @@ class DnsFlip(Step):
                 ctx.log.info("dns_flip.target_fenced_again")
             except TransportError as exc:
                 failures.append(f"fencing the target again: {exc}")
+        try:
+            frontdoor.release_target(ctx)
+        except StepError as exc:
+            failures.append(str(exc))
         old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
         if old:
             zone_id = self._zone_id(ctx)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from orchestrator import frontdoor
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Service
@@ -33,6 +34,8 @@ class Finish(Step):
             lines = [f"the source {plan.source.address} stays fenced (refuses writes)"]
         if plan.finish.drain_seconds:
             lines.append(f"wait {plan.finish.drain_seconds:g} s for traffic to leave the source")
+        if plan.proxy is not None and plan.proxy.source is not None:
+            lines.append("the source's front door keeps forwarding to the target; count the requests that still came")
         lines.append("write the run report beside the journal")
         return lines
 
@@ -43,6 +46,7 @@ class Finish(Step):
             # Clients with a cached DNS answer still reach the source for up to the record's TTL.
             ctx.log.info("finish.drain", seconds=plan.finish.drain_seconds)
             time.sleep(plan.finish.drain_seconds)
+        forwarding = frontdoor.forwarding_report(ctx)
         stopped: list[str] = list(ctx.saved(STOPPED_SERVICES) or [])
 
         def _journal_first(service: Service) -> None:
@@ -63,6 +67,7 @@ class Finish(Step):
             source_services_stopped=stopped,
             write_block_seconds=report.get("write_block_seconds"),
             bytes_moved=report.get("bytes_moved"),
+            **forwarding,
         ).journal()
 
     def undo(self, ctx: StepContext) -> None:
