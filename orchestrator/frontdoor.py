@@ -36,7 +36,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FrontDoorProxy
 from orchestrator.results import DnsFlipResult
-from orchestrator.transports.haproxy import FrontDoor, HaproxyError, over_ssh, parse_info
+from orchestrator.transports.haproxy import AdminSocketUnreachable, FrontDoor, HaproxyError, over_ssh, parse_info
 
 Side = Literal["source", "target"]
 
@@ -79,8 +79,17 @@ def door(ctx: StepContext, side: Side) -> FrontDoor | None:
     return cache[side]
 
 
-def _fail(side: Side, doing: str, exc: HaproxyError | ValueError) -> StepError:
-    return StepError(f"{side}'s front door, {doing}: {exc}")
+def _fail(ctx: StepContext, side: Side, doing: str, exc: HaproxyError | ValueError) -> StepError:
+    return StepError(f"{side}'s front door, {doing}: {_said(ctx, side, exc)}")
+
+
+def _said(ctx: StepContext, side: Side, exc: HaproxyError | ValueError) -> str:
+    config = section(ctx, side)
+    if isinstance(exc, AdminSocketUnreachable) and config is not None:
+        # The local end of the SSH tunnel means nothing to the operator: name the socket on its host.
+        host = getattr(runtime(ctx).plan, side).address
+        return f"HAProxy admin socket {config.admin_socket} on {host} unreachable: {exc.reason}"
+    return str(exc)
 
 
 def _pid(front: FrontDoor) -> str:
@@ -136,14 +145,14 @@ def hold_source(ctx: StepContext, blocked_at: float) -> None:
         pid = _pid(front)
         deadline = front.hold(seconds)
     except (HaproxyError, ValueError) as exc:
-        raise _fail("source", "holding requests", exc) from None
+        raise _fail(ctx, "source", "holding requests", exc) from None
     ctx.save(SOURCE_HOLD, {"seconds": round(seconds, 3), "deadline": deadline, "pid": pid})
     ctx.log.info("frontdoor.source_held", seconds=round(seconds, 3), deadline=deadline)
     bound = min(config.drain_timeout, ctx.window.timeout() or config.drain_timeout) if config.drain_timeout else 0
     try:
         drained = front.wait_drained(bound) if bound else True
     except (HaproxyError, ValueError) as exc:
-        raise _fail("source", "waiting for in-flight requests", exc) from None
+        raise _fail(ctx, "source", "waiting for in-flight requests", exc) from None
     # Not drained in time: those requests meet the fence (and the database lock) as they would without a door.
     ctx.log.info("frontdoor.source_drained", drained=drained, within_s=bound)
 
@@ -157,7 +166,7 @@ def check_source_hold(ctx: StepContext) -> None:
     try:
         pid, until = _pid(front), front.held_until()
     except (HaproxyError, ValueError) as exc:
-        raise _fail("source", "checking its hold", exc) from None
+        raise _fail(ctx, "source", "checking its hold", exc) from None
     if pid != held.get("pid") or abs(until - float(held["deadline"])) > 0.01:
         raise StepError(
             f"the source's front door lost its hold (HAProxy pid {held.get('pid')} → {pid}, hold_until "
@@ -174,25 +183,32 @@ def keep_holding_for_rollback(ctx: StepContext) -> None:
         deadline = front.hold(ROLLBACK_HOLD)
     except (HaproxyError, ValueError) as exc:
         # Not fatal: held requests go on at the old deadline; nothing is lost (the fence refuses writes).
-        ctx.log.warning("frontdoor.rollback_hold_failed", error=str(exc))
+        ctx.log.warning("frontdoor.rollback_hold_failed", error=_said(ctx, "source", exc))
         return
     ctx.save(SOURCE_HOLD, {**ctx.saved(SOURCE_HOLD), "deadline": deadline, "rollback": True})
 
 
 def release_source(ctx: StepContext) -> None:
-    """Let the held requests through to the source (it takes writes again); idempotent."""
+    """Let the held requests through to the source (it takes writes again); idempotent. Never fails the rollback:
+    a hold that cannot be released ends by itself at its deadline, and the held requests then go to the source."""
     front = door(ctx, "source")
-    if front is None or not ctx.saved(SOURCE_HOLD):
+    held = ctx.saved(SOURCE_HOLD)
+    if front is None or not held:
         return
     try:
         front.release()
     except (HaproxyError, ValueError) as exc:
-        deadline = (ctx.saved(SOURCE_HOLD) or {}).get("deadline")
-        ctx.log.warning("frontdoor.release_failed", error=str(exc), held_until=deadline)
-        raise StepError(
-            f"the source's front door could not release its hold ({exc}): held requests go on by themselves at "
-            f"{_clock(deadline)}, to the source that takes writes again"
-        ) from None
+        deadline = held.get("deadline")
+        if deadline is None:
+            # The hold was never confirmed: nothing may be held at all.
+            ctx.log.warning("frontdoor.release_failed", error=_said(ctx, "source", exc))
+        else:
+            ctx.log.error(
+                "frontdoor.release_failed",
+                error=_said(ctx, "source", exc),
+                held_requests_go_on_at=_clock(deadline),
+            )
+        return
     ctx.save(SOURCE_HOLD, None)
     ctx.log.info("frontdoor.source_released")
 
@@ -212,7 +228,7 @@ def _point_at_own_app(ctx: StepContext, side: Side) -> None:
             front.repoint(config.app.address, config.app.port)
             ctx.log.info("frontdoor.pointed_at_own_app", side=side, app=f"{config.app.address}:{config.app.port}")
     except (HaproxyError, ValueError) as exc:
-        raise _fail(side, "pointing it at its own app", exc) from None
+        raise _fail(ctx, side, "pointing it at its own app", exc) from None
 
 
 # --- the flip: hold the target, forward the source ---------------------------------------------------------------
@@ -230,7 +246,7 @@ def before_flip(ctx: StepContext) -> None:
     try:
         deadline = front.hold(seconds)
     except (HaproxyError, ValueError) as exc:
-        raise _fail("target", "holding requests", exc) from None
+        raise _fail(ctx, "target", "holding requests", exc) from None
     ctx.save(TARGET_HOLD, {"seconds": round(seconds, 3), "deadline": deadline})
     ctx.log.info("frontdoor.target_held", deadline=deadline)
 
@@ -246,7 +262,7 @@ def forward_to_target(ctx: StepContext) -> bool:
             ctx.log.info("frontdoor.target_released")
         except (HaproxyError, ValueError) as exc:
             ok = False
-            ctx.log.error("frontdoor.target_release_failed", error=str(exc))
+            ctx.log.error("frontdoor.target_release_failed", error=_said(ctx, "target", exc))
     front, config = door(ctx, "source"), section(ctx, "source")
     if front is None or config is None:
         return ok
@@ -257,7 +273,7 @@ def forward_to_target(ctx: StepContext) -> bool:
         front.repoint(to.address, to.port)
         front.release()
     except (HaproxyError, ValueError) as exc:
-        ctx.log.error("frontdoor.forward_failed", error=str(exc))
+        ctx.log.error("frontdoor.forward_failed", error=_said(ctx, "source", exc))
         return False
     ctx.log.info("frontdoor.source_forwarding", to=f"{to.address}:{to.port}")
     return ok
@@ -273,7 +289,7 @@ def release_target(ctx: StepContext) -> None:
         front.repoint(config.forward_to.address, config.forward_to.port)
         front.release()
     except (HaproxyError, ValueError) as exc:
-        raise _fail("target", "sending its held requests back to the source", exc) from None
+        raise _fail(ctx, "target", "sending its held requests back to the source", exc) from None
     ctx.save(TARGET_HOLD, None)
     ctx.log.info("frontdoor.target_released_to_source")
 
@@ -316,7 +332,7 @@ def forwarding_report(ctx: StepContext) -> dict[str, Any]:
     try:
         now = _requests(front)
     except (HaproxyError, ValueError) as exc:
-        raise _fail("source", "reading its request count", exc) from None
+        raise _fail(ctx, "source", "reading its request count", exc) from None
     arrived = max(now - int(since.get("requests", now)), 0)
     until = forwarding_until(ctx)
     ctx.log.info("frontdoor.requests_at_old_address", requests=arrived, forwarded_to=since.get("to"), until=until)

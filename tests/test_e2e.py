@@ -28,7 +28,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
-from orchestrator.lab import procs
+from orchestrator.lab import haproxy, procs
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import main_verify
 from orchestrator.transports.cloudflare import DnsClient
@@ -89,6 +89,9 @@ def restore_source_live(state: LabState) -> None:
     run_bin(state.source, "app-start")
     run_bin(state.source, "fence-off")
     run_bin(state.target, "fence-off")  # a reverse run leaves the target fenced
+    for host in (state.source, state.target):
+        if host.has_front_door:
+            haproxy.reset(host)  # a migration leaves the source's front door forwarding to the target
     with dns_client(state) as client:
         zone_id = client.zone_id(state.zone)
         for name in state.records:
