@@ -107,6 +107,14 @@ def _saved_by(ctx: StepContext, step: str | None, key: str) -> Any:
     return value
 
 
+def engaged(ctx: StepContext) -> bool:
+    """Whether this run drives the front doors after the cut-over: a plan with a source door engages them when the
+    cut-over journals its hold (a run whose history predates it leaves them alone)."""
+    if section(ctx, "source") is None:
+        return section(ctx, "target") is not None
+    return any(e.get("event") == "step_saved" and e.get("key") == SOURCE_HOLD for e in ctx.history())
+
+
 def describe(ctx: StepContext, side: Side) -> list[str]:
     config = section(ctx, side)
     if config is None:
@@ -159,10 +167,11 @@ def hold_source(ctx: StepContext, blocked_at: float) -> None:
 
 def check_source_hold(ctx: StepContext) -> None:
     """The source still holds what the cut-over held: an HAProxy restarted mid-window lost the hold."""
-    front = door(ctx, "source")
     held = _saved_by(ctx, "cutover", SOURCE_HOLD)
-    if front is None or not held or "deadline" not in held:
+    if section(ctx, "source") is None or not held or "deadline" not in held:
         return
+    front = door(ctx, "source")
+    assert front is not None
     try:
         pid, until = _pid(front), front.held_until()
     except (HaproxyError, ValueError) as exc:
@@ -176,9 +185,10 @@ def check_source_hold(ctx: StepContext) -> None:
 
 def keep_holding_for_rollback(ctx: StepContext) -> None:
     """Stretch the hold while the rollback brings the source back (its database starts, its fence lifts)."""
-    front = door(ctx, "source")
-    if front is None or not ctx.saved(SOURCE_HOLD):
+    if section(ctx, "source") is None or not ctx.saved(SOURCE_HOLD):
         return
+    front = door(ctx, "source")
+    assert front is not None
     try:
         deadline = front.hold(ROLLBACK_HOLD)
     except (HaproxyError, ValueError) as exc:
@@ -191,10 +201,11 @@ def keep_holding_for_rollback(ctx: StepContext) -> None:
 def release_source(ctx: StepContext) -> None:
     """Let the held requests through to the source (it takes writes again); idempotent. Never fails the rollback:
     a hold that cannot be released ends by itself at its deadline, and the held requests then go to the source."""
-    front = door(ctx, "source")
     held = ctx.saved(SOURCE_HOLD)
-    if front is None or not held:
+    if section(ctx, "source") is None or not held:
         return
+    front = door(ctx, "source")
+    assert front is not None
     try:
         front.release()
     except (HaproxyError, ValueError) as exc:
@@ -236,6 +247,8 @@ def _point_at_own_app(ctx: StepContext, side: Side) -> None:
 
 def before_flip(ctx: StepContext) -> None:
     """Before any record moves: the source still holds, and the target holds clients that follow the new records."""
+    if not engaged(ctx):
+        return
     check_source_hold(ctx)
     front = door(ctx, "target")
     if front is None:
@@ -255,6 +268,8 @@ def forward_to_target(ctx: StepContext) -> bool:
     """The commit point: the target's door lets its requests in, the source's forwards to the target and lets
     the held requests go. Idempotent. False (logged) when a door could not be told: finish tries again."""
     ok = True
+    if not engaged(ctx):
+        return ok
     target = door(ctx, "target")
     if target is not None:
         try:
@@ -282,9 +297,11 @@ def forward_to_target(ctx: StepContext) -> bool:
 def release_target(ctx: StepContext) -> None:
     """The flip rolled back: what the target held goes to the source's door (held there until the source takes
     writes again), never to the target's fenced app."""
-    front, config = door(ctx, "target"), section(ctx, "target")
-    if front is None or config is None or not ctx.saved(TARGET_HOLD):
+    config = section(ctx, "target")
+    if config is None or not ctx.saved(TARGET_HOLD):
         return
+    front = door(ctx, "target")
+    assert front is not None
     try:
         front.repoint(config.forward_to.address, config.forward_to.port)
         front.release()
@@ -323,9 +340,10 @@ def forwarding_until(ctx: StepContext) -> float | None:
 def forwarding_report(ctx: StepContext) -> dict[str, Any]:
     """Make sure the source forwards (a door that could not be told at the commit), and count the requests that
     still arrived at the old address since the commit."""
-    front = door(ctx, "source")
-    if front is None:
+    if section(ctx, "source") is None or not engaged(ctx):
         return {}
+    front = door(ctx, "source")
+    assert front is not None
     if not forward_to_target(ctx):
         raise StepError("the source's front door could not be pointed at the target: see the log line above")
     since = _saved_by(ctx, None, FORWARDED) or {}
