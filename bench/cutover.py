@@ -9,7 +9,9 @@ through the Cloudflare double, short DNS cache) and:
    and the database, copy everything (datadir and uploads, from scratch), start on the target, flip DNS.
 For each: the write-unavailability window seen by the clients (last write acknowledged by the source → first
 acknowledged by the target, from the load's acks), the window from the run report (writes blocked → DNS flipped),
-total time and bytes moved; then the ratio. Run by hand; not part of CI.
+total time and bytes moved; then the ratio; then, for both, the failed requests (reads, writes) and the latency p99 /
+max the clients saw (the lab's front door holds requests during migrate's window instead of refusing them).
+Run by hand; not part of CI.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.lab import hosts
+from orchestrator.lab import haproxy, hosts
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report import render_report
@@ -38,6 +40,9 @@ from orchestrator.transports import rsync
 from orchestrator.transports.cloudflare import DnsClient
 
 MIGRATE = Path(sys.executable).with_name("migrate")
+# How long a client waits for an answer: longer than the lab plan's write-block budget, so a request the front door
+# holds is answered, not abandoned (the same clients for both procedures).
+HTTP_TIMEOUT = 90.0
 
 
 @dataclass
@@ -78,6 +83,9 @@ def source_live(state: LabState) -> None:
     run_bin(state.source, "db-start")
     run_bin(state.source, "app-start")
     run_bin(state.source, "fence-off")
+    for host in (state.source, state.target):
+        if host.has_front_door:
+            haproxy.reset(host)  # a migration leaves the source's front door forwarding to the target
     point_dns(state, state.source.address)
     subprocess.run(["rm", "-rf", str(state.path / ".migrate")], check=True)
 
@@ -88,7 +96,7 @@ def load_running(state: LabState, out: Path, dns_ttl: float, rate: float):  # ty
         [
             sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path), "--duration", "3600",
             "--rate", str(rate), "--clients", "4", "--dns-ttl", str(dns_ttl), "--upload-every", "5",
-            "--out", str(out),
+            "--out", str(out), "--http-timeout", str(HTTP_TIMEOUT),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -174,6 +182,32 @@ def show(outcome: Outcome) -> str:
     )
 
 
+def client_requests(name: str, out: Path) -> str:
+    """What the clients saw of one procedure: failed requests (reads, writes) and their latency p99 / max."""
+    stats = json.loads((out / "stats.json").read_text())
+    failed = stats.get("requests_failed") or {}
+    run = (stats.get("latency") or {}).get("run") or {}
+
+    def count(kind: str) -> int:
+        return sum(int(n) for n in (failed.get(kind) or {}).values())
+
+    def ms(key: str) -> str:
+        return "n/a" if key not in run else f"{float(run[key]) / 1000:.2f} s"
+
+    return f"| {name:<24} | {count('reads'):>12} | {count('writes'):>13} | {ms('p99_ms'):>11} | {ms('max_ms'):>11} |"
+
+
+def requests_table(work: Path) -> str:
+    return "\n".join(
+        [
+            "| procedure                | failed reads | failed writes | latency p99 | latency max |",
+            "|--------------------------|--------------|---------------|-------------|-------------|",
+            client_requests("migrate apply", work / "load-migrate"),
+            client_requests("naive stop-copy-start", work / "load-naive"),
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db-size-mb", type=int, default=200)
@@ -200,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         if ours.client_window_seconds and theirs.client_window_seconds:
             ratio = theirs.client_window_seconds / ours.client_window_seconds
             print(f"naive / migrate write-unavailability window: {ratio:.1f}x")
+        print("what the clients saw (requests of the whole load run):")
+        print(requests_table(work))
         ours_link, theirs_link = ours.projected_window(args.link_mbit), theirs.projected_window(args.link_mbit)
         if ours_link and theirs_link:
             print(
