@@ -250,9 +250,11 @@ def before_flip(ctx: StepContext) -> None:
     if not engaged(ctx):
         return
     check_source_hold(ctx)
+    fence = runtime(ctx).plan.services.target_fence
+    if section(ctx, "target") is None or not (fence.enable and fence.disable):
+        return  # without a fence to lift, the target takes requests as soon as it starts: nothing to hold for
     front = door(ctx, "target")
-    if front is None:
-        return
+    assert front is not None
     left = ctx.window.remaining()
     seconds = max((left if left is not None else runtime(ctx).plan.cutover.max_write_block) + HOLD_MARGIN, MIN_HOLD)
     ctx.save(TARGET_HOLD, {"seconds": round(seconds, 3)})
@@ -274,6 +276,8 @@ def forward_to_target(ctx: StepContext) -> bool:
     if target is not None:
         try:
             target.release()
+            if ctx.saved(TARGET_HOLD):
+                ctx.save(TARGET_HOLD, None)
             ctx.log.info("frontdoor.target_released")
         except (HaproxyError, ValueError) as exc:
             ok = False
@@ -295,10 +299,23 @@ def forward_to_target(ctx: StepContext) -> bool:
 
 
 def release_target(ctx: StepContext) -> None:
-    """The flip rolled back: what the target held goes to the source's door (held there until the source takes
-    writes again), never to the target's fenced app."""
+    """The flip is rolled back. The target's door sends what it holds, and later clients of the new records, to its
+    own `forward_to` (the source's door), never to the target's fenced app. A source that forwarded since the commit
+    holds again and is pointed back at its own app: the cut-over's undo releases it once the source takes writes."""
+    forwarded = bool(_saved_by(ctx, None, FORWARDED))
+    source = section(ctx, "source")
+    if forwarded and source is not None:
+        front = door(ctx, "source")
+        assert front is not None
+        try:
+            front.hold(ROLLBACK_HOLD)
+            front.repoint(source.app.address, source.app.port)
+        except (HaproxyError, ValueError) as exc:
+            raise _fail(ctx, "source", "pointing it back at its own app", exc) from None
+        ctx.save(FORWARDED, None)
+        ctx.log.info("frontdoor.source_forwarding_ended")
     config = section(ctx, "target")
-    if config is None or not ctx.saved(TARGET_HOLD):
+    if config is None or not (ctx.saved(TARGET_HOLD) or forwarded):
         return
     front = door(ctx, "target")
     assert front is not None
@@ -306,9 +323,9 @@ def release_target(ctx: StepContext) -> None:
         front.repoint(config.forward_to.address, config.forward_to.port)
         front.release()
     except (HaproxyError, ValueError) as exc:
-        raise _fail(ctx, "target", "sending its held requests back to the source", exc) from None
+        raise _fail(ctx, "target", "sending its requests back to the source", exc) from None
     ctx.save(TARGET_HOLD, None)
-    ctx.log.info("frontdoor.target_released_to_source")
+    ctx.log.info("frontdoor.target_forwarding_to_source")
 
 
 # --- finish: the forwarding's figures ----------------------------------------------------------------------------

@@ -115,6 +115,10 @@ class Cutover(Step):
         self._release_lock()
         frontdoor.keep_holding_for_rollback(ctx)
         if ctx.saved(SOURCE_DB_STOPPED):
+            # A stop cut short (by the budget) may still be under way: let it finish first, or the start finds the
+            # server still answering, and the shutdown completes after the rollback, leaving the source down.
+            ctx.log.info("cutover.undo.finish_stop", command=plan.database.source.stop)
+            rt.source.run(plan.database.source.stop, timeout=SOURCE_DB_START_TIMEOUT)
             ctx.log.info("cutover.undo.start_source_db", command=plan.database.source.start)
             rt.source.run(plan.database.source.start, timeout=SOURCE_DB_START_TIMEOUT)
             wait_db_answers(ctx, "source", SOURCE_DB_START_TIMEOUT, refusal_is_up=True)
