@@ -148,7 +148,7 @@ def hold_source(ctx: StepContext, blocked_at: float) -> None:
         if (server.address, server.port) != (config.app.address, config.app.port):
             raise StepError(
                 f"the source's front door sends requests to {server.address}:{server.port}, not to the source's "
-                f"app {config.app.address}:{config.app.port} (proxy.source.app): writes stay unblocked"
+                f"app {config.app.address}:{config.app.port} (proxy.source.app): not holding, the fence did not go up"
             )
         pid = _pid(front)
         deadline = front.hold(seconds)
@@ -176,10 +176,15 @@ def check_source_hold(ctx: StepContext) -> None:
         pid, until = _pid(front), front.held_until()
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "checking its hold", exc) from None
-    if pid != held.get("pid") or abs(until - float(held["deadline"])) > 0.01:
+    if pid != held.get("pid"):
         raise StepError(
             f"the source's front door lost its hold (HAProxy pid {held.get('pid')} → {pid}, hold_until "
             f"{held['deadline']} → {until}): HAProxy restarted mid-window and requests reached the fenced source"
+        )
+    if abs(until - float(held["deadline"])) > 0.01:
+        raise StepError(
+            f"the source's front door lost its hold (hold_until {held['deadline']} → {until} in {front.hold_map}): "
+            "something else changed it mid-window and requests may have reached the fenced source"
         )
 
 
