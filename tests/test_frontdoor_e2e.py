@@ -194,7 +194,8 @@ def test_budget_spent_while_holding_rolls_back_and_no_request_fails(door_lab: La
         wait_for(lambda: requests_sent(load_dir) > 20, "requests flowing to the source before the migration")
         result = migrate_apply(state, plan)
         assert result.returncode == exit_codes.FAILED, outcome(result)
-        assert "more than cutover.max_write_block" in result.stdout + result.stderr, outcome(result)
+        # Where the 1 s budget runs out varies (the lock, the shutdown, the final pass cut short): it rolls back.
+        assert "rolled back" in result.stdout + result.stderr, outcome(result)
         after = requests_sent(load_dir)
         wait_for(lambda: requests_sent(load_dir) > after + 20, "requests after the rollback")
     finally:
