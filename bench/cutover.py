@@ -12,7 +12,9 @@ load, with the source put back as the live side before each:
   target, flip DNS.
 For each: the write-unavailability window seen by the clients (last write acknowledged by the source → first
 acknowledged by the target, from the load's acks), the window from the run report (writes blocked → DNS flipped),
-total time and bytes moved; then a table with the ratios. Run by hand; not part of CI.
+total time and bytes moved; then the ratio; then, for both, the failed requests (reads, writes) and the latency p99 /
+max the clients saw (the lab's front door holds requests during migrate's window instead of refusing them).
+Run by hand; not part of CI.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 
 import pymysql
 
-from orchestrator.lab import hosts, planfile
+from orchestrator.lab import haproxy, hosts, planfile
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report import render_report
@@ -44,6 +46,9 @@ from orchestrator.transports import rsync
 from orchestrator.transports.cloudflare import DnsClient
 
 MIGRATE = Path(sys.executable).with_name("migrate")
+# How long a client waits for an answer: longer than the lab plan's write-block budget, so a request the front door
+# holds is answered, not abandoned (the same clients for both procedures).
+HTTP_TIMEOUT = 90.0
 
 
 @dataclass
@@ -98,6 +103,9 @@ def source_live(state: LabState) -> None:
     run_bin(state.source, "app-start")
     run_bin(state.source, "fence-off")
     source_writable(state)
+    for host in (state.source, state.target):
+        if host.has_front_door:
+            haproxy.reset(host)  # a migration leaves the source's front door forwarding to the target
     point_dns(state, state.source.address)
     subprocess.run(["rm", "-rf", str(state.path / ".migrate")], check=True)
 
@@ -108,7 +116,7 @@ def load_running(state: LabState, out: Path, dns_ttl: float, rate: float):  # ty
         [
             sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path), "--duration", "3600",
             "--rate", str(rate), "--clients", "4", "--dns-ttl", str(dns_ttl), "--upload-every", "5",
-            "--out", str(out),
+            "--out", str(out), "--http-timeout", str(HTTP_TIMEOUT),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -225,6 +233,34 @@ def table(rows: list[tuple[int, Outcome]], link_mbit: float) -> str:
     return "\n".join(lines)
 
 
+def client_requests(name: str, out: Path) -> str:
+    """What the clients saw of one procedure: failed requests (reads, writes) and their latency p99 / max."""
+    stats = json.loads((out / "stats.json").read_text())
+    failed = stats.get("requests_failed") or {}
+    run = (stats.get("latency") or {}).get("run") or {}
+
+    def count(kind: str) -> int:
+        return sum(int(n) for n in (failed.get(kind) or {}).values())
+
+    def ms(key: str) -> str:
+        return "n/a" if key not in run else f"{float(run[key]) / 1000:.2f} s"
+
+    return f"| {name:<24} | {count('reads'):>12} | {count('writes'):>13} | {ms('p99_ms'):>11} | {ms('max_ms'):>11} |"
+
+
+def requests_table(work: Path, sizes: list[int], modes: list[str]) -> str:
+    lines = [
+        "| database | procedure | failed reads | failed writes | latency p99 | latency max |",
+        "|---|---|---|---|---|---|",
+    ]
+    for size in sizes:
+        for mode in modes:
+            out = work / str(size) / f"load-{mode}"
+            if (out / "stats.json").exists():
+                lines.append(f"| {size} MiB " + client_requests(mode, out))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db-size-mb", default="200", help="one size or several, comma-separated (e.g. 64,512)")
@@ -264,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.lab_dir is None:
                     hosts.down(lab_dir, purge=True)
         print(table(rows, args.link_mbit))
+        print("what the clients saw (requests of each load run):")
+        print(requests_table(work, sizes, modes))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

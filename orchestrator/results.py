@@ -248,6 +248,11 @@ class FinishResult(Contract):
     # The orchestrator's peak resident memory so far (getrusage ru_maxrss), in MiB.
     peak_rss_mib: float | None = None
     trackers_stopped: list[str] = []
+    # The source's front door (plan section `proxy`): requests that still arrived at the old address after the
+    # commit (forwarded to the target), and the earliest moment the source may stop forwarding.
+    requests_at_old_address: int | None = None
+    forwarded_to: str | None = None
+    forwarding_until: float | None = None
 
 
 # Each step's result model, by step name (what the report reads).

@@ -28,7 +28,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
-from orchestrator.lab import planfile, procs
+from orchestrator.lab import haproxy, planfile, procs
 from orchestrator.lab.load import ACKS_FILE
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import main_verify, read_acks
@@ -90,6 +90,9 @@ def restore_source_live(state: LabState) -> None:
     run_bin(state.source, "app-start")
     run_bin(state.source, "fence-off")
     run_bin(state.target, "fence-off")  # a reverse run leaves the target fenced
+    for host in (state.source, state.target):
+        if host.has_front_door:
+            haproxy.reset(host)  # a migration leaves the source's front door forwarding to the target
     with dns_client(state) as client:
         zone_id = client.zone_id(state.zone)
         for name in state.records:
@@ -597,9 +600,17 @@ def test_reverse_migration_carries_the_target_writes_back(live_lab: LabState, tm
     for review in (on_target, on_source):
         status, body = http(state, state.source, "GET", f"/reviews/{review['id']}")
         assert status == 200 and json.loads(body)["body"] == review["body"], (status, body[:200])
-    # The target is fenced now, as the source was after the forward run.
-    status, _ = http(state, state.target, "POST", "/reviews", a_review("on-the-fenced-target"))
-    assert status == 503
+    # The target's app is fenced now, as the source's was after the forward run (its front door forwards stale
+    # clients to the source, so the app itself is asked).
+    fenced = urllib.request.Request(
+        f"http://{state.target.address}:{state.target.app_listen_port}/reviews",
+        data=json.dumps(a_review("on-the-fenced-target")).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(fenced, timeout=10)
+    assert refused.value.code == 503
 
     report = run_report(state, f"{plan_name(state.plan_file)}-reverse")
     assert report["status"] == "completed"

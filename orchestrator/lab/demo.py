@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.lab import hosts
+from orchestrator.lab import hosts, planfile
 from orchestrator.lab.state import LabState
 
 
@@ -25,6 +25,13 @@ def say(text: str) -> None:
 
 def migrate(*args: str) -> int:
     return subprocess.call([sys.executable, "-m", "orchestrator.cli", *args])
+
+
+def front_door_options(state: LabState) -> list[str]:
+    """Clients wait longer than the plan's write-block budget (the front door holds requests, it does not refuse
+    them), and the migrate journal gives the figures inside the window."""
+    journal = state.path / ".migrate" / planfile.PLAN_NAME / "journal.jsonl"
+    return ["--http-timeout", "90", "--journal", str(journal)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             str(args.rate),
             "--dns-ttl",
             str(args.dns_ttl),
+            *front_door_options(state),
         ],
     )
     try:
@@ -79,9 +87,19 @@ def main(argv: list[str] | None = None) -> int:
         load.wait(timeout=60)
 
     say("verify: every acknowledged write and upload must be on the target")
+    # Besides lost writes: failed requests (reads, writes, by cause) and latency p50 / p99 / max, run and window.
     clients_file = state.load_dir / "verify-target.json"
     verdict = subprocess.call(
-        [sys.executable, "-m", "orchestrator.lab.verify", "--lab", str(lab_dir), "--json", str(clients_file)]
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.lab.verify",
+            "--lab",
+            str(lab_dir),
+            "--json",
+            str(clients_file),
+            *front_door_options(state)[2:],
+        ]
     )
     migrate("status", plan)
     say(f"the lab is still up: `migrate lab status --dir {lab_dir}`; stop it with `migrate lab down --dir {lab_dir}`")

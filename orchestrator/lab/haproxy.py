@@ -198,3 +198,10 @@ def stop(host: HostState) -> int | None:
         host.haproxy_pid_file.unlink(missing_ok=True)
         host.haproxy_socket.unlink(missing_ok=True)
     return pid
+
+
+def reset(host: HostState) -> None:
+    """The front door as `lab up` starts it: not holding, its server pointed at the host's own app."""
+    door = front_door(host)
+    door.release()
+    door.repoint(host.address, host.app_internal_port)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
+from orchestrator.lab import haproxy
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
 
@@ -36,6 +37,35 @@ def _endpoint(host: HostState) -> str:
     datadir: {s(host.datadir)}
     start: {s(host.bin_dir / "db-start")}
     stop: {s(host.bin_dir / "db-stop")}"""
+
+
+def _front_door(host: HostState, other: HostState) -> str:
+    return f"""    kind: haproxy
+    admin_socket: {s(host.haproxy_socket)}
+    frontend: {haproxy.FRONTEND}
+    backend: {haproxy.BACKEND}
+    server: {haproxy.SERVER}
+    hold_map: {s(haproxy.map_file(host))}
+    app: {{address: {s(host.address)}, port: {host.app_internal_port}}}
+    forward_to: {{address: {s(other.address)}, port: {other.app_port}}}
+    drain_timeout: 5"""
+
+
+def _proxy(src: HostState, tgt: HostState) -> str:
+    if not (src.has_front_door and tgt.has_front_door):
+        return ""  # a lab made before the front door existed: the fence answers clients during the window
+    return f"""# The front doors: HAProxy in front of each host's app. While writes are blocked the source's holds
+# requests (they wait, none is refused); at the commit point it forwards them, and every client with a stale DNS
+# answer, to the target's front door. The target's holds the clients that follow the new records before its
+# fence is lifted.
+# A hold is a deadline on HAProxy's clock (the budget + a margin): if migrate dies, it ends by itself.
+proxy:
+  source:
+{_front_door(src, tgt)}
+  target:
+{_front_door(tgt, src)}
+
+"""
 
 
 MODES = ("auto", "replicate", "shutdown")
@@ -152,6 +182,7 @@ replication:
   app_users: [{s(state.app_user)}]   # must not hold READ ONLY ADMIN or SUPER: read_only must stop them
   keep_reverse: 0
 
+{_proxy(src, tgt)}
 # rsync runs on the source and pushes to the target; the source ssh's to the target from its own address.
 transfer:
   source_to_target_key: {s(state.ssh_key)}

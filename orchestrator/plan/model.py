@@ -639,6 +639,93 @@ class Retry(Strict):
     max_wait: float = _seconds(0, 3600, default=10.0, description="longest wait between tries")
 
 
+_PROXY_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def _proxy_name(value: str) -> str:
+    if not _PROXY_NAME.match(value):
+        raise PydanticCustomError("bad_proxy_name", "must be an HAProxy name: 1-64 letters, digits, '_', '.', ':', '-'")
+    return value
+
+
+def _runtime_api_path(value: str) -> str:
+    """An absolute path HAProxy's runtime API takes as one word of a command (a map file, its admin socket)."""
+    _fail("unsafe_path", path_problem(value, max_bytes=MAX_SOCKET_BYTES))
+    if any(ch.isspace() for ch in value) or "'" in value or '"' in value or "\\" in value:
+        raise PydanticCustomError(
+            "unsafe_path", "must not contain spaces, quotes or backslashes (HAProxy reads it as one word)"
+        )
+    return value
+
+
+def _ip_address(value: str) -> str:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise PydanticCustomError(
+            "bad_address", "must be an IP address (HAProxy's `set server addr` takes no host name)"
+        ) from None
+    return value
+
+
+ProxyName = Annotated[str, AfterValidator(_proxy_name)]
+RuntimeApiPath = Annotated[str, AfterValidator(_runtime_api_path)]
+
+
+class ProxyAddress(Strict):
+    """An address:port a front door sends requests to."""
+
+    address: Annotated[str, AfterValidator(_ip_address)] = Field(description="IP address, e.g. 203.0.113.20")
+    port: int = Field(ge=1, le=65535)
+
+
+class FrontDoorProxy(Strict):
+    """One host's front door: HAProxy in front of its app, driven through its admin socket (over SSH).
+
+    While the window is open the source's front door holds requests (they wait, none is refused); at the commit
+    point it is pointed at `forward_to` (the other host's front door) and released. The target's holds the
+    requests of clients that follow the new DNS before its fence is lifted."""
+
+    kind: Literal["haproxy"] = Field(default="haproxy", description="the only kind for now")
+    admin_socket: RuntimeApiPath = Field(
+        description="absolute path of HAProxy's admin socket on the host (`stats socket ... level admin`)"
+    )
+    frontend: ProxyName = Field(description="the frontend clients arrive at")
+    backend: ProxyName = Field(description="the backend holding the server that sends requests to the app")
+    server: ProxyName = Field(description="that server: repointed at forward_to at the commit point")
+    hold_map: RuntimeApiPath = Field(
+        description="absolute path of the map the frontdoor_hold Lua action reads (a line 'hold_until 0')"
+    )
+    app: ProxyAddress = Field(description="where the server points while this host serves: its own app")
+    forward_to: ProxyAddress = Field(
+        description="where this front door sends requests once the service lives on the other host: the other "
+        "host's front door (its public address and the clients' port)"
+    )
+    drain_timeout: float = _seconds(
+        0, 300, zero=True, default=5.0, description="longest wait for in-flight requests to finish once the hold begins"
+    )
+    forward_margin: float = _seconds(
+        0,
+        86400,
+        zero=True,
+        default=30.0,
+        description="after the flip, forwarding is kept at least the records' TTL plus this margin",
+    )
+
+
+class Proxy(Strict):
+    """The front doors (absent: the fence answers clients during the window, as without a proxy)."""
+
+    source: FrontDoorProxy | None = Field(default=None, description="the source's front door")
+    target: FrontDoorProxy | None = Field(default=None, description="the target's front door")
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> Proxy:
+        if self.source is None and self.target is None:
+            raise ValueError("give 'source', 'target' or both")
+        return self
+
+
 class ReverseOverrides(Strict):
     """What a reverse run (`migrate apply --reverse`: back from the target to the source after the DNS flip) cannot
     derive from the forward plan. Everything else is the forward plan with source and target swapped."""
@@ -679,6 +766,10 @@ class Plan(Strict):
     retry: Retry = Field(default_factory=Retry)
     replication: Replication | None = Field(
         default=None, description="the replicate cut-over's settings (cutover.mode replicate or auto)"
+    )
+    proxy: Proxy | None = Field(
+        default=None,
+        description="HAProxy front doors: requests held during the window and forwarded to the target after the flip",
     )
     reverse: ReverseOverrides | None = Field(
         default=None, description="overrides for the reverse run (`migrate apply --reverse`)"
@@ -745,6 +836,8 @@ class Plan(Strict):
         if data.get("replication") is not None:
             replication = data["replication"]
             replication["source"], replication["target"] = replication["target"], replication["source"]
+        if data.get("proxy") is not None:
+            data["proxy"] = {"source": data["proxy"]["target"], "target": data["proxy"]["source"]}
         overrides = self.reverse
         if overrides is not None and overrides.transfer is not None:
             data["transfer"] = overrides.transfer.model_dump(mode="python")

@@ -34,7 +34,7 @@ from typing import Any
 
 import pymysql
 
-from orchestrator import guard, probes
+from orchestrator import frontdoor, guard, probes
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CutoverResult, FinalState, LockFigures
@@ -95,6 +95,7 @@ class Cutover(Step):
             + (" and CHECKSUM TABLE" if plan.database.verify.checksum else ""),
             f"on {plan.source.address}: stop the source database cleanly: {plan.database.source.stop}",
             f"writes may stay blocked at most {c.max_write_block:g} s (cutover.max_write_block)",
+            *frontdoor.describe(ctx, "source"),
         ]
 
     def check(self, ctx: StepContext) -> bool:
@@ -137,9 +138,15 @@ class Cutover(Step):
         rt = runtime(ctx)
         plan = rt.plan
         self._release_lock()
+        # Held requests wait while the source comes back (the hold is stretched), then go to it.
+        frontdoor.keep_holding_for_rollback(ctx)
         failures: list[str] = []
         if ctx.saved(SOURCE_DB_STOPPED):
             try:
+                # A stop cut short (by the budget) may still be under way: let it finish first, or the start finds
+                # the server still answering, and the shutdown completes after the rollback, leaving the source down.
+                ctx.log.info("cutover.undo.finish_stop", command=plan.database.source.stop)
+                rt.source.run(plan.database.source.stop, timeout=SOURCE_DB_START_TIMEOUT)
                 ctx.log.info("cutover.undo.start_source_db", command=plan.database.source.start)
                 rt.source.run(plan.database.source.start, timeout=SOURCE_DB_START_TIMEOUT)
                 wait_db_answers(ctx, "source", SOURCE_DB_START_TIMEOUT, refusal_is_up=True)
@@ -191,6 +198,9 @@ class Cutover(Step):
         blocked_at = time.time()
         ctx.save(WRITES_BLOCKED_AT if window.blocked_at is None else BLOCKED_AGAIN_AT_KEY, blocked_at)
         window.begin(blocked_at)
+        # The front door holds new requests before the fence would refuse them (plan section `proxy`), for what is
+        # left of the budget.
+        frontdoor.hold_source(ctx, time.time() - (window.elapsed() or 0.0))
         if fence:
             ctx.save(FENCED, True)
             try:
@@ -219,6 +229,8 @@ class Cutover(Step):
             ctx.log.info("cutover.lift_fence", command=disable)
             rt.source.run(disable, timeout=timeout)
             ctx.save(FENCED, False)
+        # Held requests go to the source, which takes writes again.
+        frontdoor.release_source(ctx)
         if ctx.window.blocked_now:
             lifted_at = time.time()
             ctx.save(LIFTED_AT_KEY, lifted_at)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator import guard
+from orchestrator import frontdoor, guard
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Retry
@@ -79,7 +79,7 @@ class DnsFlip(Step):
                 "the plan declares no target fence: once any record points at the target the run is committed "
                 "(a failure then needs `migrate apply` to finish the flip, not a rollback)"
             )
-        return lines
+        return [*frontdoor.describe(ctx, "target"), *lines]
 
     def check(self, ctx: StepContext) -> bool:
         plan = runtime(ctx).plan
@@ -109,6 +109,7 @@ class DnsFlip(Step):
                 self._commit(ctx, self._partial_reason(already))
         else:
             ctx.window.check("flipping DNS")
+            frontdoor.before_flip(ctx)
         old: dict[str, dict[str, Any]] = dict(ctx.saved(OLD_RECORDS) or {})
         flipped: list[str] = []
         attempted: list[str] = []
@@ -146,6 +147,7 @@ class DnsFlip(Step):
             # With a target fence the target took no write: the engine rolls back and undo restores the records.
             raise
         lifted = self._lift_target_fence(ctx)
+        frontdoor.forward_to_target(ctx)
         flipped_at = time.time()
         blocked_at = ctx.window.blocked_at
         return DnsFlipResult(
@@ -169,6 +171,10 @@ class DnsFlip(Step):
                 ctx.log.info("dns_flip.target_fenced_again")
             except TransportError as exc:
                 failures.append(f"fencing the target again: {exc}")
+        try:
+            frontdoor.release_target(ctx)
+        except StepError as exc:
+            failures.append(str(exc))
         old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
         if old:
             try:

@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+from orchestrator import frontdoor
 from orchestrator.contracts import runtime
 from orchestrator.dns_ttl import restore_original_ttls
 from orchestrator.engine.step import Step, StepContext, StepError
@@ -105,6 +106,8 @@ class Finish(Step):
                 "sides: STOP SLAVE, RESET SLAVE ALL (master.info, which holds the password, deleted), tunnels ended",
             ]
         lines += [f"stop and remove the change tracker of tree {t.name} on the source" for t in plan.files]
+        if plan.proxy is not None and plan.proxy.source is not None:
+            lines.append("the source's front door keeps forwarding to the target; count the requests that still came")
         lines.append("write the run report beside the journal")
         return lines
 
@@ -118,6 +121,7 @@ class Finish(Step):
             # Clients with a cached DNS answer still reach the source for up to the record's TTL.
             ctx.log.info("finish.drain", seconds=plan.finish.drain_seconds)
             time.sleep(plan.finish.drain_seconds)
+        forwarding = frontdoor.forwarding_report(ctx)
         if replicate_run(ctx) and not ctx.saved(TORN_DOWN):
             keep = plan.replication.keep_reverse if plan.replication else 0.0
             if keep:
@@ -154,6 +158,7 @@ class Finish(Step):
             reverse_replication=reverse,
             peak_rss_mib=peak_rss_mib(),
             trackers_stopped=trackers,
+            **forwarding,
         ).journal() | {"ttls_restored": restore_original_ttls(ctx)}
 
     # -- replicate mode

@@ -1,0 +1,379 @@
+"""The front doors during a run: hold, don't refuse; forward after the flip (plan section `proxy`).
+
+What the steps call, each a no-op when the plan has no front door for that host:
+
+- `hold_source(ctx, blocked_at)` (cut-over, before the fence): the source's HAProxy holds every new request until
+  what is left of `cutover.max_write_block` plus HOLD_MARGIN (a deadline on the HAProxy host's clock, journaled
+  before it is set), then in-flight requests get `drain_timeout` to finish. The fence still goes up behind it.
+- `keep_holding_for_rollback(ctx)` / `release_source(ctx)` (cut-over's undo): the hold is stretched while the
+  source database starts again and the fence is lifted, then released: held requests go to the source, none fails.
+- `before_flip(ctx)` (DNS flip, before any record moves): proves the source still holds (an HAProxy restarted
+  mid-window forgot its hold: one line, rollback) and holds the target's door, for clients that follow the new
+  records before the target's fence is lifted.
+- `forward_to_target(ctx)` (the commit point, once the target's fence is lifted): the target's door is released,
+  the source's server is pointed at `forward_to` (the target's front door) and released: held requests and every
+  later one from a client with a stale DNS answer are served by the target.
+- `release_target(ctx)` (DNS flip's undo): the target's door sends what it held to its own `forward_to` (the
+  source's door, which holds them until the source takes writes again) and releases.
+- `forwarding_report(ctx)` (finish, after its drain wait): makes sure the source forwards, counts the requests that
+  still arrived at the old address since the commit, and says until when forwarding must stay (the commit plus the
+  records' TTL plus `forward_margin`): the door keeps forwarding after the run.
+
+If migrate dies (kill -9) while requests are held, nothing is held forever: the hold is a deadline HAProxy's Lua
+action compares with its own clock, so at the deadline the held requests go on to the source's app (fenced: writes
+get its refusal, as without a front door) until `migrate apply` or `migrate rollback` carries on.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+import weakref
+from typing import Any, Literal
+
+from orchestrator.contracts import runtime
+from orchestrator.engine.step import StepContext, StepError
+from orchestrator.plan.model import FrontDoorProxy
+from orchestrator.results import DnsFlipResult
+from orchestrator.transports.haproxy import AdminSocketUnreachable, FrontDoor, HaproxyError, over_ssh, parse_info
+
+Side = Literal["source", "target"]
+
+# Seconds a hold outlives the budget: the rollback that follows a spent budget stretches it before it runs out.
+HOLD_MARGIN = 5.0
+# How long the rollback keeps the source holding while its database starts again and its fence is lifted.
+ROLLBACK_HOLD = 180.0
+MIN_HOLD = 1.0
+AUTOMATIC_TTL_SECONDS = 300  # Cloudflare's automatic TTL (1), as resolvers are told it
+
+# Journaled facts (step_saved keys): the cut-over's hold of the source, the flip's of the target, the forwarding.
+SOURCE_HOLD = "source_door_hold"
+TARGET_HOLD = "target_door_hold"
+FORWARDED = "source_door_forwarded"
+
+_doors: weakref.WeakKeyDictionary[Any, dict[str, FrontDoor]] = weakref.WeakKeyDictionary()
+
+
+def section(ctx: StepContext, side: Side) -> FrontDoorProxy | None:
+    proxy = runtime(ctx).plan.proxy
+    return None if proxy is None else getattr(proxy, side)
+
+
+def door(ctx: StepContext, side: Side) -> FrontDoor | None:
+    """The front door of that host, reached through its SSH connection (one tunnel per run)."""
+    config = section(ctx, side)
+    if config is None:
+        return None
+    rt = runtime(ctx)
+    cache = _doors.setdefault(rt, {})
+    if side not in cache:
+        cache[side] = over_ssh(
+            rt.host(side),  # type: ignore[arg-type]
+            config.admin_socket,
+            frontend=config.frontend,
+            backend=config.backend,
+            server=config.server,
+            hold_map=config.hold_map,
+        )
+    return cache[side]
+
+
+def _fail(ctx: StepContext, side: Side, doing: str, exc: HaproxyError | ValueError) -> StepError:
+    return StepError(f"{side}'s front door, {doing}: {_said(ctx, side, exc)}")
+
+
+def _said(ctx: StepContext, side: Side, exc: HaproxyError | ValueError) -> str:
+    config = section(ctx, side)
+    if isinstance(exc, AdminSocketUnreachable) and config is not None:
+        # The local end of the SSH tunnel means nothing to the operator: name the socket on its host.
+        host = getattr(runtime(ctx).plan, side).address
+        return f"HAProxy admin socket {config.admin_socket} on {host} unreachable: {exc.reason}"
+    return str(exc)
+
+
+def _pid(front: FrontDoor) -> str:
+    return parse_info(front.ask("show info")).get("Pid", "")
+
+
+def _saved_by(ctx: StepContext, step: str | None, key: str) -> Any:
+    """A value a step (any step: None) journaled in this run, the last one saved."""
+    value = None
+    for event in ctx.history():
+        if event.get("event") == "run_started":
+            value = None
+        elif event.get("event") == "step_saved" and step in (None, event.get("step")) and event.get("key") == key:
+            value = event.get("value")
+    return value
+
+
+def engaged(ctx: StepContext) -> bool:
+    """Whether this run drives the front doors after the cut-over: a plan with a source door engages them when the
+    cut-over journals its hold (a run whose history predates it leaves them alone)."""
+    if section(ctx, "source") is None:
+        return section(ctx, "target") is not None
+    return any(e.get("event") == "step_saved" and e.get("key") == SOURCE_HOLD for e in ctx.history())
+
+
+def describe(ctx: StepContext, side: Side) -> list[str]:
+    config = section(ctx, side)
+    if config is None:
+        return []
+    where = f"{config.frontend} → {config.backend}/{config.server}"
+    if side == "source":
+        return [
+            f"the source's front door ({where}) holds new requests (they wait, none is refused) until the flip or "
+            f"the budget + {HOLD_MARGIN:g} s; in-flight requests get {config.drain_timeout:g} s to finish",
+            f"at the commit point it forwards to {config.forward_to.address}:{config.forward_to.port} and lets "
+            "the held requests through; a rollback lets them through to the source",
+        ]
+    return [f"the target's front door ({where}) holds requests until the target's fence is lifted"]
+
+
+# --- the source: hold, drain, release -----------------------------------------------------------------------
+
+
+def hold_source(ctx: StepContext, blocked_at: float) -> None:
+    """Hold the source's requests until the budget (+ margin) runs out; then let in-flight requests finish."""
+    front, config = door(ctx, "source"), section(ctx, "source")
+    if front is None or config is None:
+        return
+    rt = runtime(ctx)
+    _point_at_own_app(ctx, "target")
+    budget_left = rt.plan.cutover.max_write_block - (time.time() - blocked_at)
+    seconds = max(budget_left + HOLD_MARGIN, MIN_HOLD)
+    ctx.save(SOURCE_HOLD, {"seconds": round(seconds, 3)})  # before: a crash still knows a hold may stand
+    try:
+        server = front.server_state()
+        if (server.address, server.port) != (config.app.address, config.app.port):
+            raise StepError(
+                f"the source's front door sends requests to {server.address}:{server.port}, not to the source's "
+                f"app {config.app.address}:{config.app.port} (proxy.source.app): not holding, the fence did not go up"
+            )
+        pid = _pid(front)
+        deadline = front.hold(seconds)
+    except (HaproxyError, ValueError) as exc:
+        raise _fail(ctx, "source", "holding requests", exc) from None
+    ctx.save(SOURCE_HOLD, {"seconds": round(seconds, 3), "deadline": deadline, "pid": pid})
+    ctx.log.info("frontdoor.source_held", seconds=round(seconds, 3), deadline=deadline)
+    bound = min(config.drain_timeout, ctx.window.timeout() or config.drain_timeout) if config.drain_timeout else 0
+    try:
+        drained = front.wait_drained(bound) if bound else True
+    except (HaproxyError, ValueError) as exc:
+        raise _fail(ctx, "source", "waiting for in-flight requests", exc) from None
+    # Not drained in time: those requests meet the fence (and the database lock) as they would without a door.
+    ctx.log.info("frontdoor.source_drained", drained=drained, within_s=bound)
+
+
+def check_source_hold(ctx: StepContext) -> None:
+    """The source still holds what the cut-over held: an HAProxy restarted mid-window lost the hold."""
+    held = _saved_by(ctx, "cutover", SOURCE_HOLD)
+    if section(ctx, "source") is None or not held or "deadline" not in held:
+        return
+    front = door(ctx, "source")
+    assert front is not None
+    try:
+        pid, until = _pid(front), front.held_until()
+    except (HaproxyError, ValueError) as exc:
+        raise _fail(ctx, "source", "checking its hold", exc) from None
+    if pid != held.get("pid"):
+        raise StepError(
+            f"the source's front door lost its hold (HAProxy pid {held.get('pid')} → {pid}, hold_until "
+            f"{held['deadline']} → {until}): HAProxy restarted mid-window and requests reached the fenced source"
+        )
+    if abs(until - float(held["deadline"])) > 0.01:
+        raise StepError(
+            f"the source's front door lost its hold (hold_until {held['deadline']} → {until} in {front.hold_map}): "
+            "something else changed it mid-window and requests may have reached the fenced source"
+        )
+
+
+def keep_holding_for_rollback(ctx: StepContext) -> None:
+    """Stretch the hold while the rollback brings the source back (its database starts, its fence lifts)."""
+    if section(ctx, "source") is None or not ctx.saved(SOURCE_HOLD):
+        return
+    front = door(ctx, "source")
+    assert front is not None
+    try:
+        deadline = front.hold(ROLLBACK_HOLD)
+    except (HaproxyError, ValueError) as exc:
+        # Not fatal: held requests go on at the old deadline; nothing is lost (the fence refuses writes).
+        ctx.log.warning("frontdoor.rollback_hold_failed", error=_said(ctx, "source", exc))
+        return
+    ctx.save(SOURCE_HOLD, {**ctx.saved(SOURCE_HOLD), "deadline": deadline, "rollback": True})
+
+
+def release_source(ctx: StepContext) -> None:
+    """Let the held requests through to the source (it takes writes again); idempotent. Never fails the rollback:
+    a hold that cannot be released ends by itself at its deadline, and the held requests then go to the source."""
+    held = ctx.saved(SOURCE_HOLD)
+    if section(ctx, "source") is None or not held:
+        return
+    front = door(ctx, "source")
+    assert front is not None
+    try:
+        front.release()
+    except (HaproxyError, ValueError) as exc:
+        deadline = held.get("deadline")
+        if deadline is None:
+            # The hold was never confirmed: nothing may be held at all.
+            ctx.log.warning("frontdoor.release_failed", error=_said(ctx, "source", exc))
+        else:
+            ctx.log.error(
+                "frontdoor.release_failed",
+                error=_said(ctx, "source", exc),
+                held_requests_go_on_at=_clock(deadline),
+            )
+        return
+    ctx.save(SOURCE_HOLD, None)
+    ctx.log.info("frontdoor.source_released")
+
+
+def _clock(deadline: Any) -> str:
+    return "the deadline" if not deadline else time.strftime("%H:%M:%S", time.localtime(float(deadline)))
+
+
+def _point_at_own_app(ctx: StepContext, side: Side) -> None:
+    """A door that forwarded during an earlier run is pointed back at its own host's app."""
+    front, config = door(ctx, side), section(ctx, side)
+    if front is None or config is None:
+        return
+    try:
+        server = front.server_state()
+        if (server.address, server.port) != (config.app.address, config.app.port):
+            front.repoint(config.app.address, config.app.port)
+            ctx.log.info("frontdoor.pointed_at_own_app", side=side, app=f"{config.app.address}:{config.app.port}")
+    except (HaproxyError, ValueError) as exc:
+        raise _fail(ctx, side, "pointing it at its own app", exc) from None
+
+
+# --- the flip: hold the target, forward the source ---------------------------------------------------------------
+
+
+def before_flip(ctx: StepContext) -> None:
+    """Before any record moves: the source still holds, and the target holds clients that follow the new records."""
+    if not engaged(ctx):
+        return
+    check_source_hold(ctx)
+    fence = runtime(ctx).plan.services.target_fence
+    if section(ctx, "target") is None or not (fence.enable and fence.disable):
+        return  # without a fence to lift, the target takes requests as soon as it starts: nothing to hold for
+    front = door(ctx, "target")
+    assert front is not None
+    left = ctx.window.remaining()
+    seconds = max((left if left is not None else runtime(ctx).plan.cutover.max_write_block) + HOLD_MARGIN, MIN_HOLD)
+    ctx.save(TARGET_HOLD, {"seconds": round(seconds, 3)})
+    try:
+        deadline = front.hold(seconds)
+    except (HaproxyError, ValueError) as exc:
+        raise _fail(ctx, "target", "holding requests", exc) from None
+    ctx.save(TARGET_HOLD, {"seconds": round(seconds, 3), "deadline": deadline})
+    ctx.log.info("frontdoor.target_held", deadline=deadline)
+
+
+def forward_to_target(ctx: StepContext) -> bool:
+    """The commit point: the target's door lets its requests in, the source's forwards to the target and lets
+    the held requests go. Idempotent. False (logged) when a door could not be told: finish tries again."""
+    ok = True
+    if not engaged(ctx):
+        return ok
+    target = door(ctx, "target")
+    if target is not None:
+        try:
+            target.release()
+            if ctx.saved(TARGET_HOLD):
+                ctx.save(TARGET_HOLD, None)
+            ctx.log.info("frontdoor.target_released")
+        except (HaproxyError, ValueError) as exc:
+            ok = False
+            ctx.log.error("frontdoor.target_release_failed", error=_said(ctx, "target", exc))
+    front, config = door(ctx, "source"), section(ctx, "source")
+    if front is None or config is None:
+        return ok
+    to = config.forward_to
+    try:
+        before = _saved_by(ctx, None, FORWARDED) or {"to": f"{to.address}:{to.port}", "requests": _requests(front)}
+        ctx.save(FORWARDED, before)  # before: undo and finish know the door may forward
+        front.repoint(to.address, to.port)
+        front.release()
+    except (HaproxyError, ValueError) as exc:
+        ctx.log.error("frontdoor.forward_failed", error=_said(ctx, "source", exc))
+        return False
+    ctx.log.info("frontdoor.source_forwarding", to=f"{to.address}:{to.port}")
+    return ok
+
+
+def release_target(ctx: StepContext) -> None:
+    """The flip is rolled back. The target's door sends what it holds, and later clients of the new records, to its
+    own `forward_to` (the source's door), never to the target's fenced app. A source that forwarded since the commit
+    holds again and is pointed back at its own app: the cut-over's undo releases it once the source takes writes."""
+    forwarded = bool(_saved_by(ctx, None, FORWARDED))
+    source = section(ctx, "source")
+    if forwarded and source is not None:
+        front = door(ctx, "source")
+        assert front is not None
+        try:
+            front.hold(ROLLBACK_HOLD)
+            front.repoint(source.app.address, source.app.port)
+        except (HaproxyError, ValueError) as exc:
+            raise _fail(ctx, "source", "pointing it back at its own app", exc) from None
+        ctx.save(FORWARDED, None)
+        ctx.log.info("frontdoor.source_forwarding_ended")
+    config = section(ctx, "target")
+    if config is None or not (ctx.saved(TARGET_HOLD) or forwarded):
+        return
+    front = door(ctx, "target")
+    assert front is not None
+    try:
+        front.repoint(config.forward_to.address, config.forward_to.port)
+        front.release()
+    except (HaproxyError, ValueError) as exc:
+        raise _fail(ctx, "target", "sending its requests back to the source", exc) from None
+    ctx.save(TARGET_HOLD, None)
+    ctx.log.info("frontdoor.target_forwarding_to_source")
+
+
+# --- finish: the forwarding's figures ----------------------------------------------------------------------------
+
+
+def _requests(front: FrontDoor) -> int:
+    """HTTP requests the frontend received since HAProxy started (`show stat` req_tot)."""
+    lines = [line for line in front.ask("show stat").splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("# "):
+        raise ValueError("not a `show stat` answer")
+    for row in csv.DictReader(io.StringIO("\n".join([lines[0][2:], *lines[1:]]))):
+        if row.get("pxname") == front.frontend and row.get("svname") == "FRONTEND":
+            return int(row.get("req_tot") or 0)
+    raise ValueError(f"no frontend {front.frontend} in `show stat`")
+
+
+def forwarding_until(ctx: StepContext) -> float | None:
+    """Until when the source must keep forwarding: the commit plus the records' TTL (what a resolver may still
+    answer with the old address) plus the plan's margin. The door keeps forwarding after the run; this is the
+    earliest moment the source may be taken down."""
+    config = section(ctx, "source")
+    flip = DnsFlipResult.of(ctx.output("dns_flip"))
+    if config is None or flip.flipped_at is None:
+        return None
+    ttl = max((AUTOMATIC_TTL_SECONDS if r.ttl == 1 else int(r.ttl or 0) for r in flip.old), default=0)
+    return round(float(flip.flipped_at) + ttl + config.forward_margin, 3)
+
+
+def forwarding_report(ctx: StepContext) -> dict[str, Any]:
+    """Make sure the source forwards (a door that could not be told at the commit), and count the requests that
+    still arrived at the old address since the commit."""
+    if section(ctx, "source") is None or not engaged(ctx):
+        return {}
+    front = door(ctx, "source")
+    assert front is not None
+    if not forward_to_target(ctx):
+        raise StepError("the source's front door could not be pointed at the target: see the log line above")
+    since = _saved_by(ctx, None, FORWARDED) or {}
+    try:
+        now = _requests(front)
+    except (HaproxyError, ValueError) as exc:
+        raise _fail(ctx, "source", "reading its request count", exc) from None
+    arrived = max(now - int(since.get("requests", now)), 0)
+    until = forwarding_until(ctx)
+    ctx.log.info("frontdoor.requests_at_old_address", requests=arrived, forwarded_to=since.get("to"), until=until)
+    return {"requests_at_old_address": arrived, "forwarded_to": since.get("to"), "forwarding_until": until}

@@ -1,0 +1,306 @@
+"""The front door during a real migration on the lab (plan section `proxy`): clients see no failed request.
+
+Under `migrate lab load` (clients caching DNS for 5 s, waiting longer for an answer than the budget): the source's
+HAProxy holds requests while writes are blocked and forwards them (and every stale-DNS client) to the target at the
+commit point; a rollback lets them through to the source; kill -9 of migrate leaves nothing held past the hold's
+deadline; every front-door failure (admin socket unreachable, HAProxy refusing a command, HAProxy restarted mid-
+window) is one line and a rollback that loses nothing.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from orchestrator import exit_codes
+from orchestrator.frontdoor import SOURCE_HOLD
+from orchestrator.lab import haproxy
+from orchestrator.lab.load import REQUESTS_FILE
+from orchestrator.lab.state import LabState
+from orchestrator.lab.verify import VerifyReport, main_verify
+from tests.test_e2e import (
+    MIGRATE,
+    assert_source_serves_and_dns_unchanged,
+    dns_contents,
+    migrate_apply,
+    outcome,
+    plan_copy,
+    plan_name,
+    restore_source_live,
+)
+
+pytestmark = pytest.mark.lab
+
+CLIENT_DNS_CACHE = 5.0
+# Longer than any hold of these runs: a client gives up only on its own timeout, and none should.
+CLIENT_HTTP_TIMEOUT = 90.0
+EVENT_TIMEOUT = 120.0
+
+
+# --- helpers -------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def door_lab(lab: LabState) -> Iterator[LabState]:
+    """The source live behind its front door (not holding, pointed at its own app), the target stopped."""
+    restore_source_live(lab)
+    try:
+        yield lab
+    finally:
+        restore_source_live(lab)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = EVENT_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def journal_of(state: LabState, plan: Path) -> Path:
+    return state.path / ".migrate" / plan_name(plan) / "journal.jsonl"
+
+
+def events(journal: Path) -> list[dict[str, Any]]:
+    if not journal.exists():
+        return []
+    out = []
+    for line in journal.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break
+    return out
+
+
+def saved(journal: Path, key: str) -> list[Any]:
+    return [e.get("value") for e in events(journal) if e.get("event") == "step_saved" and e.get("key") == key]
+
+
+def start_load(state: LabState, load_dir: Path, journal: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path),
+            "--duration", "300", "--rate", "20", "--clients", "4", "--dns-ttl", str(CLIENT_DNS_CACHE),
+            "--upload-every", "5", "--out", str(load_dir), "--journal", str(journal),
+            "--http-timeout", str(CLIENT_HTTP_TIMEOUT),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+
+
+def requests_sent(load_dir: Path) -> int:
+    path = load_dir / REQUESTS_FILE
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def stop_load(load: subprocess.Popen[str]) -> None:
+    load.send_signal(signal.SIGTERM)
+    output, _ = load.communicate(timeout=CLIENT_HTTP_TIMEOUT + 30)
+    print(output)
+
+
+def no_failed_requests(verify: VerifyReport) -> None:
+    assert set(verify.requests_failed) == {"reads", "writes"}, verify.requests_failed
+    failed = {kind: sum(causes.values()) for kind, causes in verify.requests_failed.items()}
+    assert failed == {"reads": 0, "writes": 0}, verify.requests_failed
+
+
+def proxy_section(state: LabState, side: str, **changes: Any) -> dict[str, Any]:
+    data = YAML(typ="safe").load(state.plan_file.read_text())
+    proxy = data["proxy"]
+    proxy[side] = {**proxy[side], **changes}
+    return proxy
+
+
+def one_clear_line(result: subprocess.CompletedProcess[str], *words: str) -> None:
+    text = result.stdout + result.stderr
+    assert "Traceback" not in text, outcome(result)
+    lines = [line for line in text.splitlines() if all(w in line for w in words)]
+    assert lines, f"no line says {words}: {outcome(result)}"
+
+
+# --- the migration, under load ---------------------------------------------------------------------------------------
+
+
+def test_migration_under_load_fails_no_request_and_stalls_no_longer_than_the_window(
+    door_lab: LabState, tmp_path: Path
+) -> None:
+    state = door_lab
+    plan = plan_copy(state, "door", {})
+    journal = journal_of(state, plan)
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, journal)
+    try:
+        wait_for(lambda: requests_sent(load_dir) > 20, "requests flowing to the source before the migration")
+        result = migrate_apply(state, plan)
+        assert result.returncode == exit_codes.OK, outcome(result)
+        # Clients whose cached answer is the old address keep reaching the source's front door, which forwards
+        # them: wait until every cache has expired and a few more requests went out.
+        flipped = requests_sent(load_dir)
+        time.sleep(CLIENT_DNS_CACHE + 1)
+        wait_for(lambda: requests_sent(load_dir) > flipped + 20, "requests after the caches expired")
+    finally:
+        stop_load(load)
+
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    held = [v for v in saved(journal, SOURCE_HOLD) if v and "deadline" in v]
+    assert held, "the source's front door never held"
+    verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    no_failed_requests(verify)
+    assert verify.window is not None
+    window = float(verify.window["to"]) - float(verify.window["from"])
+    print(
+        f"window {window:.2f} s, longest write stall {verify.longest_write_stall_s} s, latency {verify.latency}, "
+        f"failed {verify.requests_failed}"
+    )
+    assert verify.longest_write_stall_s is not None and verify.longest_write_stall_s <= window + 1.0
+    finish = next(e["result"] for e in events(journal) if e.get("event") == "step_completed" and e["step"] == "finish")
+    assert finish["forwarded_to"] == f"{state.target.address}:{state.target.app_port}"
+    assert isinstance(finish["requests_at_old_address"], int)
+    flip = next(e["result"] for e in events(journal) if e.get("event") == "step_completed" and e["step"] == "dns_flip")
+    # Forwarding is due at least while resolvers may still answer with the old address: the records' TTL.
+    assert finish["forwarding_until"] >= flip["flipped_at"] + max(r["ttl"] for r in flip["old"])
+    # The source's front door still forwards after the run: a stale client is served by the target.
+    server = haproxy.front_door(state.source).server_state()
+    assert (server.address, server.port) == (state.target.address, state.target.app_port)
+
+
+def test_budget_spent_while_holding_rolls_back_and_no_request_fails(door_lab: LabState, tmp_path: Path) -> None:
+    state = door_lab
+    plan = plan_copy(state, "doorbudget", {"cutover": {"max_write_block": 1.0}})
+    journal = journal_of(state, plan)
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, journal)
+    try:
+        wait_for(lambda: requests_sent(load_dir) > 20, "requests flowing to the source before the migration")
+        result = migrate_apply(state, plan)
+        assert result.returncode == exit_codes.FAILED, outcome(result)
+        # Where the 1 s budget runs out varies (the lock, the shutdown, the final pass cut short): it rolls back.
+        assert "rolled back" in result.stdout + result.stderr, outcome(result)
+        after = requests_sent(load_dir)
+        wait_for(lambda: requests_sent(load_dir) > after + 20, "requests after the rollback")
+    finally:
+        stop_load(load)
+
+    assert [v for v in saved(journal, SOURCE_HOLD) if v and "deadline" in v], "the source's front door never held"
+    assert saved(journal, SOURCE_HOLD)[-1] is None, "the rollback did not release the hold"
+    verify = main_verify(state, host="source", load_dir=load_dir, journal=journal)
+    assert verify.error is None, verify.error
+    assert verify.acknowledged_lost == 0, verify.lost
+    no_failed_requests(verify)
+    assert_source_serves_and_dns_unchanged(state)
+
+
+# --- kill -9 while requests are held ---------------------------------------------------------------------------------
+
+
+def test_killed_while_requests_are_held_they_complete_at_the_deadline(door_lab: LabState) -> None:
+    state = door_lab
+    plan = plan_copy(state, "doorkill", {"cutover": {"max_write_block": 5.0}})
+    journal = journal_of(state, plan)
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
+    command = [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)]
+    run = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(
+            lambda: run.poll() is not None or any(v and "deadline" in v for v in saved(journal, SOURCE_HOLD)),
+            "the source's front door holding",
+        )
+    finally:
+        run.kill()
+        run.wait(timeout=30)
+    assert run.returncode == -signal.SIGKILL, "the run ended before the front door held"
+    deadline = float(next(v for v in saved(journal, SOURCE_HOLD) if v and "deadline" in v)["deadline"])
+
+    door = haproxy.front_door(state.source)
+    answers: list[tuple[float, int | str]] = []
+
+    def ask() -> None:
+        conn = http.client.HTTPConnection(state.source.address, state.source.app_port, timeout=120)
+        try:
+            conn.request("GET", "/healthz")
+            status = conn.getresponse().status
+            answers.append((time.time(), status))
+        except OSError as exc:
+            answers.append((time.time(), type(exc).__name__))
+        finally:
+            conn.close()
+
+    client = threading.Thread(target=ask, daemon=True)
+    if door.state().holding:
+        client.start()
+        wait_for(lambda: door.held_requests() >= 1 or bool(answers), "the request held by the orphaned hold")
+    else:
+        client.start()
+    client.join(timeout=EVENT_TIMEOUT)
+    assert answers, "the held request never completed"
+    answered_at, status = answers[0]
+    assert isinstance(status, int), f"the held request failed: {status}"
+    assert answered_at >= deadline - 0.05, "answered before the hold's deadline, which nobody was left to release"
+    assert not door.state().holding
+
+
+# --- front-door failures: one line, a rollback that loses nothing ----------------------------------------------------
+
+
+def test_unreachable_admin_socket_is_one_line_and_a_rollback(door_lab: LabState) -> None:
+    state = door_lab
+    proxy = proxy_section(state, "source", admin_socket=str(state.path / "no-such-dir" / "haproxy.sock"))
+    plan = plan_copy(state, "doorsock", {"proxy": proxy})
+    result = migrate_apply(state, plan)
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    one_clear_line(result, "front door", "unreachable")
+    assert "rolled back" in result.stdout + result.stderr, outcome(result)
+    assert_source_serves_and_dns_unchanged(state)
+
+
+def test_haproxy_refusing_a_command_is_one_line_and_a_rollback(door_lab: LabState) -> None:
+    state = door_lab
+    proxy = proxy_section(state, "source", hold_map=str(state.path / "not-a-loaded-map.map"))
+    plan = plan_copy(state, "doormap", {"proxy": proxy})
+    result = migrate_apply(state, plan)
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    one_clear_line(result, "HAProxy refused")
+    assert_source_serves_and_dns_unchanged(state)
+
+
+def test_haproxy_restarted_mid_window_is_detected_and_rolled_back(door_lab: LabState, tmp_path: Path) -> None:
+    state = door_lab
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    restart = (
+        "import sys; from pathlib import Path; from orchestrator.lab import haproxy; "
+        "from orchestrator.lab.state import LabState; h = LabState.load(Path(sys.argv[1])).source; "
+        "haproxy.stop(h); haproxy.start(h)"
+    )
+    hook = hooks / "before-step"
+    hook.write_text(
+        f'#!/bin/sh\n[ "$MIGRATE_STEP" = dns_flip ] || exit 0\nexec {sys.executable} -c "{restart}" {state.path}\n'
+    )
+    hook.chmod(0o755)
+    plan = plan_copy(state, "doorrestart", {"hooks": {"dir": str(hooks)}})
+    result = migrate_apply(state, plan)
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    one_clear_line(result, "lost its hold", "restarted mid-window")
+    assert dns_contents(state) == {name: state.source.address for name in state.records}
+    assert_source_serves_and_dns_unchanged(state)
+    assert not haproxy.front_door(state.source).state().holding
