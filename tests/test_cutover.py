@@ -243,8 +243,8 @@ def test_dns_flip_failing_midway_restores_the_records_it_flipped(
         def __getattr__(self, name: str) -> Any:
             return getattr(real, name)
 
-        def set_content(self, zone_id: str, record: Any, content: str) -> Any:
-            updated = real.set_content(zone_id, record, content)
+        def set_content(self, zone_id: str, record: Any, content: str, **options: Any) -> Any:
+            updated = real.set_content(zone_id, record, content, **options)
             cf_control(state, "faults", {"mode": "5xx", "count": -1, "methods": ["PATCH", "PUT"]})
             return updated
 

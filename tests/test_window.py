@@ -332,16 +332,21 @@ def live(live_lab: LabState) -> Iterator[LabState]:  # noqa: F811
 
 
 @pytest.mark.lab
-def test_the_row_counts_under_the_lock_stop_at_the_budget_and_undo_restores(
+def test_a_cutover_resumed_past_the_budget_stops_before_the_shutdown_and_undo_restores(
     live: LabState, lab_plan: Plan, runtimes: list[Runtime]
 ) -> None:
     rt = runtime(live, lab_plan, runtimes)
     journal = Recorder()
     # A resumed cut-over whose writes were blocked longer ago than the budget allows.
-    journal.saved["writes_blocked_at"] = time.time() - lab_plan.cutover.max_write_block - 1
+    blocked_at = time.time() - lab_plan.cutover.max_write_block - 1
+    journal.saved["writes_blocked_at"] = blocked_at
+    # The window a resumed run recalls from its journal (DowntimeWindow.bind): begun when writes were first blocked.
+    window = DowntimeWindow(lab_plan.cutover.max_write_block)
+    window.begin(blocked_at)
     step = Cutover()
-    with pytest.raises(StepError, match=r"more than cutover\.max_write_block .*counting the source's rows"):
-        step.run(journal.context(rt, step))
+    # The budget is checked before every action under the lock (the lock try, the row counts): the first one fails.
+    with pytest.raises(StepError, match=r"more than cutover\.max_write_block \d+ s \(while "):
+        step.run(journal.context(rt, step, window=window))
     assert not journal.saved.get("source_db_stopped"), "the source database must not be stopped"
     assert rt.db_answers("source")
     Cutover().undo(journal.context(rt, step))
