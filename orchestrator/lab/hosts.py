@@ -471,6 +471,25 @@ def _stop_db(host: HostState) -> tuple[Stopped, list[str]] | None:
     return Stopped(f"{host.name} mariadb", pid), problems
 
 
+def tracker_pids(state: LabState) -> list[int]:
+    """The change trackers (inotifywait) runs left watching this lab's trees: a run rolled back before its undo, or
+    a step driven alone by a test. Found by their working directory, which a tracker keeps at its tree's root."""
+    roots = [host.path.resolve() for host in (state.source, state.target)]
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "inotifywait":
+                continue
+            cwd = Path(os.readlink(entry / "cwd").removesuffix(" (deleted)"))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if any(cwd == root or root in cwd.parents for root in roots):
+            found.append(int(entry.name))
+    return found
+
+
 def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopped]:
     """Stop everything the lab started (load, apps, the Cloudflare double, both databases cleanly, both sshd),
     by their pid files; keep the files unless `purge`. Returns what it stopped."""
@@ -494,6 +513,9 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
     for pid in load_pids(state):
         procs.stop_pid(pid, timeout=15)
         stopped.append(Stopped("load", pid))
+    for pid in tracker_pids(state):
+        procs.stop_pid(pid, timeout=10)
+        stopped.append(Stopped("change tracker", pid))
     for host in (state.source, state.target):
         pid = haproxy.stop(host)
         if pid is not None:
