@@ -223,6 +223,28 @@ def _list_args(list_file: str) -> list[str]:
     return ["-r", "--delete", "--delete-missing-args", "--from0", f"--files-from={list_file}"]
 
 
+def _listed_rsync(
+    options: list[str],
+    source_dir: str,
+    destination: str,
+    list_file: str,
+    *,
+    ssh: str | None,
+    exclude: Iterable[str],
+    chown: str | None,
+) -> str:
+    """rsync of only the listed paths, SRC/ → DESTINATION/; `-s` always, so no character of a path reaches a shell
+    (the same rule as every other rsync of the run: the path checked is the path the user wrote)."""
+    argv = ["rsync", "-a", "-s", "--numeric-ids", *_list_args(list_file), *options]
+    if chown:
+        argv.append(f"--chown={chown}")
+    argv += [f"--exclude={pattern}" for pattern in exclude]
+    if ssh:
+        argv += ["-e", ssh]
+    argv += [_slash(source_dir), _slash(destination)]
+    return shlex.join(argv)
+
+
 def final_pass_command(
     source_dir: str,
     destination: str,
@@ -239,19 +261,13 @@ def final_pass_command(
 
     Nanosecond mtimes (--modify-window=-1): a file rewritten at the same size within the second would look unchanged.
     """
-    argv = ["rsync", "-a", "--numeric-ids", *_list_args(list_file), "--modify-window=-1"]
-    if chown:
-        argv.append(f"--chown={chown}")
+    options = ["--modify-window=-1"]
     if timeout > 0:
-        argv.append(f"--timeout={timeout}")
+        options.append(f"--timeout={timeout}")
     if whole_file:
-        argv.append("--whole-file")
-    argv += [f"--exclude={pattern}" for pattern in exclude]
-    argv += [*extra, "--stats"]
-    if ssh:
-        argv += ["-e", ssh]
-    argv += [_slash(source_dir), _slash(destination)]
-    return shlex.join(argv)
+        options.append("--whole-file")
+    options += [*extra, "--stats"]
+    return _listed_rsync(options, source_dir, destination, list_file, ssh=ssh, exclude=exclude, chown=chown)
 
 
 def verify_listed_command(
@@ -267,14 +283,8 @@ def verify_listed_command(
 
     It reads the listed files whole on both sides, and nothing else.
     """
-    argv = ["rsync", "-a", "--numeric-ids", *_list_args(list_file), "--dry-run", "--checksum", "--itemize-changes"]
-    if chown:
-        argv.append(f"--chown={chown}")
-    argv += [f"--exclude={pattern}" for pattern in exclude]
-    if ssh:
-        argv += ["-e", ssh]
-    argv += [_slash(source_dir), _slash(destination)]
-    return shlex.join(argv)
+    options = ["--dry-run", "--checksum", "--itemize-changes"]
+    return _listed_rsync(options, source_dir, destination, list_file, ssh=ssh, exclude=exclude, chown=chown)
 
 
 # --- naming ------------------------------------------------------------------------------------------------------

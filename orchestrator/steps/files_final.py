@@ -78,7 +78,7 @@ class FilesFinal(Step):
             command = final_pass_command(
                 tree.source, rsync.target_spec(plan, tree.target), list_file, ssh=rsync.target_ssh_command(plan),
                 exclude=tree.exclude, chown=tree.owner, timeout=plan.transfer.rsync_timeout,
-                whole_file=plan.transfer.whole_file, extra=["-s"],
+                whole_file=plan.transfer.whole_file,
             )  # fmt: skip
             try:
                 rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=window.timeout(60.0))
