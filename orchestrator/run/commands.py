@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -47,6 +48,9 @@ from orchestrator.run.results import (
     StatusReport,
 )
 
+if TYPE_CHECKING:
+    from orchestrator.run.rehearse import DryRunEstimate  # imports the steps: only when the dry-run measures
+
 
 def describe(
     plan_path: Path,
@@ -77,7 +81,8 @@ def describe(
         notes.append(f"note: {missing.message}: a real run would stop here (exit {missing.code})")
         secrets_missing = missing.message
     plan = subj.plan = compose.resolve_mode(plan, plan_path, subj.journal_path, probe=False)
-    measured, estimate_note = None, None
+    measured: DryRunEstimate | None = None
+    estimate_note: str | None = None
     if estimate and compose.estimator is not None:
         if secrets_missing is not None:
             estimate_note = f"estimate: not measured: {secrets_missing} (the hosts are not asked without it)"
@@ -130,7 +135,7 @@ def describe(
     return description
 
 
-def _measure(plan: Plan, plan_path: Path) -> tuple[object | None, str | None]:
+def _measure(plan: Plan, plan_path: Path) -> tuple[DryRunEstimate | None, str | None]:
     """The dry-run's estimate, or why there is none (one line: a host out of reach, a refused login, ...)."""
     from orchestrator.redaction import redact
 
