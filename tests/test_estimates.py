@@ -22,6 +22,7 @@ from orchestrator.estimates import TransferEstimate
 from orchestrator.lab.state import LabState
 from orchestrator.plan.model import Plan
 from orchestrator.results import DbPresyncResult, FilesResult
+from orchestrator.run.commands import describe
 from orchestrator.run.rehearse import compare
 from orchestrator.runtime import Runtime
 from orchestrator.steps.db_presync import DbPresync
@@ -253,12 +254,22 @@ def test_estimates_are_within_ten_percent_of_the_presyncs_that_follow(lab: LabSt
 
 
 @pytest.mark.lab
-def test_the_real_run_states_the_rehearsals_estimate_beside_what_happened(live_lab: LabState) -> None:
-    """`migrate rehearse`, then `migrate apply` of the same plan onto an empty target: the run's report carries the
-    estimate beside the bytes each pre-sync moved, each within 10 %, and the predicted window beside the real one."""
+def test_the_real_run_states_the_rehearsals_estimate_beside_what_happened(
+    live_lab: LabState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`migrate apply --dry-run` and `migrate rehearse`, then `migrate apply` of the same plan onto an empty target:
+    the run's report carries the rehearsal's estimate beside the bytes each pre-sync moved, each within 10 %, and
+    the predicted window beside the real one; the dry-run's bytes are within 10 % too."""
+    for key, value in live_lab.secrets().items():
+        monkeypatch.setenv(key, value)  # the in-process dry-run reads them; restored after the test
+    monkeypatch.delenv("CLOUDFLARE_EMAIL", raising=False)
+    monkeypatch.delenv("CLOUDFLARE_API_KEY", raising=False)
     plan = plan_copy(live_lab, "estimate", {})
     empty(live_lab.target.uploads)
     empty(live_lab.target.datadir)
+    # The dry-run's estimate first (the same measurement, saved nowhere): held against the same run below.
+    dry = describe(plan)
+    assert dry.estimate_data is not None, dry.estimate_summary
     rehearsed = migrate("rehearse", str(plan), "--env-file", str(live_lab.env_file), timeout=180)
     assert rehearsed.returncode == 0, rehearsed.stderr
     applied = migrate_apply(live_lab, plan)
@@ -270,7 +281,14 @@ def test_the_real_run_states_the_rehearsals_estimate_beside_what_happened(live_l
         predicted = sum(t["bytes"] for t in estimate["transfers"] if t["step"] == step)
         actual = report["bytes_by_step"][step]
         assert actual > 0 and abs(predicted - actual) <= 0.10 * actual, report["estimate"]["lines"]
+        from_dry_run = sum(t["bytes"] for t in dry.estimate_data["transfers"] if t["step"] == step)
+        assert abs(from_dry_run - actual) <= 0.10 * actual, (step, from_dry_run, actual)
     assert estimate["window_seconds"] > 0 and report["write_block_seconds"] > 0
+    print(
+        f"\ndry-run: window {dry.estimate_data['window_seconds']} s, bytes "
+        f"{ {t['step']: t['bytes'] for t in dry.estimate_data['transfers']} }; real: writes blocked "
+        f"{report['write_block_seconds']} s, bytes {report['bytes_by_step']}"
+    )
 
 
 @pytest.mark.lab
