@@ -25,11 +25,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pymysql
+
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SeedResult
 from orchestrator.steps.common import throttle_text
 from orchestrator.steps.repl_common import DB_PASSWORD_ENV, SEED_POSITION, seed_spec
+from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 from orchestrator.transports.throttle import Thresholds, Throttle, group_marker, live_command
@@ -183,9 +186,15 @@ class ReplSeed(Step):
         log_path = marker + ".log"
         command = live_command(repl.seed_stream_command(spec, log_path=log_path), nocache=False,
                                group_marker=marker, max_load=thresholds.max_load)  # fmt: skip
-        conn = rt.db("source", read_timeout=30.0)
         try:
-            guard = RedoGuard(lambda: repl.redo_lsn(conn), repl.redo_capacity(conn))
+            conn = rt.db("source", read_timeout=30.0)
+        except mysql.DbError as exc:
+            raise StepError(f"seeding the target: the throttle cannot read the source's redo log: {exc}") from None
+        try:
+            try:
+                guard = RedoGuard(lambda: repl.redo_lsn(conn), repl.redo_capacity(conn))
+            except pymysql.MySQLError as exc:
+                raise StepError(f"seeding the target: {mysql.db_error('the source redo log size', exc)}") from None
             throttle = Throttle(rt.source, marker, thresholds, what="seed",  # type: ignore[arg-type]
                                 may_not_stop=repl.seed_locking_command(log_path), on_pause=guard.pause_began,
                                 must_resume=guard.must_resume, paused_check_interval=PAUSED_CHECK_SECONDS)  # fmt: skip
