@@ -128,6 +128,13 @@ def apply(
     plan_path: PlanArg,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before the downtime begins")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="say what every step would do; change nothing")] = False,
+    no_estimate: Annotated[
+        bool,
+        typer.Option(
+            "--no-estimate",
+            help="with --dry-run: contact no host (no read-only estimate of bytes, durations and the window)",
+        ),
+    ] = False,
     force: Annotated[bool, typer.Option("--force", help="resume even though the plan changed")] = False,
     env_file: EnvFileOpt = None,
     state_dir: StateDirOpt = None,
@@ -138,7 +145,10 @@ def apply(
     """Run the migration (or resume an unfinished one): live bars and a phase line on a terminal, lines otherwise."""
     mlog.configure(verbose=verbose, output="json" if as_json else "auto")
     if dry_run:
-        render.print_description(out, run.describe(plan_path, env_file=env_file, state_dir=state_dir, reverse=reverse))
+        described = run.describe(
+            plan_path, env_file=env_file, state_dir=state_dir, reverse=reverse, estimate=not no_estimate
+        )
+        render.print_description(out, described)
         return
     result = run.apply(
         plan_path, ask=_ask(yes), say=_say, force=force, env_file=env_file, state_dir=state_dir, reverse=reverse

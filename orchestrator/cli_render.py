@@ -50,6 +50,12 @@ def print_description(out: Console, described: run.Description) -> None:
         out.print(line)
         for text in step.lines:
             out.print(f"   - {text}")
+        for text in described.estimates.get(step.name, []):
+            out.print(Text(f"   ~ {text}", "cyan"))
+    if described.estimate_summary:
+        out.print("")
+        for text in described.estimate_summary:
+            out.print(Text(text, "cyan"))
     hooks = "; ".join(f"{event}: {', '.join(names)}" for event, names in described.hooks.items())
     out.print("\nhooks: " + (hooks or "none"))
 

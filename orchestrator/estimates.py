@@ -25,6 +25,7 @@ from orchestrator.transports import rsync
 ASSUMED_SHUTDOWN_SECONDS = 2.0
 ASSUMED_START_SECONDS = 1.0
 READ_SAMPLE_BYTES = 64 * 1024 * 1024
+DNS_SAMPLES = 3
 READ_SAMPLE_SECONDS = 10
 _UNITS = {"": 1024, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
 
@@ -45,6 +46,7 @@ class WindowPart:
     name: str
     seconds: float
     basis: str  # "measured: ..." or "assumed: ..."
+    step: str = ""  # the step of the run that does this part ("" when unnamed)
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Estimate:
     rate_basis: str = ""
     database_bytes: int | None = None
     window: list[WindowPart] = field(default_factory=list)
+    mode: str = "shutdown"  # the cut-over mode the window was predicted for
     measured_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     @property
@@ -71,6 +74,7 @@ class Estimate:
             "database_bytes": self.database_bytes,
             "window": [asdict(part) for part in self.window],
             "window_seconds": self.window_seconds,
+            "mode": self.mode,
             "measured_at": self.measured_at,
         }
 
@@ -117,8 +121,9 @@ def _dry_run(rt: StepRuntime, command: str, what: str) -> tuple[rsync.Stats, flo
     return stats, round(time.monotonic() - started, 3)
 
 
-def measure_transfers(rt: StepRuntime) -> list[TransferEstimate]:
-    """rsync --dry-run --stats of every pre-sync, as the steps will run it (predicted_seconds filled later)."""
+def measure_transfers(rt: StepRuntime, mode: str = "shutdown") -> list[TransferEstimate]:
+    """rsync --dry-run --stats of every pre-sync, as the steps will run it (predicted_seconds filled later); in the
+    replicate mode the database travels as the seed instead: its size as mariadb-backup would stream it."""
     plan = rt.plan
     found: list[TransferEstimate] = []
     for tree in plan.files:
@@ -129,6 +134,9 @@ def measure_transfers(rt: StepRuntime) -> list[TransferEstimate]:
         stats, seconds = _dry_run(rt, command, f"tree {tree.name}")
         found.append(TransferEstimate("files_presync", tree.name, stats.transferred_bytes, stats.files_transferred,
                                       stats.total_size, seconds, 0.0))  # fmt: skip
+    if mode == "replicate":
+        found.append(seed_estimate(rt))
+        return found
     db = plan.database
     datadir = rsync.push_command(
         plan,
@@ -143,6 +151,33 @@ def measure_transfers(rt: StepRuntime) -> list[TransferEstimate]:
     found.append(TransferEstimate("db_presync", "datadir", stats.transferred_bytes, stats.files_transferred,
                                   stats.total_size, seconds, 0.0))  # fmt: skip
     return found
+
+
+def seed_size_command(datadir: str) -> str:
+    """Run on the source: bytes and files of what mariadb-backup streams (the datadir without binlogs, relay logs,
+    the redo log and ibtmp1, as transports.replication.seed_size_command counts it), on two lines."""
+    quoted = shlex.quote(datadir.rstrip("/"))
+    excluded = ("*.[0-9][0-9][0-9][0-9][0-9][0-9]", "*.index", "ib_logfile*", "ibtmp*")
+    names = " ".join(f"! -name {shlex.quote(pattern)}" for pattern in excluded)
+    total = "awk '{s += $1; n += 1} END {printf \"%.0f\\n%.0f\\n\", s, n}'"
+    return f"find {quoted} -type f {names} -printf '%s\\n' | {total}"
+
+
+def parse_seed_size(output: str) -> tuple[int, int]:
+    """seed_size_command's two lines → (bytes, files)."""
+    lines = output.split()
+    if len(lines) < 2 or not lines[0].isdigit() or not lines[1].isdigit():
+        raise ValueError(f"unexpected answer from the seed's size: {output[:80]!r}")
+    return int(lines[0]), int(lines[1])
+
+
+def seed_estimate(rt: StepRuntime) -> TransferEstimate:
+    """The seed: the whole datadir (but its logs) streams, whatever the target holds; the listing's time stands in
+    for the comparison a dry-run would make."""
+    started = time.monotonic()
+    output = rt.source.run(seed_size_command(rt.plan.database.source.datadir), timeout=600).stdout
+    size, files = parse_seed_size(output)
+    return TransferEstimate("repl_seed", "seed", size, files, size, round(time.monotonic() - started, 3), 0.0)
 
 
 def database_bytes(rt: StepRuntime) -> int | None:
@@ -177,33 +212,48 @@ def predict(transfers: list[TransferEstimate], rate: float) -> list[TransferEsti
 
 
 def predict_window(transfers: list[TransferEstimate], *, sql_round_trip: float, dns_round_trip: float,
-                   records: int, checks: int) -> list[WindowPart]:  # fmt: skip
-    """The window's parts. The final passes compare the same trees the dry-runs compared, with a small delta."""
+                   records: int, checks: int, mode: str = "shutdown") -> list[WindowPart]:  # fmt: skip
+    """The window's parts, each named after the step that does it. The final passes compare the same trees the
+    dry-runs compared, with a small delta. In the replicate mode no database stops or copies inside the window: the
+    switch waits for the replica's last transactions, and the target's database already runs."""
     datadir_scan = sum(t.scan_seconds for t in transfers if t.step == "db_presync")
     trees_scan = sum(t.scan_seconds for t in transfers if t.step == "files_presync")
+    sql = "measured: three SQL round trips to the source"
+    dns = WindowPart("DNS flip", round(dns_round_trip * 3 * records, 3),
+                     "measured: a DNS API read; edit and read back per record", "dns_flip")  # fmt: skip
+    uploads = WindowPart("uploads delta", trees_scan, "measured: the trees' dry-run comparison", "files_final")
+    if mode == "replicate":
+        return [
+            WindowPart("fence and read_only", round(sql_round_trip * 3, 3), sql, "repl_switch"),
+            WindowPart("the replica's last transactions and its promotion", round(sql_round_trip * 4, 3),
+                       "measured: four SQL round trips (wait, stop, reset, read_only off)", "repl_switch"),
+            uploads,
+            WindowPart("target start", round(sql_round_trip, 3),
+                       "measured: one SQL round trip (its database and services already run)", "start_target"),
+            WindowPart("verify", round(sql_round_trip * (max(checks, 1) + 2), 3),
+                       "measured: one SQL round trip per check and two for the GTID positions", "verify_target"),
+            dns,
+        ]  # fmt: skip
     return [
-        WindowPart("fence and lock", round(sql_round_trip * 3, 3), "measured: three SQL round trips to the source"),
-        WindowPart("source database shutdown", ASSUMED_SHUTDOWN_SECONDS, "assumed: a clean shutdown"),
-        WindowPart("final datadir pass", datadir_scan, "measured: the datadir's dry-run comparison"),
-        WindowPart("uploads delta", trees_scan, "measured: the trees' dry-run comparison"),
-        WindowPart("target start", ASSUMED_START_SECONDS, "assumed: database and services start"),
+        WindowPart("fence and lock", round(sql_round_trip * 3, 3), sql, "cutover"),
+        WindowPart("source database shutdown", ASSUMED_SHUTDOWN_SECONDS, "assumed: a clean shutdown", "cutover"),
+        WindowPart("final datadir pass", datadir_scan, "measured: the datadir's dry-run comparison", "db_final"),
+        uploads,
+        WindowPart("target start", ASSUMED_START_SECONDS, "assumed: database and services start", "start_target"),
         WindowPart(
             "verify",
             round(trees_scan + sql_round_trip * max(checks, 1), 3),
             "measured: the trees' comparison and one SQL round trip per check",
+            "verify_target",
         ),
-        WindowPart(
-            "DNS flip",
-            round(dns_round_trip * 3 * records, 3),
-            "measured: a DNS API read; edit and read back per record",
-        ),
+        dns,
     ]
 
 
-def estimate(rt: StepRuntime) -> Estimate:
-    """The whole estimate, read-only."""
+def estimate(rt: StepRuntime, mode: str = "shutdown") -> Estimate:
+    """The whole estimate, read-only, for the cut-over mode given (`auto` resolved by the caller)."""
     plan = rt.plan
-    transfers = measure_transfers(rt)
+    transfers = measure_transfers(rt, mode)
     if plan.transfer.bwlimit:
         rate, basis = bwlimit_bytes(plan.transfer.bwlimit), f"transfer.bwlimit {plan.transfer.bwlimit}"
     else:
@@ -215,9 +265,57 @@ def estimate(rt: StepRuntime) -> Estimate:
     sql_round_trip = time.monotonic() - started
     client = rt.dns
     zone = client.zone_id(plan.dns.zone)  # first: the client's own set-up, which the run pays before the window
-    started = time.monotonic()
-    client.find_records(zone, plan.dns.records[0], plan.dns.type)
-    dns_round_trip = time.monotonic() - started
+    samples = []
+    for _ in range(DNS_SAMPLES):  # the median: one slow answer of a busy API would triple every record's part
+        started = time.monotonic()
+        client.find_records(zone, plan.dns.records[0], plan.dns.type)
+        samples.append(time.monotonic() - started)
+    dns_round_trip = sorted(samples)[len(samples) // 2]
     window = predict_window(transfers, sql_round_trip=sql_round_trip, dns_round_trip=dns_round_trip,
-                            records=len(plan.dns.records), checks=len(plan.health.checks))  # fmt: skip
-    return Estimate(predict(transfers, rate), round(rate, 1), basis, size, window)
+                            records=len(plan.dns.records), checks=len(plan.health.checks), mode=mode)  # fmt: skip
+    return Estimate(predict(transfers, rate), round(rate, 1), basis, size, window, mode)
+
+
+# --- what the dry-run prints beside each step ---------------------------------------------------------------------
+
+
+def size_text(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+def step_lines(est: Estimate) -> dict[str, list[str]]:
+    """{step name: the estimate's lines about it}: each transfer under the step that moves it, with its predicted
+    duration; each part of the window under the step that does it."""
+    out: dict[str, list[str]] = {}
+    rate = size_text(est.rate_bytes_per_second)
+    for t in est.transfers:
+        what = "tree " + t.name if t.step == "files_presync" else t.name
+        line = f"estimate: {what}: {size_text(t.bytes)} in {t.files} files to move (of {size_text(t.total_size)})"
+        if t.step == "repl_seed":
+            line = f"estimate: the seed: {size_text(t.bytes)} in {t.files} files, all of it streams"
+        out.setdefault(t.step, []).append(f"{line}, about {t.predicted_seconds:.1f} s at {rate}/s")
+    for step in ("files_presync", "db_presync", "repl_seed"):
+        total = sum(t.predicted_seconds for t in est.transfers if t.step == step)
+        if step in out and len(out[step]) > 1:
+            out[step].append(f"estimate: the step's transfers about {total:.1f} s")
+    for part in est.window:
+        if part.step:
+            out.setdefault(part.step, []).append(f"estimate (window): {part.name} {part.seconds:.2f} s ({part.basis})")
+    return out
+
+
+def summary_lines(est: Estimate) -> list[str]:
+    """The estimate's own lines after the step list: the rate, the database, the predicted window part by part."""
+    out = [f"rate: {size_text(est.rate_bytes_per_second)}/s ({est.rate_basis})"]
+    if est.database_bytes is not None:
+        out.append(f"database: {size_text(est.database_bytes)} of tables and indexes (information_schema)")
+    moved = sum(t.bytes for t in est.transfers)
+    live = sum(t.predicted_seconds for t in est.transfers)
+    out.append(f"before the window: {size_text(moved)} to move, about {live:.1f} s of transfers")
+    out.append(f"predicted window ({est.mode} mode): {est.window_seconds:.2f} s")
+    out += [f"  {part.name}: {part.seconds:.2f} s ({part.basis})" for part in est.window]
+    return out

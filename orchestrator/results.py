@@ -152,6 +152,8 @@ class SeedResult(Contract):
     gtid: str | None = None
     binlog_file: str | None = None
     binlog_position: int | None = None
+    throttled_seconds: float = 0.0  # paused for the source's load or the app's latency (transfer.max_*)
+    throttle: dict[str, Any] = {}  # the pauses: how many, what caused them, why each ended, the redo bound
 
     def bytes_moved(self) -> int:
         return self.bytes

@@ -86,6 +86,39 @@ def test_missing_secret_stops_a_real_run_but_not_a_rehearsal(
     assert not (tmp_path / ".migrate").exists(), "neither the run nor the rehearsal left state behind"
 
 
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_dry_run_with_a_host_out_of_reach_lists_its_steps_and_says_why_there_is_no_estimate(
+    plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]
+) -> None:
+    """The estimate asks the hosts; when one cannot be reached the dry-run is still the step list, with one line
+    saying why the estimate is missing (no traceback), and `--no-estimate` asks no host at all."""
+    port = closed_port()
+    text = plan.read_text().replace("203.0.113.10", "127.0.0.1").replace("203.0.113.20", "127.0.0.9")
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    text = text.replace("known_hosts: ~/.ssh/known_hosts", f"known_hosts: {known_hosts}")
+    plan.write_text(text.replace("ssh_port: 22", f"ssh_port: {port}"))
+    secrets = {"COURSE_REVIEW_DB_PASSWORD": "pw-123456", "CLOUDFLARE_API_TOKEN": "tok-123456"}
+    res = migrate_here("apply", str(plan), "--dry-run", env=secrets)
+    assert res.returncode == exit_codes.OK, res
+    assert "DOWNTIME BEGINS" in res.stdout and "COMMIT POINT" in res.stdout
+    missing = [line for line in res.stdout.splitlines() if line.startswith("estimate: not measured: ")]
+    assert len(missing) == 1 and f"127.0.0.1:{port}" in missing[0], res.stdout
+    assert "Traceback" not in res.stdout + res.stderr and "pw-123456" not in res.stdout + res.stderr
+    offline = migrate_here("apply", str(plan), "--dry-run", "--no-estimate", env=secrets)
+    assert offline.returncode == exit_codes.OK and "estimate" not in offline.stdout
+    without_secrets = migrate_here("apply", str(plan), "--dry-run")
+    assert "is not set (the hosts are not asked without it)" in without_secrets.stdout
+    assert not (tmp_path / ".migrate").exists()
+
+
 def test_rollback_without_a_run_changes_nothing(
     plan: Path, tmp_path: Path, migrate_here: Callable[..., Result]
 ) -> None:

@@ -22,6 +22,7 @@ from orchestrator.estimates import TransferEstimate
 from orchestrator.lab.state import LabState
 from orchestrator.plan.model import Plan
 from orchestrator.results import DbPresyncResult, FilesResult
+from orchestrator.run.commands import describe
 from orchestrator.run.rehearse import compare
 from orchestrator.runtime import Runtime
 from orchestrator.steps.db_presync import DbPresync
@@ -162,35 +163,61 @@ def wait_until_still(rt: Runtime, *, settle: float = 1.0, limit: float = 180.0) 
         last = now
 
 
-@pytest.mark.lab
-def test_rehearse_changes_nothing_on_either_host_nor_in_dns(lab: LabState, plan: Plan, tmp_path: Path) -> None:
-    """Both hosts' trees and datadirs (names, sizes, mtimes, modes) and every DNS record, before and after.
+READ_ONLY_COMMANDS = {
+    # `migrate rehearse` saves its estimate in the state directory it is given, and nowhere else.
+    "rehearse": lambda lab, state: ["rehearse", str(lab.plan_file), "--state-dir", str(state)],
+    # The dry-run measures the same estimate and saves nothing: not even the plan's own state directory (a real
+    # run's journal lives there) may change.
+    "apply --dry-run": lambda lab, _state: ["apply", str(lab.plan_file), "--dry-run"],
+}
 
-    The live source database flushes pages by itself now and then: a rehearsal during which its own write counters
+
+@pytest.mark.lab
+@pytest.mark.parametrize("command", list(READ_ONLY_COMMANDS))
+def test_estimating_changes_nothing_on_either_host_nor_in_dns(
+    lab: LabState, plan: Plan, tmp_path: Path, command: str
+) -> None:
+    """Both hosts' trees and datadirs (names, sizes, mtimes, modes), every DNS record and the plan's own state
+    directory (where a real run's journal is), before and after.
+
+    The live source database flushes pages by itself now and then: an estimate during which its own write counters
     moved proves nothing about its datadir, so it is repeated (at most 5 times) until one ran while it was still.
     """
+    state_dir = lab.plan_file.parent / ".migrate"
+
+    def snapshot() -> dict[str, Any]:
+        return {**everything(lab), "plan state": tree_state(state_dir) if state_dir.exists() else None}
+
     rt = Runtime(plan, lab.plan_file)
     try:
         for _attempt in range(5):
             wait_until_still(rt)
-            counters, before = server_writes(rt), everything(lab)
-            result = migrate("rehearse", str(lab.plan_file), "--state-dir", str(tmp_path / "state"),
-                             env=lab.secrets(), timeout=180)  # fmt: skip
-            after = everything(lab)
+            counters, before = server_writes(rt), snapshot()
+            argv = READ_ONLY_COMMANDS[command](lab, tmp_path / "state")
+            result = migrate(*argv, env=lab.secrets(), timeout=180)
+            after = snapshot()
             if server_writes(rt) == counters:
                 break
             before.pop("source datadir"), after.pop("source datadir")
             assert after == before  # everything but the live datadir, whatever its server did
         else:
-            pytest.fail("the source database never stood still during a rehearsal")
+            pytest.fail("the source database never stood still during an estimate")
     finally:
         rt.close()
     assert result.returncode == 0, result.stderr
-    assert "predicted window:" in result.stdout and "files_presync" in result.stdout
     assert after == before
-    saved = json.loads((tmp_path / "state" / "estimate.json").read_text())
-    assert saved["window_seconds"] > 0 and {t["step"] for t in saved["transfers"]} == {"files_presync", "db_presync"}
     assert all(secret not in result.stdout + result.stderr for secret in lab.secrets().values())
+    if command == "rehearse":
+        assert "predicted window:" in result.stdout and "files_presync" in result.stdout
+        saved = json.loads((tmp_path / "state" / "estimate.json").read_text())
+        assert saved["window_seconds"] > 0
+        assert {t["step"] for t in saved["transfers"]} == {"files_presync", "db_presync"}
+        return
+    # The dry-run: every step still listed, each transfer's bytes and duration under its step, the window's parts.
+    assert "DOWNTIME BEGINS" in result.stdout and "COMMIT POINT" in result.stdout
+    assert "~ estimate: tree uploads: " in result.stdout and "predicted window (" in result.stdout
+    assert "~ estimate (window): uploads delta" in result.stdout and "not measured" not in result.stdout
+    assert not (tmp_path / "state").exists()
 
 
 def empty(directory: Path) -> None:
@@ -227,12 +254,22 @@ def test_estimates_are_within_ten_percent_of_the_presyncs_that_follow(lab: LabSt
 
 
 @pytest.mark.lab
-def test_the_real_run_states_the_rehearsals_estimate_beside_what_happened(live_lab: LabState) -> None:
-    """`migrate rehearse`, then `migrate apply` of the same plan onto an empty target: the run's report carries the
-    estimate beside the bytes each pre-sync moved, each within 10 %, and the predicted window beside the real one."""
+def test_the_real_run_states_the_rehearsals_estimate_beside_what_happened(
+    live_lab: LabState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`migrate apply --dry-run` and `migrate rehearse`, then `migrate apply` of the same plan onto an empty target:
+    the run's report carries the rehearsal's estimate beside the bytes each pre-sync moved, each within 10 %, and
+    the predicted window beside the real one; the dry-run's bytes are within 10 % too."""
+    for key, value in live_lab.secrets().items():
+        monkeypatch.setenv(key, value)  # the in-process dry-run reads them; restored after the test
+    monkeypatch.delenv("CLOUDFLARE_EMAIL", raising=False)
+    monkeypatch.delenv("CLOUDFLARE_API_KEY", raising=False)
     plan = plan_copy(live_lab, "estimate", {})
     empty(live_lab.target.uploads)
     empty(live_lab.target.datadir)
+    # The dry-run's estimate first (the same measurement, saved nowhere): held against the same run below.
+    dry = describe(plan)
+    assert dry.estimate_data is not None, dry.estimate_summary
     rehearsed = migrate("rehearse", str(plan), "--env-file", str(live_lab.env_file), timeout=180)
     assert rehearsed.returncode == 0, rehearsed.stderr
     applied = migrate_apply(live_lab, plan)
@@ -244,7 +281,14 @@ def test_the_real_run_states_the_rehearsals_estimate_beside_what_happened(live_l
         predicted = sum(t["bytes"] for t in estimate["transfers"] if t["step"] == step)
         actual = report["bytes_by_step"][step]
         assert actual > 0 and abs(predicted - actual) <= 0.10 * actual, report["estimate"]["lines"]
+        from_dry_run = sum(t["bytes"] for t in dry.estimate_data["transfers"] if t["step"] == step)
+        assert abs(from_dry_run - actual) <= 0.10 * actual, (step, from_dry_run, actual)
     assert estimate["window_seconds"] > 0 and report["write_block_seconds"] > 0
+    print(
+        f"\ndry-run: window {dry.estimate_data['window_seconds']} s, bytes "
+        f"{ {t['step']: t['bytes'] for t in dry.estimate_data['transfers']} }; real: writes blocked "
+        f"{report['write_block_seconds']} s, bytes {report['bytes_by_step']}"
+    )
 
 
 @pytest.mark.lab

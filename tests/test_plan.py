@@ -758,3 +758,31 @@ def test_control_characters_in_a_secret_file_are_refused_without_echo(tmp_path: 
     assert str(error_of(path)).endswith(
         "dns.api_token.file: must not contain control characters: U+000A at character 9"
     )
+
+
+# --- the latency threshold (transfer.max_latency_ms) ------------------------------------------------------------
+
+
+def test_max_latency_needs_a_url_to_measure(tmp_path: Path) -> None:
+    no_probe = SMALL_PLAN + "transfer:\n  max_latency_ms: 250\n"
+    error = error_of(write(tmp_path, no_probe))
+    assert error.lines[0].startswith(f"{tmp_path / 'plan.yaml'}:")
+    assert "transfer.max_latency_ms: needs a URL to measure" in error.lines[0]
+    given = no_probe + "  latency_url: http://203.0.113.10/healthz\n"
+    assert load_plan(write(tmp_path, given)).plan.latency_probe() == ("http://203.0.113.10/healthz", None)
+
+
+def test_max_latency_defaults_to_the_first_http_check_aimed_at_the_source(tmp_path: Path) -> None:
+    checks = (
+        "health:\n  checks:\n    - {kind: tcp, host: 203.0.113.20, port: 443}\n"
+        "    - {kind: http, url: 'http://203.0.113.20:8080/healthz', host_header: shop.example.com}\n"
+    )
+    plan = load_plan(write(tmp_path, SMALL_PLAN + checks + "transfer:\n  max_latency_ms: 250\n")).plan
+    assert plan.latency_probe() == ("http://203.0.113.10:8080/healthz", "shop.example.com")
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "60001", "'250'", ".inf"])
+def test_max_latency_is_a_number_of_milliseconds_in_range(tmp_path: Path, value: str) -> None:
+    plan = SMALL_PLAN + f"transfer:\n  max_latency_ms: {value}\n  latency_url: http://203.0.113.10/healthz\n"
+    error = error_of(write(tmp_path, plan))
+    assert "transfer.max_latency_ms" in error.lines[0]

@@ -186,6 +186,13 @@ def cross_field_problems(plan: Plan) -> list[tuple[Location, str]]:
             problems.append((("files", index, "name"), f"another tree is already named '{name}'"))
 
     problems += fence_problems(plan)
+    if plan.transfer.max_latency_ms is not None and plan.latency_probe() is None:
+        problems.append(
+            (
+                ("transfer", "max_latency_ms"),
+                "needs a URL to measure: transfer.latency_url, or an http health check (aimed at the source)",
+            )
+        )
     if plan.cutover.mode == "replicate" and plan.replication is None:
         problems.append((("cutover", "mode"), "'replicate' needs a replication section (user, password)"))
     if plan.cutover.mode == "replicate" and plan.database.engine != "mariadb":

@@ -575,7 +575,22 @@ class Transfer(Strict):
         description="pause the live pre-syncs while the source's 1-minute load average is above this (SIGSTOP of "
         "rsync's process group on the source, SIGCONT once it is back under, or after max_pause); none = never",
     )
-    load_check_interval: float = _seconds(0, 600, default=2.0, description="how often the source's load is read")
+    max_latency_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=60_000,
+        description="pause the live pre-syncs and the seed while the live app's answer takes longer than this "
+        "(milliseconds, one request to latency_url per check, made by migrate; a request that fails or times out "
+        "counts as slow); none = never",
+    )
+    latency_url: HttpUrl | None = Field(
+        default=None,
+        description="the live app's URL the latency is measured on (http:// or https://, on the SOURCE); default: "
+        "the first http health check's URL aimed at the source's address, with its Host header",
+    )
+    load_check_interval: float = _seconds(
+        0, 600, default=2.0, description="how often the source's load (and the app's latency) is read"
+    )
     max_pause: float = _seconds(
         0, 3600, default=30.0,
         description="longest one pause lasts before rsync runs again for a check interval (keep it well under "
@@ -847,6 +862,16 @@ class Plan(Strict):
             data["health"] = _health_swapped(self.health, self._address_swaps()).model_dump(mode="python")
         data["reverse"] = None
         return Plan.model_validate(data, context={DERIVED_PLAN: True})
+
+    def latency_probe(self) -> tuple[str, str | None] | None:
+        """(URL, Host header) the live app's latency is measured on: `transfer.latency_url`, else the first http
+        health check aimed at the source's address; None when there is neither."""
+        if self.transfer.latency_url is not None:
+            return self.transfer.latency_url, None
+        for check in self.health.checks:
+            if isinstance(check, HttpCheck):
+                return _swap_url_host(check.url, self._address_swaps()), check.host_header
+        return None
 
     def _address_swaps(self) -> dict[str, str]:
         """Target address → the source's matching address (lower case, as urlsplit gives host names)."""

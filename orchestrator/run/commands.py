@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -47,11 +48,23 @@ from orchestrator.run.results import (
     StatusReport,
 )
 
+if TYPE_CHECKING:
+    from orchestrator.run.rehearse import DryRunEstimate  # imports the steps: only when the dry-run measures
+
 
 def describe(
-    plan_path: Path, *, env_file: Path | None = None, state_dir: Path | None = None, reverse: bool = False
+    plan_path: Path,
+    *,
+    env_file: Path | None = None,
+    state_dir: Path | None = None,
+    reverse: bool = False,
+    estimate: bool = True,
 ) -> Description:
-    """The dry-run: what every step would do, through the engine with an in-memory journal. Changes nothing."""
+    """The dry-run: what every step would do, through the engine with an in-memory journal. Changes nothing.
+
+    With `estimate` (and the secrets at hand) it also measures, read-only, what each transfer would move and how
+    long each step and the window would take (the estimate `migrate rehearse` makes, saved nowhere); a host out of
+    reach only costs the estimate, said in one line."""
     subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
     plan, notes = subj.plan, []
     if reverse:
@@ -60,12 +73,26 @@ def describe(
         except RunError as refused:  # a rehearsal of the way back before the forward run: say what would refuse
             notes.append(f"note: {refused.message}; a real `apply --reverse` would refuse now")
     load_env(env_file)
+    secrets_missing: str | None = None
     try:
         resolve_secrets(plan, plan_path)
     except RunError as missing:
         # A rehearsal contacts nothing, so it goes on; the real run would stop here.
         notes.append(f"note: {missing.message}: a real run would stop here (exit {missing.code})")
+        secrets_missing = missing.message
     plan = subj.plan = compose.resolve_mode(plan, plan_path, subj.journal_path, probe=False)
+    measured: DryRunEstimate | None = None
+    estimate_note: str | None = None
+    if estimate and compose.estimator is not None:
+        if secrets_missing is not None:
+            estimate_note = f"estimate: not measured: {secrets_missing} (the hosts are not asked without it)"
+        else:
+            measured, estimate_note = _measure(plan, plan_path)
+        if measured is not None and plan.cutover.mode == "auto":
+            plan = subj.plan = plan.model_copy(
+                update={"cutover": plan.cutover.model_copy(update={"mode": measured.mode})}
+            )
+            notes.append(f"note: cutover.mode auto, as the servers are now: {measured.mode_reason}")
     if plan.cutover.mode == "auto":
         notes.append("note: cutover.mode auto is resolved when the run starts (replicate where the servers allow it, "
                      "else shutdown; preflight says which and why): the replicate steps are shown")  # fmt: skip
@@ -96,7 +123,29 @@ def describe(
         if step.commit_point:
             marks.append("COMMIT POINT: no automatic rollback after it")
         flags[step.name] = marks
-    return Description(plan.name, plan_path, notes, described, flags, engine.hooks_by_event())
+    description = Description(plan.name, plan_path, notes, described, flags, engine.hooks_by_event())
+    if measured is not None:
+        from orchestrator import estimates
+
+        description.estimates = estimates.step_lines(measured.estimate)
+        description.estimate_summary = estimates.summary_lines(measured.estimate)
+        description.estimate_data = measured.estimate.as_dict()
+    elif estimate_note is not None:
+        description.estimate_summary = [estimate_note]
+    return description
+
+
+def _measure(plan: Plan, plan_path: Path) -> tuple[DryRunEstimate | None, str | None]:
+    """The dry-run's estimate, or why there is none (one line: a host out of reach, a refused login, ...)."""
+    from orchestrator.redaction import redact
+
+    assert compose.estimator is not None
+    try:
+        return compose.estimator(plan, plan_path), None
+    except Exception as exc:  # whatever the hosts answered, the dry-run still lists its steps
+        mlog.get_logger().debug("dry-run estimate unavailable", error=str(exc), exc_info=True)
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        return None, f"estimate: not measured: {redact(reason)} (`--no-estimate` skips it)"
 
 
 def _acquire(lock: PlanLock) -> None:

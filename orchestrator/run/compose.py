@@ -1,4 +1,5 @@
-"""The composition: which steps, runtime and hooks a plan gets. Tests of the engine replace the two factories."""
+"""The composition: which steps, runtime, hooks and estimator a plan gets. Tests of the engine replace the
+factories."""
 
 from __future__ import annotations
 
@@ -28,8 +29,16 @@ def default_runtime(plan: Plan, plan_path: Path, dry_run: bool) -> Any:
     return Runtime(plan, plan_path, dry_run=dry_run)
 
 
+def default_estimator(plan: Plan, plan_path: Path) -> Any:
+    from orchestrator.run.rehearse import dry_run_estimate
+
+    return dry_run_estimate(plan, plan_path)
+
+
 steps_factory: Callable[[Plan], Sequence[Step]] = default_steps
 runtime_factory: Callable[[Plan, Path, bool], Any] = default_runtime
+# What `apply --dry-run` measures on the hosts (read-only); None: steps without hosts, nothing to measure.
+estimator: Callable[[Plan, Path], Any] | None = default_estimator
 
 
 def resolve_mode(plan: Plan, plan_path: Path, journal_path: Path, *, probe: bool) -> Plan:

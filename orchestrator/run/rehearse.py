@@ -20,6 +20,7 @@ import pymysql
 from orchestrator import estimates, exit_codes
 from orchestrator.engine.journal import RunStatus
 from orchestrator.engine.step import StepError
+from orchestrator.plan.model import Plan
 from orchestrator.redaction import redact
 from orchestrator.run.policy import load_env, resolve_secrets, subject
 from orchestrator.run.results import RunError
@@ -55,6 +56,34 @@ def rehearse(plan_path: Path, *, env_file: Path | None = None, state_dir: Path |
     saved = subj.state_dir / ESTIMATE_FILE
     saved.write_text(json.dumps(estimate.as_dict(), indent=2) + "\n")
     return Rehearsal(subj.plan.name, estimate, saved)
+
+
+@dataclass(frozen=True)
+class DryRunEstimate:
+    """What `apply --dry-run` measured: the mode the run would use (auto resolved by the same read-only probe a
+    run makes), and the estimate for it."""
+
+    mode: str
+    mode_reason: str | None
+    estimate: estimates.Estimate
+
+
+def dry_run_estimate(plan: Plan, plan_path: Path) -> DryRunEstimate:
+    """The read-only estimate `migrate rehearse` makes, for the dry-run: nothing saved, no retries (a host out of
+    reach is said at once, not retried for minutes). Raises what the hosts raise; the dry-run says it in one line."""
+    from orchestrator.steps.repl_common import mode_reason, probe_replication
+
+    quick = plan.model_copy(update={"retry": plan.retry.model_copy(update={"attempts": 1})})
+    rt = Runtime(quick, plan_path)
+    try:
+        mode, reason = plan.cutover.mode, None
+        if mode == "auto":
+            problems = probe_replication(rt)
+            mode = "shutdown" if problems else "replicate"
+            reason = mode_reason(mode, problems, "auto")
+        return DryRunEstimate(mode, reason, estimates.estimate(rt, mode))
+    finally:
+        rt.close()
 
 
 def _size(count: float) -> str:

@@ -69,6 +69,11 @@ class Description:
     steps: list[StepPlan]
     flags: dict[str, list[str]]  # step name -> what the operator should know (downtime, postpone, commit point)
     hooks: dict[str, list[str]]
+    # The read-only estimate (apply --dry-run, unless --no-estimate): lines per step, the summary (or the one line
+    # saying why there is none), and the figures as data.
+    estimates: dict[str, list[str]] = field(default_factory=dict)
+    estimate_summary: list[str] = field(default_factory=list)
+    estimate_data: dict[str, Any] | None = None
 
 
 @dataclass

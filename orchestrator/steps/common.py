@@ -32,6 +32,17 @@ def presync_began(ctx: StepContext) -> float | None:
     return float(starts[0]) if starts else None
 
 
+def throttle_text(plan: Plan) -> str:
+    """How the live copies pause, for the dry-run: '' when the plan sets no threshold."""
+    parts = []
+    if plan.transfer.max_load is not None:
+        parts.append(f"the source's load is above {plan.transfer.max_load:g}")
+    probe = plan.latency_probe() if plan.transfer.max_latency_ms is not None else None
+    if probe is not None:
+        parts.append(f"{probe[0]} takes over {plan.transfer.max_latency_ms:g} ms to answer")
+    return f"paused while {' or '.join(parts)}" if parts else ""
+
+
 # --- file trees ---
 
 

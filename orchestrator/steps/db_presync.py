@@ -15,7 +15,7 @@ from typing import Any
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import DbPresyncResult, PresyncRound
-from orchestrator.steps.common import DATADIR_EXCLUDES
+from orchestrator.steps.common import DATADIR_EXCLUDES, throttle_text
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -30,11 +30,7 @@ class DbPresync(Step):
         return [
             f"on the source: rsync --inplace {db.source.datadir}/ → {plan.target.address}:{db.target.datadir}/,"
             f" up to {db.presync.max_rounds} rounds, until a round moves ≤ {db.presync.converged_bytes} bytes"
-            + (
-                f"; paused while the source's load is above {plan.transfer.max_load:g}"
-                if plan.transfer.max_load is not None
-                else ""
-            )
+            + (f"; {throttle_text(plan)}" if throttle_text(plan) else "")
         ]
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree
 from orchestrator.results import FilesResult, TrackerRef, TreeComparison
-from orchestrator.steps.common import sync_tree
+from orchestrator.steps.common import sync_tree, throttle_text
 from orchestrator.tracking import ChangeTracker, TrackingError, state_dir_command, tracker_name
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError
@@ -48,11 +48,7 @@ class FilesPresync(Step):
                 + (f" (bwlimit {plan.transfer.bwlimit})" if plan.transfer.bwlimit else "")
                 + (" with nice/ionice" if plan.transfer.nice else "")
                 + (" under nocache (when installed)" if plan.transfer.nocache else "")
-                + (
-                    f", paused while the source's load is above {plan.transfer.max_load:g}"
-                    if plan.transfer.max_load is not None
-                    else ""
-                )
+                + (f", {throttle_text(plan)}" if throttle_text(plan) else "")
             )
             lines.append(f"compare tree {t.name} in full (rsync --dry-run --checksum), before the window")
         return lines

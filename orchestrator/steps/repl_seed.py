@@ -6,6 +6,13 @@ it consistent there; the prepared copy then takes the datadir's place (the previ
 undo). The source serves throughout: mariadb-backup blocks its commits only for its BLOCK_COMMIT stage (tens of ms
 with --log-copy-interval=10). The copy's GTID position is journaled: the replica starts from it.
 
+With `transfer.max_load` or `transfer.max_latency_ms` the backup pauses like the pre-syncs (SIGSTOP/SIGCONT of its
+process group: mariadb-backup, dd and the ssh to the target), within two bounds of its own: never once it began the
+stages that lock the live server (from BACKUP STAGE FLUSH on: a paused BLOCK_COMMIT would hold every commit), and
+never past the point where its redo log copier, paused with it, could lose redo the source writes over: a pause ends
+once the source wrote REDO_SHARE of its redo log (innodb_log_file_size) since it began, checked every
+PAUSED_CHECK_SECONDS (and `transfer.max_pause` bounds it as always).
+
 The target's database is stopped the whole time (prepare_target stopped it; the step refuses a running one).
 Journaled before each action it protects: `seed_streaming` (undo removes the staging dir), `seed_installing` (undo
 puts the previous datadir back; a resume finishes a swap a crash cut short instead of repeating it), then the
@@ -15,19 +22,59 @@ position.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
+
+import pymysql
 
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SeedResult
+from orchestrator.steps.common import throttle_text
 from orchestrator.steps.repl_common import DB_PASSWORD_ENV, SEED_POSITION, seed_spec
+from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
+from orchestrator.transports.throttle import Thresholds, Throttle, group_marker, live_command
 
 STREAMING = "seed_streaming"
 INSTALLING = "seed_installing"
 SEED_TIMEOUT = 86400.0
 STOP_TIMEOUT = 300.0
+# The pause bound for the backup's redo log copier: at most this share of the source's redo log written during one
+# pause (the copier, stopped with the backup, was at most --log-copy-interval behind when it stopped; the rest of
+# the log is the margin for the last check interval and for its catching up after the resume).
+REDO_SHARE = 0.5
+PAUSED_CHECK_SECONDS = 0.5
+
+
+class RedoGuard:
+    """Ends a pause of the backup before the source writes over redo its copier has not read: the source's LSN when
+    the pause began against its LSN now, at most REDO_SHARE of its redo log's size. Called from the throttle's
+    thread only (its own connection)."""
+
+    def __init__(self, read_lsn: Callable[[], int], capacity: int) -> None:
+        self.read_lsn, self.capacity = read_lsn, capacity
+        self.paused_at_lsn: int | None = None
+        self.most_written = 0  # the most redo written during one pause, bytes
+
+    def pause_began(self) -> None:
+        try:
+            self.paused_at_lsn = self.read_lsn()
+        except Exception:  # unreadable: must_resume ends the pause at once
+            self.paused_at_lsn = None
+
+    def must_resume(self) -> str | None:
+        if self.paused_at_lsn is None:
+            return "the source's redo log position cannot be read"
+        try:
+            written = self.read_lsn() - self.paused_at_lsn
+        except Exception:
+            return "the source's redo log position cannot be read"
+        self.most_written = max(self.most_written, written)
+        if written >= REDO_SHARE * self.capacity:
+            return f"the redo log: {written} bytes written since the pause, of {self.capacity}"
+        return None
 
 
 class ReplSeed(Step):
@@ -46,7 +93,14 @@ class ReplSeed(Step):
             f"on the target (database stopped): mariadb-backup --prepare, then the copy replaces "
             f"{plan.database.target.datadir} (the old one kept as {plan.database.target.datadir}.before-seed)",
             "journal the copy's GTID position (the replica starts there)",
-        ]
+        ] + (
+            [
+                f"the backup {throttle_text(plan)} (never once it began locking the source, from BACKUP STAGE FLUSH "
+                f"on; a pause ends once the source wrote {REDO_SHARE:.0%} of its redo log)"
+            ]
+            if throttle_text(plan)
+            else []
+        )
 
     def check(self, ctx: StepContext) -> bool:
         return bool(ctx.saved(SEED_POSITION))
@@ -107,10 +161,52 @@ class ReplSeed(Step):
         env = {DB_PASSWORD_ENV: password} if password and spec.password_env else None
         ctx.save(STREAMING, True)
         started = time.monotonic()
-        streamed = rt.source.stream(repl.seed_stream_command(spec), _line, timeout=SEED_TIMEOUT, env=env)
+        thresholds = Thresholds.of(rt.plan)
+        if thresholds is None:
+            streamed = rt.source.stream(repl.seed_stream_command(spec), _line, timeout=SEED_TIMEOUT, env=env)
+        else:
+            streamed = self._throttled(ctx, spec, thresholds, _line, env, result)
         result.stream_seconds = round(time.monotonic() - started, 3)
         stages = repl.parse_backup_stages(streamed.stdout)
         result.backup_stages = {s.stage: f"{s.started[-8:]}-{s.finished[-8:]}" for s in stages}
+
+    def _throttled(
+        self,
+        ctx: StepContext,
+        spec: repl.SeedSpec,
+        thresholds: Thresholds,
+        line: Callable[[str], None],
+        env: dict[str, str] | None,
+        result: SeedResult,
+    ) -> Any:
+        """The stream in a process group of its own, paused while the source is loaded or the app slow, within the
+        backup's own bounds (its locking stages, its redo log)."""
+        rt = runtime(ctx)
+        marker = group_marker("seed")
+        log_path = marker + ".log"
+        command = live_command(repl.seed_stream_command(spec, log_path=log_path), nocache=False,
+                               group_marker=marker, max_load=thresholds.max_load)  # fmt: skip
+        try:
+            conn = rt.db("source", read_timeout=30.0)
+        except mysql.DbError as exc:
+            raise StepError(f"seeding the target: the throttle cannot read the source's redo log: {exc}") from None
+        try:
+            try:
+                guard = RedoGuard(lambda: repl.redo_lsn(conn), repl.redo_capacity(conn))
+            except pymysql.MySQLError as exc:
+                raise StepError(f"seeding the target: {mysql.db_error('the source redo log size', exc)}") from None
+            throttle = Throttle(rt.source, marker, thresholds, what="seed",  # type: ignore[arg-type]
+                                may_not_stop=repl.seed_locking_command(log_path), on_pause=guard.pause_began,
+                                must_resume=guard.must_resume, paused_check_interval=PAUSED_CHECK_SECONDS)  # fmt: skip
+            with throttle:
+                streamed = rt.source.stream(command, line, timeout=SEED_TIMEOUT, env=env)
+        finally:
+            rt.release(conn)
+        result.throttled_seconds = round(throttle.throttled_seconds, 3)
+        result.throttle = {**throttle.figures(), "most_redo_in_a_pause": guard.most_written,
+                           "redo_log_bytes": guard.capacity}  # fmt: skip
+        ctx.log.info("seed_throttle", **result.throttle)
+        return streamed
 
     def undo(self, ctx: StepContext) -> None:
         """The target's database stopped, its previous datadir back in place, the staging dir removed."""

@@ -149,12 +149,13 @@ def _ssh_remote(ssh_argv: Sequence[str], remote_command: str) -> str:
     return shlex.join([*ssh_argv, remote_command])
 
 
-def seed_stream_command(spec: SeedSpec) -> str:
+def seed_stream_command(spec: SeedSpec, *, log_path: str | None = None) -> str:
     """Run on the source: stream a hot backup into the target's staging directory (replaced if it exists).
 
     stdout carries `dd status=progress` lines ('123456 bytes (…) copied, 2 s, 61 MB/s', split on \\r) and, at the
     end, mariadb-backup's stage lines prefixed 'backup: ' (its locks and the binlog position it recorded). On
-    failure the tail of mariadb-backup's log goes to stderr.
+    failure the tail of mariadb-backup's log goes to stderr. `log_path`: where mariadb-backup's log is kept while
+    it runs (a throttle reads its stages there), removed at the end like the temporary one.
     """
     backup = [*NICE] if spec.nice else []
     backup += ["mariadb-backup"]
@@ -173,7 +174,7 @@ def seed_stream_command(spec: SeedSpec) -> str:
     receive = f"rm -rf {staging} && mkdir -p {staging} && mbstream -x -C {staging}"
     password = f'MYSQL_PWD="${{{spec.password_env}}}" ' if spec.password_env else ""
     script = f"""set -o pipefail
-log=$(mktemp); trap 'rm -f "$log"' EXIT
+log={shlex.quote(log_path) if log_path else "$(mktemp)"}; trap 'rm -f "$log"' EXIT
 exec 4>&1
 {password}{shlex.join(backup)} 2>"$log" | dd bs=1M status=progress 2>&4 | {_ssh_remote(spec.ssh_to_target, receive)}
 rc=$?
@@ -181,6 +182,29 @@ grep -E 'BACKUP STAGE|binlog position|completed OK' "$log" | sed 's/^/backup: /'
 if [ $rc -ne 0 ]; then tail -n 15 "$log" >&2; fi
 exit $rc"""
     return _bash(script)
+
+
+# The first of mariadb-backup's stages that take locks on the live server: from here on (FLUSH, BLOCK_DDL, then
+# BLOCK_COMMIT, which holds every commit until the end) a paused backup would hold them over the pause.
+LOCKING_STAGE = "Starting BACKUP STAGE FLUSH"
+
+
+def seed_locking_command(log_path: str) -> str:
+    """A shell condition, run on the source: true once the backup logging to `log_path` began its locking stages."""
+    return f"grep -qF {shlex.quote(LOCKING_STAGE)} {shlex.quote(log_path)} 2>/dev/null"
+
+
+def redo_lsn(conn: pymysql.Connection) -> int:
+    """The source's current redo log sequence number (bytes of redo written since the server was made)."""
+    rows = _rows(conn, "SHOW GLOBAL STATUS LIKE 'Innodb_lsn_current'")
+    if not rows:
+        raise ReplicationError("the server does not report Innodb_lsn_current")
+    return int(str(rows[0][1]))
+
+
+def redo_capacity(conn: pymysql.Connection) -> int:
+    """Bytes of redo the server keeps before writing over the oldest (its circular redo log's size)."""
+    return int(str(_scalar(conn, "SELECT @@innodb_log_file_size")))
 
 
 _DD_PROGRESS = re.compile(r"^(\d+) bytes")

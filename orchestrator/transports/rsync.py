@@ -8,12 +8,9 @@ what it names there. File paths inside the ssh command are quoted the way ssh's 
 
 from __future__ import annotations
 
-import contextlib
 import re
 import shlex
-import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -24,6 +21,8 @@ from orchestrator.plan.model import Plan, Retry
 from orchestrator.progress import PROGRESS_KEY, TRANSFER_EVENT, EtaEstimator, TransferProgress
 from orchestrator.retry import call_with_retry
 from orchestrator.transports.ssh import CommandFailed, SshHost, TransportError
+from orchestrator.transports.throttle import Thresholds, Throttle, group_marker, live_command
+from orchestrator.transports.throttle import parse_load_check as parse_load_check  # where callers found it
 
 NICE = ["nice", "-n19", "ionice", "-c3"]
 # Exit codes: 24 = files vanished during the transfer (normal on a live tree); these are worth another try.
@@ -370,138 +369,7 @@ def changed_items(host: SshHost, command: str, *, what: str, timeout: float | No
     return items
 
 
-# --- a pre-sync the live site does not feel -------------------------------------------------------------------
-
-# The source's rsync runs in a process group of its own (setsid), whose id it writes to a marker file first, so a
-# watcher can pause (SIGSTOP) and resume (SIGCONT) it, and its ssh child to the target with it, as a whole. With a
-# load threshold it also checks the load itself before it starts and, above it, stops itself at once: a short copy
-# cannot slip through before the watcher's first look.
-_NOCACHE = 'if command -v nocache >/dev/null 2>&1; then exec nocache sh -c "$2"; else exec sh -c "$2"; fi'
-_PLAIN = 'exec sh -c "$2"'
-_STOP_IF_LOADED = (
-    'read load _ < /proc/loadavg; if awk -v l="$load" -v m="$3" \'BEGIN { exit !(l > m) }\'; then kill -STOP $$; fi; '
-)
-
-
-def live_command(command: str, *, nocache: bool, group_marker: str | None, max_load: float | None = None) -> str:
-    """A push command wrapped for the live source: in `nocache` when the source has it (rsync's reads then leave
-    the service's page cache alone; rsync has no such option itself), and, with `group_marker`, in a process group
-    of its own whose id is written to that file (setsid -w waits for it and returns its exit status), stopped
-    from the start when the load is above `max_load`."""
-    run = _NOCACHE if nocache else _PLAIN
-    if group_marker is None:
-        return f"sh -c {shlex.quote(run)} sh - {shlex.quote(command)}" if nocache else command
-    script = 'echo $$ > "$1"; ' + (_STOP_IF_LOADED if max_load is not None else "") + run
-    limit = repr(float(max_load)) if max_load is not None else "-"
-    return f"setsid -w sh -c {shlex.quote(script)} sh {shlex.quote(group_marker)} {shlex.quote(command)} {limit}"
-
-
-def parse_load_check(output: str) -> tuple[float, int | None, str]:
-    """A load check's output: /proc/loadavg's line, then the group id from the marker file (once written) and the
-    state of the group's leader (T: stopped)."""
-    lines = output.splitlines()
-    if not lines:
-        raise TransportError("no answer from the source's load check", True)
-    fields = lines[0].split()
-    try:
-        load = float(fields[0])
-    except (IndexError, ValueError):
-        raise TransportError(f"unexpected /proc/loadavg: {lines[0][:80]}", True) from None
-    group = lines[1].strip() if len(lines) > 1 else ""
-    state = lines[2].strip() if len(lines) > 2 else ""
-    return load, int(group) if group.isdigit() and int(group) > 1 else None, state
-
-
-class LoadThrottle:
-    """Pauses a running push while the source's load average is above `max_load` (like gh-ost's --max-load).
-
-    A pause lasts until the load is back under the threshold or `max_pause` has passed; after a pause cut short,
-    rsync runs for at least one check interval, so a copy on a host that is always busy still progresses and
-    the target's rsync never waits longer than `max_pause` for data (it gives up after --timeout).
-    """
-
-    def __init__(self, host: SshHost, marker: str, *, max_load: float, interval: float, max_pause: float) -> None:
-        self.host, self.marker = host, marker
-        self.max_load, self.interval, self.max_pause = max_load, interval, max_pause
-        self.throttled_seconds = 0.0
-        self.pauses = 0
-        self.highest_load = 0.0
-        self._group: int | None = None
-        self._paused_at: float | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="load-throttle", daemon=True)
-        self._log = structlog.get_logger()
-
-    def __enter__(self) -> LoadThrottle:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._done.set()
-        self._thread.join(timeout=60)
-        if self._paused_at is not None:
-            self._resume("copy ended")
-        with contextlib.suppress(TransportError):
-            self.host.run(f"rm -f {shlex.quote(self.marker)}", timeout=30, check=False)
-
-    def _signal(self, signal: str, group: int) -> bool:
-        """Signal every process of the group; True once delivered. The external kill: dash's builtin refuses a
-        negative process-group id."""
-        command = f"env kill -{signal} -- -{group} 2>/dev/null && echo delivered; true"
-        return self.host.run(command, timeout=30, check=False).stdout.strip() == "delivered"
-
-    def _resume(self, why: str) -> None:
-        assert self._paused_at is not None and self._group is not None
-        with contextlib.suppress(TransportError):
-            self._signal("CONT", self._group)
-        paused = time.monotonic() - self._paused_at
-        self.throttled_seconds += paused
-        self._paused_at = None
-        self._log.info("presync_resumed", why=why, paused_seconds=round(paused, 3))
-
-    def _watch(self) -> None:
-        marker = shlex.quote(self.marker)
-        check = (
-            f'cat /proc/loadavg; g=$(cat {marker} 2>/dev/null); echo "$g"; '
-            "[ -n \"$g\" ] && sed 's/.*) //' /proc/$g/stat 2>/dev/null | cut -d' ' -f1; true"
-        )
-        while not self._done.is_set():
-            try:
-                load, group, state = parse_load_check(self.host.run(check, timeout=30, check=False).stdout)
-            except TransportError as exc:
-                self._log.warning("load_check_failed", error=str(exc))
-                self._done.wait(self.interval)
-                continue
-            self.highest_load = max(self.highest_load, load)
-            if self._paused_at is not None:
-                paused_for = time.monotonic() - self._paused_at
-                if group != self._group or load <= self.max_load or paused_for >= self.max_pause:
-                    self._resume("load back under the threshold" if load <= self.max_load else "longest pause")
-                    self._done.wait(self.interval)
-                    continue
-                self._done.wait(min(self.interval, self.max_pause - paused_for))
-                continue
-            if group is None:
-                self._done.wait(min(self.interval, 0.1))  # rsync has not started yet
-                continue
-            if state == "T":  # it stopped itself at the start, the load being above the threshold
-                self._group, self._paused_at = group, time.monotonic()
-                self.pauses += 1
-                self._log.info("presync_paused", load=load, max_load=self.max_load, at_start=True)
-                self._done.wait(min(self.interval, self.max_pause))
-                continue
-            if load > self.max_load:
-                self._group = group
-                stopped = False
-                with contextlib.suppress(TransportError):
-                    stopped = self._signal("STOP", group)
-                if stopped:  # counted only when the signal reached rsync (it may have just ended)
-                    self._paused_at = time.monotonic()
-                    self.pauses += 1
-                    self._log.info("presync_paused", load=load, max_load=self.max_load)
-                self._done.wait(min(self.interval, self.max_pause))
-                continue
-            self._done.wait(self.interval)
+# --- a pre-sync the live site does not feel (transports/throttle.py) -------------------------------------------
 
 
 def push_live(
@@ -514,21 +382,20 @@ def push_live(
     on_progress: Callable[[Progress], None] | None = None,
     timeout: float | None = None,
 ) -> tuple[Stats, float]:
-    """`push` for a pre-sync while the source serves: under `nocache` and, with `transfer.max_load`, paused while
-    the source is loaded. Returns the figures and the seconds spent paused."""
+    """`push` for a pre-sync while the source serves: under `nocache` and, with `transfer.max_load` or
+    `transfer.max_latency_ms`, paused while the source is loaded or the live app slow. Returns the figures and the
+    seconds spent paused."""
     transfer = plan.transfer
-    if transfer.max_load is None:
+    thresholds = Thresholds.of(plan)
+    if thresholds is None:
         wrapped = live_command(command, nocache=transfer.nocache, group_marker=None)
         return push(host, wrapped, what=what, retry=retry, on_progress=on_progress, timeout=timeout, live=True), 0.0
-    marker = f"/tmp/migrate-rsync-{uuid.uuid4().hex}.pgid"
+    marker = group_marker()
     wrapped = live_command(command, nocache=transfer.nocache, group_marker=marker, max_load=transfer.max_load)
-    throttle = LoadThrottle(
-        host, marker, max_load=transfer.max_load, interval=transfer.load_check_interval, max_pause=transfer.max_pause
-    )
-    with throttle:
+    with Throttle(host, marker, thresholds, what=what) as throttle:
         stats = push(host, wrapped, what=what, retry=retry, on_progress=on_progress, timeout=timeout, live=True)
     structlog.get_logger().info(
-        "presync_throttle", what=what, throttled_seconds=round(throttle.throttled_seconds, 3), pauses=throttle.pauses,
-        highest_load=throttle.highest_load, max_load=transfer.max_load,
+        "presync_throttle", what=what, max_load=transfer.max_load, max_latency_ms=thresholds.max_latency_ms,
+        **throttle.figures(),
     )  # fmt: skip
     return stats, round(throttle.throttled_seconds, 3)

@@ -124,6 +124,7 @@ class FakeRuntime:
 def use_file_steps() -> None:
     compose.steps_factory = file_steps
     compose.runtime_factory = FakeRuntime
+    compose.estimator = None  # file steps: no hosts to measure
 
 
 if __name__ == "__main__":

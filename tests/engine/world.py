@@ -94,12 +94,12 @@ class World:
     # ------------------------------------------------------------------------------------------ in-process
     def run(self, *args: str, **extra: str) -> Result:
         """`migrate ARGS` in this process, with the file steps; a Crash ends it as kill -9 would."""
-        factories = compose.steps_factory, compose.runtime_factory
+        factories = compose.steps_factory, compose.runtime_factory, compose.estimator
         use_file_steps()
         try:
             return run_in_process(self.capsys, list(args), self.env(**extra))
         finally:
-            compose.steps_factory, compose.runtime_factory = factories
+            compose.steps_factory, compose.runtime_factory, compose.estimator = factories
 
     # ------------------------------------------------------------------------------------------ processes
     def cmd(self, *args: str) -> list[str]:
