@@ -2,11 +2,13 @@
 
 What the steps call, each a no-op when the plan has no front door for that host:
 
-- `hold_source(ctx, blocked_at)` (cut-over, before the fence): the source's HAProxy holds every new request until
-  what is left of `cutover.max_write_block` plus HOLD_MARGIN (a deadline on the HAProxy host's clock, journaled
-  before it is set), then in-flight requests get `drain_timeout` to finish. The fence still goes up behind it.
-- `keep_holding_for_rollback(ctx)` / `release_source(ctx)` (cut-over's undo): the hold is stretched while the
-  source database starts again and the fence is lifted, then released: held requests go to the source, none fails.
+- `hold_source(ctx, blocked_at)` (the step that begins the window, `cutover` or `repl_switch`, before the fence):
+  the source's HAProxy holds every new request until what is left of `cutover.max_write_block` plus HOLD_MARGIN (a
+  deadline on the HAProxy host's clock, journaled before it is set), then in-flight requests get `drain_timeout` to
+  finish. The fence still goes up behind it.
+- `keep_holding_for_rollback(ctx)` / `release_source(ctx)` (that step's undo, and between its tries when it lets
+  writes in): the hold is stretched while the source takes writes again (its database started or made writable,
+  its fence lifted), then released: held requests go to the source, none fails.
 - `before_flip(ctx)` (DNS flip, before any record moves): proves the source still holds (an HAProxy restarted
   mid-window forgot its hold: one line, rollback) and holds the target's door, for clients that follow the new
   records before the target's fence is lifted.
@@ -17,7 +19,9 @@ What the steps call, each a no-op when the plan has no front door for that host:
   source's door, which holds them until the source takes writes again) and releases.
 - `forwarding_report(ctx)` (finish, after its drain wait): makes sure the source forwards, counts the requests that
   still arrived at the old address since the commit, and says until when forwarding must stay (the commit plus the
-  records' TTL plus `forward_margin`): the door keeps forwarding after the run.
+  records' TTL plus `forward_margin`): the door keeps forwarding after the run. With `wait_forwarding` it waits
+  until then first, and also counts the requests that arrived after the records' TTL had run out (clients or
+  resolvers that keep an answer longer than its TTL).
 
 If migrate dies (kill -9) while requests are held, nothing is held forever: the hold is a deadline HAProxy's Lua
 action compares with its own clock, so at the deadline the held requests go on to the source's app (fenced: writes
@@ -30,6 +34,7 @@ import csv
 import io
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, Literal
 
 from orchestrator.contracts import runtime
@@ -167,7 +172,7 @@ def hold_source(ctx: StepContext, blocked_at: float) -> None:
 
 def check_source_hold(ctx: StepContext) -> None:
     """The source still holds what the cut-over held: an HAProxy restarted mid-window lost the hold."""
-    held = _saved_by(ctx, "cutover", SOURCE_HOLD)
+    held = _saved_by(ctx, None, SOURCE_HOLD)  # the window's first step (cut-over or switch) journaled it
     if section(ctx, "source") is None or not held or "deadline" not in held:
         return
     front = door(ctx, "source")
@@ -359,21 +364,55 @@ def forwarding_until(ctx: StepContext) -> float | None:
     return round(float(flip.flipped_at) + ttl + config.forward_margin, 3)
 
 
-def forwarding_report(ctx: StepContext) -> dict[str, Any]:
+def forwarding_report(ctx: StepContext, *, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """Make sure the source forwards (a door that could not be told at the commit), and count the requests that
-    still arrived at the old address since the commit."""
-    if section(ctx, "source") is None or not engaged(ctx):
+    still arrived at the old address since the commit.
+
+    With the source's `wait_forwarding`, wait until forwarding is no longer due first (the commit plus the records'
+    TTL plus `forward_margin`; a resumed finish waits only what is left), and count apart the requests that came
+    after the TTL had run out: clients or resolvers that keep an answer longer than its TTL, which a source taken
+    down at that moment would have failed."""
+    config = section(ctx, "source")
+    if config is None or not engaged(ctx):
         return {}
     front = door(ctx, "source")
     assert front is not None
     if not forward_to_target(ctx):
         raise StepError("the source's front door could not be pointed at the target: see the log line above")
     since = _saved_by(ctx, None, FORWARDED) or {}
+    until = forwarding_until(ctx)
+    report: dict[str, Any] = {"forwarded_to": since.get("to"), "forwarding_until": until}
+    if config.wait_forwarding and until is not None:
+        ttl_out = until - config.forward_margin
+        _wait_until(ctx, ttl_out, "the records' TTL runs out", sleep)
+        at_ttl = _count(ctx, front)
+        _wait_until(ctx, until, f"forward_margin {config.forward_margin:g} s more", sleep)
+        report["requests_after_ttl"] = max(_count(ctx, front) - at_ttl, 0)
+        report["forwarding_waited"] = True
+    now = _count(ctx, front)
+    report["requests_at_old_address"] = max(now - int(since.get("requests", now)), 0)
+    ctx.log.info(
+        "frontdoor.requests_at_old_address",
+        requests=report["requests_at_old_address"],
+        after_ttl=report.get("requests_after_ttl"),
+        forwarded_to=since.get("to"),
+        until=until,
+    )
+    return report
+
+
+def _count(ctx: StepContext, front: FrontDoor) -> int:
     try:
-        now = _requests(front)
+        return _requests(front)
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "reading its request count", exc) from None
-    arrived = max(now - int(since.get("requests", now)), 0)
-    until = forwarding_until(ctx)
-    ctx.log.info("frontdoor.requests_at_old_address", requests=arrived, forwarded_to=since.get("to"), until=until)
-    return {"requests_at_old_address": arrived, "forwarded_to": since.get("to"), "forwarding_until": until}
+
+
+def _wait_until(ctx: StepContext, moment: float, what: str, sleep: Callable[[float], None]) -> None:
+    """Sleep until `moment` (unix seconds, the orchestrator's clock), saying so once."""
+    left = moment - time.time()
+    if left <= 0:
+        return
+    ctx.log.info("frontdoor.forwarding_wait", until=_clock(moment), seconds=round(left, 1), until_what=what)
+    while (left := moment - time.time()) > 0:
+        sleep(min(left, 5.0))

@@ -711,6 +711,12 @@ class FrontDoorProxy(Strict):
         default=30.0,
         description="after the flip, forwarding is kept at least the records' TTL plus this margin",
     )
+    wait_forwarding: bool = Field(
+        default=False,
+        description="finish waits until forwarding is no longer due (the flip + the records' TTL + forward_margin) "
+        "and reports the requests that still arrived meanwhile, and after the TTL; false: finish reports at once "
+        "and says until when the old address must keep forwarding",
+    )
 
 
 class Proxy(Strict):
