@@ -41,7 +41,16 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FrontDoorProxy
 from orchestrator.results import DnsFlipResult
-from orchestrator.transports.haproxy import AdminSocketUnreachable, FrontDoor, HaproxyError, over_ssh, parse_info
+from orchestrator.transports.haproxy import (
+    HOLD_KEY,
+    HOLD_WRITES_KEY,
+    READ_METHODS,
+    AdminSocketUnreachable,
+    FrontDoor,
+    HaproxyError,
+    over_ssh,
+    parse_info,
+)
 
 Side = Literal["source", "target"]
 
@@ -126,8 +135,11 @@ def describe(ctx: StepContext, side: Side) -> list[str]:
         return []
     where = f"{config.frontend} → {config.backend}/{config.server}"
     if side == "source":
+        held = "new requests"
+        if config.hold == "writes":
+            held = f"new requests (in the replicate mode only writes: {', '.join(READ_METHODS)} go on to the source)"
         return [
-            f"the source's front door ({where}) holds new requests (they wait, none is refused) until the flip or "
+            f"the source's front door ({where}) holds {held} (they wait, none is refused) until the flip or "
             f"the budget + {HOLD_MARGIN:g} s; in-flight requests get {config.drain_timeout:g} s to finish",
             f"at the commit point it forwards to {config.forward_to.address}:{config.forward_to.port} and lets "
             "the held requests through; a rollback lets them through to the source",
@@ -138,8 +150,12 @@ def describe(ctx: StepContext, side: Side) -> list[str]:
 # --- the source: hold, drain, release -----------------------------------------------------------------------
 
 
-def hold_source(ctx: StepContext, blocked_at: float) -> None:
-    """Hold the source's requests until the budget (+ margin) runs out; then let in-flight requests finish."""
+def hold_source(ctx: StepContext, blocked_at: float, *, source_serves_reads: bool = False) -> None:
+    """Hold the source's requests until the budget (+ margin) runs out; then let in-flight requests finish.
+
+    `source_serves_reads`: the source database keeps serving reads through the window (the replicate mode's
+    read_only). With the plan's `hold: writes` only the requests that may write are held then, and reads go on to
+    the source; an HAProxy whose hold action cannot tell them apart holds everything (said in the log)."""
     front, config = door(ctx, "source"), section(ctx, "source")
     if front is None or config is None:
         return
@@ -147,8 +163,10 @@ def hold_source(ctx: StepContext, blocked_at: float) -> None:
     _point_at_own_app(ctx, "target")
     budget_left = rt.plan.cutover.max_write_block - (time.time() - blocked_at)
     seconds = max(budget_left + HOLD_MARGIN, MIN_HOLD)
-    ctx.save(SOURCE_HOLD, {"seconds": round(seconds, 3)})  # before: a crash still knows a hold may stand
     try:
+        writes_only = source_serves_reads and config.hold == "writes" and _can_hold_writes_only(ctx, front)
+        facts: dict[str, Any] = {"seconds": round(seconds, 3), "writes_only": writes_only}
+        ctx.save(SOURCE_HOLD, facts)  # before: a crash still knows a hold may stand
         server = front.server_state()
         if (server.address, server.port) != (config.app.address, config.app.port):
             raise StepError(
@@ -156,18 +174,39 @@ def hold_source(ctx: StepContext, blocked_at: float) -> None:
                 f"app {config.app.address}:{config.app.port} (proxy.source.app): not holding, the fence did not go up"
             )
         pid = _pid(front)
-        deadline = front.hold(seconds)
+        deadline = front.hold(seconds, writes_only=writes_only)
+        in_flight = front.at_server() if writes_only else set()
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "holding requests", exc) from None
-    ctx.save(SOURCE_HOLD, {"seconds": round(seconds, 3), "deadline": deadline, "pid": pid})
-    ctx.log.info("frontdoor.source_held", seconds=round(seconds, 3), deadline=deadline)
+    ctx.save(SOURCE_HOLD, {**facts, "deadline": deadline, "pid": pid})
+    ctx.log.info("frontdoor.source_held", seconds=round(seconds, 3), deadline=deadline, writes_only=writes_only)
     bound = min(config.drain_timeout, ctx.window.timeout() or config.drain_timeout) if config.drain_timeout else 0
     try:
-        drained = front.wait_drained(bound) if bound else True
+        if not bound:
+            drained = True
+        elif writes_only:  # reads go on: wait for the requests that were in flight when the hold began
+            drained = front.wait_finished(in_flight, bound)
+        else:
+            drained = front.wait_drained(bound)
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "waiting for in-flight requests", exc) from None
     # Not drained in time: those requests meet the fence (and the database lock) as they would without a door.
     ctx.log.info("frontdoor.source_drained", drained=drained, within_s=bound)
+
+
+def _can_hold_writes_only(ctx: StepContext, front: FrontDoor) -> bool:
+    if front.holds_writes_only():
+        return True
+    ctx.log.warning(
+        "frontdoor.holding_reads_too",
+        why=f"proxy.source.hold is 'writes', but the HAProxy hold action (or its map {front.hold_map}) cannot hold "
+        "writes alone: `frontdoor version` does not answer hold_writes, or the map has no hold_writes_until line",
+    )
+    return False
+
+
+def _hold_key(held: dict[str, Any]) -> str:
+    return HOLD_WRITES_KEY if held.get("writes_only") else HOLD_KEY
 
 
 def check_source_hold(ctx: StepContext) -> None:
@@ -178,7 +217,7 @@ def check_source_hold(ctx: StepContext) -> None:
     front = door(ctx, "source")
     assert front is not None
     try:
-        pid, until = _pid(front), front.held_until()
+        pid, until = _pid(front), front.held_until(_hold_key(held))
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "checking its hold", exc) from None
     if pid != held.get("pid"):
@@ -188,7 +227,8 @@ def check_source_hold(ctx: StepContext) -> None:
         )
     if abs(until - float(held["deadline"])) > 0.01:
         raise StepError(
-            f"the source's front door lost its hold (hold_until {held['deadline']} → {until} in {front.hold_map}): "
+            f"the source's front door lost its hold ({_hold_key(held)} {held['deadline']} → {until} in "
+            f"{front.hold_map}): "
             "something else changed it mid-window and requests may have reached the fenced source"
         )
 
@@ -200,7 +240,7 @@ def keep_holding_for_rollback(ctx: StepContext) -> None:
     front = door(ctx, "source")
     assert front is not None
     try:
-        deadline = front.hold(ROLLBACK_HOLD)
+        deadline = front.hold(ROLLBACK_HOLD, writes_only=bool(ctx.saved(SOURCE_HOLD).get("writes_only")))
     except (HaproxyError, ValueError) as exc:
         # Not fatal: held requests go on at the old deadline; nothing is lost (the fence refuses writes).
         ctx.log.warning("frontdoor.rollback_hold_failed", error=_said(ctx, "source", exc))

@@ -35,6 +35,7 @@ from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
 from orchestrator.frontdoor import SOURCE_HOLD
+from orchestrator.lab.load import REQUESTS_FILE
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import main_verify
 from orchestrator.transports import replication as repl
@@ -283,6 +284,23 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
     no_failed_requests(verify)
     assert verify.longest_write_stall_s is not None and verify.longest_write_stall_s <= window + 1.0
     assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
+    # Only writes were held (the lab plan's `hold: writes`): the source database serves reads through the window,
+    # and reads sent after the hold began were answered before the DNS flip began.
+    held_at = next(
+        float(ev["ts"]) for ev in events
+        if ev.get("event") == "step_saved" and ev.get("key") == SOURCE_HOLD and "deadline" in (ev.get("value") or {})
+    )  # fmt: skip
+    assert saved(journal, SOURCE_HOLD)[-1]["writes_only"] is True
+    flip_began = next(
+        float(ev["ts"]) for ev in events if ev.get("event") == "step_started" and ev["step"] == "dns_flip"
+    )
+    requests = [json.loads(line) for line in (load_dir / REQUESTS_FILE).read_text().splitlines()]
+    served = [
+        r
+        for r in requests
+        if r["kind"] == "reads" and r["ok"] and held_at < r["t"] < r["t"] + r["ms"] / 1000 < flip_began
+    ]
+    assert served, "no read was answered while the writes were held"
 
     # Replication is over on both sides: no replica, no master.info (it held the password), no tunnel; the old source
     # stays read-only (and fenced) as finish leaves it.

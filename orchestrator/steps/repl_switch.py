@@ -146,8 +146,9 @@ class ReplSwitch(Step):
             ctx.save(WRITES_BLOCKED_AT, blocked_at)
         ctx.save(SOURCE_READ_ONLY, True)
         ctx.window.begin(blocked_at)
-        # The front door holds new requests before the fence and read_only would refuse them (plan section `proxy`).
-        frontdoor.hold_source(ctx, blocked_at)
+        # The front door holds new requests before the fence and read_only would refuse them (plan section `proxy`);
+        # the source database goes on serving reads.
+        frontdoor.hold_source(ctx, blocked_at, source_serves_reads=True)
         return blocked_at
 
     def _fence(self, ctx: StepContext) -> None:
