@@ -2,11 +2,13 @@
 
 What the steps call, each a no-op when the plan has no front door for that host:
 
-- `hold_source(ctx, blocked_at)` (cut-over, before the fence): the source's HAProxy holds every new request until
-  what is left of `cutover.max_write_block` plus HOLD_MARGIN (a deadline on the HAProxy host's clock, journaled
-  before it is set), then in-flight requests get `drain_timeout` to finish. The fence still goes up behind it.
-- `keep_holding_for_rollback(ctx)` / `release_source(ctx)` (cut-over's undo): the hold is stretched while the
-  source database starts again and the fence is lifted, then released: held requests go to the source, none fails.
+- `hold_source(ctx, blocked_at)` (the step that begins the window, `cutover` or `repl_switch`, before the fence):
+  the source's HAProxy holds every new request until what is left of `cutover.max_write_block` plus HOLD_MARGIN (a
+  deadline on the HAProxy host's clock, journaled before it is set), then in-flight requests get `drain_timeout` to
+  finish. The fence still goes up behind it.
+- `keep_holding_for_rollback(ctx)` / `release_source(ctx)` (that step's undo, and between its tries when it lets
+  writes in): the hold is stretched while the source takes writes again (its database started or made writable,
+  its fence lifted), then released: held requests go to the source, none fails.
 - `before_flip(ctx)` (DNS flip, before any record moves): proves the source still holds (an HAProxy restarted
   mid-window forgot its hold: one line, rollback) and holds the target's door, for clients that follow the new
   records before the target's fence is lifted.
@@ -17,7 +19,9 @@ What the steps call, each a no-op when the plan has no front door for that host:
   source's door, which holds them until the source takes writes again) and releases.
 - `forwarding_report(ctx)` (finish, after its drain wait): makes sure the source forwards, counts the requests that
   still arrived at the old address since the commit, and says until when forwarding must stay (the commit plus the
-  records' TTL plus `forward_margin`): the door keeps forwarding after the run.
+  records' TTL plus `forward_margin`): the door keeps forwarding after the run. With `wait_forwarding` it waits
+  until then first, and also counts the requests that arrived after the records' TTL had run out (clients or
+  resolvers that keep an answer longer than its TTL).
 
 If migrate dies (kill -9) while requests are held, nothing is held forever: the hold is a deadline HAProxy's Lua
 action compares with its own clock, so at the deadline the held requests go on to the source's app (fenced: writes
@@ -30,13 +34,23 @@ import csv
 import io
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, Literal
 
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FrontDoorProxy
 from orchestrator.results import DnsFlipResult
-from orchestrator.transports.haproxy import AdminSocketUnreachable, FrontDoor, HaproxyError, over_ssh, parse_info
+from orchestrator.transports.haproxy import (
+    HOLD_KEY,
+    HOLD_WRITES_KEY,
+    READ_METHODS,
+    AdminSocketUnreachable,
+    FrontDoor,
+    HaproxyError,
+    over_ssh,
+    parse_info,
+)
 
 Side = Literal["source", "target"]
 
@@ -121,8 +135,11 @@ def describe(ctx: StepContext, side: Side) -> list[str]:
         return []
     where = f"{config.frontend} → {config.backend}/{config.server}"
     if side == "source":
+        held = "new requests"
+        if config.hold == "writes":
+            held = f"new requests (in the replicate mode only writes: {', '.join(READ_METHODS)} go on to the source)"
         return [
-            f"the source's front door ({where}) holds new requests (they wait, none is refused) until the flip or "
+            f"the source's front door ({where}) holds {held} (they wait, none is refused) until the flip or "
             f"the budget + {HOLD_MARGIN:g} s; in-flight requests get {config.drain_timeout:g} s to finish",
             f"at the commit point it forwards to {config.forward_to.address}:{config.forward_to.port} and lets "
             "the held requests through; a rollback lets them through to the source",
@@ -133,8 +150,12 @@ def describe(ctx: StepContext, side: Side) -> list[str]:
 # --- the source: hold, drain, release -----------------------------------------------------------------------
 
 
-def hold_source(ctx: StepContext, blocked_at: float) -> None:
-    """Hold the source's requests until the budget (+ margin) runs out; then let in-flight requests finish."""
+def hold_source(ctx: StepContext, blocked_at: float, *, source_serves_reads: bool = False) -> None:
+    """Hold the source's requests until the budget (+ margin) runs out; then let in-flight requests finish.
+
+    `source_serves_reads`: the source database keeps serving reads through the window (the replicate mode's
+    read_only). With the plan's `hold: writes` only the requests that may write are held then, and reads go on to
+    the source; an HAProxy whose hold action cannot tell them apart holds everything (said in the log)."""
     front, config = door(ctx, "source"), section(ctx, "source")
     if front is None or config is None:
         return
@@ -142,8 +163,10 @@ def hold_source(ctx: StepContext, blocked_at: float) -> None:
     _point_at_own_app(ctx, "target")
     budget_left = rt.plan.cutover.max_write_block - (time.time() - blocked_at)
     seconds = max(budget_left + HOLD_MARGIN, MIN_HOLD)
-    ctx.save(SOURCE_HOLD, {"seconds": round(seconds, 3)})  # before: a crash still knows a hold may stand
     try:
+        writes_only = source_serves_reads and config.hold == "writes" and _can_hold_writes_only(ctx, front)
+        facts: dict[str, Any] = {"seconds": round(seconds, 3), "writes_only": writes_only}
+        ctx.save(SOURCE_HOLD, facts)  # before: a crash still knows a hold may stand
         server = front.server_state()
         if (server.address, server.port) != (config.app.address, config.app.port):
             raise StepError(
@@ -151,29 +174,50 @@ def hold_source(ctx: StepContext, blocked_at: float) -> None:
                 f"app {config.app.address}:{config.app.port} (proxy.source.app): not holding, the fence did not go up"
             )
         pid = _pid(front)
-        deadline = front.hold(seconds)
+        deadline = front.hold(seconds, writes_only=writes_only)
+        in_flight = front.at_server() if writes_only else set()
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "holding requests", exc) from None
-    ctx.save(SOURCE_HOLD, {"seconds": round(seconds, 3), "deadline": deadline, "pid": pid})
-    ctx.log.info("frontdoor.source_held", seconds=round(seconds, 3), deadline=deadline)
+    ctx.save(SOURCE_HOLD, {**facts, "deadline": deadline, "pid": pid})
+    ctx.log.info("frontdoor.source_held", seconds=round(seconds, 3), deadline=deadline, writes_only=writes_only)
     bound = min(config.drain_timeout, ctx.window.timeout() or config.drain_timeout) if config.drain_timeout else 0
     try:
-        drained = front.wait_drained(bound) if bound else True
+        if not bound:
+            drained = True
+        elif writes_only:  # reads go on: wait for the requests that were in flight when the hold began
+            drained = front.wait_finished(in_flight, bound)
+        else:
+            drained = front.wait_drained(bound)
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "waiting for in-flight requests", exc) from None
     # Not drained in time: those requests meet the fence (and the database lock) as they would without a door.
     ctx.log.info("frontdoor.source_drained", drained=drained, within_s=bound)
 
 
+def _can_hold_writes_only(ctx: StepContext, front: FrontDoor) -> bool:
+    if front.holds_writes_only():
+        return True
+    ctx.log.warning(
+        "frontdoor.holding_reads_too",
+        why=f"proxy.source.hold is 'writes', but the HAProxy hold action (or its map {front.hold_map}) cannot hold "
+        "writes alone: `frontdoor version` does not answer hold_writes, or the map has no hold_writes_until line",
+    )
+    return False
+
+
+def _hold_key(held: dict[str, Any]) -> str:
+    return HOLD_WRITES_KEY if held.get("writes_only") else HOLD_KEY
+
+
 def check_source_hold(ctx: StepContext) -> None:
     """The source still holds what the cut-over held: an HAProxy restarted mid-window lost the hold."""
-    held = _saved_by(ctx, "cutover", SOURCE_HOLD)
+    held = _saved_by(ctx, None, SOURCE_HOLD)  # the window's first step (cut-over or switch) journaled it
     if section(ctx, "source") is None or not held or "deadline" not in held:
         return
     front = door(ctx, "source")
     assert front is not None
     try:
-        pid, until = _pid(front), front.held_until()
+        pid, until = _pid(front), front.held_until(_hold_key(held))
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "checking its hold", exc) from None
     if pid != held.get("pid"):
@@ -183,7 +227,8 @@ def check_source_hold(ctx: StepContext) -> None:
         )
     if abs(until - float(held["deadline"])) > 0.01:
         raise StepError(
-            f"the source's front door lost its hold (hold_until {held['deadline']} → {until} in {front.hold_map}): "
+            f"the source's front door lost its hold ({_hold_key(held)} {held['deadline']} → {until} in "
+            f"{front.hold_map}): "
             "something else changed it mid-window and requests may have reached the fenced source"
         )
 
@@ -195,7 +240,7 @@ def keep_holding_for_rollback(ctx: StepContext) -> None:
     front = door(ctx, "source")
     assert front is not None
     try:
-        deadline = front.hold(ROLLBACK_HOLD)
+        deadline = front.hold(ROLLBACK_HOLD, writes_only=bool(ctx.saved(SOURCE_HOLD).get("writes_only")))
     except (HaproxyError, ValueError) as exc:
         # Not fatal: held requests go on at the old deadline; nothing is lost (the fence refuses writes).
         ctx.log.warning("frontdoor.rollback_hold_failed", error=_said(ctx, "source", exc))
@@ -359,21 +404,55 @@ def forwarding_until(ctx: StepContext) -> float | None:
     return round(float(flip.flipped_at) + ttl + config.forward_margin, 3)
 
 
-def forwarding_report(ctx: StepContext) -> dict[str, Any]:
+def forwarding_report(ctx: StepContext, *, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """Make sure the source forwards (a door that could not be told at the commit), and count the requests that
-    still arrived at the old address since the commit."""
-    if section(ctx, "source") is None or not engaged(ctx):
+    still arrived at the old address since the commit.
+
+    With the source's `wait_forwarding`, wait until forwarding is no longer due first (the commit plus the records'
+    TTL plus `forward_margin`; a resumed finish waits only what is left), and count apart the requests that came
+    after the TTL had run out: clients or resolvers that keep an answer longer than its TTL, which a source taken
+    down at that moment would have failed."""
+    config = section(ctx, "source")
+    if config is None or not engaged(ctx):
         return {}
     front = door(ctx, "source")
     assert front is not None
     if not forward_to_target(ctx):
         raise StepError("the source's front door could not be pointed at the target: see the log line above")
     since = _saved_by(ctx, None, FORWARDED) or {}
+    until = forwarding_until(ctx)
+    report: dict[str, Any] = {"forwarded_to": since.get("to"), "forwarding_until": until}
+    if config.wait_forwarding and until is not None:
+        ttl_out = until - config.forward_margin
+        _wait_until(ctx, ttl_out, "the records' TTL runs out", sleep)
+        at_ttl = _count(ctx, front)
+        _wait_until(ctx, until, f"forward_margin {config.forward_margin:g} s more", sleep)
+        report["requests_after_ttl"] = max(_count(ctx, front) - at_ttl, 0)
+        report["forwarding_waited"] = True
+    now = _count(ctx, front)
+    report["requests_at_old_address"] = max(now - int(since.get("requests", now)), 0)
+    ctx.log.info(
+        "frontdoor.requests_at_old_address",
+        requests=report["requests_at_old_address"],
+        after_ttl=report.get("requests_after_ttl"),
+        forwarded_to=since.get("to"),
+        until=until,
+    )
+    return report
+
+
+def _count(ctx: StepContext, front: FrontDoor) -> int:
     try:
-        now = _requests(front)
+        return _requests(front)
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "reading its request count", exc) from None
-    arrived = max(now - int(since.get("requests", now)), 0)
-    until = forwarding_until(ctx)
-    ctx.log.info("frontdoor.requests_at_old_address", requests=arrived, forwarded_to=since.get("to"), until=until)
-    return {"requests_at_old_address": arrived, "forwarded_to": since.get("to"), "forwarding_until": until}
+
+
+def _wait_until(ctx: StepContext, moment: float, what: str, sleep: Callable[[float], None]) -> None:
+    """Sleep until `moment` (unix seconds, the orchestrator's clock), saying so once."""
+    left = moment - time.time()
+    if left <= 0:
+        return
+    ctx.log.info("frontdoor.forwarding_wait", until=_clock(moment), seconds=round(left, 1), until_what=what)
+    while (left := moment - time.time()) > 0:
+        sleep(min(left, 5.0))

@@ -255,6 +255,10 @@ class FinishResult(Contract):
     requests_at_old_address: int | None = None
     forwarded_to: str | None = None
     forwarding_until: float | None = None
+    # With proxy.source.wait_forwarding: finish waited until forwarding_until; the requests that arrived after the
+    # records' TTL had run out (clients or resolvers keeping an answer longer than its TTL).
+    forwarding_waited: bool = False
+    requests_after_ttl: int | None = None
 
 
 # Each step's result model, by step name (what the report reads).

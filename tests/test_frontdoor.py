@@ -1,13 +1,20 @@
 """The plan's `proxy` section (the front doors): what it accepts, every mistake one `file:line:col` line, the JSON
-Schema, the reverse plan swapping the doors, and the example plan's commented section being a valid one."""
+Schema, the reverse plan swapping the doors, and the example plan's commented section being a valid one; what
+finish reports of the forwarding, waiting for it when the plan asks."""
 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from orchestrator import frontdoor
+from orchestrator.engine.step import StepContext
+from orchestrator.frontdoor import FORWARDED, SOURCE_HOLD
 from orchestrator.plan.loader import PlanError, load_plan, plan_json_schema
 from tests.test_plan import EXAMPLE, SMALL_PLAN
 
@@ -129,3 +136,78 @@ def test_the_example_plans_commented_front_doors_are_valid(tmp_path: Path) -> No
     path.write_text(enabled)
     proxy = load_plan(path).plan.proxy
     assert proxy is not None and proxy.source is not None and proxy.source.forward_to.address == "203.0.113.20"
+
+
+# --- finish: the forwarding's figures, waited for when the plan asks -----------------------------------------------
+
+
+class CountingDoor:
+    """The source's door as finish reads it: `show stat` whose frontend counter grows by `step` each time it is
+    read; repointing and releasing are recorded."""
+
+    frontend = "shop_front"
+
+    def __init__(self, start: int, step: int) -> None:
+        self.total = start
+        self.step = step
+        self.actions: list[str] = []
+
+    def ask(self, command: str) -> str:
+        assert command == "show stat"
+        self.total += self.step
+        return f"# pxname,svname,req_tot\nshop_front,FRONTEND,{self.total}\n"
+
+    def repoint(self, address: str, port: int) -> None:
+        self.actions.append(f"repoint {address}:{port}")
+
+    def release(self) -> None:
+        self.actions.append("release")
+
+
+class QuietLog:
+    def __getattr__(self, _level: str) -> Any:
+        return lambda *_args, **_kwargs: None
+
+
+def finish_ctx(tmp_path: Path, door_text: str, flipped_at: float, ttl: int) -> StepContext:
+    plan = load_plan(plan_file(tmp_path, door_text)).plan
+    history = [
+        {"event": "run_started"},
+        {"event": "step_saved", "step": "repl_switch", "key": SOURCE_HOLD, "value": {"deadline": 1.0}},
+        {"event": "step_saved", "step": "dns_flip", "key": FORWARDED,
+         "value": {"to": "203.0.113.20:80", "requests": 100}},
+    ]  # fmt: skip
+    flip = {"flipped_at": flipped_at, "old": [{"id": "r1", "name": "www", "content": "203.0.113.10", "ttl": ttl}]}
+    return StepContext(
+        run_id="r", step="finish", dry_run=False, rt=SimpleNamespace(plan=plan), log=QuietLog(),
+        _outputs={"dns_flip": flip}, _history=lambda: history,
+    )  # fmt: skip
+
+
+def test_finish_reports_at_once_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    front = CountingDoor(start=130, step=0)
+    monkeypatch.setattr(frontdoor, "door", lambda _ctx, side: front if side == "source" else None)
+    flipped = time.time()
+    slept: list[float] = []
+    report = frontdoor.forwarding_report(finish_ctx(tmp_path, DOOR, flipped, 60), sleep=slept.append)
+    assert slept == []
+    assert report["requests_at_old_address"] == 30 and report["forwarded_to"] == "203.0.113.20:80"
+    assert report["forwarding_until"] == round(flipped + 60 + 30, 3)
+    assert "requests_after_ttl" not in report
+    # The door is (still) pointed at the target and lets requests through.
+    assert front.actions == ["repoint 203.0.113.20:80", "release"]
+
+
+def test_finish_waits_until_forwarding_is_no_longer_due(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    front = CountingDoor(start=100, step=7)
+    monkeypatch.setattr(frontdoor, "door", lambda _ctx, side: front if side == "source" else None)
+    door_text = DOOR.replace("    forward_to: {address: 203.0.113.20, port: 80}\n",
+                             "    forward_to: {address: 203.0.113.20, port: 80}\n"
+                             "    forward_margin: 0.4\n    wait_forwarding: true\n", 1)  # fmt: skip
+    flipped = time.time() - 30 + 0.3  # the records' TTL (30 s) runs out in 0.3 s, forwarding is due 0.4 s more
+    report = frontdoor.forwarding_report(finish_ctx(tmp_path, door_text, flipped, 30))
+    assert time.time() >= report["forwarding_until"] == round(flipped + 30 + 0.4, 3)
+    assert report["forwarding_waited"] is True
+    # Read once when the TTL ran out, once when forwarding was no longer due, once for the total.
+    assert report["requests_after_ttl"] == 7
+    assert report["requests_at_old_address"] == front.total - 100

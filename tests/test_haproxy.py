@@ -59,6 +59,7 @@ SHOW_SERVERS_STATE = (
 )
 
 SHOW_MAP = "0x55f8fafedb10 hold_until 0\n\n"
+UNKNOWN_COMMAND = "Unknown command, but maybe one of the following ones is a better match:\n  help\n\n"
 
 SHOW_INFO = (
     "Name: HAProxy\nVersion: 2.6.12-1+deb12u4\nRelease_date: 2026/10/17\nNbthread: 2\nNbproc: 1\nProcess_n"
@@ -113,6 +114,8 @@ def test_show_sess_tells_held_requests_from_the_cli_itself() -> None:
     streams = parse_sessions(SHOW_SESS)
     assert [(s.frontend, s.backend) for s in streams] == [("app_front", "<NONE>"), ("GLOBAL", "<NONE>")]
     assert streams[0].age == "1s"
+    # Each stream is named by its address and the `show sess` epoch it was created in.
+    assert (streams[0].id, streams[0].epoch) == ("0x55752dac46f0", "0x2")
 
 
 def test_show_map_and_info() -> None:
@@ -146,6 +149,11 @@ def test_hold_lua_names_its_map_and_action() -> None:
     assert 'Map.new("/srv/haproxy/frontdoor.map"' in text
     assert 'core.register_action("frontdoor_hold"' in text
     assert "local max_hold_s = 75.0" in text
+    # Writes alone: every method but the reads waits while hold_writes_until is in the future, and the action says
+    # it can on the admin socket.
+    assert "local reads = { GET = true, HEAD = true, OPTIONS = true }" in text
+    assert 'held_until("hold_writes_until")' in text and "txn.sf:method()" in text
+    assert 'core.register_cli({ "frontdoor", "version" }' in text and 'applet:send("hold_writes\\n")' in text
 
 
 # --- the admin socket itself (real unix sockets) ---------------------------------------------------------------
@@ -207,6 +215,30 @@ def test_hold_sets_a_deadline_on_the_host_clock(admin: FakeAdminSocket) -> None:
     deadline = door(admin.path).hold(30)
     assert deadline == round(host_clock(SHOW_ACTIVITY) + 30, 3)
     assert admin.commands[-1] == f"set map /m.map hold_until {deadline}"
+
+
+def test_writes_alone_are_held_only_when_the_action_says_it_can(admin: FakeAdminSocket) -> None:
+    front = door(admin.path)
+    admin.answers["frontdoor version"] = UNKNOWN_COMMAND
+    assert not front.holds_writes_only()  # an older hold action
+    admin.answers["frontdoor version"] = "hold_writes\n\n"
+    assert not front.holds_writes_only()  # the action can, but its map has no hold_writes_until line
+    admin.answers["show map"] = "0x55f8fafedb10 hold_until 0\n0x55f8fafedb40 hold_writes_until 0\n\n"
+    assert front.holds_writes_only()
+    deadline = front.hold(30, writes_only=True)
+    assert admin.commands[-1] == f"set map /m.map hold_writes_until {deadline}"
+
+
+def test_release_clears_a_hold_of_the_writes_too(admin: FakeAdminSocket) -> None:
+    front = door(admin.path)
+    front.release()
+    assert [c for c in admin.commands if c.startswith("set map")] == ["set map /m.map hold_until 0"]
+    admin.answers["show map"] = "0x55f8fafedb10 hold_until 0\n0x55f8fafedb40 hold_writes_until 1795437201.5\n\n"
+    front.release()
+    assert [c for c in admin.commands if c.startswith("set map")][-2:] == [
+        "set map /m.map hold_until 0",
+        "set map /m.map hold_writes_until 0",
+    ]
 
 
 def test_state_combines_stat_map_info_and_server(admin: FakeAdminSocket) -> None:

@@ -136,6 +136,27 @@ def test_held_requests_wait_then_all_complete_on_release(lab: LabState, source_d
     assert stored.strip() == str(len(ids))
 
 
+def test_a_hold_of_the_writes_lets_reads_through(lab: LabState, source_door: FrontDoor) -> None:
+    assert source_door.holds_writes_only()  # the lab's action and map can
+    tag = uuid.uuid4().hex[:8]
+    source_door.hold(EVENT_TIMEOUT * 2, writes_only=True)
+    clients = Clients()
+    review_id, body = review(tag, 0)
+    clients.send(lambda: call(lab.source, "POST", "/reviews", body))
+    wait_for(lambda: source_door.held_requests() == 1, "the write held")
+    # Reads are answered while the write waits.
+    assert call(lab.source, "GET", "/healthz").status == 200
+    assert call(lab.source, "GET", "/reviews?limit=1").status == 200
+    assert clients.answers == [] and source_door.held_requests() == 1
+
+    source_door.release()
+    answers = clients.join()
+    assert [a.status if isinstance(a, Answer) else a for a in answers] == [201]
+    assert source_door.held_until(haproxy.HOLD_WRITES_KEY) == 0
+    stored = run_sql(lab.source, f"SELECT COUNT(*) FROM reviews WHERE id = '{review_id}';", database=lab.db_name)
+    assert stored.strip() == "1"
+
+
 def test_a_hold_nobody_releases_ends_by_itself_and_the_held_requests_complete(
     lab: LabState, source_door: FrontDoor
 ) -> None:

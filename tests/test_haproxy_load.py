@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from orchestrator.lab.load import (
+    HTTP_TIMEOUT,
     LoadStats,
     cause_of,
+    default_http_timeout,
     journal_window,
     latency_figures,
     request_figures,
@@ -98,3 +101,14 @@ def test_summary_keeps_its_figures_and_adds_failures_and_latency() -> None:
     # stats.json read back (verify reads it) keeps the new fields.
     again = LoadStats.from_json(json.loads(json.dumps(stats.to_json())))
     assert again.requests_failed == stats.requests_failed and again.latency == stats.latency
+
+
+def test_clients_wait_longer_than_the_lab_plans_budget_by_default(tmp_path: Path) -> None:
+    """The front door holds requests up to the budget (+ a margin): the lab's clients must not give up before."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: lab\ncutover:\n  max_write_block: 60\n")
+    assert default_http_timeout(SimpleNamespace(plan_file=plan)) > 60 + 5  # type: ignore[arg-type]
+    plan.write_text("name: lab\n")  # the model's default budget, 120 s
+    assert default_http_timeout(SimpleNamespace(plan_file=plan)) > 120 + 5  # type: ignore[arg-type]
+    # No readable plan: the plain default.
+    assert default_http_timeout(SimpleNamespace(plan_file=tmp_path / "absent.yaml")) == HTTP_TIMEOUT  # type: ignore[arg-type]

@@ -1,10 +1,13 @@
 """The replicate cut-over on the lab, through `migrate apply` as an operator runs it.
 
-Success under `migrate lab load` (clients caching DNS, so some keep talking to the old server after the flip):
-nothing acknowledged is lost, replication is torn down on both sides at the end. Failures, each breaking one
-thing: a replica error before the window, a replica that never catches up (bounded wait), a difference planted on
-the replica, kill -9 during the seed and inside the window. Each failure before the window rolls back to a source
-that never stopped serving (never fenced, never read-only); each kill resumes to a completed run with 0 lost.
+Success under `migrate lab load` (clients caching DNS for 5 s, so some keep talking to the old server after the
+flip): nothing acknowledged is lost, no request fails (the front door holds them through the window and forwards
+the stale-DNS clients to the target), the longest write stall stays within the window + 1 s, replication is torn
+down on both sides at the end. The budget spent while the front door holds: a rollback, and still no request
+fails. Failures, each breaking one thing: a replica error before the window, a replica that never catches up
+(bounded wait), a difference planted on the replica, kill -9 during the seed and inside the window. Each failure
+before the window rolls back to a source that never stopped serving (never fenced, never read-only); each kill
+resumes to a completed run with 0 lost.
 
 Faults are planted by the plan's own hooks (a `before-step` hook fires at a known point of the run), so nothing
 here waits on timing. Every test starts and ends with the source live and writable, no replication, no tunnel.
@@ -31,6 +34,8 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
+from orchestrator.frontdoor import SOURCE_HOLD
+from orchestrator.lab.load import REQUESTS_FILE
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import main_verify
 from orchestrator.transports import replication as repl
@@ -46,6 +51,16 @@ from tests.test_e2e import (
     run_report,
     start_load,
 )
+from tests.test_frontdoor_e2e import (
+    CLIENT_DNS_CACHE,
+    journal_of,
+    no_failed_requests,
+    requests_sent,
+    saved,
+    stop_load,
+    wait_for,
+)
+from tests.test_frontdoor_e2e import start_load as start_door_load
 
 pytestmark = pytest.mark.lab
 
@@ -214,11 +229,14 @@ def assert_rolled_back_before_the_window(state: LabState, plan: Path, result: su
 # --- success under load -----------------------------------------------------------------------------------------
 
 
-def test_replicate_under_load_loses_nothing_and_tears_replication_down(live: LabState, tmp_path: Path) -> None:
+def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replication_down(
+    live: LabState, tmp_path: Path
+) -> None:
     state = live
     plan = replicate_plan(state, "repl")
+    journal = journal_of(state, plan)
     load_dir = tmp_path / "load"
-    load = start_load(state, load_dir, 300)
+    load = start_door_load(state, load_dir, journal)
     try:
         acks = load_dir / "acks.jsonl"
         deadline = time.monotonic() + 60
@@ -226,12 +244,12 @@ def test_replicate_under_load_loses_nothing_and_tears_replication_down(live: Lab
             time.sleep(0.05)  # writes flowing to the source before the migration begins
         result = migrate_apply(state, plan, timeout=TIMEOUT)
         assert result.returncode == exit_codes.OK, outcome(result)
-        # Clients with a cached answer reach the (fenced, read-only) source until their cache expires, then move.
-        time.sleep(DNS_TTL + 2)
+        # Clients with a cached answer reach the old address until their cache expires: its front door forwards them.
+        flipped = requests_sent(load_dir)
+        time.sleep(CLIENT_DNS_CACHE + 1)
+        wait_for(lambda: requests_sent(load_dir) > flipped + 20, "requests after the caches expired")
     finally:
-        load.send_signal(signal.SIGTERM)
-        load_output, _ = load.communicate(timeout=60)
-    print(load_output)
+        stop_load(load)
 
     assert dns_contents(state) == {name: state.target.address for name in state.records}
     report = run_report(state, plan_name(plan))
@@ -246,17 +264,43 @@ def test_replicate_under_load_loses_nothing_and_tears_replication_down(live: Lab
         repl.GtidPosition.parse(switch["final_gtid"]), repl.GtidPosition.parse(switch["executed_gtid"])
     )
 
-    verify = main_verify(state, host="target", load_dir=load_dir)
+    verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
+    assert verify.window is not None
+    window = float(verify.window["to"]) - float(verify.window["from"])
     print(
-        f"replicate: writes blocked (report) {report['write_block_seconds']} s; switch {switch.get('switch_seconds')} s"
-        f" (read_only {switch.get('read_only_seconds')} s, wait {switch.get('wait_seconds')} s); longest write stall "
-        f"{verify.longest_write_stall_s} s; failed write attempts {verify.write_attempts_failed}; steps "
+        f"replicate: window {window:.2f} s, writes blocked (report) {report['write_block_seconds']} s; switch "
+        f"{switch.get('switch_seconds')} s (read_only {switch.get('read_only_seconds')} s, wait "
+        f"{switch.get('wait_seconds')} s); longest write stall {verify.longest_write_stall_s} s; failed "
+        f"{verify.requests_failed}; latency {verify.latency}; steps "
         f"{[(step['name'], step['duration']) for step in report['steps']]}"
     )
     assert verify.error is None, verify.error
     assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
     assert verify.acknowledged_lost == 0, verify.lost
+    # The front door held the requests of the window (none refused by the fence or read_only) and forwarded to the
+    # target every client whose DNS cache still held the old address: no request failed, and the DNS cache does
+    # not add to the longest write stall.
+    assert [v for v in saved(journal, SOURCE_HOLD) if v and "deadline" in v], "the source's front door never held"
+    no_failed_requests(verify)
+    assert verify.longest_write_stall_s is not None and verify.longest_write_stall_s <= window + 1.0
     assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
+    # Only writes were held (the lab plan's `hold: writes`): the source database serves reads through the window,
+    # and reads sent after the hold began were answered before the DNS flip began.
+    held_at = next(
+        float(ev["ts"]) for ev in events
+        if ev.get("event") == "step_saved" and ev.get("key") == SOURCE_HOLD and "deadline" in (ev.get("value") or {})
+    )  # fmt: skip
+    assert saved(journal, SOURCE_HOLD)[-1]["writes_only"] is True
+    flip_began = next(
+        float(ev["ts"]) for ev in events if ev.get("event") == "step_started" and ev["step"] == "dns_flip"
+    )
+    requests = [json.loads(line) for line in (load_dir / REQUESTS_FILE).read_text().splitlines()]
+    served = [
+        r
+        for r in requests
+        if r["kind"] == "reads" and r["ok"] and held_at < r["t"] < r["t"] + r["ms"] / 1000 < flip_began
+    ]
+    assert served, "no read was answered while the writes were held"
 
     # Replication is over on both sides: no replica, no master.info (it held the password), no tunnel; the old source
     # stays read-only (and fenced) as finish leaves it.
@@ -438,3 +482,45 @@ def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_
     assert verify.error is None, verify.error
     assert verify.reviews_acknowledged > 0
     assert verify.acknowledged_lost == 0, verify.lost
+
+
+def test_budget_spent_while_the_front_door_holds_rolls_back_and_no_request_fails(
+    live: LabState, tmp_path: Path
+) -> None:
+    """Inside the window (the source read-only and fenced, its front door holding, the target promoted) the budget
+    runs out: the rollback keeps holding until the source takes writes again, then lets the held requests through to
+    it. Under load: 0 failed requests, 0 lost."""
+    state = live
+    budget = 3.0
+    plan = replicate_plan(
+        state, "repldoorbudget", {"before-step": on_step("files_final", f"sleep {budget + 1:g}\n")},
+        mode="replicate", compare=False, max_write_block=budget,
+    )  # fmt: skip
+    journal = journal_of(state, plan)
+    load_dir = tmp_path / "load"
+    load = start_door_load(state, load_dir, journal)
+    try:
+        wait_for(lambda: requests_sent(load_dir) > 20, "requests flowing to the source before the migration")
+        result = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert result.returncode == exit_codes.FAILED, outcome(result)
+        assert "cutover.max_write_block" in result.stdout + result.stderr, outcome(result)
+        assert "rolled back" in result.stdout + result.stderr, outcome(result)
+        after = requests_sent(load_dir)
+        wait_for(lambda: requests_sent(load_dir) > after + 20, "requests after the rollback")
+    finally:
+        stop_load(load)
+
+    events = journal_events(state, plan)
+    assert any(ev.get("event") == "step_completed" and ev.get("step") == "repl_switch" for ev in events)
+    held = saved(journal, SOURCE_HOLD)
+    assert [v for v in held if v and "deadline" in v], "the source's front door never held"
+    assert held[-1] is None, "the rollback did not release the hold"
+    writable, status = source_is_plain_and_writable(state)
+    assert writable and status is None
+    assert_source_serves_and_dns_unchanged(state)
+    verify = main_verify(state, host="source", load_dir=load_dir, journal=journal)
+    print(f"replicate rollback: window {verify.window}, failed {verify.requests_failed}, latency {verify.latency}")
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    no_failed_requests(verify)

@@ -130,7 +130,12 @@ def load(
     journal: Path | None = typer.Option(
         None, "--journal", help="the migrate journal of the run under this load: latency inside its window"
     ),
-    http_timeout: float = typer.Option(5.0, "--http-timeout", help="seconds a client waits for an answer"),
+    http_timeout: float | None = typer.Option(
+        None,
+        "--http-timeout",
+        help="seconds a client waits for an answer (default: the lab plan's cutover.max_write_block + 30 s: longer "
+        "than the front door holds requests)",
+    ),
 ) -> None:
     """Clients that find the service through DNS and write, upload and read while it moves."""
     if not (
@@ -140,7 +145,7 @@ def load(
         and dns_ttl >= 0
         and upload_every >= 0
         and overwrite_every >= 0
-        and http_timeout > 0
+        and (http_timeout is None or http_timeout > 0)
     ):
         _refuse(
             "lab load: --rate, --clients and --http-timeout must be positive;"

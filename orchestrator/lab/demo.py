@@ -27,11 +27,11 @@ def migrate(*args: str) -> int:
     return subprocess.call([sys.executable, "-m", "orchestrator.cli", *args])
 
 
-def front_door_options(state: LabState) -> list[str]:
-    """Clients wait longer than the plan's write-block budget (the front door holds requests, it does not refuse
-    them), and the migrate journal gives the figures inside the window."""
+def journal_options(state: LabState) -> list[str]:
+    """The migrate journal gives the figures inside the window. (The clients wait longer than the plan's
+    write-block budget by default: the front door holds requests, it does not refuse them.)"""
     journal = state.path / ".migrate" / planfile.PLAN_NAME / "journal.jsonl"
-    return ["--http-timeout", "90", "--journal", str(journal)]
+    return ["--journal", str(journal)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             str(args.rate),
             "--dns-ttl",
             str(args.dns_ttl),
-            *front_door_options(state),
+            *journal_options(state),
         ],
     )
     try:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             str(lab_dir),
             "--json",
             str(clients_file),
-            *front_door_options(state)[2:],
+            *journal_options(state),
         ]
     )
     migrate("status", plan)
@@ -123,7 +123,10 @@ def say_report(plan: str, clients_file: Path) -> None:
         clients = json.loads(clients_file.read_text())
     except (OSError, ValueError):
         return
+    window = clients.get("window") or {}
+    span = round(window["to"] - window["from"], 2) if "to" in window and "from" in window else None
     figures = [
+        f"window (writes blocked → DNS flipped) {_figure(span, ' s')}",
         f"longest write stall {_figure(clients.get('longest_write_stall_s'), ' s')}",
         f"failed writes {_figure(clients.get('write_attempts_failed'))}",
         f"failed reads {_figure(clients.get('reads_failed'))}",

@@ -23,6 +23,7 @@ The plan section proposed for a front door (one per host; absent: today's fence 
         hold_map: /etc/haproxy/frontdoor.map        # the map the frontdoor_hold Lua action reads
         forward_to: {address: 127.0.0.3, port: 8080}  # default: the target's address and the clients' port
         drain_timeout: 5                            # seconds in-flight requests get to finish after the hold
+        hold: writes                                # replicate mode: GET/HEAD/OPTIONS go on to the source
       target: {kind: haproxy, ...}                  # the same keys: holds new-DNS clients until its fence lifts
 """
 
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from orchestrator.lab import procs
 from orchestrator.lab.state import HostState
-from orchestrator.transports.haproxy import FrontDoor, HaproxyError, hold_lua, unix_socket
+from orchestrator.transports.haproxy import HOLD_KEY, HOLD_WRITES_KEY, FrontDoor, HaproxyError, hold_lua, unix_socket
 
 FRONTEND = "app_front"
 BACKEND = "app_backend"
@@ -113,7 +114,7 @@ def write_config(host: HostState) -> Path:
     host.log_dir.mkdir(parents=True, exist_ok=True)
     lua_file(host).write_text(hold_lua(str(map_file(host)), max_hold_s=MAX_HOLD_S))
     # A (re)started front door never begins holding: runtime changes of the map are not written back to it.
-    map_file(host).write_text("hold_until 0\n")
+    map_file(host).write_text(f"{HOLD_KEY} 0\n{HOLD_WRITES_KEY} 0\n")
     path = config_file(host)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(config_text(host))

@@ -42,8 +42,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
 from orchestrator.lab.app import review_digest
 from orchestrator.lab.state import LabState
+from orchestrator.plan.model import Cutover
 
 ACKS_FILE = "acks.jsonl"
 STATS_FILE = "stats.json"
@@ -52,6 +56,9 @@ REQUESTS_FILE = "requests.jsonl"
 CAUSES = ("refused", "fenced", "timeout", "other")
 REQUEST_KINDS = ("reads", "writes")
 HTTP_TIMEOUT = 5.0
+# A client waits longer than any hold of a run that keeps to its budget: the lab plan's cutover.max_write_block,
+# plus the hold's margin past it and the time a rollback takes to let the held requests through to the source.
+HOLD_WAIT_MARGIN = 30.0
 DNS_TIMEOUT = 3.0
 # Pause between retries of an unacknowledged write: fast enough to notice the target within a fraction of a
 # second, slow enough not to flood a server that is refusing writes.
@@ -603,6 +610,17 @@ class Client:
             self.recorder.read(address, ok=False, missing=answer.status == 404)
 
 
+def default_http_timeout(state: LabState) -> float:
+    """How long a client waits for an answer unless told: longer than the lab plan's write-block budget (the front
+    door holds requests that long, it does not refuse them), never less than HTTP_TIMEOUT."""
+    try:
+        data = YAML(typ="safe").load(state.plan_file.read_text())
+        budget = float((data.get("cutover") or {}).get("max_write_block", Cutover().max_write_block))
+    except (OSError, YAMLError, AttributeError, TypeError, ValueError):
+        return HTTP_TIMEOUT
+    return max(HTTP_TIMEOUT, budget + HOLD_WAIT_MARGIN)
+
+
 def dns_record_name(state: LabState) -> str:
     """The name clients resolve: the www record of the lab's zone."""
     return next((r for r in state.records if r.startswith("www.")), f"www.{state.zone}")
@@ -620,18 +638,21 @@ def main_load(
     stop: threading.Event | None = None,
     overwrite_every: int = 0,
     journal: Path | None = None,
-    http_timeout: float = HTTP_TIMEOUT,
+    http_timeout: float | None = None,
 ) -> LoadStats:
     """Run the load for `duration` seconds (or until `stop` is set); returns the final stats.
 
     `out` is the directory of acks.jsonl, requests.jsonl and stats.json (default: the lab's load/ directory).
     `journal`: the migrate journal of the run made under this load; its window gets its own latency figures.
-    `http_timeout`: how long a client waits for an answer before it gives up (and retries a write).
+    `http_timeout`: how long a client waits for an answer before it gives up (and retries a write); default:
+    longer than the lab plan's cutover.max_write_block (default_http_timeout).
     Blocking; safe to call from a background thread (pass `stop` to end it early).
     """
     if rate <= 0 or clients <= 0 or duration < 0 or dns_ttl < 0:
         raise ValueError("rate and clients must be positive, duration and dns_ttl not negative")
     out_dir = out if out is not None else state.load_dir
+    if http_timeout is None:
+        http_timeout = default_http_timeout(state)
     stop = stop if stop is not None else threading.Event()
     token = state.secrets()[state.token_env]
     stats = LoadStats(
@@ -706,7 +727,12 @@ def main(argv: list[str] | None = None) -> int:
         "--overwrite-every", type=int, default=0, help="every Nth upload rewrites the previous; 0: never"
     )
     parser.add_argument("--journal", type=Path, default=None, help="migrate journal: latency inside its window")
-    parser.add_argument("--http-timeout", type=float, default=HTTP_TIMEOUT, help="seconds a client waits (default 5)")
+    parser.add_argument(
+        "--http-timeout",
+        type=float,
+        default=None,
+        help="seconds a client waits (default: the lab plan's cutover.max_write_block + 30 s)",
+    )
     args = parser.parse_args(argv)
     stop = threading.Event()
 

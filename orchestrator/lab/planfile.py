@@ -48,7 +48,8 @@ def _front_door(host: HostState, other: HostState) -> str:
     hold_map: {s(haproxy.map_file(host))}
     app: {{address: {s(host.address)}, port: {host.app_internal_port}}}
     forward_to: {{address: {s(other.address)}, port: {other.app_port}}}
-    drain_timeout: 5"""
+    drain_timeout: 5
+    hold: writes"""
 
 
 def _proxy(src: HostState, tgt: HostState) -> str:
@@ -59,6 +60,8 @@ def _proxy(src: HostState, tgt: HostState) -> str:
 # answer, to the target's front door. The target's holds the clients that follow the new records before its
 # fence is lifted.
 # A hold is a deadline on HAProxy's clock (the budget + a margin): if migrate dies, it ends by itself.
+# hold: writes — in the replicate mode the source database serves reads through the window (it is only read-only),
+# and the lab app's reads never write: GET, HEAD and OPTIONS go on to the source, only the others are held.
 proxy:
   source:
 {_front_door(src, tgt)}

@@ -719,12 +719,25 @@ class FrontDoorProxy(Strict):
     drain_timeout: float = _seconds(
         0, 300, zero=True, default=5.0, description="longest wait for in-flight requests to finish once the hold begins"
     )
+    hold: Literal["all", "writes"] = Field(
+        default="all",
+        description="what the source's door holds while the source database still serves reads (the replicate "
+        "mode's window): 'all' every request; 'writes' every method but GET, HEAD and OPTIONS, which go on to the "
+        "source (only when the app's reads never write to the database: it is read-only then). The shutdown mode "
+        "holds everything (its database stops)",
+    )
     forward_margin: float = _seconds(
         0,
         86400,
         zero=True,
         default=30.0,
         description="after the flip, forwarding is kept at least the records' TTL plus this margin",
+    )
+    wait_forwarding: bool = Field(
+        default=False,
+        description="finish waits until forwarding is no longer due (the flip + the records' TTL + forward_margin) "
+        "and reports the requests that still arrived meanwhile, and after the TTL; false: finish reports at once "
+        "and says until when the old address must keep forwarding",
     )
 
 

@@ -10,6 +10,9 @@ forgotten, read_only off. No file copy, no server start, no full row count: the 
 applied yet.
 
 The target's services stay fenced: the DNS flip lifts the fence (the commit point).
+
+With a front door (plan section `proxy`), the source's HAProxy holds new requests just before the fence goes up
+and its undo releases them once the source takes writes again (orchestrator/frontdoor.py, as in the cut-over).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import pymysql
 
+from orchestrator import frontdoor
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
@@ -54,6 +58,7 @@ class ReplSwitch(Step):
             "promote the target: STOP SLAVE, proof that it executed exactly the final position, RESET SLAVE ALL, "
             "read_only = 0 (its services stay fenced until the DNS flip)",
             f"writes may stay blocked at most {c.max_write_block:g} s (cutover.max_write_block)",
+            *frontdoor.describe(ctx, "source"),
         ]
 
     def check(self, ctx: StepContext) -> bool:
@@ -141,6 +146,9 @@ class ReplSwitch(Step):
             ctx.save(WRITES_BLOCKED_AT, blocked_at)
         ctx.save(SOURCE_READ_ONLY, True)
         ctx.window.begin(blocked_at)
+        # The front door holds new requests before the fence and read_only would refuse them (plan section `proxy`);
+        # the source database goes on serving reads.
+        frontdoor.hold_source(ctx, blocked_at, source_serves_reads=True)
         return blocked_at
 
     def _fence(self, ctx: StepContext) -> None:
@@ -205,6 +213,8 @@ class ReplSwitch(Step):
         """
         rt = runtime(ctx)
         plan = rt.plan
+        # Held requests wait while the source takes writes again (the hold is stretched), then go to it.
+        frontdoor.keep_holding_for_rollback(ctx)
         failures: list[str] = []
         if ctx.saved(PROMOTING):
             try:
@@ -228,5 +238,6 @@ class ReplSwitch(Step):
             rt.source.run(plan.services.fence.disable, timeout=FENCE_TIMEOUT)
             ctx.log.info("repl.switch.undo.fence_lifted")
             ctx.save(FENCED, False)
+        frontdoor.release_source(ctx)  # not reached while the source refuses writes: a retried rollback releases
         if failures:
             raise StepError("; ".join(failures))

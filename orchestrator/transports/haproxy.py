@@ -20,6 +20,10 @@ What it does to the service's clients, as measured on HAProxy 2.6.12 (Debian 12)
 - A client that gives up while held (its own timeout) does not cancel its request: HAProxy still forwards it once
   released (even with `option abortonclose`). Writes must therefore be idempotent (the app's are: a retried write
   with the same id answers 200).
+- Holding writes only (`hold_writes_until`, for a window in which the source database still serves reads): the
+  action lets GET, HEAD and OPTIONS through and holds every other method. The loaded action says it can
+  (`frontdoor version` on the admin socket, a command it registers, answers `hold_writes`): an older action
+  answers "Unknown command", and the caller holds everything instead.
 - HAProxy itself adds no measurable latency in front of the lab app (healthz p50 77 ms through it, 74 ms direct,
   on a loaded 2-core machine). Emulating the wiring on the lab (hold when the journal records writes_blocked_at,
   repoint at the target's front door and release when dns_flip completes; 4 clients, 20 req/s, DNS cached 5 s,
@@ -55,6 +59,11 @@ if TYPE_CHECKING:
 
 COMMAND_TIMEOUT = 5.0
 HOLD_KEY = "hold_until"
+# Holds only the requests that may write (every method but READ_METHODS), while reads go on.
+HOLD_WRITES_KEY = "hold_writes_until"
+READ_METHODS = ("GET", "HEAD", "OPTIONS")
+# What the action answers to the `frontdoor version` command it registers on the admin socket.
+WRITES_ONLY_CAPABILITY = "hold_writes"
 HOLD_ACTION = "frontdoor_hold"
 POLL_MS = 20
 # Answers of commands that succeeded although they say something (everything else non-empty is a refusal).
@@ -66,25 +75,43 @@ Endpoint = str | tuple[str, int]
 
 def hold_lua(map_path: str, *, max_hold_s: float, poll_ms: int = POLL_MS) -> str:
     """The Lua action HAProxy loads (`lua-load FILE` in global, `http-request lua.frontdoor_hold` in the frontend)
-    to hold requests while `hold_until` in `map_path` is in the future. The map file must exist with a line
-    `hold_until 0` when HAProxy starts; `set map` changes it at runtime."""
-    return f"""-- The front door's hold: requests wait (not fail) while {HOLD_KEY} (unix seconds) is in the future.
+    to hold requests while `hold_until` in `map_path` is in the future, and the requests that may write (every
+    method but GET, HEAD and OPTIONS) while `hold_writes_until` is. The map file must exist with the lines
+    `hold_until 0` and `hold_writes_until 0` when HAProxy starts; `set map` changes them at runtime."""
+    reads = ", ".join(f"{method} = true" for method in READ_METHODS)
+    return f"""-- The front door's hold: requests wait (not fail) while {HOLD_KEY} (unix seconds) is in the future;
+-- requests that may write (every method but {", ".join(READ_METHODS)}) also while {HOLD_WRITES_KEY} is.
 -- Set and cleared at runtime: set map {map_path} {HOLD_KEY} <unix seconds>  /  ... {HOLD_KEY} 0
 local doors = Map.new("{map_path}", Map._str)
 local max_hold_s = {float(max_hold_s)}
+local reads = {{ {reads} }}
 
 local function now_s()
   local t = core.now()
   return t.sec + t.usec / 1e6
 end
 
-local function held_until()
-  return tonumber(doors:lookup("{HOLD_KEY}") or "0") or 0
+local function held_until(key)
+  return tonumber(doors:lookup(key) or "0") or 0
 end
+
+-- `frontdoor version` on the admin socket: what this action can hold (the orchestrator asks before it relies on it).
+core.register_cli({{ "frontdoor", "version" }}, "frontdoor version : what the front door's hold supports",
+  function(applet)
+    applet:send("{WRITES_ONLY_CAPABILITY}\\n")
+  end)
 
 core.register_action("{HOLD_ACTION}", {{ "http-req" }}, function(txn)
   local started = now_s()
-  while now_s() < held_until() and now_s() - started < max_hold_s do
+  local read = reads[txn.sf:method()] == true
+  while now_s() - started < max_hold_s do
+    local until_s = held_until("{HOLD_KEY}")
+    if not read then
+      until_s = math.max(until_s, held_until("{HOLD_WRITES_KEY}"))
+    end
+    if now_s() >= until_s then
+      break
+    end
     core.msleep({int(poll_ms)})
   end
 end)
@@ -215,6 +242,10 @@ class Stream:
     backend: str  # "<NONE>" until the request is past the frontend's rules (a held request stays there)
     server: str
     age: str
+    # The stream's address and the `show sess` epoch it was created in: each `show sess` starts a new epoch, so
+    # (id, epoch) names one stream even when a later one reuses the address.
+    id: str = ""
+    epoch: str = ""
 
 
 def parse_sessions(text: str) -> list[Stream]:
@@ -226,7 +257,14 @@ def parse_sessions(text: str) -> list[Stream]:
         fields = dict(part.split("=", 1) for part in line.split() if "=" in part and "[" not in part.split("=", 1)[0])
         if "fe" in fields:
             streams.append(
-                Stream(fields["fe"], fields.get("be", ""), fields.get("srv", ""), fields.get("age", "")),
+                Stream(
+                    fields["fe"],
+                    fields.get("be", ""),
+                    fields.get("srv", ""),
+                    fields.get("age", ""),
+                    id=line.split(":", 1)[0],
+                    epoch=fields.get("epoch", ""),
+                ),
             )
     return streams
 
@@ -365,16 +403,24 @@ class FrontDoor:
     def host_now(self) -> float:
         return host_clock(self.ask("show activity"))
 
-    def held_until(self) -> float:
+    def held_until(self, key: str = HOLD_KEY) -> float:
+        """The deadline of the hold (of everything, or with HOLD_WRITES_KEY of the writes); 0: not holding."""
         answer = self.ask(f"show map {self.hold_map}")
         entries = parse_map(answer)
-        if HOLD_KEY not in entries:
+        if key not in entries:
             # `show map` of a map HAProxy does not know answers an error sentence (no entries).
-            raise HaproxyRefused(f"show map {self.hold_map}", answer.strip() or f"no {HOLD_KEY} entry")
+            raise HaproxyRefused(f"show map {self.hold_map}", answer.strip() or f"no {key} entry")
         try:
-            return float(entries[HOLD_KEY])
+            return float(entries[key])
         except ValueError:
-            raise HaproxyRefused(f"show map {self.hold_map}", f"{HOLD_KEY} is {entries[HOLD_KEY]!r}") from None
+            raise HaproxyRefused(f"show map {self.hold_map}", f"{key} is {entries[key]!r}") from None
+
+    def holds_writes_only(self) -> bool:
+        """Whether this door can hold the writes alone: its action says so, and its map has the entry."""
+        answer = self.ask("frontdoor version")
+        if WRITES_ONLY_CAPABILITY not in answer.split():
+            return False  # an older action: "Unknown command ..."
+        return HOLD_WRITES_KEY in parse_map(self.ask(f"show map {self.hold_map}"))
 
     def state(self) -> DoorState:
         rows = {(row.proxy, row.name): row for row in self.stat()}
@@ -395,19 +441,22 @@ class FrontDoor:
 
     # --- actions ---
 
-    def hold(self, seconds: float) -> float:
+    def hold(self, seconds: float, *, writes_only: bool = False) -> float:
         """Hold new requests (they wait in HAProxy, none fails) for at most `seconds` from now on the HAProxy
-        host's clock, or until release().
+        host's clock, or until release(); `writes_only`: only those that may write (see holds_writes_only()).
         Returns the deadline (host unix seconds). Calling it again moves the deadline."""
         if seconds <= 0:
             raise ValueError("a hold lasts a positive number of seconds")
         deadline = round(self.host_now() + seconds, 3)
-        self.change(f"set map {self.hold_map} {HOLD_KEY} {deadline}")
+        self.change(f"set map {self.hold_map} {HOLD_WRITES_KEY if writes_only else HOLD_KEY} {deadline}")
         return deadline
 
     def release(self) -> None:
         """Let every held request (and every later one) through, to wherever the server points now."""
         self.change(f"set map {self.hold_map} {HOLD_KEY} 0")
+        # A map without the writes' entry belongs to an action that cannot hold writes alone: nothing to clear.
+        if parse_map(self.ask(f"show map {self.hold_map}")).get(HOLD_WRITES_KEY, "0") != "0":
+            self.change(f"set map {self.hold_map} {HOLD_WRITES_KEY} 0")
 
     def repoint(self, address: str, port: int) -> ServerState:
         """Send the server's requests (held ones included) to address:port; returns the state read back."""
@@ -425,6 +474,21 @@ class FrontDoor:
         if state not in ("ready", "drain", "maint"):
             raise ValueError(f"unknown server state {state!r}")
         self.change(f"set server {self.backend}/{self.server} state {state}")
+
+    def at_server(self) -> set[tuple[str, str]]:
+        """The requests of this frontend past its rules (at a server or queued for one), as (id, epoch)."""
+        return {(s.id, s.epoch) for s in self.streams() if s.frontend == self.frontend and s.backend != "<NONE>"}
+
+    def wait_finished(self, requests: set[tuple[str, str]], timeout: float, poll: float = 0.05) -> bool:
+        """Wait until these requests (from at_server()) are answered, whatever came after; True if they were."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = requests & {(s.id, s.epoch) for s in self.streams()}
+            if not left:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
 
     def wait_drained(self, timeout: float, poll: float = 0.05) -> bool:
         """Wait until no request is at a server or in the queue (in-flight requests finished); True if drained."""
