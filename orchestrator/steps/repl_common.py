@@ -16,7 +16,7 @@ import pymysql
 from orchestrator import probes
 from orchestrator.contracts import StepRuntime, runtime
 from orchestrator.engine.step import StepContext, StepError
-from orchestrator.plan.model import Plan, ReplicationEndpoint
+from orchestrator.plan.model import Plan, ReplicationEndpoint, static_mode
 from orchestrator.transports import replication as repl
 from orchestrator.transports.rsync import target_ssh_command
 
@@ -58,7 +58,7 @@ def replicate_run(ctx: StepContext) -> bool:
     if steps:
         return SWITCH_STEP in steps
     # A run's plan has its mode resolved (run/compose.py); a dry-run's unresolved auto shows the replicate steps.
-    mode = runtime(ctx).plan.cutover.mode
+    mode = static_mode(runtime(ctx).plan)
     return mode == "replicate" or (mode == "auto" and ctx.dry_run)
 
 

@@ -89,6 +89,7 @@ class ReplSwitch(Step):
                         fence_failure = fenced.exception()  # waited for: undo finds the fence up, not going up
                     if fence_failure is not None:
                         raise fence_failure
+                    result.fence_seconds = fenced.result()
                 result.writes_blocked_at = blocked_at
                 final = self._final_position(ctx, source)
                 result.final_gtid = str(final)
@@ -143,9 +144,11 @@ class ReplSwitch(Step):
         ctx.window.begin(blocked_at)
         return blocked_at
 
-    def _fence(self, ctx: StepContext) -> None:
+    def _fence(self, ctx: StepContext) -> float:
+        """The source's fence command; its seconds (it runs side by side with read_only)."""
         rt = runtime(ctx)
         fence = rt.plan.services.fence.enable
+        started = time.monotonic()
         if fence:
             try:
                 rt.source.run(fence, timeout=ctx.window.timeout(FENCE_TIMEOUT))
@@ -153,7 +156,9 @@ class ReplSwitch(Step):
                 ctx.window.check("fencing the source")
                 raise StepError(f"fencing the source: {exc}") from None
         ctx.window.check("fencing the source")
-        ctx.log.info("repl.switch.fenced", fence=bool(fence))
+        seconds = round(time.monotonic() - started, 3)
+        ctx.log.info("repl.switch.fenced", fence=bool(fence), seconds=seconds)
+        return seconds
 
     def _read_only(self, ctx: StepContext, source: Any) -> float:
         """read_only on the source, each try bounded by the budget, retried with backoff like the lock."""

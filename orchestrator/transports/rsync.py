@@ -133,6 +133,13 @@ def target_ssh_command(plan: Plan, *, control: str = "auto") -> str:
     return shlex.join(parts)
 
 
+def open_master_command(plan: Plan) -> str:
+    """Run on the source: opens (or keeps alive) the shared SSH connection to the target that rsync's `-e` reuses,
+    so a transfer inside the window does not pay the handshake."""
+    login = f"{plan.target.user}@{plan.target.address}"
+    return f"{target_ssh_command(plan)} {shlex.quote(login)} true"
+
+
 def close_master_command(plan: Plan) -> str:
     """Run on the source: ends the shared SSH connection to the target, if there is one."""
     login = f"{plan.target.user}@{plan.target.address}"
