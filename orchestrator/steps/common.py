@@ -207,3 +207,18 @@ def tracked_prepass(ctx: StepContext, tree: FileTree, presync: TreeFigures | Non
     )  # fmt: skip
     ctx.log.info("prewindow_pass", tree=tree.name, **figures.journal())
     return figures
+
+
+def keep_shells(ctx: StepContext) -> None:
+    """Before the window: a shell kept open on each host (SshHost.keep_shell), so the window's short commands (the
+    fence, the change list, the target's fence) run without a new SSH session each. Best effort: a host that cannot
+    open one runs its commands as before."""
+    rt = runtime(ctx)
+    for which, host in (("source", rt.source), ("target", rt.target)):
+        keep = getattr(host, "keep_shell", None)
+        if keep is None:
+            continue
+        try:
+            keep()
+        except TransportError as exc:
+            ctx.log.warning("shell_not_kept", host=which, error=str(exc))

@@ -21,7 +21,7 @@ from orchestrator import health
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CatchupResult, FilesResult
-from orchestrator.steps.common import tracked_prepass
+from orchestrator.steps.common import keep_shells, tracked_prepass
 from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl
 
@@ -43,15 +43,15 @@ class ReplCatchup(Step):
                 f"to exactly that position, compare every table in chunks of {rows} rows (checksums); a difference "
                 "stops the run naming the table and chunk"
             )
-        lines += [
-            f"the last tracked pass of tree {t.name} while the source serves: the paths changed since the pre-sync"
-            for t in plan.files
-        ]
         before = health.checks_for(plan.health, health.BEFORE, replicate=True)
         lines += [
             f"health check {health.check_label(c)} against the fenced target, before the window "
             f"(up to {plan.health.attempts} tries)"
             for c in before
+        ]
+        lines += [
+            f"the last tracked pass of tree {t.name} while the source serves: the paths changed since the pre-sync"
+            for t in plan.files
         ]
         max_lag = settings.max_lag if settings else 1.0
         lag_wait = settings.lag_wait if settings else 600.0
@@ -59,6 +59,10 @@ class ReplCatchup(Step):
             f"wait until the replica reaches the source's current position within {max_lag:g} s "
             f"(replication.max_lag), at most {lag_wait:g} s (replication.lag_wait); a replica error stops the run "
             "with the replica's own message"
+        )
+        lines.append(
+            "open a shell on each host for the window's short commands (the fence, the change list, the target's "
+            "fence): no new SSH session inside the window"
         )
         return lines
 
@@ -78,6 +82,7 @@ class ReplCatchup(Step):
             self._health(ctx, result)
             self._files_prepass(ctx, result)
             self._wait_for_lag(ctx, source, target, result)
+            keep_shells(ctx)
         except repl.ReplicationError as exc:
             raise StepError(f"catching up: {exc}") from None
         finally:
