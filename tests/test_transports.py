@@ -341,6 +341,10 @@ def test_a_kept_shell_runs_commands_as_a_session_would_and_is_dropped_after_a_ti
     # The commands did run in the kept shell: the same shell process answers each time.
     first, second = host.run("echo $PPID").stdout, host.run("echo $PPID").stdout
     assert first == second
+    # A short stream (a pass over changed paths) runs there too; its lines are handed over once it ended.
+    lines: list[str] = []
+    streamed = host.stream(r"printf '10%%\r100%%\ndone\n'; echo $PPID; echo warn >&2", lines.append, short=True)
+    assert lines == ["10%", "100%", "done", first.strip()] and streamed.stderr == "warn\n"
     # Secrets never travel through it: a command with an environment gets a session of its own.
     assert host.run('echo "$X"', env={"X": "via-env"}).stdout == "via-env\n"
     # Past its timeout the command is abandoned, and the shell with it: the next command opens a session.

@@ -103,7 +103,7 @@ class FilesFinal(Step):
                 else:
                     rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=window.timeout(60.0))
                 stats = rsync.push(rt.source, command, what=f"tracked final pass of tree {tree.name}",  # type: ignore[arg-type]
-                                   retry=window.bounded(plan.retry), timeout=window.timeout())  # fmt: skip
+                                   retry=window.bounded(plan.retry), timeout=window.timeout(), short=True)  # fmt: skip
             except TransportError as exc:
                 raise StepError(f"copying the changes of tree {tree.name}: {exc}") from None
         figures = TreeFigures(

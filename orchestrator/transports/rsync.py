@@ -310,8 +310,11 @@ def push(
     progress_interval: float = 2.0,
     timeout: float | None = None,
     live: bool = False,
+    short: bool = False,
 ) -> Stats:
     """Run a push_command on `host` (the source), retrying transient failures; returns the --stats figures.
+
+    `short`: a pass over a list of changed paths (O(changes)): it may run in the host's kept shell (SshHost.stream).
 
     `live`: the source tree is being written to, so files vanishing under rsync are normal (exit 24, or 23 when
     every error is a vanished file).
@@ -337,7 +340,8 @@ def push(
                 last_sent = now
                 on_progress(progress)
 
-        result = host.stream(command, _line, timeout=timeout, check=False, keep=_not_progress)
+        extra: dict[str, bool] = {"short": True} if short else {}
+        result = host.stream(command, _line, timeout=timeout, check=False, keep=_not_progress, **extra)
         kind = exit_kind(result.exit_status)
         if live and result.exit_status == PARTIAL and only_vanished(result.stderr):
             kind = "vanished"

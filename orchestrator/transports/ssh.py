@@ -388,15 +388,34 @@ class SshHost:
         check: bool = True,
         env: dict[str, str] | None = None,
         keep: Callable[[str], bool] | None = None,
+        short: bool = False,
     ) -> CommandResult:
         """Run a command, calling `on_line` (in this thread) for each stdout line split on \\r or \\n.
 
         The full stdout is also returned (without empty lines), e.g. for rsync's --stats block; `keep` limits it to
         the lines worth keeping (rsync prints a progress line per file: a million of them must not pile up here).
+        `short`: the caller knows the output is small (O(changes)): with a kept shell the command runs there and its
+        lines are handed over once it ended, instead of a new session streaming them.
         """
         conn = self.connection()
         prefix, data = _env_prefix(env, None)
         full = _stopped_at_deadline(prefix + shlex.quote(command) if prefix else command, timeout)
+        shell = self._shell
+        if short and shell is not None and not prefix and shell.busy.acquire(blocking=False):
+            try:
+                quoted = full if timeout is not None else "sh -c " + shlex.quote(full)
+                done = self._run_in_shell(shell, command, quoted, timeout, False)
+            finally:
+                shell.busy.release()
+            kept: list[str] = []
+            for line in re.split(r"[\r\n]", done.stdout):
+                if line:
+                    if keep is None or keep(line):
+                        kept.append(line)
+                    on_line(line)
+            if check and done.exit_status != 0:
+                raise CommandFailed(command, done.exit_status, done.stderr)
+            return CommandResult(done.exit_status, "\n".join(kept), done.stderr)
         lines: queue.Queue[str | None] = queue.Queue()
 
         async def _stream() -> tuple[int | None, str]:
