@@ -8,10 +8,12 @@ it costs the live site nothing; inside the window only cheap probes (O(1), not O
 
 from __future__ import annotations
 
+import contextvars
 import socket
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pymysql
 
@@ -123,27 +125,41 @@ def checks_for(health: HealthChecks, where: str, *, replicate: bool) -> list[Hea
 
 
 def run_checks(ctx: StepContext, checks: list[HealthCheck], health: HealthChecks) -> tuple[dict[str, int], list[str]]:
-    """Tries each check until it passes; the tries each needed, and the failures.
+    """Tries each check until it passes, the checks side by side (each in a thread carrying the log context: they
+    are independent, and inside the window their round trips would add up); the tries each needed, and the
+    failures, in the plan's order.
 
     Inside the window tries stop when the budget is spent (StepError), whatever attempts times timeouts would allow.
     """
-    window = ctx.window
-    tries: dict[str, int] = {}
-    failures: list[str] = []
-    for check in checks:
-        label = check_label(check)
-        for attempt in range(1, health.attempts + 1):
-            window.check(f"health check {label}, try {attempt} of {health.attempts}")
-            try:
-                run_check(ctx, check)
-                tries[label] = attempt
-                break
-            except CheckFailed as exc:
-                # A try cut short by the budget is not the check's failure: say the budget ran out.
-                window.check(f"health check {label}, try {attempt} of {health.attempts}")
-                if attempt == health.attempts:
-                    failures.append(f"health check {label} failed {attempt} times: {exc}")
-                else:
-                    time.sleep(window.timeout(health.interval) or health.interval)
-        ctx.log.info("health_check", check=label, passed=label in tries, tries=tries.get(label))
+    if len(checks) <= 1:
+        outcomes = [_until_passed(ctx, check, health) for check in checks]
+    else:
+        with ThreadPoolExecutor(max_workers=len(checks), thread_name_prefix="health") as pool:
+            futures = [pool.submit(contextvars.copy_context().run, _until_passed, ctx, c, health) for c in checks]
+            outcomes = [future.result() for future in futures]
+    tries = {label: attempt for label, attempt, _ in outcomes if attempt is not None}
+    failures = [failure for _, _, failure in outcomes if failure is not None]
     return tries, failures
+
+
+def _until_passed(ctx: StepContext, check: HealthCheck, health: HealthChecks) -> tuple[str, int | None, str | None]:
+    """One check tried until it passes: (its label, the try it passed on or None, the failure or None)."""
+    window = ctx.window
+    label = check_label(check)
+    passed: int | None = None
+    failure: str | None = None
+    for attempt in range(1, health.attempts + 1):
+        window.check(f"health check {label}, try {attempt} of {health.attempts}")
+        try:
+            run_check(ctx, check)
+            passed = attempt
+            break
+        except CheckFailed as exc:
+            # A try cut short by the budget is not the check's failure: say the budget ran out.
+            window.check(f"health check {label}, try {attempt} of {health.attempts}")
+            if attempt == health.attempts:
+                failure = f"health check {label} failed {attempt} times: {exc}"
+            else:
+                time.sleep(window.timeout(health.interval) or health.interval)
+    ctx.log.info("health_check", check=label, passed=passed is not None, tries=passed)
+    return label, passed, failure
