@@ -183,19 +183,25 @@ class VerifyTarget(Step):
             return {}, ["no final GTID position recorded by the switch"]
         final = repl.GtidPosition.parse(str(final_text))
         timeout = ctx.window.timeout(rt.plan.database.read_timeout)
-        problems: list[str] = []
-        try:
-            for which in ("source", "target"):
-                conn = rt.db(which, read_timeout=timeout)
+
+        def _read(which: str) -> str | None:
+            """The problem with that side's position, or None (each side in its own thread: two connections)."""
+            try:
+                conn = rt.db(which, read_timeout=timeout)  # type: ignore[arg-type]
                 try:
                     now = repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
                 finally:
                     rt.release(conn)
-                if not repl.same_position(final, now):
-                    problems.append(f"the {which} stands at GTID {now or 'nothing'}, not the final position {final}")
-        except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
-            ctx.window.check("comparing GTID positions")
-            problems.append(f"reading GTID positions: {exc}")
+            except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
+                ctx.window.check("comparing GTID positions")
+                return f"reading the {which}'s GTID position: {exc}"
+            if not repl.same_position(final, now):
+                return f"the {which} stands at GTID {now or 'nothing'}, not the final position {final}"
+            return None
+
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gtid") as pool:
+            futures = [pool.submit(contextvars.copy_context().run, _read, which) for which in ("source", "target")]
+            problems = [problem for future in futures if (problem := future.result()) is not None]
         return {}, problems
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
