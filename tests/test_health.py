@@ -59,3 +59,29 @@ def test_a_run_of_an_auto_plan_without_replication_is_shutdown_without_asking_th
     path = write(tmp_path, SMALL_PLAN)
     resolved = compose.resolve_mode(load_plan(path).plan, path, tmp_path / "journal.jsonl", probe=True)
     assert resolved.cutover.mode == "shutdown"
+
+
+def test_preflight_says_the_mode_the_author_wrote_not_the_one_the_run_resolved(tmp_path: Path) -> None:
+    """A plan left to the default (auto) and resolved to shutdown is still 'chosen by auto' in preflight's line."""
+    import structlog
+
+    from orchestrator.engine.step import StepContext
+    from orchestrator.steps.repl_common import declared_mode, mode_reason
+
+    class Rt:
+        plan = load_plan(write(tmp_path, SMALL_PLAN)).plan.model_copy()
+
+    def context(text: str | None) -> StepContext:
+        events = [{"event": "run_started", "plan_text": text}] if text is not None else []
+        return StepContext(run_id="t", step="preflight", dry_run=False, rt=Rt(), log=structlog.get_logger("t"),
+                           _history=lambda: events)  # fmt: skip
+
+    assert declared_mode(context(SMALL_PLAN)) == "auto"
+    written = SMALL_PLAN.replace("  max_write_block: 60\n", "  max_write_block: 60\n  mode: shutdown\n")
+    assert declared_mode(context(written)) == "shutdown"
+    assert declared_mode(context(None)) == "auto"  # no journal: the plan the run has
+    line = mode_reason("shutdown", ["the plan has no replication section (user, password)"], "auto")
+    assert line == (
+        "shutdown (chosen by 'auto'): replication is not possible here: the plan has no replication section "
+        "(user, password)"
+    )

@@ -24,7 +24,7 @@ import pymysql
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
-from orchestrator.steps.repl_common import FINAL_GTID, mode_reason
+from orchestrator.steps.repl_common import FINAL_GTID, declared_mode, mode_reason
 from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 
@@ -63,7 +63,7 @@ class ReplSwitch(Step):
         rt = runtime(ctx)
         plan = rt.plan
         window = ctx.window
-        result = SwitchResult(mode_reason=mode_reason("replicate", [], plan.cutover.mode))
+        result = SwitchResult(mode_reason=mode_reason("replicate", [], declared_mode(ctx)))
         # Connections are opened while writes still flow: connecting is not part of the window.
         source = rt.db("source", read_timeout=max(plan.database.read_timeout, plan.cutover.lock_wait_timeout + 30))
         target = rt.db("target", read_timeout=max(plan.database.read_timeout, plan.cutover.max_write_block + 30))
