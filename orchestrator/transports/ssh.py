@@ -177,6 +177,7 @@ class _KeptShell:
         self.mid = f"\n{token}-mid\n".encode()
         self.end = f"\n{token}-end ".encode()
         self.busy = threading.Lock()
+        self.sessions: asyncio.Semaphore | None = None
 
     def setup(self) -> bytes:
         """The shell's own set-up: its directory (removed when it exits), the marker file, a ready line."""
@@ -336,16 +337,19 @@ class SshHost:
             return
         conn = self.connection()
 
+        sessions = self._sessions
+
         async def _open() -> Any:
-            assert self._sessions is not None
-            await self._sessions.acquire()  # held while the shell lives: it is one of the connection's sessions
+            assert sessions is not None
+            await sessions.acquire()  # held while the shell lives: it is one of the connection's sessions
             try:
                 proc = await conn.create_process("sh", encoding=None)
                 shell = _KeptShell(proc, f"__migrate_{os.urandom(8).hex()}")
+                shell.sessions = sessions
                 await asyncio.wait_for(shell.ready(), SHELL_READY_TIMEOUT)
                 return shell
             except BaseException:
-                self._sessions.release()
+                sessions.release()
                 raise
 
         try:
@@ -357,9 +361,9 @@ class SshHost:
         if self._shell is shell:
             self._shell = None
             shell.close()
-            if self._sessions is not None:
+            if shell.sessions is not None:  # the permit goes back to the connection it was taken from
                 with contextlib.suppress(Exception):
-                    _event_loop().call_soon_threadsafe(self._sessions.release)
+                    _event_loop().call_soon_threadsafe(shell.sessions.release)
 
     def _run_in_shell(
         self, shell: _KeptShell, command: str, full: str, timeout: float | None, check: bool
