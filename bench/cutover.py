@@ -154,7 +154,10 @@ def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float, mode:
         )
         total = time.monotonic() - started - 3
     if result.returncode != 0:
-        sys.exit(f"migrate apply failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+        # Said and kept in the table (a run rolled back under load is a result too); the next mode goes on.
+        print(f"migrate apply failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+        window, acked, failed = client_window(state, out)
+        return Outcome(f"{mode} (rolled back)", total, window, None, None, acked, failed)
     reports = sorted((state.path / ".migrate").glob("*/report-*.json"), key=lambda p: p.stat().st_mtime)
     report: dict[str, Any] = json.loads(reports[-1].read_text())
     print(render_report(report))
