@@ -319,3 +319,70 @@ def summary_lines(est: Estimate) -> list[str]:
     out.append(f"predicted window ({est.mode} mode): {est.window_seconds:.2f} s")
     out += [f"  {part.name}: {part.seconds:.2f} s ({part.basis})" for part in est.window]
     return out
+
+
+# --- the shutdown mode's forecast, before it blocks writes ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShutdownForecast:
+    """The shutdown mode's window as predicted from what the run measured, against the budget it may use."""
+
+    parts: list[WindowPart]
+    budget: float  # cutover.max_write_block less the rollback's reserve: what the window's work may take
+    max_write_block: float
+
+    @property
+    def seconds(self) -> float:
+        return round(sum(part.seconds for part in self.parts), 3)
+
+    @property
+    def fits(self) -> bool:
+        return self.seconds <= self.budget
+
+    def summary(self) -> str:
+        return ", ".join(f"{p.name} {p.seconds:.2f} s ({p.basis})" for p in self.parts)
+
+
+def shutdown_forecast(
+    last_round_seconds: float,
+    *,
+    last_round_bytes: int,
+    rounds: int,
+    max_write_block: float,
+    reserve: float,
+    shutdown_seconds: float = ASSUMED_SHUTDOWN_SECONDS,
+    start_seconds: float = ASSUMED_START_SECONDS,
+) -> ShutdownForecast:
+    """The window the shutdown mode would block writes for: the final datadir pass costs about what the last
+    pre-sync round cost (the same comparison of every file, a delta as small or smaller), plus the clean shutdown
+    and the target's start (assumed unless a rehearsal timed them)."""
+    parts = [
+        WindowPart(
+            "final datadir pass",
+            round(last_round_seconds, 3),
+            f"measured: the last pre-sync round, round {rounds}, {last_round_bytes} bytes moved",
+        ),
+        WindowPart("source database shutdown", shutdown_seconds, "assumed: a clean shutdown"),
+        WindowPart("target start", start_seconds, "assumed: database and services start"),
+    ]
+    return ShutdownForecast(parts, round(max_write_block - reserve, 3), max_write_block)
+
+
+def overrun_advice(forecast: ShutdownForecast, *, rounds: int, max_rounds: int, converged: bool,
+                   replicate_possible: str | None) -> str:  # fmt: skip
+    """The one line said when the forecast does not fit: what was predicted, and what would help."""
+    helps = []
+    if not converged or rounds < max_rounds:
+        helps.append(f"more pre-sync rounds (database.presync.max_rounds, {max_rounds} now) or a quieter source")
+    helps.append(
+        "the replicate mode (cutover.mode: replicate, or auto with a replication section: its window does not grow "
+        "with the data)" + (f"; not possible here: {replicate_possible}" if replicate_possible else "")
+    )
+    needed = forecast.seconds + (forecast.max_write_block - forecast.budget)
+    helps.append(f"a larger budget (cutover.max_write_block ≥ {needed:.0f} s)")
+    return (
+        f"the shutdown mode's window is predicted at {forecast.seconds:.1f} s ({forecast.summary()}), more than the "
+        f"{forecast.budget:g} s cutover.max_write_block {forecast.max_write_block:g} s leaves after the rollback's "
+        f"reserve: writes were not blocked, nothing changed. What would help: " + "; ".join(helps)
+    )

@@ -15,6 +15,7 @@ import structlog
 
 from orchestrator.engine.journal import replay
 from orchestrator.results import (
+    CatchupResult,
     CutoverResult,
     DbFinalResult,
     DnsFlipResult,
@@ -100,6 +101,7 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "dns_flipped_at": flipped_at,
         # Writes were refused from the fence until clients could reach the target through DNS.
         "write_block_seconds": round(flipped_at - blocked_at, 3) if blocked_at and flipped_at else None,
+        "window_parts": window_parts(steps, blocked_at, flipped_at, switch if "repl_switch" in outputs else None),
         "row_counts": cutover.row_counts,
         "verification": verify,
         "final_pass_trees": final_pass_trees(outputs),
@@ -107,6 +109,34 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "peak_rss_mib": FinishResult.of(outputs.get("finish")).peak_rss_mib,
     }
     return redact_obj(report)  # type: ignore[return-value]
+
+
+def window_parts(
+    steps: list[dict[str, Any]], blocked_at: float | None, flipped_at: float | None, switch: SwitchResult | None
+) -> dict[str, float]:
+    """Where the window's seconds went: each step's share of [writes blocked, DNS flipped] (the step that blocks
+    writes counts from the block), what the engine spent between steps, and the replicate switch's own parts."""
+    if not (blocked_at and flipped_at and flipped_at > blocked_at):
+        return {}
+    parts: dict[str, float] = {}
+    for step in steps:
+        start, end = step.get("started_at"), step.get("ended_at")
+        if start is None or end is None:
+            continue
+        inside = min(end, flipped_at) - max(start, blocked_at)
+        if inside > 0:
+            parts[step["name"]] = round(inside, 3)
+    parts["between steps"] = round(max(0.0, flipped_at - blocked_at - sum(parts.values())), 3)
+    if switch is not None:
+        for name, value in (
+            ("switch: read_only", switch.read_only_seconds),
+            ("switch: fence", switch.fence_seconds),
+            ("switch: replica's wait", switch.wait_seconds),
+            ("switch: promotion", switch.promote_seconds),
+        ):
+            if value is not None:
+                parts[name] = value
+    return parts
 
 
 def final_pass_trees(outputs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -134,6 +164,10 @@ def checks_where(outputs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         if t.compared is not None:
             checks.append({"check": f"tree {name}: every file's checksum", "where": "before",
                            "differing": t.compared.differing, "seconds": t.compared.seconds})  # fmt: skip
+    catchup = CatchupResult.of(outputs.get("repl_catchup"))
+    if catchup.health_tries:
+        checks.append({"check": "health checks", "where": "before", "passed": sorted(catchup.health_tries),
+                       "seconds": catchup.health_seconds})  # fmt: skip
     if "verify_target" in outputs:
         verify = VerifyResult.of(outputs["verify_target"])
         for name, scope in (verify.trees_verified or {}).items():
@@ -190,6 +224,9 @@ def render_report(report: dict[str, Any]) -> str:
             f"  writes blocked {_when(cut.get('writes_blocked_at'))} → DNS flipped "
             f"{_when(report.get('dns_flipped_at'))}: {report['write_block_seconds']:.2f} s"
         )
+    parts = report.get("window_parts") or {}
+    if parts:
+        lines.append("  inside the window: " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in parts.items()))
     for name, tree in (report.get("final_pass_trees") or {}).items():
         if tree.get("mode") == "tracked":
             lines.append(f"  tree {name}: final pass copied only the {tree.get('paths_listed')} tracked path(s)")

@@ -177,6 +177,12 @@ class CatchupResult(Contract):
     snapshot_gtid: str | None = None
     lag_seconds: float | None = None
     lag_waited_seconds: float | None = None
+    health_tries: dict[str, int] = {}  # the checks that passed before the window (their `when`: before, both)
+    health_seconds: float | None = None
+    prewindow_trees: dict[str, TreeFigures] = {}  # the last tracked pass of each tree before the window
+
+    def bytes_moved(self) -> int:
+        return sum(t.bytes for t in self.prewindow_trees.values())
 
 
 class SwitchResult(Contract):
@@ -186,6 +192,7 @@ class SwitchResult(Contract):
     mode_reason: str | None = None
     writes_blocked_at: float | None = None
     read_only_seconds: float | None = None
+    fence_seconds: float | None = None  # the source's fence command (side by side with read_only)
     final_gtid: str | None = None
     wait_seconds: float | None = None
     promote_seconds: float | None = None

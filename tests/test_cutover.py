@@ -18,6 +18,7 @@ import structlog
 
 from orchestrator import secrets
 from orchestrator.engine.step import StepContext, StepError
+from orchestrator.estimates import ASSUMED_SHUTDOWN_SECONDS, ASSUMED_START_SECONDS, overrun_advice, shutdown_forecast
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report import build_report, render_report
@@ -150,6 +151,53 @@ def test_start_target_fences_first_keeps_the_fence_and_bounds_each_command_by_th
     free = OfflineRuntime(max_write_block=60.0)
     StartTarget().run(Recorder().context(free, "start_target"))  # type: ignore[arg-type]
     assert {timeout for _, timeout in free.target.calls} == {COMMAND_TIMEOUT}
+
+
+def test_the_shutdown_forecast_adds_the_last_round_to_the_shutdown_and_start_and_keeps_the_reserve_back() -> None:
+    forecast = shutdown_forecast(12.5, last_round_bytes=4096, rounds=3, max_write_block=20.0, reserve=5.0)
+    assert [part.name for part in forecast.parts] == ["final datadir pass", "source database shutdown", "target start"]
+    assert forecast.seconds == 12.5 + ASSUMED_SHUTDOWN_SECONDS + ASSUMED_START_SECONDS
+    assert forecast.budget == 15.0 and not forecast.fits  # 15.5 s predicted, 15 s usable
+    assert shutdown_forecast(1.0, last_round_bytes=0, rounds=2, max_write_block=120.0, reserve=30.0).fits
+    assert not shutdown_forecast(43.0, last_round_bytes=0, rounds=2, max_write_block=60.0, reserve=15.0).fits
+    assert shutdown_forecast(42.0, last_round_bytes=0, rounds=2, max_write_block=60.0, reserve=15.0).fits
+
+
+def test_the_advice_names_what_would_help() -> None:
+    forecast = shutdown_forecast(40.0, last_round_bytes=9 << 20, rounds=5, max_write_block=30.0, reserve=7.5)
+    text = overrun_advice(forecast, rounds=5, max_rounds=5, converged=False, replicate_possible="log_bin is off")
+    assert text.startswith("the shutdown mode's window is predicted at 43.0 s (final datadir pass 40.00 s (measured")
+    assert "writes were not blocked, nothing changed" in text
+    assert "more pre-sync rounds (database.presync.max_rounds, 5 now)" in text
+    assert "the replicate mode" in text and "not possible here: log_bin is off" in text
+    assert "cutover.max_write_block ≥ 50 s" in text  # the prediction plus the reserve
+    converged = overrun_advice(forecast, rounds=2, max_rounds=5, converged=True, replicate_possible=None)
+    assert "more pre-sync rounds" in converged  # rounds left: a later round may come out shorter
+    assert "more pre-sync rounds" not in overrun_advice(
+        forecast, rounds=5, max_rounds=5, converged=True, replicate_possible=None
+    )
+
+
+def _presynced(rt: OfflineRuntime, budget: float, last_seconds: float, *, refuse: bool = True) -> StepContext:
+    cutover = rt.plan.cutover.model_copy(update={"max_write_block": budget, "refuse_predicted_overrun": refuse})
+    rt.plan = rt.plan.model_copy(update={"cutover": cutover})
+    rounds = [{"round": 1, "bytes": 9 << 30, "seconds": 300.0}, {"round": 2, "bytes": 5 << 20, "seconds": last_seconds}]
+    outputs = {
+        "db_presync": {"rounds": rounds, "converged": True},
+        "preflight": {"mode_reason": "shutdown (as the plan says)"},
+    }
+    return Recorder().context(rt, "cutover", outputs)  # type: ignore[arg-type]
+
+
+def test_the_cutover_does_not_begin_a_window_predicted_past_the_budget() -> None:
+    rt = OfflineRuntime(max_write_block=60.0)
+    ctx = _presynced(rt, budget=60.0, last_seconds=50.0)  # 50 + 3 assumed > 60 - 15 reserve
+    with pytest.raises(StepError, match=r"predicted at 53\.0 s .* writes were not blocked"):
+        Cutover()._forecast(ctx)
+    assert rt.target.calls == [] and rt.window.blocked_at is None  # nothing ran, writes never blocked
+    Cutover()._forecast(_presynced(OfflineRuntime(60.0), budget=60.0, last_seconds=10.0))  # fits: goes on
+    # The operator's choice: enter anyway (the budget still rolls it back).
+    Cutover()._forecast(_presynced(OfflineRuntime(60.0), budget=60.0, last_seconds=50.0, refuse=False))
 
 
 # --- the step on the lab ----------------------------------------------------------------------------------------

@@ -219,10 +219,27 @@ def test_failing_health_check_rolls_back(live_lab: LabState) -> None:
 
 def test_write_block_budget_exceeded_rolls_back(live_lab: LabState) -> None:
     state = live_lab
-    plan = plan_copy(state, "budget", {"cutover": {"max_write_block": 0.05}})
+    # Entered although the forecast says it cannot fit: the budget itself must roll it back.
+    plan = plan_copy(state, "budget", {"cutover": {"max_write_block": 0.05, "refuse_predicted_overrun": False}})
     result = migrate_apply(state, plan)
     assert result.returncode == exit_codes.FAILED, outcome(result)
     assert "more than cutover.max_write_block" in result.stdout + result.stderr, outcome(result)
+    assert_source_serves_and_dns_unchanged(state)
+
+
+def test_a_window_predicted_past_the_budget_is_not_begun(live_lab: LabState) -> None:
+    """The shutdown mode predicts its window before the fence (the last datadir round, the shutdown, the start):
+    past the budget it says so and what would help, and writes were never blocked."""
+    state = live_lab
+    plan = plan_copy(state, "forecast", {"cutover": {"max_write_block": 2.0}})
+    result = migrate_apply(state, plan)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    assert "the shutdown mode's window is predicted at" in said, outcome(result)
+    assert "writes were not blocked" in said and "the replicate mode" in said, outcome(result)
+    assert "cutover.max_write_block ≥" in said, outcome(result)
+    journal = (state.path / ".migrate" / plan_name(plan) / "journal.jsonl").read_text()
+    assert '"key":"writes_blocked_at"' not in journal and '"key":"fenced"' not in journal
     assert_source_serves_and_dns_unchanged(state)
 
 

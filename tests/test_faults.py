@@ -445,7 +445,9 @@ def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_l
 
     state = live_lab
     budget = 15.0
-    plan = plan_copy(state, "guard", {"cutover": {"max_write_block": budget, "lock_attempts": 1}})
+    plan = plan_copy(
+        state, "guard", {"cutover": {"max_write_block": budget, "lock_attempts": 1, "refuse_predicted_overrun": False}}
+    )
     journal = journal_path(state, plan)
     run = popen_apply(state, plan)
     try:

@@ -186,7 +186,7 @@ def test_migration_under_load_fails_no_request_and_stalls_no_longer_than_the_win
 
 def test_budget_spent_while_holding_rolls_back_and_no_request_fails(door_lab: LabState, tmp_path: Path) -> None:
     state = door_lab
-    plan = plan_copy(state, "doorbudget", {"cutover": {"max_write_block": 1.0}})
+    plan = plan_copy(state, "doorbudget", {"cutover": {"max_write_block": 1.0, "refuse_predicted_overrun": False}})
     journal = journal_of(state, plan)
     load_dir = tmp_path / "load"
     load = start_load(state, load_dir, journal)
@@ -215,7 +215,7 @@ def test_budget_spent_while_holding_rolls_back_and_no_request_fails(door_lab: La
 
 def test_killed_while_requests_are_held_they_complete_at_the_deadline(door_lab: LabState) -> None:
     state = door_lab
-    plan = plan_copy(state, "doorkill", {"cutover": {"max_write_block": 5.0}})
+    plan = plan_copy(state, "doorkill", {"cutover": {"max_write_block": 5.0, "refuse_predicted_overrun": False}})
     journal = journal_of(state, plan)
     env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
     command = [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)]

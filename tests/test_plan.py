@@ -682,7 +682,9 @@ def test_reversed_source_keeps_the_address_dns_pointed_at(tmp_path: Path) -> Non
 
 
 def test_double_reversal_gives_back_the_forward_plan(tmp_path: Path) -> None:
-    forward = load_plan(write(tmp_path, REVERSIBLE_PLAN)).plan
+    # A reverse run always uses the shutdown mode: the forward plan says it too (the default, auto, would not).
+    shutdown = REVERSIBLE_PLAN.replace("  max_write_block: 60\n", "  max_write_block: 60\n  mode: shutdown\n", 1)
+    forward = load_plan(write(tmp_path, shutdown)).plan
     again = forward.reversed().reversed()
     for section in ("source", "target", "files", "database", "services", "health", "transfer", "cutover", "finish"):
         assert getattr(again, section) == getattr(forward, section), section

@@ -264,9 +264,18 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
         repl.GtidPosition.parse(switch["final_gtid"]), repl.GtidPosition.parse(switch["executed_gtid"])
     )
 
+    # The health checks passed before the window (against the fenced replica) and again inside it; the window's
+    # parts are in the report, the switch's own among them.
+    assert {(c["check"], c["where"]) for c in report["checks"]} >= {
+        ("health checks", "before"),
+        ("health checks", "inside"),
+    }
+    assert {"repl_switch", "files_final", "verify_target", "dns_flip", "switch: fence"} <= set(report["window_parts"])
+
     verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
     assert verify.window is not None
     window = float(verify.window["to"]) - float(verify.window["from"])
+    print(f"replicate: window parts {report['window_parts']}")
     print(
         f"replicate: window {window:.2f} s, writes blocked (report) {report['write_block_seconds']} s; switch "
         f"{switch.get('switch_seconds')} s (read_only {switch.get('read_only_seconds')} s, wait "

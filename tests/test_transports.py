@@ -320,3 +320,35 @@ def test_a_command_past_its_timeout_is_stopped_on_the_host(rt: Runtime, tmp_path
         rt.source.run(f"sleep 5 && touch {marker}", timeout=1)
     time.sleep(5.5)
     assert not marker.exists(), "the timed-out command went on running on the host"
+
+
+@pytest.mark.lab
+def test_a_kept_shell_runs_commands_as_a_session_would_and_is_dropped_after_a_timeout(rt: Runtime) -> None:
+    host = rt.source
+    host.keep_shell()
+    # The same answers as a session of its own: exit status, stdout and stderr apart, bytes untouched.
+    result = host.run("echo out; echo err >&2; exit 3", check=False)
+    assert (result.exit_status, result.stdout, result.stderr) == (3, "out\n", "err\n")
+    assert host.run("printf 'no newline\\0end'").stdout == "no newline\0end"
+    with pytest.raises(CommandFailed, match="exited with status 1"):
+        host.run("false")
+    # It never reads the shell's own input (the next commands), and what it leaves running cannot answer for it.
+    assert host.run("cat; echo after").stdout == "after\n"
+    assert host.run("(sleep 3; echo late) & echo now").stdout == "now\n"
+    assert host.run("echo next", timeout=10).stdout == "next\n"
+    assert host.run("echo 'unterminated", check=False).exit_status != 0  # the shell itself is not confused
+    assert host.run("echo fine").stdout == "fine\n"
+    # The commands did run in the kept shell: the same shell process answers each time.
+    first, second = host.run("echo $PPID").stdout, host.run("echo $PPID").stdout
+    assert first == second
+    # A short stream (a pass over changed paths) runs there too; its lines are handed over once it ended.
+    lines: list[str] = []
+    streamed = host.stream(r"printf '10%%\r100%%\ndone\n'; echo $PPID; echo warn >&2", lines.append, short=True)
+    assert lines == ["10%", "100%", "done", first.strip()] and streamed.stderr == "warn\n"
+    # Secrets never travel through it: a command with an environment gets a session of its own.
+    assert host.run('echo "$X"', env={"X": "via-env"}).stdout == "via-env\n"
+    # Past its timeout the command is abandoned, and the shell with it: the next command opens a session.
+    with pytest.raises(TransportError, match="timed out"):
+        host.run("sleep 10", timeout=0.5)
+    assert host.run("echo $PPID").stdout != first
+    assert host.run("echo still usable").stdout == "still usable\n"

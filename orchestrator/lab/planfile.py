@@ -129,7 +129,11 @@ services:
     enable: {s(tgt.bin_dir / "fence-on")}
     disable: {s(tgt.bin_dir / "fence-off")}
 
-# What must be true of the target before DNS moves.
+# What must be true of the target before DNS moves. Inside the window a check must cost O(1), not O(data): the SQL
+# check asks whether one review exists (EXISTS stops at the first row; COUNT(*) would read them all). `when` says
+# where a check runs in the replicate mode, whose target serves (fenced) before the window: both (default: before
+# the window and again inside it), before (only before: a costly check), window (only inside). The shutdown mode
+# runs every check inside the window (its target starts there).
 health:
   checks:
     - kind: http
@@ -139,7 +143,7 @@ health:
       expect_body: ok
     - kind: sql
       name: reviews present
-      query: "SELECT COUNT(*) > 0 FROM {state.db_name}.reviews"
+      query: "SELECT EXISTS(SELECT 1 FROM {state.db_name}.reviews)"
       expect: "1"
   attempts: 20
   interval: 0.5

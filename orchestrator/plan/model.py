@@ -390,9 +390,23 @@ class Services(Strict):
     )
 
 
+CheckWhen = Literal["both", "before", "window"]
+
+
+def _when() -> Any:
+    return Field(
+        default="both",
+        description="where the check runs in the replicate mode, whose target serves (fenced) before the window: "
+        "'both' (default: before the window and again inside it, right before DNS moves), 'before' (only before: for a "
+        "costly check, e.g. one that reads a whole table), 'window' (only inside). The shutdown mode starts the target "
+        "inside the window: every check runs there",
+    )
+
+
 class HttpCheck(Strict):
     kind: Literal["http"] = "http"
     name: Label | None = None
+    when: CheckWhen = _when()
     url: HttpUrl = Field(description="http:// or https:// URL on the target, e.g. http://203.0.113.20/healthz")
     host_header: Annotated[str, AfterValidator(_host_header)] | None = Field(
         default=None, description="Host header, e.g. the service's public name"
@@ -405,6 +419,7 @@ class HttpCheck(Strict):
 class TcpCheck(Strict):
     kind: Literal["tcp"] = "tcp"
     name: Label | None = None
+    when: CheckWhen = _when()
     host: HostAddress
     port: int = Field(ge=1, le=65535)
     timeout: float = _seconds(0, 300, default=5.0, description="per try")
@@ -413,6 +428,7 @@ class TcpCheck(Strict):
 class SqlCheck(Strict):
     kind: Literal["sql"] = "sql"
     name: Label | None = None
+    when: CheckWhen = _when()
     query: Command
     expect: LongText | None = Field(default=None, description="expected first column of the first row, as text")
 
@@ -420,6 +436,7 @@ class SqlCheck(Strict):
 class CommandCheck(Strict):
     kind: Literal["command"] = "command"
     name: Label | None = None
+    when: CheckWhen = _when()
     run: Command = Field(description="shell command; exit 0 means healthy")
     on: Literal["target", "source"] = "target"
     timeout: float = _seconds(0, 3600, default=30.0, description="per try")
@@ -473,17 +490,32 @@ class Cutover(Strict):
         0, 3600, default=120.0, description="longest writes may stay blocked before the target takes them"
     )
     mode: Literal["shutdown", "replicate", "auto"] = Field(
-        default="shutdown",
+        default="auto",
         description="how the database moves: 'shutdown' stops the source database cleanly and copies its delta; "
         "'replicate' seeds the target with mariadb-backup, keeps it a GTID replica and switches in well under a "
-        "second (needs the 'replication' section); 'auto' picks 'replicate' when the servers allow it, else "
-        "'shutdown' (decided when the run starts, journaled, said by preflight)",
+        "second (needs the 'replication' section); 'auto' (the default) picks 'replicate' when the plan has a "
+        "'replication' section and the servers allow it, else 'shutdown' (decided when the run starts, journaled, "
+        "said by preflight)",
+    )
+    refuse_predicted_overrun: bool = Field(
+        default=True,
+        description="the shutdown mode predicts its window before blocking writes (the last datadir pre-sync round, "
+        "the shutdown, the target's start) and does not begin it when the prediction exceeds max_write_block less "
+        "the rollback's reserve: it says so and what would help; false: it begins anyway (the budget still rolls "
+        "it back)",
     )
     postpone_flag: FilePath | None = Field(
         default=None,
         description="a file on the machine running migrate (relative to the plan): while it exists, the run waits "
         "before the downtime begins (pre-syncs done); delete it to go on",
     )
+
+
+def static_mode(plan: Plan) -> str:
+    """The cut-over mode known without asking the servers: the declared one, except that 'auto' without a
+    `replication` section can only be 'shutdown' (the replicate mode needs the replication account)."""
+    mode = plan.cutover.mode
+    return "shutdown" if mode == "auto" and plan.replication is None else mode
 
 
 class ReplicationEndpoint(Strict):

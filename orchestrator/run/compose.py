@@ -12,7 +12,7 @@ from orchestrator import logging as mlog
 from orchestrator import secrets
 from orchestrator.engine.hooks import HookRunner
 from orchestrator.engine.step import Step
-from orchestrator.plan.model import Plan
+from orchestrator.plan.model import Plan, static_mode
 
 Say = Callable[[str], None]
 
@@ -62,6 +62,8 @@ def resolve_mode(plan: Plan, plan_path: Path, journal_path: Path, *, probe: bool
         steps = list(started[-1].get("steps") or []) if started else []
         if steps:
             mode = "replicate" if SWITCH_STEP in steps else "shutdown"
+    if mode is None and static_mode(plan) != "auto":
+        mode = static_mode(plan)  # no replication section: nothing to ask the servers
     if mode is None and probe:
         mode = _probe_mode(plan, plan_path)
     if mode is None:

@@ -16,7 +16,7 @@ import importlib
 import inspect
 
 from orchestrator.engine.step import Step
-from orchestrator.plan.model import Plan
+from orchestrator.plan.model import Plan, static_mode
 
 BEFORE_CUTOVER: tuple[str, ...] = ("preflight", "lower_ttl", "prepare_target", "files_presync")
 CUTOVER_MODES: dict[str, tuple[str, ...]] = {
@@ -53,4 +53,4 @@ def step_class(name: str) -> type[Step]:
 
 def build_steps(plan: Plan) -> list[Step]:
     """One instance of every step of the plan's cut-over mode, in run order (steps read the plan from the runtime)."""
-    return [step_class(name)() for name in step_order(plan.cutover.mode)]
+    return [step_class(name)() for name in step_order(static_mode(plan))]

@@ -16,6 +16,7 @@ from orchestrator.contracts import Host, Which, runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan, Service
 from orchestrator.results import TreeFigures
+from orchestrator.tracking import ChangeTracker, TrackingError, final_pass_command
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -170,3 +171,65 @@ def wait_db_answers(ctx: StepContext, which: Which, timeout: float, *, refusal_i
                 f"the {which} database did not answer within {timeout:.0f} s of its start command: see its error log"
             )
         time.sleep(DB_POLL_INTERVAL)
+
+
+# --- the last tracked pass before the window ---
+
+PREWINDOW_LIST = "prewindow.list"
+
+
+def tracked_prepass(ctx: StepContext, tree: FileTree, presync: TreeFigures | None) -> TreeFigures | None:
+    """Copy the paths the tree's tracker saw change since the pre-sync, while the source still serves (the replicate
+    mode's long stretch between the pre-sync and the window: the seed, the replica, the comparison).
+
+    The tracker's list is cumulative: the final pass inside the window lists these paths again, but rsync's quick
+    check (size, nanosecond mtime) skips those unchanged since, so what it moves is what changed after this pass.
+    Also opens the shared SSH connection the final pass reuses. None: no tracker to ask (the final pass scans).
+    """
+    ref = presync.tracker if presync else None
+    if ref is None or ref.unavailable:
+        return None
+    rt = runtime(ctx)
+    plan = rt.plan
+    tracker = ChangeTracker(rt.source, tree.source, ref.state_dir, name=ref.name)  # type: ignore[arg-type]
+    started = time.monotonic()
+    try:
+        changes = tracker.changes(f"{tracker.dir}/{PREWINDOW_LIST}", timeout=COMMAND_TIMEOUT)
+        if not changes.trust.trusted:
+            ctx.log.info("prewindow_pass_skipped", tree=tree.name, reasons=list(changes.trust.reasons))
+            return None
+        stats = rsync.Stats()
+        if changes.count:
+            command = final_pass_command(
+                tree.source, rsync.target_spec(plan, tree.target), changes.path, ssh=rsync.target_ssh_command(plan),
+                exclude=tree.exclude, chown=tree.owner, timeout=plan.transfer.rsync_timeout,
+                whole_file=plan.transfer.whole_file,
+            )  # fmt: skip
+            stats, _ = rsync.push_live(rt.source, plan, command, what=f"pre-window pass of tree {tree.name}",
+                                       retry=plan.retry)  # fmt: skip
+        else:
+            rt.source.run(rsync.open_master_command(plan), timeout=COMMAND_TIMEOUT)
+    except (TrackingError, TransportError) as exc:
+        ctx.log.warning("prewindow_pass_failed", tree=tree.name, error=str(exc))  # the final pass copies it all
+        return None
+    figures = TreeFigures(
+        bytes=stats.transferred_bytes, files=stats.files_transferred, total_size=stats.total_size,
+        seconds=round(time.monotonic() - started, 3), mode="tracked", listed=changes.count,
+    )  # fmt: skip
+    ctx.log.info("prewindow_pass", tree=tree.name, **figures.journal())
+    return figures
+
+
+def keep_shells(ctx: StepContext) -> None:
+    """Before the window: a shell kept open on each host (SshHost.keep_shell), so the window's short commands (the
+    fence, the change list, the target's fence) run without a new SSH session each. Best effort: a host that cannot
+    open one runs its commands as before."""
+    rt = runtime(ctx)
+    for which, host in (("source", rt.source), ("target", rt.target)):
+        keep = getattr(host, "keep_shell", None)
+        if keep is None:
+            continue
+        try:
+            keep()
+        except TransportError as exc:
+            ctx.log.warning("shell_not_kept", host=which, error=str(exc))

@@ -34,10 +34,10 @@ from typing import Any
 
 import pymysql
 
-from orchestrator import frontdoor, guard, probes
+from orchestrator import estimates, frontdoor, guard, probes
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.results import CutoverResult, FinalState, LockFigures
+from orchestrator.results import CutoverResult, DbPresyncResult, FinalState, LockFigures
 from orchestrator.steps.common import wait_db_answers
 from orchestrator.transports import mysql
 from orchestrator.transports.replication import set_read_only
@@ -113,6 +113,8 @@ class Cutover(Step):
             mode=rt.plan.cutover.mode, mode_reason=MODE_REASON, source_clock_offset=self._clock_offset
         )
         self._refuse_after_guard(ctx)
+        if journaled is None and not ctx.saved(WRITES_BLOCKED_AT):
+            self._forecast(ctx)
         try:
             if journaled is not None:
                 ctx.log.info("cutover.resume_after_shutdown")
@@ -130,6 +132,33 @@ class Cutover(Step):
         merged = CutoverResult.model_validate({**result.model_dump(exclude_none=True), **final.journal()})
         merged.write_block_seconds_so_far = round(time.time() - float(result.writes_blocked_at or 0), 3)
         return merged.journal()
+
+    def _forecast(self, ctx: StepContext) -> None:
+        """Before writes stop: the window predicted from what the run measured; past the budget it is not begun
+        (writes never blocked, nothing to undo), saying what would help, rather than blocking writes for the
+        whole budget and rolling back."""
+        plan = runtime(ctx).plan
+        presync = DbPresyncResult.of(ctx.output("db_presync"))
+        if not presync.rounds:
+            return
+        last = presync.rounds[-1]
+        forecast = estimates.shutdown_forecast(
+            last.seconds, last_round_bytes=last.bytes, rounds=len(presync.rounds),
+            max_write_block=plan.cutover.max_write_block, reserve=estimate_reserve(plan.cutover.max_write_block),
+        )  # fmt: skip
+        ctx.log.info("cutover.forecast", predicted_s=forecast.seconds, budget_s=forecast.budget,
+                     parts=forecast.summary())  # fmt: skip
+        if forecast.fits:
+            return
+        reason = str(ctx.output("preflight").get("mode_reason") or "")
+        advice = estimates.overrun_advice(
+            forecast, rounds=len(presync.rounds), max_rounds=plan.database.presync.max_rounds,
+            converged=presync.converged, replicate_possible=reason.partition("not possible here: ")[2] or None,
+        )  # fmt: skip
+        if not plan.cutover.refuse_predicted_overrun:
+            ctx.log.warning("cutover.forecast_over_budget", message=advice, entering="cutover.refuse_predicted_overrun")
+            return
+        raise StepError(advice)
 
     def undo(self, ctx: StepContext) -> None:
         """Make the source serve again: its database started, writable again, the fence lifted. Each part is

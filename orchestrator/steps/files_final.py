@@ -8,8 +8,10 @@ filesystem, ...), the tree is scanned whole, and the log and the result say why 
 
 from __future__ import annotations
 
+import contextvars
 import shlex
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.contracts import runtime
@@ -29,6 +31,9 @@ class FilesFinal(Step):
     name = "files_final"
     title = "Copy the file trees' delta (writes blocked)"
 
+    def __init__(self) -> None:
+        self._targets_made: Future[None] | None = None
+
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
         if not plan.files:
@@ -42,12 +47,24 @@ class FilesFinal(Step):
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         result = FilesResult()
         presync = FilesResult.of(ctx.output("files_presync"))
-        for tree in runtime(ctx).plan.files:
-            ctx.window.check(f"starting the final copy of tree {tree.name}")
-            result.trees[tree.name] = self.final_copy(ctx, tree, presync.trees.get(tree.name))
-            ctx.window.check(f"the final copy of tree {tree.name}")
+        trees = runtime(ctx).plan.files
+        if not trees:
+            return result.journal()
+        # The target directories are made on the target while the source builds its change lists: one SSH round
+        # trip fewer on the window's path.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mkdir") as pool:
+            self._targets_made = pool.submit(contextvars.copy_context().run, self._make_targets, ctx)
+            for tree in trees:
+                ctx.window.check(f"starting the final copy of tree {tree.name}")
+                result.trees[tree.name] = self.final_copy(ctx, tree, presync.trees.get(tree.name))
+                ctx.window.check(f"the final copy of tree {tree.name}")
         result.bytes = sum(t.bytes for t in result.trees.values())
         return result.journal()
+
+    def _make_targets(self, ctx: StepContext) -> None:
+        rt = runtime(ctx)
+        paths = " ".join(shlex.quote(tree.target) for tree in rt.plan.files)
+        rt.target.run(f"mkdir -p {paths}", timeout=ctx.window.timeout(60.0))
 
     def final_copy(self, ctx: StepContext, tree: FileTree, presync: TreeFigures | None) -> TreeFigures:
         ref = presync.tracker if presync else None
@@ -81,9 +98,12 @@ class FilesFinal(Step):
                 whole_file=plan.transfer.whole_file,
             )  # fmt: skip
             try:
-                rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=window.timeout(60.0))
+                if self._targets_made is not None:
+                    self._targets_made.result()  # made side by side with the change list (run)
+                else:
+                    rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=window.timeout(60.0))
                 stats = rsync.push(rt.source, command, what=f"tracked final pass of tree {tree.name}",  # type: ignore[arg-type]
-                                   retry=window.bounded(plan.retry), timeout=window.timeout())  # fmt: skip
+                                   retry=window.bounded(plan.retry), timeout=window.timeout(), short=True)  # fmt: skip
             except TransportError as exc:
                 raise StepError(f"copying the changes of tree {tree.name}: {exc}") from None
         figures = TreeFigures(

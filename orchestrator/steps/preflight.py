@@ -17,7 +17,7 @@ from orchestrator import probes, storage
 from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.secrets import redact
-from orchestrator.steps.repl_common import mode_reason, probe_replication, replicate_run
+from orchestrator.steps.repl_common import declared_mode, mode_reason, probe_replication, replicate_run
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -137,7 +137,7 @@ class Preflight(Step):
         binlog on, distinct server ids, log_slave_updates, ROW format, gtid_strict_mode, mariadb-backup, and
         application accounts that read_only stops."""
         rt = runtime(ctx)
-        declared = rt.plan.cutover.mode
+        declared = declared_mode(ctx)  # the plan's word (auto by default), not the mode the run resolved it to
         replicate = replicate_run(ctx)
         try:
             found = probe_replication(rt) if replicate or declared == "auto" else []

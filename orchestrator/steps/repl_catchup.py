@@ -17,9 +17,11 @@ import contextlib
 import time
 from typing import Any
 
+from orchestrator import health
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.results import CatchupResult
+from orchestrator.results import CatchupResult, FilesResult
+from orchestrator.steps.common import keep_shells, tracked_prepass
 from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl
 
@@ -41,12 +43,26 @@ class ReplCatchup(Step):
                 f"to exactly that position, compare every table in chunks of {rows} rows (checksums); a difference "
                 "stops the run naming the table and chunk"
             )
+        before = health.checks_for(plan.health, health.BEFORE, replicate=True)
+        lines += [
+            f"health check {health.check_label(c)} against the fenced target, before the window "
+            f"(up to {plan.health.attempts} tries)"
+            for c in before
+        ]
+        lines += [
+            f"the last tracked pass of tree {t.name} while the source serves: the paths changed since the pre-sync"
+            for t in plan.files
+        ]
         max_lag = settings.max_lag if settings else 1.0
         lag_wait = settings.lag_wait if settings else 600.0
         lines.append(
             f"wait until the replica reaches the source's current position within {max_lag:g} s "
             f"(replication.max_lag), at most {lag_wait:g} s (replication.lag_wait); a replica error stops the run "
             "with the replica's own message"
+        )
+        lines.append(
+            "open a shell on each host for the window's short commands (the fence, the change list, the target's "
+            "fence): no new SSH session inside the window"
         )
         return lines
 
@@ -63,7 +79,10 @@ class ReplCatchup(Step):
                 raise StepError(f"the replica stopped: {failure}")
             if settings.compare:
                 self._compare(ctx, source, target, result)
+            self._health(ctx, result)
+            self._files_prepass(ctx, result)
             self._wait_for_lag(ctx, source, target, result)
+            keep_shells(ctx)
         except repl.ReplicationError as exc:
             raise StepError(f"catching up: {exc}") from None
         finally:
@@ -127,6 +146,30 @@ class ReplCatchup(Step):
             )
         repl.start_replica(target)
         ctx.log.info("repl.compared_equal", tables=len(tables), chunks=chunks, seconds=result.compare_seconds)
+
+    def _health(self, ctx: StepContext, result: CatchupResult) -> None:
+        """The target's services run fenced on the replica's data: the health checks pass here, before the window,
+        so inside it only the cheap ones run again (`when: both`) and the costly ones (`when: before`) not at all."""
+        plan = runtime(ctx).plan
+        checks = health.checks_for(plan.health, health.BEFORE, replicate=True)
+        started = time.monotonic()
+        tries, failures = health.run_checks(ctx, checks, plan.health)
+        result.health_tries = tries
+        result.health_seconds = round(time.monotonic() - started, 3)
+        if failures:
+            raise StepError(
+                "the target failed its health checks before the window (the source serves as before): "
+                + "; ".join(failures)
+            )
+
+    def _files_prepass(self, ctx: StepContext, result: CatchupResult) -> None:
+        """The uploads changed since the pre-sync (the seed and the comparison took a while), copied while the
+        source serves: the final pass inside the window then moves only what changed after this."""
+        presync = FilesResult.of(ctx.output("files_presync"))
+        for tree in runtime(ctx).plan.files:
+            figures = tracked_prepass(ctx, tree, presync.trees.get(tree.name))
+            if figures is not None:
+                result.prewindow_trees[tree.name] = figures
 
     def _wait_for_lag(self, ctx: StepContext, source: Any, target: Any, result: CatchupResult) -> None:
         settings = runtime(ctx).plan.replication

@@ -7,16 +7,18 @@ Not a step: steps import this module, never each other.
 
 from __future__ import annotations
 
+import io
 import shlex
 from dataclasses import dataclass
 from typing import Any
 
 import pymysql
+from ruamel.yaml import YAML
 
 from orchestrator import probes
 from orchestrator.contracts import StepRuntime, runtime
 from orchestrator.engine.step import StepContext, StepError
-from orchestrator.plan.model import Plan, ReplicationEndpoint
+from orchestrator.plan.model import Plan, ReplicationEndpoint, static_mode
 from orchestrator.transports import replication as repl
 from orchestrator.transports.rsync import target_ssh_command
 
@@ -58,8 +60,25 @@ def replicate_run(ctx: StepContext) -> bool:
     if steps:
         return SWITCH_STEP in steps
     # A run's plan has its mode resolved (run/compose.py); a dry-run's unresolved auto shows the replicate steps.
-    mode = runtime(ctx).plan.cutover.mode
+    mode = static_mode(runtime(ctx).plan)
     return mode == "replicate" or (mode == "auto" and ctx.dry_run)
+
+
+def declared_mode(ctx: StepContext) -> str:
+    """The cut-over mode the plan's author wrote (or left to its default, auto), before the run resolved it: the
+    plan text journaled in run_started says; without it, the plan this run has."""
+    started = [ev for ev in ctx.history() if ev.get("event") == "run_started"]
+    text = started[-1].get("plan_text") if started else None
+    if text:
+        try:
+            data = YAML(typ="safe").load(io.StringIO(str(text)))
+            cutover = data.get("cutover") if isinstance(data, dict) else None
+            mode = cutover.get("mode", "auto") if isinstance(cutover, dict) else "auto"
+            if mode in ("auto", "replicate", "shutdown"):
+                return str(mode)
+        except Exception:  # the text was validated when the run began: this is only a fallback
+            pass
+    return runtime(ctx).plan.cutover.mode
 
 
 # --- can this pair of servers replicate? ----------------------------------------------------------------------

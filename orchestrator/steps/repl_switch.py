@@ -28,7 +28,7 @@ from orchestrator import frontdoor
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
-from orchestrator.steps.repl_common import FINAL_GTID, mode_reason
+from orchestrator.steps.repl_common import FINAL_GTID, declared_mode, mode_reason
 from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 
@@ -68,7 +68,7 @@ class ReplSwitch(Step):
         rt = runtime(ctx)
         plan = rt.plan
         window = ctx.window
-        result = SwitchResult(mode_reason=mode_reason("replicate", [], plan.cutover.mode))
+        result = SwitchResult(mode_reason=mode_reason("replicate", [], declared_mode(ctx)))
         # Connections are opened while writes still flow: connecting is not part of the window.
         source = rt.db("source", read_timeout=max(plan.database.read_timeout, plan.cutover.lock_wait_timeout + 30))
         target = rt.db("target", read_timeout=max(plan.database.read_timeout, plan.cutover.max_write_block + 30))
@@ -94,6 +94,7 @@ class ReplSwitch(Step):
                         fence_failure = fenced.exception()  # waited for: undo finds the fence up, not going up
                     if fence_failure is not None:
                         raise fence_failure
+                    result.fence_seconds = fenced.result()
                 result.writes_blocked_at = blocked_at
                 final = self._final_position(ctx, source)
                 result.final_gtid = str(final)
@@ -151,9 +152,11 @@ class ReplSwitch(Step):
         frontdoor.hold_source(ctx, blocked_at, source_serves_reads=True)
         return blocked_at
 
-    def _fence(self, ctx: StepContext) -> None:
+    def _fence(self, ctx: StepContext) -> float:
+        """The source's fence command; its seconds (it runs side by side with read_only)."""
         rt = runtime(ctx)
         fence = rt.plan.services.fence.enable
+        started = time.monotonic()
         if fence:
             try:
                 rt.source.run(fence, timeout=ctx.window.timeout(FENCE_TIMEOUT))
@@ -161,7 +164,9 @@ class ReplSwitch(Step):
                 ctx.window.check("fencing the source")
                 raise StepError(f"fencing the source: {exc}") from None
         ctx.window.check("fencing the source")
-        ctx.log.info("repl.switch.fenced", fence=bool(fence))
+        seconds = round(time.monotonic() - started, 3)
+        ctx.log.info("repl.switch.fenced", fence=bool(fence), seconds=seconds)
+        return seconds
 
     def _read_only(self, ctx: StepContext, source: Any) -> float:
         """read_only on the source, each try bounded by the budget, retried with backoff like the lock."""

@@ -11,18 +11,15 @@ keeping writes blocked past cutover.max_write_block.
 from __future__ import annotations
 
 import contextvars
-import socket
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pymysql
 
+from orchestrator import health
 from orchestrator.contracts import runtime
-from orchestrator.engine.step import Step, StepContext, StepError, WriteWindow
-from orchestrator.plan.model import CommandCheck, FileTree, HealthCheck, HttpCheck, Plan, SqlCheck, TcpCheck
+from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.plan.model import FileTree, Plan
 from orchestrator.results import Compared, CutoverResult, FilesResult, TreeFigures, VerifyResult
 from orchestrator.steps.repl_common import SWITCH_STEP, replicate_run
 from orchestrator.tracking import verify_listed_command
@@ -31,90 +28,6 @@ from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 
 MAX_LISTED = 5
-
-
-class CheckFailed(Exception):
-    pass
-
-
-def check_label(check: HealthCheck) -> str:
-    if check.name:
-        return check.name
-    if isinstance(check, HttpCheck):
-        return f"http {check.url}"
-    if isinstance(check, TcpCheck):
-        return f"tcp {check.host}:{check.port}"
-    if isinstance(check, SqlCheck):
-        return f"sql {check.query[:40]}"
-    return f"command on {check.on}: {check.run[:40]}"
-
-
-def _http(check: HttpCheck, timeout: float) -> None:
-    headers = {"Host": check.host_header} if check.host_header else {}
-    request = urllib.request.Request(check.url, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, body = response.status, response.read(1 << 20).decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        status, body = exc.code, exc.read(1 << 20).decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise CheckFailed(f"no answer ({reason})") from None
-    if status != check.expect_status:
-        raise CheckFailed(f"status {status}, expected {check.expect_status}")
-    if check.expect_body is not None and check.expect_body not in body:
-        raise CheckFailed(f"body lacks {check.expect_body!r}")
-
-
-def _tcp(check: TcpCheck, timeout: float) -> None:
-    try:
-        with socket.create_connection((check.host, check.port), timeout=timeout):
-            pass
-    except OSError as exc:
-        raise CheckFailed(f"cannot connect ({exc.strerror or exc})") from None
-
-
-def _sql(ctx: StepContext, check: SqlCheck, window: WriteWindow) -> None:
-    rt = runtime(ctx)
-    conn = None
-    try:
-        conn = rt.db("target", retry=False, read_timeout=window.timeout(rt.plan.database.read_timeout))
-        with conn.cursor() as cur:
-            cur.execute(check.query)
-            row = cur.fetchone()
-    except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
-        raise CheckFailed(str(exc)) from None
-    finally:
-        if conn is not None:
-            rt.release(conn)  # one connection per try: do not pile them up until the run ends
-    if check.expect is not None:
-        got = None if row is None or row[0] is None else str(row[0])
-        if got != check.expect:
-            raise CheckFailed(f"answered {got!r}, expected {check.expect!r}")
-
-
-def _command(ctx: StepContext, check: CommandCheck, timeout: float) -> None:
-    host = runtime(ctx).host(check.on)
-    try:
-        result = host.run(check.run, timeout=timeout, check=False)
-    except TransportError as exc:
-        raise CheckFailed(str(exc)) from None
-    if result.exit_status != 0:
-        last = next((x.strip() for x in reversed(result.stderr.splitlines()) if x.strip()), "")
-        raise CheckFailed(f"exit {result.exit_status}" + (f": {last}" if last else ""))
-
-
-def run_check(ctx: StepContext, check: HealthCheck) -> None:
-    """One try of a check, its own timeout bounded by what is left of the downtime window."""
-    window = ctx.window
-    if isinstance(check, HttpCheck):
-        _http(check, window.timeout(check.timeout) or check.timeout)
-    elif isinstance(check, TcpCheck):
-        _tcp(check, window.timeout(check.timeout) or check.timeout)
-    elif isinstance(check, SqlCheck):
-        _sql(ctx, check, window)
-    else:
-        _command(ctx, check, window.timeout(check.timeout) or check.timeout)
 
 
 def _listed(items: list[str]) -> str:
@@ -154,8 +67,10 @@ class VerifyTarget(Step):
 
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
-        lines = [f"health check {check_label(c)} (up to {plan.health.attempts} tries)" for c in plan.health.checks]
-        if replicate_run(ctx):
+        replicate = replicate_run(ctx)
+        inside = health.checks_for(plan.health, health.INSIDE, replicate=replicate)
+        lines = [f"health check {health.check_label(c)} (up to {plan.health.attempts} tries)" for c in inside]
+        if replicate:
             return [
                 *lines,
                 "GTID positions: the source still at its final position, the target executed exactly it "
@@ -175,31 +90,11 @@ class VerifyTarget(Step):
         return lines
 
     def health(self, ctx: StepContext) -> tuple[dict[str, int], list[str]]:
-        """Tries each check until it passes; the tries each needed, and the failures.
-
-        Tries stop when the budget is spent (StepError), whatever attempts times timeouts would allow.
-        """
+        """The checks that run inside the window (all of them in the shutdown mode; in the replicate mode those
+        whose `when` is 'window' or 'both': the others passed before the window)."""
         plan = runtime(ctx).plan
-        window = ctx.window
-        tries: dict[str, int] = {}
-        failures: list[str] = []
-        for check in plan.health.checks:
-            label = check_label(check)
-            for attempt in range(1, plan.health.attempts + 1):
-                window.check(f"health check {label}, try {attempt} of {plan.health.attempts}")
-                try:
-                    run_check(ctx, check)
-                    tries[label] = attempt
-                    break
-                except CheckFailed as exc:
-                    # A try cut short by the budget is not the check's failure: say the budget ran out.
-                    window.check(f"health check {label}, try {attempt} of {plan.health.attempts}")
-                    if attempt == plan.health.attempts:
-                        failures.append(f"health check {label} failed {attempt} times: {exc}")
-                    else:
-                        time.sleep(window.timeout(plan.health.interval) or 0.0)
-            ctx.log.info("health_check", check=label, passed=label in tries, tries=tries.get(label))
-        return tries, failures
+        checks = health.checks_for(plan.health, health.INSIDE, replicate=replicate_run(ctx))
+        return health.run_checks(ctx, checks, plan.health)
 
     def database(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
         """Row counts (and checksums) of the target against the source's, taken under the cut-over's lock.
@@ -288,19 +183,25 @@ class VerifyTarget(Step):
             return {}, ["no final GTID position recorded by the switch"]
         final = repl.GtidPosition.parse(str(final_text))
         timeout = ctx.window.timeout(rt.plan.database.read_timeout)
-        problems: list[str] = []
-        try:
-            for which in ("source", "target"):
-                conn = rt.db(which, read_timeout=timeout)
+
+        def _read(which: str) -> str | None:
+            """The problem with that side's position, or None (each side in its own thread: two connections)."""
+            try:
+                conn = rt.db(which, read_timeout=timeout)  # type: ignore[arg-type]
                 try:
                     now = repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
                 finally:
                     rt.release(conn)
-                if not repl.same_position(final, now):
-                    problems.append(f"the {which} stands at GTID {now or 'nothing'}, not the final position {final}")
-        except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
-            ctx.window.check("comparing GTID positions")
-            problems.append(f"reading GTID positions: {exc}")
+            except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
+                ctx.window.check("comparing GTID positions")
+                return f"reading the {which}'s GTID position: {exc}"
+            if not repl.same_position(final, now):
+                return f"the {which} stands at GTID {now or 'nothing'}, not the final position {final}"
+            return None
+
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gtid") as pool:
+            futures = [pool.submit(contextvars.copy_context().run, _read, which) for which in ("source", "target")]
+            problems = [problem for future in futures if (problem := future.result()) is not None]
         return {}, problems
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:

@@ -78,6 +78,8 @@ class DnsClient:
         self._last_timeout = timeout
         self.per_page = per_page
         self.max_pages = max_pages
+        # A zone's id never changes while it exists: looked up once (preflight), not again inside the window.
+        self._zones: dict[str, str] = {}
         self._client = cloudflare.Cloudflare(
             api_token=api_token,
             api_key=None,
@@ -131,6 +133,8 @@ class DnsClient:
     def zone_id(self, zone_name: str, *, timeout: float | None = None) -> str:
         """The id of the zone with exactly this name, as the token sees it."""
         wanted = zone_name.lower().rstrip(".")
+        if wanted in self._zones:
+            return self._zones[wanted]
         try:
             page = self._client.zones.list(name=wanted, page=1, per_page=50, timeout=self._timeout(timeout))
         except cloudflare.CloudflareError as exc:
@@ -140,7 +144,8 @@ class DnsClient:
             raise DnsError(f"Cloudflare zone {wanted} not found (or the token cannot read it)", transient=False)
         if len(zones) > 1:
             raise DnsError(f"Cloudflare has {len(zones)} zones named {wanted}", transient=False)
-        return str(zones[0].id)
+        self._zones[wanted] = str(zones[0].id)
+        return self._zones[wanted]
 
     def find_records(self, zone_id: str, name: str, type: str, *, timeout: float | None = None) -> list[DnsRecord]:
         """All records with exactly this name and type, read one bounded page at a time."""

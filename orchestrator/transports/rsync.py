@@ -132,6 +132,13 @@ def target_ssh_command(plan: Plan, *, control: str = "auto") -> str:
     return shlex.join(parts)
 
 
+def open_master_command(plan: Plan) -> str:
+    """Run on the source: opens (or keeps alive) the shared SSH connection to the target that rsync's `-e` reuses,
+    so a transfer inside the window does not pay the handshake."""
+    login = f"{plan.target.user}@{plan.target.address}"
+    return f"{target_ssh_command(plan)} {shlex.quote(login)} true"
+
+
 def close_master_command(plan: Plan) -> str:
     """Run on the source: ends the shared SSH connection to the target, if there is one."""
     login = f"{plan.target.user}@{plan.target.address}"
@@ -302,8 +309,11 @@ def push(
     progress_interval: float = 2.0,
     timeout: float | None = None,
     live: bool = False,
+    short: bool = False,
 ) -> Stats:
     """Run a push_command on `host` (the source), retrying transient failures; returns the --stats figures.
+
+    `short`: a pass over a list of changed paths (O(changes)): it may run in the host's kept shell (SshHost.stream).
 
     `live`: the source tree is being written to, so files vanishing under rsync are normal (exit 24, or 23 when
     every error is a vanished file).
@@ -329,7 +339,8 @@ def push(
                 last_sent = now
                 on_progress(progress)
 
-        result = host.stream(command, _line, timeout=timeout, check=False, keep=_not_progress)
+        extra: dict[str, bool] = {"short": True} if short else {}
+        result = host.stream(command, _line, timeout=timeout, check=False, keep=_not_progress, **extra)
         kind = exit_kind(result.exit_status)
         if live and result.exit_status == PARTIAL and only_vanished(result.stderr):
             kind = "vanished"
