@@ -247,6 +247,17 @@ def _point_at_own_app(ctx: StepContext, side: Side) -> None:
         raise _fail(ctx, side, "pointing it at its own app", exc) from None
 
 
+def serve_own_app(ctx: StepContext, side: Side) -> bool:
+    """A reverse run's flip: the door that forwarded since the forward run (the old source's, this run's target)
+    serves its own host's app again. Committed by then: a failure is logged (the operator repoints it), never fatal."""
+    try:
+        _point_at_own_app(ctx, side)
+    except StepError as exc:
+        ctx.log.error("frontdoor.not_pointed_at_own_app", side=side, error=str(exc))
+        return False
+    return True
+
+
 # --- the flip: hold the target, forward the source ---------------------------------------------------------------
 
 

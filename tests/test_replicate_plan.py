@@ -120,13 +120,24 @@ def test_a_run_keeps_the_mode_it_began_with(tmp_path: Path) -> None:
     assert compose.resolve_mode(fixed, path, replicating, probe=False).cutover.mode == "shutdown"
 
 
-def test_the_reverse_plan_swaps_the_replication_endpoints_and_goes_back_in_the_shutdown_mode(tmp_path: Path) -> None:
+def test_the_reverse_plan_swaps_the_replication_endpoints_and_goes_back_over_the_reverse_replica(
+    tmp_path: Path,
+) -> None:
     section = REPLICATION + "  source: {host: 10.1.0.1, port: 3306}\n  target: {host: 10.2.0.2, port: 3307}\n"
     fences = "  target_fence: {enable: touch /srv/m, disable: rm -f /srv/m}\n"
     text = plan_with(tmp_path, "replicate", section).read_text().replace("services:\n", "services:\n" + fences)
-    plan = load_plan(write(tmp_path, text)).plan
+    path = write(tmp_path, text)
+    plan = load_plan(path).plan
     back = plan.reversed()
-    assert back.cutover.mode == "shutdown"
+    assert back.cutover.mode == "replicate" and back.reverse_of == plan.name and plan.reverse_of is None
+    # Its steps: nothing stopped, seeded or set up on the old source (its replica exists); the switch swapped.
+    names = [step.name for step in build_steps(back)]
+    assert "prepare_target" not in names and "repl_seed" not in names and "repl_replica" not in names
+    assert names.index("repl_catchup") < names.index("repl_switch") < names.index("dns_flip")
+    # Without a forward run keeping its reverse path, a reverse run goes back in the shutdown mode.
+    journal = tmp_path / ".migrate" / back.name / "journal.jsonl"
+    resolved = compose.resolve_mode(back, path, journal, probe=False)
+    assert resolved.cutover.mode == "shutdown" and resolved.reverse_of == plan.name
     assert back.replication is not None and plan.replication is not None
     assert back.replication.source == plan.replication.target and back.replication.target == plan.replication.source
 

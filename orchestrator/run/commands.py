@@ -46,6 +46,7 @@ from orchestrator.run.results import (
     RunError,
     StatusReport,
 )
+from orchestrator.run.reverse import reverse_status
 
 
 def describe(
@@ -138,14 +139,24 @@ def apply(
     env_file: Path | None = None,
     state_dir: Path | None = None,
     reverse: bool = False,
+    over_replica: bool = False,
 ) -> ApplyResult:
-    """Run the migration, or resume the unfinished one. `ask` confirms the downtime (after the postpone gate)."""
+    """Run the migration, or resume the unfinished one. `ask` confirms the downtime (after the postpone gate).
+
+    `over_replica` (a reverse run asked for by `migrate rollback`): only over the reverse replica; should it have
+    broken since the rollback looked, refuse rather than go back in the shutdown mode unasked."""
     subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
     plan, loaded = subj.plan, subj.loaded
     if reverse:
         require_forward_committed(plan_path, loaded.plan)
     prepare_secrets(plan, plan_path, env_file)
     plan = subj.plan = compose.resolve_mode(plan, plan_path, subj.journal_path, probe=True)
+    if over_replica and plan.cutover.mode != "replicate":
+        raise RunError(
+            exit_codes.REFUSED,
+            f"reverse replication broke before the way back began: nothing was changed; `migrate apply {plan_path} "
+            "--reverse` carries the target's writes back in the shutdown mode, or pass --discard-target-writes",
+        )
     steps = compose.steps_factory(plan)
     lock = PlanLock(subj.state_dir / "lock", "migrate apply")
     _acquire(lock)
@@ -334,7 +345,7 @@ def status(plan_path: Path, *, state_dir: Path | None = None, reverse: bool = Fa
         interruption=interruption,
         ttl_wait_until=ttl_wait_until(state) if state is not None else None,
     )
-    report.replication = _replication_status(subj, state)
+    report.replication = _replication_status(subj, state) or reverse_status(plan_path, state, reverse, state_dir)
     return report
 
 

@@ -16,7 +16,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import StartTargetResult
 from orchestrator.steps.common import COMMAND_TIMEOUT, run_services, wait_db_answers
-from orchestrator.steps.repl_common import REPLICA_STEP, replicate_run
+from orchestrator.steps.repl_common import REPLICA_STEP, replicate_run, reverse_over_replica
 from orchestrator.transports.ssh import TransportError
 
 DB_READY_TIMEOUT = 120.0
@@ -94,7 +94,15 @@ class StartTarget(Step):
         ctx.window.check("checking the target database")
         ready_seconds = wait_db_answers(ctx, "target", ctx.window.timeout(DB_READY_TIMEOUT) or DB_READY_TIMEOUT)
         started = ctx.output(REPLICA_STEP).get("services") or []
-        fenced = runtime(ctx).plan.services.target_fence.enable is not None
+        plan = runtime(ctx).plan
+        if reverse_over_replica(ctx) and plan.finish.source == "stop":
+            # The way back to an old source whose services the forward run's finish stopped (its fence is up).
+            done = run_services(
+                ctx, runtime(ctx).target, plan.services.target, "start", event="target_service_started",
+                keep_going=False, kind="target service", timeout=lambda: ctx.window.timeout(COMMAND_TIMEOUT),
+            )  # fmt: skip
+            started = done.done
+        fenced = plan.services.target_fence.enable is not None
         return StartTargetResult(db_ready_seconds=round(ready_seconds, 3), services=started,
                                  target_fenced=fenced).journal()  # fmt: skip
 
