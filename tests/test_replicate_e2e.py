@@ -438,3 +438,101 @@ def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_
     assert verify.error is None, verify.error
     assert verify.reviews_acknowledged > 0
     assert verify.acknowledged_lost == 0, verify.lost
+
+
+# --- the way back after the flip: a reverse cut-over over the reverse replica -----------------------------------
+
+
+def migrate(state: LabState, *args: str) -> subprocess.CompletedProcess[str]:
+    """A `migrate` command with the lab's secrets in its environment (status reads the servers with them)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
+    env.update(state.secrets())
+    return subprocess.run([str(MIGRATE), *args], env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def test_rollback_after_the_flip_goes_back_over_the_reverse_replica_losing_nothing(
+    live: LabState, tmp_path: Path
+) -> None:
+    """A replicate migration keeps its reverse path; clients write to the target; `migrate rollback` (no flag) is a
+    reverse cut-over: the service back on the source with every write the target took, DNS at the source. Before
+    it, the same rollback with the reverse replica stopped refuses in one line and changes nothing."""
+    state = live
+    plan = replicate_plan(state, "replback", compare=False, keep_reverse=3600)
+    name = plan_name(plan)
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, 400)
+    try:
+        acks = load_dir / "acks.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
+            time.sleep(0.05)
+        forward = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert forward.returncode == exit_codes.OK, outcome(forward)
+        assert "reverse replication kept until" in forward.stdout, outcome(forward)
+        time.sleep(DNS_TTL + 2)  # clients follow DNS to the target and write there
+        shown = migrate(state, "status", str(plan), "--json")
+        assert shown.returncode == exit_codes.OK, outcome(shown)
+        line = json.loads(shown.stdout)["replication"]
+        assert line.startswith("reverse replication: the old source ") and " behind the target" in line, line
+        assert f"migrate finish {plan}" in line, line
+
+        # Broken reverse replication: one line naming the two ways that remain, exit 3, nothing changed.
+        old_source = connect(state, state.source)
+        try:
+            repl.stop_replica(old_source)
+            refused = migrate(state, "rollback", str(plan), "--yes", "--env-file", str(state.env_file))
+            repl.start_replica(old_source)
+        finally:
+            old_source.close()
+        assert refused.returncode == exit_codes.REFUSED, outcome(refused)
+        said = refused.stderr.strip()
+        assert "\n" not in said and "reverse replication is broken" in said, outcome(refused)
+        assert "--reverse" in said and "--discard-target-writes" in said, outcome(refused)
+        assert dns_contents(state) == {n: state.target.address for n in state.records}
+        assert not (state.path / ".migrate" / f"{name}-reverse").exists()
+
+        back = migrate(state, "rollback", str(plan), "--yes", "--env-file", str(state.env_file))
+        assert back.returncode == exit_codes.OK, outcome(back)
+        assert "reverse replication is healthy: moving back through it" in back.stdout, outcome(back)
+        time.sleep(DNS_TTL + 2)  # stale clients leave the (fenced, read-only) target
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load.communicate(timeout=60)
+
+    assert dns_contents(state) == {n: state.source.address for n in state.records}
+    report = run_report(state, f"{name}-reverse")
+    assert report["status"] == "completed"
+    events = journal_events(state, plan)
+    steps = next(ev["steps"] for ev in reversed(journal_events_of(state, f"{name}-reverse")) if ev.get("event") ==
+                 "run_started")  # fmt: skip
+    assert "repl_switch" in steps and "cutover" not in steps and "prepare_target" not in steps, steps
+    verify = main_verify(state, host="source", load_dir=load_dir)
+    switch = report["replicate"]
+    print(
+        f"reverse cut-over: writes blocked (report) {report['write_block_seconds']} s; switch "
+        f"{switch.get('switch_seconds')} s (read_only {switch.get('read_only_seconds')} s, wait "
+        f"{switch.get('wait_seconds')} s); the whole rollback {report['duration']} s; steps "
+        f"{[(step['name'], step['duration']) for step in report['steps']]}; longest write stall "
+        f"{verify.longest_write_stall_s} s; failed write attempts {verify.write_attempts_failed}"
+    )
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    # The target took acknowledged writes between the flip and the rollback: they are on the source now.
+    assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
+    # The old source is a plain writable primary again; the target read-only; no replication, no tunnel.
+    writable, status = source_is_plain_and_writable(state)
+    assert writable and status is None
+    conn = connect(state, state.target)
+    try:
+        assert repl.is_read_only(conn) and repl.replica_status(conn) is None
+    finally:
+        conn.close()
+    for kind in ("fwd", "rev"):
+        assert not tunnel_running(f"{name}-{kind}")
+    assert any(ev.get("event") == "run_completed" for ev in events)
+
+
+def journal_events_of(state: LabState, name: str) -> list[dict[str, Any]]:
+    path = state.path / ".migrate" / name / "journal.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
