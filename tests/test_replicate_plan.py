@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,14 @@ import pytest
 from orchestrator.plan.loader import PlanError, load_plan
 from orchestrator.run import compose
 from orchestrator.steps import build_steps
-from orchestrator.steps.repl_common import mode_reason, replication_problems
+from orchestrator.steps.repl_common import (
+    REVERSE_KEPT,
+    TORN_DOWN,
+    mode_reason,
+    replica_problem,
+    replication_problems,
+    reverse_kept_until,
+)
 from orchestrator.transports import replication as repl
 from tests.test_plan import SMALL_PLAN, write
 
@@ -165,3 +173,17 @@ def test_the_installed_copy_takes_the_owner_of_the_datadir_it_replaces(tmp_path:
     assert (datadir / "xtrabackup_checkpoints").exists() and (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
     subprocess.run(repl.finish_install_command(spec), shell=True, check=True)  # done: nothing more to do
     assert (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
+
+
+def test_the_reverse_path_is_usable_only_while_the_old_source_replicates() -> None:
+    running = repl.ReplicaStatus("Yes", True, 0, repl.GtidPosition(), 0, "", 0, "", "127.0.0.1", 40000, "Slave_Pos", "")
+    assert replica_problem(running) is None
+    assert "not a replica" in str(replica_problem(None))
+    stopped = replace(running, io_running="No", sql_running=False)
+    assert "not running (IO thread No, SQL thread No)" in str(replica_problem(stopped))
+    failed = replace(stopped, last_sql_errno=1062, last_sql_error="Duplicate entry 'x'")
+    assert "Duplicate entry 'x'" in str(replica_problem(failed))
+    # Kept until the journaled time, unless torn down since (`migrate finish`, the reverse run).
+    assert reverse_kept_until({REVERSE_KEPT: 1000.0}) == 1000.0
+    assert reverse_kept_until({REVERSE_KEPT: 1000.0, TORN_DOWN: True}) is None
+    assert reverse_kept_until({}) is None and reverse_kept_until(None) is None

@@ -124,6 +124,8 @@ def end_reverse_path(plan_path: Path, *, env_file: Path | None, state_dir: Path 
     if kept_until(state) is None:
         return f"run {state.run_id} is complete and keeps no reverse path: nothing to finish"
     back = reverse_state(plan_path, subj.loaded.plan)
+    if back is not None and moved_back(state, back):
+        return f"run {back.run_id} (--reverse) moved the service back and ended the reverse path: nothing to finish"
     if back is not None and back.status not in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK):
         raise RunError(
             exit_codes.REFUSED,
