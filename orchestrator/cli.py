@@ -251,10 +251,21 @@ def rollback(
 
 
 @app.command()
-def finish(plan_path: PlanArg, env_file: EnvFileOpt = None, state_dir: StateDirOpt = None) -> None:
+def finish(
+    plan_path: PlanArg,
+    when_due: Annotated[
+        bool,
+        typer.Option("--when-due", help="wait until replication.keep_reverse runs out (what apply starts detached)"),
+    ] = False,
+    env_file: EnvFileOpt = None,
+    state_dir: StateDirOpt = None,
+) -> None:
     """End now the reverse path a completed replicate run keeps (replication.keep_reverse): replication stopped
     and forgotten on both sides, tunnels closed. Afterwards the way back is `migrate apply --reverse`."""
     mlog.configure()
+    if when_due:
+        out.print(run.finish_when_due(plan_path, env_file=env_file, state_dir=state_dir))
+        return
     out.print(run.end_reverse_path(plan_path, env_file=env_file, state_dir=state_dir))
 
 

@@ -531,6 +531,12 @@ def test_rollback_after_the_flip_goes_back_over_the_reverse_replica_losing_nothi
     for kind in ("fwd", "rev"):
         assert not tunnel_running(f"{name}-{kind}")
     assert any(ev.get("event") == "run_completed" for ev in events)
+    # The detached `migrate finish --when-due` the forward apply started sees the way back and exits.
+    finisher = state.path / ".migrate" / name / "reverse-finish.log"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "moved the service back" not in finisher.read_text():
+        time.sleep(0.2)
+    assert "moved the service back" in finisher.read_text()
 
 
 def journal_events_of(state: LabState, name: str) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from orchestrator.run.results import (
     StatusReport,
     StepRow,
 )
-from orchestrator.run.reverse import end_reverse_path, rollback_route
+from orchestrator.run.reverse import end_reverse_path, finish_when_due, rollback_route
 
 __all__ = [
     "ApplyEnd",
@@ -44,6 +44,7 @@ __all__ = [
     "apply",
     "describe",
     "end_reverse_path",
+    "finish_when_due",
     "interruption_of",
     "load",
     "rollback",

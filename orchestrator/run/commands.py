@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from orchestrator.run.results import (
     RunError,
     StatusReport,
 )
-from orchestrator.run.reverse import reverse_status
+from orchestrator.run.reverse import kept_until, reverse_status, start_finisher
 
 
 def describe(
@@ -217,6 +218,16 @@ def apply(
         )
         if outcome == Outcome.COMPLETED or (final and final.status == RunStatus.ROLLED_BACK):
             result.report_text, result.report_path = _write_report(subj.state_dir, journal)
+        until = kept_until(final) if outcome == Outcome.COMPLETED and not reverse else None
+        if until is not None:
+            # The reverse path outlives the run: a detached `migrate finish --when-due` ends it when it falls due.
+            pid = start_finisher(plan_path, env_file=env_file, state_dir=subj.state_dir)
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(until))
+            result.message = (
+                f"reverse replication kept until {when} (replication.keep_reverse): `migrate rollback {plan_path}` "
+                f"moves back through it losing nothing; `migrate status {plan_path}` shows its lag; `migrate finish "
+                f"{plan_path}` ends it now (`migrate finish --when-due`, pid {pid}, ends it then)"
+            )
         if outcome != Outcome.COMPLETED and final is not None:
             result.rows = rows(final, steps)
             result.next_action = next_action(final, steps, reverse)

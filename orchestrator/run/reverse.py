@@ -5,11 +5,17 @@ forward run's finish, kept `replication.keep_reverse` seconds.
   `<name>-reverse`, over the reverse replica: the same window and guarantees as the forward switch), or refuses in
   one line because the reverse path is over or broken (nothing changed), or is the ordinary rollback.
 - `end_reverse_path` (`migrate finish PLAN`): ends a kept reverse path now, on both sides.
+- `start_finisher` / `finish_when_due` (`migrate finish PLAN --when-due`, started detached by a completed `apply`):
+  ends it at the end of `replication.keep_reverse`, unless something ended it before (a way back, `migrate
+  finish`, the run's journal gone); it re-reads the journal every few seconds, so it never outlives the path long.
 - `reverse_status`: the kept path's lag, read live, for `migrate status`.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -193,3 +199,44 @@ def reverse_status(plan_path: Path, state: RunState | None, reverse: bool, state
         )
     finally:
         compose.close_runtime(rt)
+
+
+POLL_SECONDS = 2.0
+
+
+def finish_when_due(
+    plan_path: Path, *, env_file: Path | None, state_dir: Path | None, poll: float = POLL_SECONDS
+) -> str:
+    """Wait until the kept reverse path is due, then end it; return early, changing nothing, once it is no longer
+    kept. A way back under way when it falls due is waited for (it ends the path, or rolls back and leaves it)."""
+    while True:
+        subj = subject(plan_path, state_dir=state_dir)
+        state = subj.saved_state()
+        until = kept_until(state)
+        if until is None or state is None:
+            return "the reverse path is no longer kept: nothing to finish"
+        back = reverse_state(plan_path, subj.loaded.plan)
+        if back is not None and moved_back(state, back):
+            return f"run {back.run_id} (--reverse) moved the service back: nothing to finish"
+        if time.time() >= until:
+            try:
+                return end_reverse_path(plan_path, env_file=env_file, state_dir=state_dir)
+            except RunError as exc:
+                if exc.code != exit_codes.REFUSED:
+                    raise
+        time.sleep(max(0.1, min(poll, until - time.time())))
+
+
+def start_finisher(plan_path: Path, *, env_file: Path | None, state_dir: Path) -> int:
+    """Start `migrate finish PLAN --when-due` detached (its own session, its output in the state directory); its
+    pid. It needs the secrets the run had: the same --env-file, or this process's environment, inherited."""
+    command = [sys.executable, "-m", "orchestrator.cli", "finish", str(plan_path), "--when-due", "--state-dir",
+               str(state_dir)]  # fmt: skip
+    if env_file is not None:
+        command += ["--env-file", str(env_file)]
+    with open(state_dir / "reverse-finish.log", "ab") as log:
+        child = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=os.getcwd(),
+        )  # fmt: skip
+    return child.pid
