@@ -558,8 +558,9 @@ class Replication(Strict):
         86400,
         zero=True,
         default=0.0,
-        description="after the flip the old source replicates from the target; "
-        "finish keeps that reverse path this long before tearing replication down on both sides",
+        description="after the flip the old source replicates from the target; the run keeps that reverse path "
+        "this long (`migrate rollback` goes back over it losing nothing; `migrate finish` ends it early), then "
+        "replication is torn down on both sides; 0: torn down at once by finish",
     )
 
 
