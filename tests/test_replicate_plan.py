@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from orchestrator.engine.journal import Journal
 from orchestrator.plan.loader import PlanError, load_plan
 from orchestrator.run import compose
+from orchestrator.run.commands import describe
 from orchestrator.steps import build_steps
 from orchestrator.steps.repl_common import (
     REVERSE_KEPT,
@@ -187,3 +190,30 @@ def test_the_reverse_path_is_usable_only_while_the_old_source_replicates() -> No
     assert reverse_kept_until({REVERSE_KEPT: 1000.0}) == 1000.0
     assert reverse_kept_until({REVERSE_KEPT: 1000.0, TORN_DOWN: True}) is None
     assert reverse_kept_until({}) is None and reverse_kept_until(None) is None
+
+
+def test_the_dry_run_of_the_way_back_shows_the_reverse_switch_while_the_forward_run_keeps_its_reverse_path(
+    tmp_path: Path,
+) -> None:
+    fences = "  target_fence: {enable: touch /srv/m, disable: rm -f /srv/m}\n"
+    text = plan_with(tmp_path, "replicate").read_text().replace("services:\n", "services:\n" + fences)
+    path = write(tmp_path, text)
+    forward = load_plan(path).plan
+    (tmp_path / ".migrate" / forward.name).mkdir(parents=True)
+    journal = Journal(tmp_path / ".migrate" / forward.name / "journal.jsonl")
+    journal.append("run_started", run_id="r1", plan_sha256="x", plan_path=str(path), steps=["repl_switch", "finish"])
+    journal.append("step_completed", step="repl_switch", result={}, commit_point=False)
+    journal.append("step_saved", step="finish", key=REVERSE_KEPT, value=time.time() + 600)
+    journal.append("step_completed", step="finish", result={}, commit_point=False)
+    journal.append("run_completed")
+    assert compose.forward_kept_until(path, forward.name) is not None
+    described = describe(path, reverse=True)
+    steps = [step.name for step in described.steps]
+    assert steps[:5] == ["preflight", "lower_ttl", "files_presync", "repl_catchup", "repl_switch"], steps
+    text = " ".join(line for step in described.steps for line in step.lines)
+    assert "no comparison" in text and "the forward run's replication ends" in text, text
+    assert "enough free space" not in text  # no datadir moves on the way back over the replica
+    # `migrate finish` ends the path (journaled); afterwards the way back is the shutdown mode's.
+    journal.append("step_saved", step="finish", key=TORN_DOWN, value=True)
+    assert compose.forward_kept_until(path, forward.name) is None
+    assert "cutover" in [step.name for step in describe(path, reverse=True).steps]
