@@ -1,7 +1,8 @@
 """The replicate cut-over on the lab, through `migrate apply` as an operator runs it.
 
-Success under `migrate lab load` (clients caching DNS, so some keep talking to the old server after the flip):
-nothing acknowledged is lost, replication is torn down on both sides at the end. Failures, each breaking one
+Success under `migrate lab load` (clients caching DNS, so some keep talking to the old server after the flip),
+then `migrate rollback` after the flip over the reverse replica: nothing acknowledged is lost on the way there or
+back (a stopped reverse replica first makes that rollback refuse, changing nothing). Failures, each breaking one
 thing: a replica error before the window, a replica that never catches up (bounded wait), a difference planted on
 the replica, kill -9 during the seed and inside the window. Each failure before the window rolls back to a source
 that never stopped serving (never fenced, never read-only); each kill resumes to a completed run with 0 lost.
@@ -211,73 +212,6 @@ def assert_rolled_back_before_the_window(state: LabState, plan: Path, result: su
     assert not tunnel_running(f"{plan_name(plan)}-fwd")
 
 
-# --- success under load -----------------------------------------------------------------------------------------
-
-
-def test_replicate_under_load_loses_nothing_and_tears_replication_down(live: LabState, tmp_path: Path) -> None:
-    state = live
-    plan = replicate_plan(state, "repl")
-    load_dir = tmp_path / "load"
-    load = start_load(state, load_dir, 300)
-    try:
-        acks = load_dir / "acks.jsonl"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
-            time.sleep(0.05)  # writes flowing to the source before the migration begins
-        result = migrate_apply(state, plan, timeout=TIMEOUT)
-        assert result.returncode == exit_codes.OK, outcome(result)
-        # Clients with a cached answer reach the (fenced, read-only) source until their cache expires, then move.
-        time.sleep(DNS_TTL + 2)
-    finally:
-        load.send_signal(signal.SIGTERM)
-        load_output, _ = load.communicate(timeout=60)
-    print(load_output)
-
-    assert dns_contents(state) == {name: state.target.address for name in state.records}
-    report = run_report(state, plan_name(plan))
-    assert report["status"] == "completed"
-    events = journal_events(state, plan)
-    steps = next(ev["steps"] for ev in events if ev.get("event") == "run_started")
-    assert "repl_switch" in steps and "cutover" not in steps, steps  # auto chose replicate on the lab
-    preflight = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "preflight")
-    assert preflight["cutover_mode"] == "replicate" and preflight["mode_reason"].startswith("replicate")
-    switch = report["replicate"]
-    assert switch["final_gtid"] and repl.same_position(
-        repl.GtidPosition.parse(switch["final_gtid"]), repl.GtidPosition.parse(switch["executed_gtid"])
-    )
-
-    verify = main_verify(state, host="target", load_dir=load_dir)
-    print(
-        f"replicate: writes blocked (report) {report['write_block_seconds']} s; switch {switch.get('switch_seconds')} s"
-        f" (read_only {switch.get('read_only_seconds')} s, wait {switch.get('wait_seconds')} s); longest write stall "
-        f"{verify.longest_write_stall_s} s; failed write attempts {verify.write_attempts_failed}; steps "
-        f"{[(step['name'], step['duration']) for step in report['steps']]}"
-    )
-    assert verify.error is None, verify.error
-    assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
-    assert verify.acknowledged_lost == 0, verify.lost
-    assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
-
-    # Replication is over on both sides: no replica, no master.info (it held the password), no tunnel; the old source
-    # stays read-only (and fenced) as finish leaves it.
-    finish = next(s for s in report["steps"] if s["name"] == "finish")
-    assert finish["state"] == "done"
-    for host in (state.source, state.target):
-        conn = connect(state, host)
-        try:
-            assert repl.replica_status(conn) is None, host.name
-        finally:
-            conn.close()
-        assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
-    writable, _ = source_is_plain_and_writable(state)
-    assert not writable
-    for kind in ("fwd", "rev"):
-        assert not tunnel_running(f"{plan_name(plan)}-{kind}")
-    reverse = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "finish")
-    assert reverse["reverse_replication"]["healthy"] is True, reverse
-    assert reverse["reverse_replication"]["torn_down"] is True
-
-
 # --- failures before the window: the source never stopped serving ----------------------------------------------
 
 
@@ -395,6 +329,21 @@ def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_
     events = journal_events(state, plan)
     assert writes_were_blocked(events)
     assert next(s for s in report["steps"] if s["name"] == "repl_switch")["attempts"] == 1
+    # replication.keep_reverse 0: finish set up reverse replication and tore it down on both sides: no replica, no
+    # master.info (it held the password), no tunnel; the old source stays read-only (and fenced).
+    finish = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "finish")
+    assert finish["reverse_replication"]["healthy"] is True and finish["reverse_replication"]["torn_down"] is True
+    for host in (state.source, state.target):
+        conn = connect(state, host)
+        try:
+            assert repl.replica_status(conn) is None, host.name
+        finally:
+            conn.close()
+        assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
+    writable, _ = source_is_plain_and_writable(state)
+    assert not writable
+    for kind in ("fwd", "rev"):
+        assert not tunnel_running(f"{plan_name(plan)}-{kind}")
 
 
 def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_source(
@@ -450,14 +399,15 @@ def migrate(state: LabState, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(MIGRATE), *args], env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
 
-def test_rollback_after_the_flip_goes_back_over_the_reverse_replica_losing_nothing(
+def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_replica_loses_nothing(
     live: LabState, tmp_path: Path
 ) -> None:
-    """A replicate migration keeps its reverse path; clients write to the target; `migrate rollback` (no flag) is a
-    reverse cut-over: the service back on the source with every write the target took, DNS at the source. Before
-    it, the same rollback with the reverse replica stopped refuses in one line and changes nothing."""
+    """A replicate migration (auto resolves to it on the lab) under load keeps its reverse path; clients write to
+    the target; `migrate rollback` (no flag) is a reverse cut-over: the service back on the source with every write
+    either server acknowledged, DNS at the source. Before it, the same rollback with the reverse replica stopped
+    refuses in one line and changes nothing."""
     state = live
-    plan = replicate_plan(state, "replback", compare=False, keep_reverse=3600)
+    plan = replicate_plan(state, "replback", keep_reverse=3600)
     name = plan_name(plan)
     load_dir = tmp_path / "load"
     load = start_load(state, load_dir, 400)
@@ -469,6 +419,7 @@ def test_rollback_after_the_flip_goes_back_over_the_reverse_replica_losing_nothi
         forward = migrate_apply(state, plan, timeout=TIMEOUT)
         assert forward.returncode == exit_codes.OK, outcome(forward)
         assert "reverse replication kept until" in forward.stdout, outcome(forward)
+        assert dns_contents(state) == {n: state.target.address for n in state.records}
         time.sleep(DNS_TTL + 2)  # clients follow DNS to the target and write there
         shown = migrate(state, "status", str(plan), "--json")
         assert shown.returncode == exit_codes.OK, outcome(shown)
@@ -500,9 +451,21 @@ def test_rollback_after_the_flip_goes_back_over_the_reverse_replica_losing_nothi
         load.communicate(timeout=60)
 
     assert dns_contents(state) == {n: state.source.address for n in state.records}
+    # The forward run: replicate (auto's choice), the target promoted at exactly the source's final position, the
+    # reverse path kept after it.
+    events = journal_events(state, plan)
+    forward_steps = next(ev["steps"] for ev in events if ev.get("event") == "run_started")
+    assert "repl_switch" in forward_steps and "cutover" not in forward_steps, forward_steps
+    preflight = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "preflight")
+    assert preflight["cutover_mode"] == "replicate" and preflight["mode_reason"].startswith("replicate")
+    there = run_report(state, name)["replicate"]
+    assert there["final_gtid"] and repl.same_position(
+        repl.GtidPosition.parse(there["final_gtid"]), repl.GtidPosition.parse(there["executed_gtid"])
+    )
+    kept = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "finish")
+    assert kept["reverse_replication"]["healthy"] is True and kept["reverse_replication"]["kept_until"]
     report = run_report(state, f"{name}-reverse")
     assert report["status"] == "completed"
-    events = journal_events(state, plan)
     steps = next(ev["steps"] for ev in reversed(journal_events_of(state, f"{name}-reverse")) if ev.get("event") ==
                  "run_started")  # fmt: skip
     assert "repl_switch" in steps and "cutover" not in steps and "prepare_target" not in steps, steps
@@ -528,9 +491,10 @@ def test_rollback_after_the_flip_goes_back_over_the_reverse_replica_losing_nothi
         assert repl.is_read_only(conn) and repl.replica_status(conn) is None
     finally:
         conn.close()
+    for host in (state.source, state.target):
+        assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
     for kind in ("fwd", "rev"):
         assert not tunnel_running(f"{name}-{kind}")
-    assert any(ev.get("event") == "run_completed" for ev in events)
     # The detached `migrate finish --when-due` the forward apply started sees the way back and exits.
     finisher = state.path / ".migrate" / name / "reverse-finish.log"
     deadline = time.monotonic() + 30
