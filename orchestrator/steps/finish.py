@@ -237,9 +237,12 @@ class Finish(Step):
         plan = rt.plan
         assert plan.reverse_of is not None
         failures: list[str] = []
-        for which in ("target", "source"):
+        # The old source runs (promoted, or restarted on a copy); the target's database runs only in replicate mode
+        # (the shutdown mode stopped it).
+        sides = ("target", "source") if replicate_run(ctx) else ("target",)
+        for which in sides:
             try:
-                conn = rt.db(which)  # type: ignore[arg-type]
+                conn = rt.db(which, retry=False)  # type: ignore[arg-type]
                 try:
                     repl.forget_replication(conn)
                 finally:
