@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import exit_codes
+from orchestrator.cli import main
 from orchestrator.engine.journal import Journal
 from orchestrator.plan.loader import PlanError, load_plan
 from orchestrator.run import compose
@@ -217,3 +219,30 @@ def test_the_dry_run_of_the_way_back_shows_the_reverse_switch_while_the_forward_
     journal.append("step_saved", step="finish", key=TORN_DOWN, value=True)
     assert compose.forward_kept_until(path, forward.name) is None
     assert "cutover" in [step.name for step in describe(path, reverse=True).steps]
+
+
+def test_a_rollback_after_the_flip_whose_reverse_path_is_over_refuses_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fences = "  target_fence: {enable: touch /srv/m, disable: rm -f /srv/m}\n"
+    text = plan_with(tmp_path, "replicate").read_text().replace("services:\n", "services:\n" + fences)
+    path = write(tmp_path, text)
+    forward = load_plan(path).plan
+    (tmp_path / ".migrate" / forward.name).mkdir(parents=True)
+    journal = Journal(tmp_path / ".migrate" / forward.name / "journal.jsonl")
+    journal.append("run_started", run_id="r1", plan_sha256="x", plan_path=str(path),
+                   steps=["repl_switch", "dns_flip", "finish"])  # fmt: skip
+    journal.append("step_completed", step="repl_switch", result={}, commit_point=False)
+    journal.append("step_completed", step="dns_flip", result={}, commit_point=True)
+    journal.append("step_saved", step="finish", key=TORN_DOWN, value=True)
+    journal.append("step_completed", step="finish", result={}, commit_point=False)
+    journal.append("run_completed")
+    before = journal.path.read_bytes() if journal.path else b""
+    with pytest.raises(SystemExit) as exited:
+        main(["rollback", str(path), "--yes"])
+    assert exited.value.code == exit_codes.REFUSED
+    flat = " ".join(capsys.readouterr().err.split())  # one message (the console wraps it at its width)
+    assert "past the DNS flip and its reverse replication is over (torn down)" in flat, flat
+    assert "--reverse" in flat and "--discard-target-writes" in flat and "nothing was changed" in flat, flat
+    assert journal.path is not None and journal.path.read_bytes() == before
+    assert not (tmp_path / ".migrate" / f"{forward.name}-reverse").exists()
