@@ -153,6 +153,11 @@ def apply(
     result = run.apply(
         plan_path, ask=_ask(yes), say=_say, force=force, env_file=env_file, state_dir=state_dir, reverse=reverse
     )
+    raise Exit(_applied(result))
+
+
+def _applied(result: run.ApplyResult) -> int:
+    """Print an apply's outcome; its exit code."""
     if result.message:
         out.print(result.message)
     if result.report_text is not None:
@@ -168,7 +173,7 @@ def apply(
     if code != exit_codes.OK and result.rows:
         _print_rows(f"run {result.run_id}: {result.end.value}", result.rows)
         err.print(f"next: {result.next_action}")
-    raise Exit(code)
+    return code
 
 
 @app.command()
@@ -229,8 +234,16 @@ def rollback(
     reverse: ReverseOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Undo the run: compensations in reverse order, so the source serves as before."""
+    """Undo the run: compensations in reverse order, so the source serves as before. After the DNS flip of a
+    replicate run whose reverse replication is healthy: a reverse cut-over through it, losing nothing."""
     mlog.configure(verbose=verbose)
+    route = run.rollback_route(
+        plan_path, discard_target_writes=discard_target_writes, reverse=reverse, env_file=env_file, state_dir=state_dir
+    )
+    if route is not None:
+        out.print(route)
+        applied = run.apply(plan_path, ask=_ask(yes), say=_say, env_file=env_file, reverse=True, over_replica=True)
+        raise Exit(_applied(applied))
     result = run.rollback(
         plan_path,
         discard_target_writes=discard_target_writes,
@@ -245,6 +258,25 @@ def rollback(
     _print_rows(f"run {result.run_id}: needs attention", result.rows)
     err.print(f"next: {result.next_action}")
     raise Exit(exit_codes.NEEDS_ATTENTION)
+
+
+@app.command()
+def finish(
+    plan_path: PlanArg,
+    when_due: Annotated[
+        bool,
+        typer.Option("--when-due", help="wait until replication.keep_reverse runs out (what apply starts detached)"),
+    ] = False,
+    env_file: EnvFileOpt = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """End now the reverse path a completed replicate run keeps (replication.keep_reverse): replication stopped
+    and forgotten on both sides, tunnels closed. Afterwards the way back is `migrate apply --reverse`."""
+    mlog.configure()
+    if when_due:
+        out.print(run.finish_when_due(plan_path, env_file=env_file, state_dir=state_dir))
+        return
+    out.print(run.end_reverse_path(plan_path, env_file=env_file, state_dir=state_dir))
 
 
 @app.command()

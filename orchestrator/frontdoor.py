@@ -65,6 +65,7 @@ AUTOMATIC_TTL_SECONDS = 300  # Cloudflare's automatic TTL (1), as resolvers are 
 SOURCE_HOLD = "source_door_hold"
 TARGET_HOLD = "target_door_hold"
 FORWARDED = "source_door_forwarded"
+OWN_APP = "target_door_own_app"  # a reverse run's flip pointed the old source's door back at its own app
 
 _doors: weakref.WeakKeyDictionary[Any, dict[str, FrontDoor]] = weakref.WeakKeyDictionary()
 
@@ -292,6 +293,20 @@ def _point_at_own_app(ctx: StepContext, side: Side) -> None:
         raise _fail(ctx, side, "pointing it at its own app", exc) from None
 
 
+def serve_own_app(ctx: StepContext, side: Side) -> bool:
+    """A reverse run's flip: the door that forwarded since the forward run (the old source's, this run's target)
+    serves its own host's app again. Committed by then: a failure is logged (the operator repoints it), never fatal."""
+    if section(ctx, side) is None:
+        return True
+    ctx.save(OWN_APP, True)  # before: a rolled-back flip sends that door's requests back where they went
+    try:
+        _point_at_own_app(ctx, side)
+    except StepError as exc:
+        ctx.log.error("frontdoor.not_pointed_at_own_app", side=side, error=str(exc))
+        return False
+    return True
+
+
 # --- the flip: hold the target, forward the source ---------------------------------------------------------------
 
 
@@ -365,7 +380,7 @@ def release_target(ctx: StepContext) -> None:
         ctx.save(FORWARDED, None)
         ctx.log.info("frontdoor.source_forwarding_ended")
     config = section(ctx, "target")
-    if config is None or not (ctx.saved(TARGET_HOLD) or forwarded):
+    if config is None or not (ctx.saved(TARGET_HOLD) or forwarded or ctx.saved(OWN_APP)):
         return
     front = door(ctx, "target")
     assert front is not None
@@ -375,6 +390,8 @@ def release_target(ctx: StepContext) -> None:
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "target", "sending its requests back to the source", exc) from None
     ctx.save(TARGET_HOLD, None)
+    if ctx.saved(OWN_APP):
+        ctx.save(OWN_APP, None)
     ctx.log.info("frontdoor.target_forwarding_to_source")
 
 

@@ -107,6 +107,7 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "final_pass_trees": final_pass_trees(outputs),
         "checks": checks_where(outputs),
         "peak_rss_mib": FinishResult.of(outputs.get("finish")).peak_rss_mib,
+        "reverse_replication": FinishResult.of(outputs.get("finish")).reverse_replication,
     }
     return redact_obj(report)  # type: ignore[return-value]
 
@@ -236,6 +237,13 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append(f"  check {check['where']:<6} the window: {check['check']}")
     if report.get("peak_rss_mib") is not None:
         lines.append(f"  orchestrator peak RSS: {report['peak_rss_mib']} MiB")
+    kept = (report.get("reverse_replication") or {}).get("kept_until")
+    if kept:
+        until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(kept)))
+        lines.append(
+            f"  reverse replication kept until {until} (replication.keep_reverse): `migrate rollback PLAN` moves "
+            "back through it losing nothing, `migrate status PLAN` shows its lag, `migrate finish PLAN` ends it now"
+        )
     counts = report.get("row_counts") or {}
     if counts:
         lines.append(f"  tables verified: {len(counts)} ({sum(counts.values())} rows at the cut-over)")

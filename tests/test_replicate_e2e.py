@@ -7,7 +7,9 @@ down on both sides at the end. The budget spent while the front door holds: a ro
 fails. Failures, each breaking one thing: a replica error before the window, a replica that never catches up
 (bounded wait), a difference planted on the replica, kill -9 during the seed and inside the window. Each failure
 before the window rolls back to a source that never stopped serving (never fenced, never read-only); each kill
-resumes to a completed run with 0 lost.
+resumes to a completed run with 0 lost. Then `migrate rollback` after the flip over the reverse replica:
+nothing acknowledged is lost on the way there or back (a stopped reverse replica first makes that rollback refuse,
+changing nothing).
 
 Faults are planted by the plan's own hooks (a `before-step` hook fires at a known point of the run), so nothing
 here waits on timing. Every test starts and ends with the source live and writable, no replication, no tunnel.
@@ -448,6 +450,21 @@ def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_
     events = journal_events(state, plan)
     assert writes_were_blocked(events)
     assert next(s for s in report["steps"] if s["name"] == "repl_switch")["attempts"] == 1
+    # replication.keep_reverse 0: finish set up reverse replication and tore it down on both sides: no replica, no
+    # master.info (it held the password), no tunnel; the old source stays read-only (and fenced).
+    finish = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "finish")
+    assert finish["reverse_replication"]["healthy"] is True and finish["reverse_replication"]["torn_down"] is True
+    for host in (state.source, state.target):
+        conn = connect(state, host)
+        try:
+            assert repl.replica_status(conn) is None, host.name
+        finally:
+            conn.close()
+        assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
+    writable, _ = source_is_plain_and_writable(state)
+    assert not writable
+    for kind in ("fwd", "rev"):
+        assert not tunnel_running(f"{plan_name(plan)}-{kind}")
 
 
 def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_source(
@@ -533,3 +550,122 @@ def test_budget_spent_while_the_front_door_holds_rolls_back_and_no_request_fails
     assert verify.reviews_acknowledged > 0
     assert verify.acknowledged_lost == 0, verify.lost
     no_failed_requests(verify)
+
+
+# --- the way back after the flip: a reverse cut-over over the reverse replica -----------------------------------
+
+
+def migrate(state: LabState, *args: str) -> subprocess.CompletedProcess[str]:
+    """A `migrate` command with the lab's secrets in its environment (status reads the servers with them)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
+    env.update(state.secrets())
+    return subprocess.run([str(MIGRATE), *args], env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_replica_loses_nothing(
+    live: LabState, tmp_path: Path
+) -> None:
+    """A replicate migration (auto resolves to it on the lab) under load keeps its reverse path; clients write to
+    the target; `migrate rollback` (no flag) is a reverse cut-over: the service back on the source with every write
+    either server acknowledged, DNS at the source. Before it, the same rollback with the reverse replica stopped
+    refuses in one line and changes nothing."""
+    state = live
+    plan = replicate_plan(state, "replback", keep_reverse=3600)
+    name = plan_name(plan)
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, 400)
+    try:
+        acks = load_dir / "acks.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
+            time.sleep(0.05)
+        forward = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert forward.returncode == exit_codes.OK, outcome(forward)
+        assert "reverse replication kept until" in forward.stdout, outcome(forward)
+        assert dns_contents(state) == {n: state.target.address for n in state.records}
+        time.sleep(DNS_TTL + 2)  # clients follow DNS to the target and write there
+        shown = migrate(state, "status", str(plan), "--json")
+        assert shown.returncode == exit_codes.OK, outcome(shown)
+        line = json.loads(shown.stdout)["replication"]
+        assert line.startswith("reverse replication: the old source ") and " behind the target" in line, line
+        assert f"migrate finish {plan}" in line, line
+
+        # Broken reverse replication: one line naming the two ways that remain, exit 3, nothing changed.
+        old_source = connect(state, state.source)
+        try:
+            repl.stop_replica(old_source)
+            refused = migrate(state, "rollback", str(plan), "--yes", "--env-file", str(state.env_file))
+            repl.start_replica(old_source)
+        finally:
+            old_source.close()
+        assert refused.returncode == exit_codes.REFUSED, outcome(refused)
+        said = refused.stderr.strip()
+        assert "\n" not in said and "reverse replication is broken" in said, outcome(refused)
+        assert "--reverse" in said and "--discard-target-writes" in said, outcome(refused)
+        assert dns_contents(state) == {n: state.target.address for n in state.records}
+        assert not (state.path / ".migrate" / f"{name}-reverse").exists()
+
+        back = migrate(state, "rollback", str(plan), "--yes", "--env-file", str(state.env_file))
+        assert back.returncode == exit_codes.OK, outcome(back)
+        assert "reverse replication is healthy: moving back through it" in back.stdout, outcome(back)
+        time.sleep(DNS_TTL + 2)  # stale clients leave the (fenced, read-only) target
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load.communicate(timeout=60)
+
+    assert dns_contents(state) == {n: state.source.address for n in state.records}
+    # The forward run: replicate (auto's choice), the target promoted at exactly the source's final position, the
+    # reverse path kept after it.
+    events = journal_events(state, plan)
+    forward_steps = next(ev["steps"] for ev in events if ev.get("event") == "run_started")
+    assert "repl_switch" in forward_steps and "cutover" not in forward_steps, forward_steps
+    preflight = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "preflight")
+    assert preflight["cutover_mode"] == "replicate" and preflight["mode_reason"].startswith("replicate")
+    there = run_report(state, name)["replicate"]
+    assert there["final_gtid"] and repl.same_position(
+        repl.GtidPosition.parse(there["final_gtid"]), repl.GtidPosition.parse(there["executed_gtid"])
+    )
+    kept = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "finish")
+    assert kept["reverse_replication"]["healthy"] is True and kept["reverse_replication"]["kept_until"]
+    report = run_report(state, f"{name}-reverse")
+    assert report["status"] == "completed"
+    steps = next(ev["steps"] for ev in reversed(journal_events_of(state, f"{name}-reverse")) if ev.get("event") ==
+                 "run_started")  # fmt: skip
+    assert "repl_switch" in steps and "cutover" not in steps and "prepare_target" not in steps, steps
+    verify = main_verify(state, host="source", load_dir=load_dir)
+    switch = report["replicate"]
+    print(
+        f"reverse cut-over: writes blocked (report) {report['write_block_seconds']} s; switch "
+        f"{switch.get('switch_seconds')} s (read_only {switch.get('read_only_seconds')} s, wait "
+        f"{switch.get('wait_seconds')} s); the whole rollback {report['duration']} s; steps "
+        f"{[(step['name'], step['duration']) for step in report['steps']]}; longest write stall "
+        f"{verify.longest_write_stall_s} s; failed write attempts {verify.write_attempts_failed}"
+    )
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    # The target took acknowledged writes between the flip and the rollback: they are on the source now.
+    assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
+    # The old source is a plain writable primary again; the target read-only; no replication, no tunnel.
+    writable, status = source_is_plain_and_writable(state)
+    assert writable and status is None
+    conn = connect(state, state.target)
+    try:
+        assert repl.is_read_only(conn) and repl.replica_status(conn) is None
+    finally:
+        conn.close()
+    for host in (state.source, state.target):
+        assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
+    for kind in ("fwd", "rev"):
+        assert not tunnel_running(f"{name}-{kind}")
+    # The detached `migrate finish --when-due` the forward apply started sees the way back and exits.
+    finisher = state.path / ".migrate" / name / "reverse-finish.log"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "moved the service back" not in finisher.read_text():
+        time.sleep(0.2)
+    assert "moved the service back" in finisher.read_text()
+
+
+def journal_events_of(state: LabState, name: str) -> list[dict[str, Any]]:
+    path = state.path / ".migrate" / name / "journal.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

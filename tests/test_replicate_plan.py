@@ -6,14 +6,27 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from orchestrator import exit_codes
+from orchestrator.cli import main
+from orchestrator.engine.journal import Journal
 from orchestrator.plan.loader import PlanError, load_plan
 from orchestrator.run import compose
+from orchestrator.run.commands import describe
 from orchestrator.steps import build_steps
-from orchestrator.steps.repl_common import mode_reason, replication_problems
+from orchestrator.steps.repl_common import (
+    REVERSE_KEPT,
+    TORN_DOWN,
+    mode_reason,
+    replica_problem,
+    replication_problems,
+    reverse_kept_until,
+)
 from orchestrator.transports import replication as repl
 from tests.test_plan import SMALL_PLAN, write
 
@@ -120,13 +133,24 @@ def test_a_run_keeps_the_mode_it_began_with(tmp_path: Path) -> None:
     assert compose.resolve_mode(fixed, path, replicating, probe=False).cutover.mode == "shutdown"
 
 
-def test_the_reverse_plan_swaps_the_replication_endpoints_and_goes_back_in_the_shutdown_mode(tmp_path: Path) -> None:
+def test_the_reverse_plan_swaps_the_replication_endpoints_and_goes_back_over_the_reverse_replica(
+    tmp_path: Path,
+) -> None:
     section = REPLICATION + "  source: {host: 10.1.0.1, port: 3306}\n  target: {host: 10.2.0.2, port: 3307}\n"
     fences = "  target_fence: {enable: touch /srv/m, disable: rm -f /srv/m}\n"
     text = plan_with(tmp_path, "replicate", section).read_text().replace("services:\n", "services:\n" + fences)
-    plan = load_plan(write(tmp_path, text)).plan
+    path = write(tmp_path, text)
+    plan = load_plan(path).plan
     back = plan.reversed()
-    assert back.cutover.mode == "shutdown"
+    assert back.cutover.mode == "replicate" and back.reverse_of == plan.name and plan.reverse_of is None
+    # Its steps: nothing stopped, seeded or set up on the old source (its replica exists); the switch swapped.
+    names = [step.name for step in build_steps(back)]
+    assert "prepare_target" not in names and "repl_seed" not in names and "repl_replica" not in names
+    assert names.index("repl_catchup") < names.index("repl_switch") < names.index("dns_flip")
+    # Without a forward run keeping its reverse path, a reverse run goes back in the shutdown mode.
+    journal = tmp_path / ".migrate" / back.name / "journal.jsonl"
+    resolved = compose.resolve_mode(back, path, journal, probe=False)
+    assert resolved.cutover.mode == "shutdown" and resolved.reverse_of == plan.name
     assert back.replication is not None and plan.replication is not None
     assert back.replication.source == plan.replication.target and back.replication.target == plan.replication.source
 
@@ -154,3 +178,71 @@ def test_the_installed_copy_takes_the_owner_of_the_datadir_it_replaces(tmp_path:
     assert (datadir / "xtrabackup_checkpoints").exists() and (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
     subprocess.run(repl.finish_install_command(spec), shell=True, check=True)  # done: nothing more to do
     assert (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
+
+
+def test_the_reverse_path_is_usable_only_while_the_old_source_replicates() -> None:
+    running = repl.ReplicaStatus("Yes", True, 0, repl.GtidPosition(), 0, "", 0, "", "127.0.0.1", 40000, "Slave_Pos", "")
+    assert replica_problem(running) is None
+    assert "not a replica" in str(replica_problem(None))
+    stopped = replace(running, io_running="No", sql_running=False)
+    assert "not running (IO thread No, SQL thread No)" in str(replica_problem(stopped))
+    failed = replace(stopped, last_sql_errno=1062, last_sql_error="Duplicate entry 'x'")
+    assert "Duplicate entry 'x'" in str(replica_problem(failed))
+    # Kept until the journaled time, unless torn down since (`migrate finish`, the reverse run).
+    assert reverse_kept_until({REVERSE_KEPT: 1000.0}) == 1000.0
+    assert reverse_kept_until({REVERSE_KEPT: 1000.0, TORN_DOWN: True}) is None
+    assert reverse_kept_until({}) is None and reverse_kept_until(None) is None
+
+
+def test_the_dry_run_of_the_way_back_shows_the_reverse_switch_while_the_forward_run_keeps_its_reverse_path(
+    tmp_path: Path,
+) -> None:
+    fences = "  target_fence: {enable: touch /srv/m, disable: rm -f /srv/m}\n"
+    text = plan_with(tmp_path, "replicate").read_text().replace("services:\n", "services:\n" + fences)
+    path = write(tmp_path, text)
+    forward = load_plan(path).plan
+    (tmp_path / ".migrate" / forward.name).mkdir(parents=True)
+    journal = Journal(tmp_path / ".migrate" / forward.name / "journal.jsonl")
+    journal.append("run_started", run_id="r1", plan_sha256="x", plan_path=str(path), steps=["repl_switch", "finish"])
+    journal.append("step_completed", step="repl_switch", result={}, commit_point=False)
+    journal.append("step_saved", step="finish", key=REVERSE_KEPT, value=time.time() + 600)
+    journal.append("step_completed", step="finish", result={}, commit_point=False)
+    journal.append("run_completed")
+    assert compose.forward_kept_until(path, forward.name) is not None
+    described = describe(path, reverse=True)
+    steps = [step.name for step in described.steps]
+    assert steps[:5] == ["preflight", "lower_ttl", "files_presync", "repl_catchup", "repl_switch"], steps
+    text = " ".join(line for step in described.steps for line in step.lines)
+    assert "no comparison" in text and "the forward run's replication ends" in text, text
+    assert "enough free space" not in text  # no datadir moves on the way back over the replica
+    # `migrate finish` ends the path (journaled); afterwards the way back is the shutdown mode's.
+    journal.append("step_saved", step="finish", key=TORN_DOWN, value=True)
+    assert compose.forward_kept_until(path, forward.name) is None
+    assert "cutover" in [step.name for step in describe(path, reverse=True).steps]
+
+
+def test_a_rollback_after_the_flip_whose_reverse_path_is_over_refuses_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fences = "  target_fence: {enable: touch /srv/m, disable: rm -f /srv/m}\n"
+    text = plan_with(tmp_path, "replicate").read_text().replace("services:\n", "services:\n" + fences)
+    path = write(tmp_path, text)
+    forward = load_plan(path).plan
+    (tmp_path / ".migrate" / forward.name).mkdir(parents=True)
+    journal = Journal(tmp_path / ".migrate" / forward.name / "journal.jsonl")
+    journal.append("run_started", run_id="r1", plan_sha256="x", plan_path=str(path),
+                   steps=["repl_switch", "dns_flip", "finish"])  # fmt: skip
+    journal.append("step_completed", step="repl_switch", result={}, commit_point=False)
+    journal.append("step_completed", step="dns_flip", result={}, commit_point=True)
+    journal.append("step_saved", step="finish", key=TORN_DOWN, value=True)
+    journal.append("step_completed", step="finish", result={}, commit_point=False)
+    journal.append("run_completed")
+    before = journal.path.read_bytes() if journal.path else b""
+    with pytest.raises(SystemExit) as exited:
+        main(["rollback", str(path), "--yes"])
+    assert exited.value.code == exit_codes.REFUSED
+    flat = " ".join(capsys.readouterr().err.split())  # one message (the console wraps it at its width)
+    assert "past the DNS flip and its reverse replication is over (torn down)" in flat, flat
+    assert "--reverse" in flat and "--discard-target-writes" in flat and "nothing was changed" in flat, flat
+    assert journal.path is not None and journal.path.read_bytes() == before
+    assert not (tmp_path / ".migrate" / f"{forward.name}-reverse").exists()

@@ -12,7 +12,16 @@ import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from orchestrator.plan.checks import (
@@ -581,8 +590,9 @@ class Replication(Strict):
         86400,
         zero=True,
         default=0.0,
-        description="after the flip the old source replicates from the target; "
-        "finish keeps that reverse path this long before tearing replication down on both sides",
+        description="after the flip the old source replicates from the target; the run keeps that reverse path "
+        "this long (`migrate rollback` goes back over it losing nothing; `migrate finish` ends it early), then "
+        "replication is torn down on both sides; 0: torn down at once by finish",
     )
 
 
@@ -813,6 +823,8 @@ class Plan(Strict):
     description: Annotated[str, Field(max_length=1000), AfterValidator(_multiline_text)] | None = None
     source: Host
     target: Host
+    # Set by `reversed()` only: the forward plan's name (not part of the schema, never read from a file).
+    _reverse_of: str | None = PrivateAttr(default=None)
     files: list[FileTree] = Field(default_factory=list, max_length=MAX_TREES)
     database: Database
     services: Services = Field(default_factory=Services)
@@ -890,9 +902,11 @@ class Plan(Strict):
         services["source"], services["target"] = services["target"], services["source"]
         services["fence"], services["target_fence"] = services["target_fence"], services["fence"]
         data["dns"]["content"] = self.source.dns_content
-        # The way back copies the datadir in the shutdown mode: a reverse run through the reverse replica is not
-        # built yet.
-        data["cutover"]["mode"] = "shutdown"
+        # The way back goes through the reverse replica (the old source, a replica of the target since the forward
+        # run's finish) when the forward run replicated; `run/compose.resolve_mode` falls back to the shutdown mode
+        # when that replica is not there or not healthy when the reverse run starts.
+        replicated = self.replication is not None and self.cutover.mode != "shutdown"
+        data["cutover"]["mode"] = "replicate" if replicated else "shutdown"
         if data.get("replication") is not None:
             replication = data["replication"]
             replication["source"], replication["target"] = replication["target"], replication["source"]
@@ -906,7 +920,14 @@ class Plan(Strict):
         else:
             data["health"] = _health_swapped(self.health, self._address_swaps()).model_dump(mode="python")
         data["reverse"] = None
-        return Plan.model_validate(data, context={DERIVED_PLAN: True})
+        back = Plan.model_validate(data, context={DERIVED_PLAN: True})
+        back._reverse_of = self.name
+        return back
+
+    @property
+    def reverse_of(self) -> str | None:
+        """The forward plan's name when this plan is its reversal (`reversed()`), else None."""
+        return self._reverse_of
 
     def latency_probe(self) -> tuple[str, str | None] | None:
         """(URL, Host header) the live app's latency is measured on: `transfer.latency_url`, else the first http

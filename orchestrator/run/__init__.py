@@ -8,6 +8,7 @@ postpone gate, rollback refusals and what the next action is. It prints nothing:
 - compose.py   which steps, runtime and hooks a plan gets (tests replace the factories)
 - policy.py    the plan a command drives, reverse-run rules, secrets, next action, postpone gate, archiving
 - commands.py  apply / rollback / status / describe
+- reverse.py   a replicate run's reverse path after the flip: rollback over it, `migrate finish`, its status
 - crash.py     what an interrupted run left behind (writes blocked, budget left, what a resume would do)
 - results.py   the result objects
 """
@@ -28,6 +29,7 @@ from orchestrator.run.results import (
     StatusReport,
     StepRow,
 )
+from orchestrator.run.reverse import end_reverse_path, finish_when_due, rollback_route
 
 __all__ = [
     "ApplyEnd",
@@ -41,9 +43,12 @@ __all__ = [
     "StepRow",
     "apply",
     "describe",
+    "end_reverse_path",
+    "finish_when_due",
     "interruption_of",
     "load",
     "rollback",
+    "rollback_route",
     "status",
     "subject",
 ]

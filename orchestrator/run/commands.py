@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,6 +48,7 @@ from orchestrator.run.results import (
     RunError,
     StatusReport,
 )
+from orchestrator.run.reverse import kept_until, reverse_status, start_finisher
 
 if TYPE_CHECKING:
     from orchestrator.run.rehearse import DryRunEstimate  # imports the steps: only when the dry-run measures
@@ -187,14 +189,24 @@ def apply(
     env_file: Path | None = None,
     state_dir: Path | None = None,
     reverse: bool = False,
+    over_replica: bool = False,
 ) -> ApplyResult:
-    """Run the migration, or resume the unfinished one. `ask` confirms the downtime (after the postpone gate)."""
+    """Run the migration, or resume the unfinished one. `ask` confirms the downtime (after the postpone gate).
+
+    `over_replica` (a reverse run asked for by `migrate rollback`): only over the reverse replica; should it have
+    broken since the rollback looked, refuse rather than go back in the shutdown mode unasked."""
     subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
     plan, loaded = subj.plan, subj.loaded
     if reverse:
         require_forward_committed(plan_path, loaded.plan)
     prepare_secrets(plan, plan_path, env_file)
     plan = subj.plan = compose.resolve_mode(plan, plan_path, subj.journal_path, probe=True)
+    if over_replica and plan.cutover.mode != "replicate":
+        raise RunError(
+            exit_codes.REFUSED,
+            f"reverse replication broke before the way back began: nothing was changed; `migrate apply {plan_path} "
+            "--reverse` carries the target's writes back in the shutdown mode, or pass --discard-target-writes",
+        )
     steps = compose.steps_factory(plan)
     lock = PlanLock(subj.state_dir / "lock", "migrate apply")
     _acquire(lock)
@@ -255,6 +267,16 @@ def apply(
         )
         if outcome == Outcome.COMPLETED or (final and final.status == RunStatus.ROLLED_BACK):
             result.report_text, result.report_path = _write_report(subj.state_dir, journal)
+        until = kept_until(final) if outcome == Outcome.COMPLETED and not reverse else None
+        if until is not None:
+            # The reverse path outlives the run: a detached `migrate finish --when-due` ends it when it falls due.
+            pid = start_finisher(plan_path, env_file=env_file, state_dir=subj.state_dir)
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(until))
+            result.message = (
+                f"reverse replication kept until {when} (replication.keep_reverse): `migrate rollback {plan_path}` "
+                f"moves back through it losing nothing; `migrate status {plan_path}` shows its lag; `migrate finish "
+                f"{plan_path}` ends it now (`migrate finish --when-due`, pid {pid}, ends it then)"
+            )
         if outcome != Outcome.COMPLETED and final is not None:
             result.rows = rows(final, steps)
             result.next_action = next_action(final, steps, reverse)
@@ -383,7 +405,7 @@ def status(plan_path: Path, *, state_dir: Path | None = None, reverse: bool = Fa
         interruption=interruption,
         ttl_wait_until=ttl_wait_until(state) if state is not None else None,
     )
-    report.replication = _replication_status(subj, state)
+    report.replication = _replication_status(subj, state) or reverse_status(plan_path, state, reverse, state_dir)
     return report
 
 

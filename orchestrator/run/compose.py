@@ -50,25 +50,76 @@ def resolve_mode(plan: Plan, plan_path: Path, journal_path: Path, *, probe: bool
     shutdown; preflight then says which and why. Without `probe` (status, a dry-run's fallback) an unresolved
     `auto` shows the replicate steps.
     """
+    if plan.reverse_of is not None and plan.cutover.mode == "replicate":
+        return _with_mode(plan, journaled_mode(journal_path) or _reverse_mode(plan, plan_path, probe=probe))
     if plan.cutover.mode != "auto":
         return plan
-    from orchestrator.engine.journal import Journal, RunStatus
-    from orchestrator.steps.repl_common import SWITCH_STEP
-
-    mode: str | None = None
-    state = Journal(journal_path).state() if journal_path.exists() else None
-    if state is not None and state.status != RunStatus.ROLLED_BACK:
-        started = [ev for ev in Journal(journal_path).events if ev.get("event") == "run_started"]
-        steps = list(started[-1].get("steps") or []) if started else []
-        if steps:
-            mode = "replicate" if SWITCH_STEP in steps else "shutdown"
+    mode = journaled_mode(journal_path)
     if mode is None and static_mode(plan) != "auto":
         mode = static_mode(plan)  # no replication section: nothing to ask the servers
     if mode is None and probe:
         mode = _probe_mode(plan, plan_path)
     if mode is None:
         return plan
+    return _with_mode(plan, mode)
+
+
+def _with_mode(plan: Plan, mode: str) -> Plan:
+    if mode == plan.cutover.mode:
+        return plan
     return plan.model_copy(update={"cutover": plan.cutover.model_copy(update={"mode": mode})})
+
+
+def journaled_mode(journal_path: Path) -> str | None:
+    """The mode an unfinished or completed run began with (its journaled step list), None without one."""
+    from orchestrator.engine.journal import Journal, RunStatus
+    from orchestrator.steps.repl_common import SWITCH_STEP
+
+    state = Journal(journal_path).state() if journal_path.exists() else None
+    if state is None or state.status == RunStatus.ROLLED_BACK:
+        return None
+    started = [ev for ev in Journal(journal_path).events if ev.get("event") == "run_started"]
+    steps = list(started[-1].get("steps") or []) if started else []
+    if not steps:
+        return None
+    return "replicate" if SWITCH_STEP in steps else "shutdown"
+
+
+def forward_kept_until(plan_path: Path, forward_name: str) -> float | None:
+    """Until when the forward run of `forward_name` keeps its reverse path (None: not kept, or no such run)."""
+    from orchestrator.engine.journal import Journal
+    from orchestrator.steps.repl_common import FINISH_STEP, reverse_kept_until
+
+    path = plan_path.resolve().parent / ".migrate" / forward_name / "journal.jsonl"
+    state = Journal(path).state() if path.exists() else None
+    if state is None or FINISH_STEP not in state.steps:
+        return None
+    if state.status.value != "completed":
+        return None
+    return reverse_kept_until(state.steps[FINISH_STEP].saved)
+
+
+def _reverse_mode(plan: Plan, plan_path: Path, *, probe: bool) -> str:
+    """A new reverse run goes back over the reverse replica while the forward run keeps it and (`probe`: read live
+    on the old source) it replicates; otherwise in the shutdown mode, which copies the target's datadir back."""
+    assert plan.reverse_of is not None
+    if forward_kept_until(plan_path, plan.reverse_of) is None:
+        return "shutdown"
+    if not probe:
+        return "replicate"
+    from orchestrator.steps.repl_common import reverse_problem
+
+    rt = runtime_factory(plan, plan_path, True)
+    try:
+        problem = reverse_problem(rt, "target")  # the reversed plan's target is the old source
+    except Exception as exc:
+        problem = f"the old source could not be asked: {exc}"
+    finally:
+        close_runtime(rt)
+    if problem is not None:
+        mlog.get_logger().warning("the reverse run goes back in the shutdown mode", why=problem)
+        return "shutdown"
+    return "replicate"
 
 
 def _probe_mode(plan: Plan, plan_path: Path) -> str:

@@ -29,6 +29,13 @@ CUTOVER_MODES: dict[str, tuple[str, ...]] = {
 # `auto` before it is resolved (a dry-run or a status without a run): the replicate steps, the default where possible.
 UNRESOLVED_MODE = "replicate"
 AFTER_CUTOVER: tuple[str, ...] = ("files_final", "start_target", "verify_target", "dns_flip", "finish")
+# The way back over the reverse replica (a reverse run in replicate mode): the old source already replicates from
+# the target and runs (read-only, fenced), so nothing is stopped, seeded or set up; the comparison ran forward.
+# The uploads are pre-synced back (their change trackers started), the lag gate and the switch run with the roles
+# swapped, and the shared end carries the uploads' delta and points DNS back.
+REVERSE_OVER_REPLICA: tuple[str, ...] = (
+    "preflight", "lower_ttl", "files_presync", "repl_catchup", "repl_switch", *AFTER_CUTOVER,
+)  # fmt: skip
 
 
 def step_order(mode: str) -> tuple[str, ...]:
@@ -51,6 +58,13 @@ def step_class(name: str) -> type[Step]:
     raise LookupError(f"module {module.__name__} defines no step named {name!r}")
 
 
+def plan_steps(plan: Plan) -> tuple[str, ...]:
+    """The step names a plan runs: its cut-over mode's, or the way back over the reverse replica."""
+    if plan.reverse_of is not None and plan.cutover.mode == "replicate":
+        return REVERSE_OVER_REPLICA
+    return step_order(static_mode(plan))
+
+
 def build_steps(plan: Plan) -> list[Step]:
     """One instance of every step of the plan's cut-over mode, in run order (steps read the plan from the runtime)."""
-    return [step_class(name)() for name in step_order(static_mode(plan))]
+    return [step_class(name)() for name in plan_steps(plan)]

@@ -146,6 +146,10 @@ class DnsFlip(Step):
                     self._commit(ctx, self._partial_reason(moved))
             # With a target fence the target took no write: the engine rolls back and undo restores the records.
             raise
+        if plan.reverse_of is not None:
+            # The way back: the old source's door forwarded to the target since the forward run; it serves its own
+            # app again from the moment that app takes writes (its fence is lifted next).
+            frontdoor.serve_own_app(ctx, "target")
         lifted = self._lift_target_fence(ctx)
         frontdoor.forward_to_target(ctx)
         flipped_at = time.time()

@@ -23,10 +23,14 @@ from orchestrator.steps.common import run_services
 from orchestrator.steps.repl_common import (
     FORWARD_TUNNEL,
     REPLICA_STEP,
+    REVERSE_KEPT,
     REVERSE_TUNNEL,
     SWITCH_STEP,
+    TORN_DOWN,
     TunnelFacts,
     close_tunnel,
+    end_tunnels,
+    forward_tunnel_names,
     open_tunnel,
     replica_source,
     replicate_run,
@@ -38,9 +42,9 @@ from orchestrator.transports.ssh import TransportError
 
 # Names of the source services this run stopped (or was about to stop), journaled before each stop.
 STOPPED_SERVICES = "source_services_stopped"
-# Replicate mode: the old source pointed at the target (journaled first), and replication torn down.
+# Replicate mode: the old source pointed at the target (journaled first); TORN_DOWN and REVERSE_KEPT (until when
+# the reverse path is kept) live in repl_common: `migrate finish`, status and the reverse run read them.
 REVERSE_POINTED = "reverse_pointed"
-TORN_DOWN = "replication_torn_down"
 REVERSE_CATCH_UP = 60.0
 
 
@@ -97,14 +101,27 @@ class Finish(Step):
             lines = [f"the source {plan.source.address} stays fenced (refuses writes)"]
         if plan.finish.drain_seconds:
             lines.append(f"wait {plan.finish.drain_seconds:g} s for traffic to leave the source")
-        if replicate_run(ctx):
+        if plan.reverse_of is not None:
+            lines.append(f"the forward run's replication ends on both sides (RESET SLAVE ALL) and its tunnels "
+                         f"({', '.join(forward_tunnel_names(plan.reverse_of))}) are ended")  # fmt: skip
+        elif replicate_run(ctx):
             keep = plan.replication.keep_reverse if plan.replication else 0.0
-            lines += [
+            lines.append(
                 "reverse replication: ssh -L on the source reaches the target's database; the old source (read-only) "
-                "becomes a GTID replica of the target from the switch's final position, and catches up",
-                f"keep that reverse path {keep:g} s (replication.keep_reverse), then tear replication down on both "
-                "sides: STOP SLAVE, RESET SLAVE ALL (master.info, which holds the password, deleted), tunnels ended",
-            ]
+                "becomes a GTID replica of the target from the switch's final position, and catches up"
+            )
+            if keep:
+                lines.append(
+                    f"keep that reverse path {keep:g} s (replication.keep_reverse) after the run: meanwhile `migrate "
+                    "rollback` moves back through it losing nothing, `migrate status` shows its lag, `migrate finish` "
+                    "ends it (STOP SLAVE, RESET SLAVE ALL: master.info, which holds the password, deleted; tunnels "
+                    "ended)"
+                )
+            else:
+                lines.append(
+                    "then tear replication down on both sides (replication.keep_reverse 0): STOP SLAVE, RESET SLAVE "
+                    "ALL (master.info, which holds the password, deleted), tunnels ended"
+                )
         lines += [f"stop and remove the change tracker of tree {t.name} on the source" for t in plan.files]
         if plan.proxy is not None and plan.proxy.source is not None:
             lines.append("the source's front door keeps forwarding to the target; count the requests that still came")
@@ -115,25 +132,25 @@ class Finish(Step):
         rt = runtime(ctx)
         plan = rt.plan
         reverse: dict[str, Any] | None = None
-        if replicate_run(ctx) and not ctx.saved(TORN_DOWN):
+        if plan.reverse_of is not None:
+            self._end_forward_replication(ctx)
+        elif replicate_run(ctx) and not ctx.saved(TORN_DOWN):
             reverse = self._reverse_replication(ctx)
         if plan.finish.drain_seconds:
             # Clients with a cached DNS answer still reach the source for up to the record's TTL.
             ctx.log.info("finish.drain", seconds=plan.finish.drain_seconds)
             time.sleep(plan.finish.drain_seconds)
         forwarding = frontdoor.forwarding_report(ctx)
-        if replicate_run(ctx) and not ctx.saved(TORN_DOWN):
+        if plan.reverse_of is None and replicate_run(ctx) and not ctx.saved(TORN_DOWN):
             keep = plan.replication.keep_reverse if plan.replication else 0.0
-            if keep:
-                ctx.log.info(
-                    "finish.keep_reverse",
-                    seconds=keep,
-                    ends="by itself after replication.keep_reverse; the old source follows the target meanwhile",
-                )
-                time.sleep(keep)
-            self._tear_down(ctx)
-            if reverse is not None:
-                reverse["torn_down"] = True
+            if keep and reverse is not None and reverse.get("healthy"):
+                reverse.update(self._keep_reverse(ctx, keep))
+            else:
+                if keep:
+                    ctx.log.warning("finish.reverse_not_kept", why="reverse replication is not healthy")
+                self._tear_down(ctx)
+                if reverse is not None:
+                    reverse["torn_down"] = True
         stopped: list[str] = list(ctx.saved(STOPPED_SERVICES) or [])
 
         def _journal_first(service: Service) -> None:
@@ -196,6 +213,52 @@ class Finish(Step):
         return {"healthy": healthy, "tunnel": tunnel.name, "port": tunnel.port, "position": str(waited.position),
                 "error": waited.error}  # fmt: skip
 
+    def _keep_reverse(self, ctx: StepContext, keep: float) -> dict[str, Any]:
+        """The reverse path outlives the run (journaled until when): the forward tunnel is no longer needed."""
+        rt = runtime(ctx)
+        until = float(ctx.saved(REVERSE_KEPT) or time.time() + keep)
+        ctx.save(REVERSE_KEPT, until)
+        close_tunnel(ctx, FORWARD_TUNNEL, TunnelFacts.of(saved_from(ctx, REPLICA_STEP, FORWARD_TUNNEL)))
+        plan_path = getattr(rt, "plan_path", "PLAN")
+        ctx.log.info(
+            "finish.reverse_kept",
+            seconds=keep,
+            until=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(until)),
+            rollback=f"`migrate rollback {plan_path}` moves back through it, losing nothing, writes blocked ~1 s",
+            lag=f"`migrate status {plan_path}`",
+            end_now=f"`migrate finish {plan_path}` (or replication.keep_reverse: 0 for the next run)",
+        )
+        return {"kept_seconds": keep, "kept_until": until}
+
+    def _end_forward_replication(self, ctx: StepContext) -> None:
+        """The reverse run: the forward run's replication is over on both sides (the old source was promoted; a
+        shutdown-mode way back restarted it on a copy) and its tunnels end. Committed: a failure is logged."""
+        rt = runtime(ctx)
+        plan = rt.plan
+        assert plan.reverse_of is not None
+        failures: list[str] = []
+        # The old source runs (promoted, or restarted on a copy); the target's database runs only in replicate mode
+        # (the shutdown mode stopped it).
+        sides = ("target", "source") if replicate_run(ctx) else ("target",)
+        for which in sides:
+            try:
+                conn = rt.db(which, retry=False)  # type: ignore[arg-type]
+                try:
+                    repl.forget_replication(conn)
+                finally:
+                    rt.release(conn)
+            except Exception as exc:
+                failures.append(f"{which}: {exc}")
+        try:
+            end_tunnels(rt.target, forward_tunnel_names(plan.reverse_of))  # started on the old source
+        except TransportError as exc:
+            failures.append(f"tunnels: {exc}")
+        if failures:
+            ctx.log.warning("finish.forward_replication_not_ended", errors=failures)
+            return
+        ctx.save(TORN_DOWN, True)
+        ctx.log.info("finish.forward_replication_ended", tunnels=forward_tunnel_names(plan.reverse_of))
+
     def _tear_down(self, ctx: StepContext) -> None:
         """Replication forgotten on both sides (RESET SLAVE ALL deletes master.info and its clear-text password),
         both tunnels ended."""
@@ -220,7 +283,7 @@ class Finish(Step):
     def undo(self, ctx: StepContext) -> None:
         """Start again, in the plan's order, the source services this run stopped; every start is tried."""
         rt = runtime(ctx)
-        if replicate_run(ctx) and not ctx.saved(TORN_DOWN):
+        if rt.plan.reverse_of is None and replicate_run(ctx) and not ctx.saved(TORN_DOWN):
             self._tear_down(ctx)  # the old source stops following the target before it serves again
         stopped = set(ctx.saved(STOPPED_SERVICES) or [])
         started = run_services(

@@ -17,7 +17,13 @@ from orchestrator import probes, storage
 from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.secrets import redact
-from orchestrator.steps.repl_common import declared_mode, mode_reason, probe_replication, replicate_run
+from orchestrator.steps.repl_common import (
+    declared_mode,
+    mode_reason,
+    probe_replication,
+    replicate_run,
+    reverse_over_replica,
+)
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -89,6 +95,12 @@ class Preflight(Step):
     title = "Preflight checks (reads only)"
 
     def describe(self, ctx: StepContext) -> list[str]:
+        lines = self._lines(ctx)
+        if reverse_over_replica(ctx):
+            return [line for line in lines if not line.startswith(("enough free space", "storage, source"))]
+        return lines
+
+    def _lines(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
         return [
             f"ssh to the source {plan.source.user}@{plan.source.address} and the target"
@@ -120,7 +132,9 @@ class Preflight(Step):
             self._datadir(ctx, problems)
         if reachable["target"]:
             self._target_version(ctx, problems, figures, source_version)
-        if reachable["source"] and reachable["target"]:
+        # The way back over the reverse replica moves no datadir and lands on the storage the service ran on before
+        # the migration: neither the space nor the storage comparison applies (the forward run made them).
+        if reachable["source"] and reachable["target"] and not reverse_over_replica(ctx):
             self._space(ctx, problems, figures)
             self._storage(ctx, problems, figures)
         self._dns(ctx, problems)

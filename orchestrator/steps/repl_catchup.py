@@ -22,6 +22,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CatchupResult, FilesResult
 from orchestrator.steps.common import keep_shells, tracked_prepass
+from orchestrator.steps.repl_common import reverse_over_replica
 from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl
 
@@ -36,7 +37,10 @@ class ReplCatchup(Step):
         plan = runtime(ctx).plan
         settings = plan.replication
         lines = []
-        if settings is None or settings.compare:
+        if reverse_over_replica(ctx):
+            lines.append("the way back: the old source replicates from the target since the forward run's finish; "
+                         "no comparison (the forward run compared), only the lag gate")  # fmt: skip
+        elif settings is None or settings.compare:
             rows = settings.chunk_rows if settings else 2000
             lines.append(
                 "stop the replica, open a consistent snapshot on the source at its GTID position, run the replica "
@@ -77,7 +81,9 @@ class ReplCatchup(Step):
             failure = self._replica_error(target)
             if failure:
                 raise StepError(f"the replica stopped: {failure}")
-            if settings.compare:
+            # The way back compares nothing: the forward run did, and the reverse replica applies the target's
+            # own binlog from the exact position both stood at.
+            if settings.compare and not reverse_over_replica(ctx):
                 self._compare(ctx, source, target, result)
             self._health(ctx, result)
             self._files_prepass(ctx, result)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import shlex
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,14 @@ SEED_POSITION = "seed_position"
 FORWARD_TUNNEL = "forward_tunnel"
 REVERSE_TUNNEL = "reverse_tunnel"
 FINAL_GTID = "final_gtid"
+# The forward run's finish: until when it keeps the reverse path (the old source a replica of the target), and
+# that replication was torn down (by finish, `migrate finish` or the reverse run).
+FINISH_STEP = "finish"
+REVERSE_KEPT = "reverse_kept_until"
+TORN_DOWN = "replication_torn_down"
+# A reverse run over the reverse replica: the port the old source's replica reads the target through (journaled
+# before the promotion: a rolled-back reverse switch makes it a replica again).
+REPLICA_PORT = "replica_port"
 # Where the tunnels keep their control socket and log on the source.
 TUNNEL_DIR = "/tmp"
 # The password of the replication account travels to a host only in this environment variable's value.
@@ -79,6 +88,80 @@ def declared_mode(ctx: StepContext) -> str:
         except Exception:  # the text was validated when the run began: this is only a fallback
             pass
     return runtime(ctx).plan.cutover.mode
+
+
+def reverse_over_replica(ctx: StepContext) -> bool:
+    """This run moves the service back through the reverse replica: a reverse run (`Plan.reversed()`) in replicate
+    mode, whose target (the old source) already replicates from its source (the target the forward run moved to)."""
+    return runtime(ctx).plan.reverse_of is not None and replicate_run(ctx)
+
+
+def reverse_kept_until(finish_saved: dict[str, Any] | None) -> float | None:
+    """Until when a completed forward run keeps its reverse path, from its finish step's journaled facts (None:
+    not kept, or torn down since)."""
+    saved = finish_saved or {}
+    if saved.get(TORN_DOWN) or not saved.get(REVERSE_KEPT):
+        return None
+    return float(saved[REVERSE_KEPT])
+
+
+def replica_problem(status: repl.ReplicaStatus | None) -> str | None:
+    """Why the old source cannot carry a reverse cut-over now (None: it replicates, caught up or catching up)."""
+    if status is None:
+        return "the old source is not a replica of the target any more"
+    if status.error:
+        return f"the old source's replica stopped: {status.error}"
+    if not status.replicating:
+        sql = "Yes" if status.sql_running else "No"
+        return f"the old source's replica is not running (IO thread {status.io_running}, SQL thread {sql})"
+    return None
+
+
+def reverse_problem(rt: StepRuntime, old_source: str) -> str | None:
+    """Read live on the old source (`old_source`: its side in `rt`'s plan): why reverse replication is not usable."""
+    conn = rt.db(old_source, retry=False, read_timeout=10.0)  # type: ignore[arg-type]
+    try:
+        return replica_problem(repl.replica_status(conn))
+    finally:
+        rt.release(conn)
+
+
+def reverse_line(rt: StepRuntime, kept_until: float, plan_path: str) -> str:
+    """One line on a kept reverse path (the forward plan's runtime), read live: the old source's lag behind the
+    target, and how it ends."""
+    until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(kept_until))
+    due = "due since" if time.time() >= kept_until else "kept until"
+    ends = f"{due} {until} (replication.keep_reverse); `migrate finish {plan_path}` ends it"
+    source = rt.db("source", retry=False, read_timeout=10.0)
+    try:
+        status = repl.replica_status(source)
+        executed = repl.gtid_slave_pos(source)
+    finally:
+        rt.release(source)
+    problem = replica_problem(status)
+    if problem is not None or status is None:
+        return f"reverse replication: broken: {problem}; {ends}"
+    target = rt.db("target", retry=False, read_timeout=10.0)
+    try:
+        at = repl.gtid_binlog_pos(target)
+    finally:
+        rt.release(target)
+    behind = "unknown" if status.seconds_behind is None else f"{status.seconds_behind} s"
+    return (
+        f"reverse replication: the old source {behind} behind the target (Seconds_Behind_Master), executed "
+        f"{executed or 'nothing'}, the target at {at}; `migrate rollback {plan_path}` moves back losing nothing; {ends}"
+    )
+
+
+def end_tunnels(host: Any, names: list[str]) -> None:
+    """End the tunnels named (their ssh control masters on `host`, the source they were started on); idempotent."""
+    for name in names:
+        spec = repl.TunnelSpec(name, "local", ("ssh", "tunnel"), 0, "", 0, TUNNEL_DIR)
+        host.run(repl.tunnel_down_command(spec), timeout=COMMAND_TIMEOUT, check=False)
+
+
+def forward_tunnel_names(forward_name: str) -> list[str]:
+    return [f"{forward_name}-fwd", f"{forward_name}-rev"]
 
 
 # --- can this pair of servers replicate? ----------------------------------------------------------------------

@@ -28,7 +28,14 @@ from orchestrator import frontdoor
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
-from orchestrator.steps.repl_common import FINAL_GTID, declared_mode, mode_reason
+from orchestrator.steps.repl_common import (
+    FINAL_GTID,
+    REPLICA_PORT,
+    declared_mode,
+    mode_reason,
+    replica_source,
+    reverse_over_replica,
+)
 from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 
@@ -82,6 +89,8 @@ class ReplSwitch(Step):
                 if failure is None or failure.error:
                     why = failure.error if failure is not None else "the target is not a replica"
                     raise StepError(f"the replica is not healthy before the window: {why}")
+                if reverse_over_replica(ctx) and not ctx.saved(REPLICA_PORT):
+                    ctx.save(REPLICA_PORT, failure.master_port)  # undo makes the old source a replica again
                 began = time.monotonic()
                 # The app's fence and the database's read_only go up side by side: either blocks writes, and the
                 # fence's SSH round trip need not come before the database's.
@@ -230,6 +239,11 @@ class ReplSwitch(Step):
                     rt.release(conn)
             except Exception as exc:
                 failures.append(f"making the target read-only again: {exc}")
+        if reverse_over_replica(ctx) and not failures:
+            try:
+                self._replicate_again(ctx)
+            except Exception as exc:
+                failures.append(f"making the old source a replica of the target again: {exc}")
         if ctx.saved(SOURCE_READ_ONLY) or ctx.saved(WRITES_BLOCKED_AT):
             conn = rt.db("source")
             try:
@@ -246,3 +260,21 @@ class ReplSwitch(Step):
         frontdoor.release_source(ctx)  # not reached while the source refuses writes: a retried rollback releases
         if failures:
             raise StepError("; ".join(failures))
+
+    def _replicate_again(self, ctx: StepContext) -> None:
+        """A rolled-back reverse switch: the old source (read-only) follows the target again, from the final
+        position when the promotion had forgotten its replication, so the reverse path stays as the forward run
+        keeps it (a later `migrate rollback` can go back over it)."""
+        rt = runtime(ctx)
+        conn = rt.db("target", retry=False)
+        try:
+            status = repl.replica_status(conn)
+            port, final = ctx.saved(REPLICA_PORT), ctx.saved(FINAL_GTID)
+            if status is None and port and final:
+                repl.point_replica(conn, replica_source(rt, int(port)), repl.GtidPosition.parse(str(final)))
+                status = repl.replica_status(conn)
+            if status is not None and not status.replicating and not status.error:
+                repl.start_replica(conn)
+                ctx.log.info("repl.switch.undo.replicating_again")
+        finally:
+            rt.release(conn)

@@ -16,7 +16,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import StartTargetResult
 from orchestrator.steps.common import COMMAND_TIMEOUT, run_services, wait_db_answers
-from orchestrator.steps.repl_common import REPLICA_STEP, replicate_run
+from orchestrator.steps.repl_common import REPLICA_STEP, replicate_run, reverse_over_replica
 from orchestrator.transports.ssh import TransportError
 
 DB_READY_TIMEOUT = 120.0
@@ -94,8 +94,17 @@ class StartTarget(Step):
         verify_target reads its position next, so no round trip is spent here inside the window."""
         ctx.window.check("checking the target")
         started = ctx.output(REPLICA_STEP).get("services") or []
-        fenced = runtime(ctx).plan.services.target_fence.enable is not None
-        return StartTargetResult(db_ready_seconds=0.0, services=started, target_fenced=fenced).journal()
+        plan = runtime(ctx).plan
+        if reverse_over_replica(ctx) and plan.finish.source == "stop":
+            # The way back to an old source whose services the forward run's finish stopped (its fence is up).
+            done = run_services(
+                ctx, runtime(ctx).target, plan.services.target, "start", event="target_service_started",
+                keep_going=False, kind="target service", timeout=lambda: ctx.window.timeout(COMMAND_TIMEOUT),
+            )  # fmt: skip
+            started = done.done
+        fenced = plan.services.target_fence.enable is not None
+        return StartTargetResult(db_ready_seconds=0.0, services=started,
+                                 target_fenced=fenced).journal()  # fmt: skip
 
     def undo(self, ctx: StepContext) -> None:
         """Stop the services (reverse order), then the database; every stop is tried even if one fails.
