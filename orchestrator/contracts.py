@@ -8,6 +8,7 @@ runtime of their own. `runtime(ctx)` is the typed view of `ctx.rt`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class StepRuntime(Protocol):
     """The domain objects a step may use (`ctx.rt`)."""
 
     plan: Plan
+    plan_path: Path
     window: DowntimeWindow
 
     def host(self, which: Which) -> Host: ...

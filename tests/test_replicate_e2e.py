@@ -40,6 +40,7 @@ from orchestrator.frontdoor import SOURCE_HOLD
 from orchestrator.lab.load import REQUESTS_FILE
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import main_verify
+from orchestrator.steps.repl_common import tunnel_name
 from orchestrator.transports import replication as repl
 from tests.test_e2e import (
     DNS_TTL,
@@ -97,6 +98,17 @@ def tunnels_down(state: LabState, names: list[str]) -> None:
             Path(control).unlink(missing_ok=True)
 
 
+def tunnel(plan: Path, kind: str) -> str:
+    """The name a run of the plan file `plan` gives its tunnel of `kind` ("fwd" or "rev")."""
+    return tunnel_name(plan_name(plan), plan, "remote" if kind == "fwd" else "local")
+
+
+def lab_tunnels(state: LabState) -> list[str]:
+    """Every tunnel a run of one of this lab's plan files may have left (this lab's only: not another lab's)."""
+    plans = [state.plan_file, *state.path.glob("plan-*.yaml")]
+    return [tunnel(plan, kind) for plan in plans if plan.exists() for kind in ("fwd", "rev")]
+
+
 def tunnel_running(name: str) -> bool:
     control = f"/tmp/migrate-tunnel-{name}.ctl"
     if not Path(control).exists():
@@ -107,7 +119,7 @@ def tunnel_running(name: str) -> bool:
 
 def restore(state: LabState) -> None:
     """The source plain and writable (no replication, read_only off), no tunnel, then the e2e restore."""
-    tunnels_down(state, [f"{name}-{kind}" for name in PLAN_NAMES for kind in ("fwd", "rev")])
+    tunnels_down(state, lab_tunnels(state))
     with contextlib.suppress(pymysql.MySQLError):
         conn = connect(state, state.source)
         try:
@@ -225,7 +237,7 @@ def assert_rolled_back_before_the_window(state: LabState, plan: Path, result: su
     # Nothing left on the target: no seeded datadir in place of its own, no staging copy, no tunnel.
     datadir = Path(str(state.target.datadir))
     assert not Path(f"{datadir}.seed").exists() and not Path(f"{datadir}.before-seed").exists()
-    assert not tunnel_running(f"{plan_name(plan)}-fwd")
+    assert not tunnel_running(tunnel(plan, "fwd"))
 
 
 # --- success under load -----------------------------------------------------------------------------------------
@@ -327,7 +339,7 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
     writable, _ = source_is_plain_and_writable(state)
     assert not writable
     for kind in ("fwd", "rev"):
-        assert not tunnel_running(f"{plan_name(plan)}-{kind}")
+        assert not tunnel_running(tunnel(plan, kind))
     reverse = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "finish")
     assert reverse["reverse_replication"]["healthy"] is True, reverse
     assert reverse["reverse_replication"]["torn_down"] is True
@@ -464,7 +476,7 @@ def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_
     writable, _ = source_is_plain_and_writable(state)
     assert not writable
     for kind in ("fwd", "rev"):
-        assert not tunnel_running(f"{plan_name(plan)}-{kind}")
+        assert not tunnel_running(tunnel(plan, kind))
 
 
 def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_source(
@@ -657,7 +669,7 @@ def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_repl
     for host in (state.source, state.target):
         assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
     for kind in ("fwd", "rev"):
-        assert not tunnel_running(f"{name}-{kind}")
+        assert not tunnel_running(tunnel(plan, kind))
     # The detached `migrate finish --when-due` the forward apply started sees the way back and exits.
     finisher = state.path / ".migrate" / name / "reverse-finish.log"
     deadline = time.monotonic() + 30

@@ -172,7 +172,7 @@ def _tear_down(plan: Plan, plan_path: Path) -> None:
                 failures.append(f"{which}: {exc}")
         if failures:
             raise RunError(exit_codes.NEEDS_ATTENTION, "ending reverse replication: " + "; ".join(failures))
-        end_tunnels(rt.source, forward_tunnel_names(rt.plan.name))
+        end_tunnels(rt.source, forward_tunnel_names(rt.plan.name, rt.plan_path))
     finally:
         compose.close_runtime(rt)
 

@@ -102,8 +102,9 @@ class Finish(Step):
         if plan.finish.drain_seconds:
             lines.append(f"wait {plan.finish.drain_seconds:g} s for traffic to leave the source")
         if plan.reverse_of is not None:
+            tunnels = ", ".join(forward_tunnel_names(plan.reverse_of, runtime(ctx).plan_path))
             lines.append(f"the forward run's replication ends on both sides (RESET SLAVE ALL) and its tunnels "
-                         f"({', '.join(forward_tunnel_names(plan.reverse_of))}) are ended")  # fmt: skip
+                         f"({tunnels}) are ended")  # fmt: skip
         elif replicate_run(ctx):
             keep = plan.replication.keep_reverse if plan.replication else 0.0
             lines.append(
@@ -249,15 +250,16 @@ class Finish(Step):
                     rt.release(conn)
             except Exception as exc:
                 failures.append(f"{which}: {exc}")
+        tunnels = forward_tunnel_names(plan.reverse_of, rt.plan_path)
         try:
-            end_tunnels(rt.target, forward_tunnel_names(plan.reverse_of))  # started on the old source
+            end_tunnels(rt.target, tunnels)  # started on the old source
         except TransportError as exc:
             failures.append(f"tunnels: {exc}")
         if failures:
             ctx.log.warning("finish.forward_replication_not_ended", errors=failures)
             return
         ctx.save(TORN_DOWN, True)
-        ctx.log.info("finish.forward_replication_ended", tunnels=forward_tunnel_names(plan.reverse_of))
+        ctx.log.info("finish.forward_replication_ended", tunnels=tunnels)
 
     def _tear_down(self, ctx: StepContext) -> None:
         """Replication forgotten on both sides (RESET SLAVE ALL deletes master.info and its clear-text password),

@@ -7,10 +7,12 @@ Not a step: steps import this module, never each other.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import shlex
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pymysql
@@ -160,8 +162,8 @@ def end_tunnels(host: Any, names: list[str]) -> None:
         host.run(repl.tunnel_down_command(spec), timeout=COMMAND_TIMEOUT, check=False)
 
 
-def forward_tunnel_names(forward_name: str) -> list[str]:
-    return [f"{forward_name}-fwd", f"{forward_name}-rev"]
+def forward_tunnel_names(forward_name: str, plan_path: Path) -> list[str]:
+    return [tunnel_name(forward_name, plan_path, direction) for direction in ("remote", "local")]
 
 
 # --- can this pair of servers replicate? ----------------------------------------------------------------------
@@ -313,8 +315,15 @@ def tunnel_spec(plan: Plan, facts: TunnelFacts) -> repl.TunnelSpec:
     return repl.TunnelSpec(facts.name, "local", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
 
 
-def tunnel_name(plan: Plan, direction: str) -> str:
-    return f"{plan.name}-{'fwd' if direction == 'remote' else 'rev'}"
+def tunnel_scope(plan_path: Path) -> str:
+    """What tells one plan file's tunnels from another's: two plans of the same name (two checkouts, two operators)
+    moving services through one source must never end each other's tunnels."""
+    return hashlib.sha1(str(Path(plan_path).resolve()).encode()).hexdigest()[:8]
+
+
+def tunnel_name(plan_name: str, plan_path: Path, direction: str) -> str:
+    """The tunnel's name on the source (its control socket's): the plan's name, its file, the direction."""
+    return f"{plan_name}-{tunnel_scope(plan_path)}-{'fwd' if direction == 'remote' else 'rev'}"
 
 
 def replica_source(rt: StepRuntime, port: int) -> repl.ReplicaSource:
@@ -336,7 +345,7 @@ def open_tunnel(ctx: StepContext, direction: str, key: str, *, attempts: int = 5
     for _ in range(attempts):
         if facts is None:
             port = repl.parse_port(listening.run(repl.free_port_command(), timeout=COMMAND_TIMEOUT).stdout)
-            facts = TunnelFacts(tunnel_name(plan, direction), direction, port)
+            facts = TunnelFacts(tunnel_name(plan.name, rt.plan_path, direction), direction, port)
             ctx.save(key, facts.journal())
         result = rt.source.run(repl.tunnel_up_command(tunnel_spec(plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
         if result.exit_status == 0 and repl.parse_tunnel_pid(result.stdout) is not None:
