@@ -21,12 +21,16 @@ lint: venv
 	$(BIN)/ruff check orchestrator tests bench
 	$(BIN)/ruff format --check orchestrator tests bench
 
+# The lab tests mostly wait on real servers, so several pytest-xdist workers (each with a lab of its own, whole
+# test files per worker) share the 2 cores well; TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 3
+
 test: venv system-packages lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The fast layer: everything but the tests that need the lab (no sshd, no mariadbd, no system packages).
 test-fast: venv
-	$(BIN)/pytest -q -m "not lab"
+	$(BIN)/pytest -q -m "not lab" -n 2
 
 demo: venv system-packages
 	$(BIN)/python -m orchestrator.lab.demo

@@ -37,7 +37,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
     existing = os.environ.get(LAB_DIR_ENV)
     if existing:
-        yield hosts.up(Path(existing))
+        # Under pytest-xdist each worker keeps a lab of its own below LAB_DIR: two workers' tests never share one.
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        yield hosts.up(Path(existing) / worker, default_ports=False) if worker else hosts.up(Path(existing))
         return
     lab_dir = tmp_path_factory.mktemp("lab")
     try:
