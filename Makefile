@@ -26,7 +26,7 @@ lint: venv
 TEST_WORKERS ?= 3
 
 test: venv system-packages lint
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The fast layer: everything but the tests that need the lab (no sshd, no mariadbd, no system packages).
 test-fast: venv

@@ -27,10 +27,33 @@ MIGRATE = Path(sys.executable).with_name("migrate")
 SECRET_ENV = ("COURSE_REVIEW_DB_PASSWORD", "CLOUDFLARE_API_TOKEN")
 
 
+# The lab modules that take longest, longest first (their share of a whole run, measured): under pytest-xdist
+# (`make test`: whole files per worker, in collection order) they start first, so no long file starts last and
+# leaves the other workers idle at the end.
+LONGEST_FIRST = (
+    "test_e2e.py",
+    "test_faults.py",
+    "test_replicate_e2e.py",
+    "test_scale_e2e.py",
+    "test_frontdoor_e2e.py",
+    "test_estimates.py",
+    "test_tracking_lab.py",
+    "test_window.py",
+    "test_steps_live.py",
+    "test_progress.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "lab" in getattr(item, "fixturenames", ()) and item.get_closest_marker("lab") is None:
             item.add_marker(pytest.mark.lab)
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each module keeps its own order
 
 
 @pytest.fixture(scope="session")
