@@ -175,8 +175,10 @@ def test_cloudflare_fault_at_the_flip_keeps_writes_blocked_within_the_budget(
         cf_control(state, "faults", {"mode": "none"})
     verify = load.stop("source")
     assert result.returncode == exit_codes.FAILED, outcome(result)
-    blocked = blocked_seconds(journal_events(state, plan))
-    print(f"{fault}: writes blocked {blocked:.2f} s of a {BUDGET:g} s budget")
+    events = journal_events(state, plan)
+    blocked = blocked_seconds(events)
+    reserve = next(ev["value"] for ev in events if ev.get("key") == "rollback_reserve")
+    print(f"{fault}: writes blocked {blocked:.2f} s of a {BUDGET:g} s budget; rollback reserve {reserve}")
     assert blocked <= BUDGET, f"{fault}: writes blocked {blocked:.1f} s, budget {BUDGET:g} s\n" + outcome(result)
     if fault == "slow":
         # The abandoned edit landed after the rollback; the run waited for it and put the old content back.
@@ -458,6 +460,9 @@ def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_l
     events = journal_events(state, plan)
     saved = {ev["key"]: ev["value"] for ev in events if ev.get("event") == "step_saved"}
     trace_file = Path(saved["guard"]["dir"]) / guard.TRACE
+    # `status` says the run is interrupted and what the guard will do (read before it is due).
+    said = migrate_status(state, plan).stdout
+    assert "interrupted" in said and "the guard on the source" in said, said
     # Nobody resumes: the guard alone brings the source back once the budget and its margin have passed.
     wait_for(
         lambda: trace_file.exists() and trace_file.read_text().rstrip().endswith(" restored"),
@@ -540,7 +545,8 @@ def test_a_run_ending_with_dns_split_says_so_and_status_and_report_show_every_re
     plan = plan_copy(state, "split", {"hooks": {"dir": str(hooks)}})
     result = migrate_apply(state, plan)
     assert result.returncode == exit_codes.NEEDS_ATTENTION, outcome(result)
-    said = [line for line in result.stdout.splitlines() if "DNS split" in line]
+    # One line says it (the report's summary below it repeats the verdict, indented).
+    said = [line for line in result.stdout.splitlines() if line.startswith("needs attention: DNS split")]
     assert len(said) == 1 and f"{second} → source" in said[0] and f"{first} → target" in said[0], outcome(result)
     # The report: the run's end reading, every record with where it points, and the verdict.
     events = journal_events(state, plan)
@@ -550,6 +556,7 @@ def test_a_run_ending_with_dns_split_says_so_and_status_and_report_show_every_re
     assert report["dns"]["records"][first] == [{"content": state.target.address, "points_at": "target"}]
     assert report["dns"]["records"][second] == [{"content": state.source.address, "points_at": "source"}]
     assert "DNS split" in report["dns"]["problem"]
+    print(f"rollback reserve: {report['rollback_reserve']}")
     page = (journal_path(state, plan).parent / f"report-{run_id}.html").read_text()
     assert 'id="dns"' in page and "Needs attention" in page
     # `status` reads the records live with the token, in text and JSON.

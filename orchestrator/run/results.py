@@ -85,6 +85,7 @@ class Interruption:
     # The DNS records as last read by the run (journaled): {"at": ts, "records": {name: [contents]}}; `migrate
     # status` shows them (live when it can) for every run, interrupted or not.
     dns_now: dict[str, Any] | None = None
+    guard: str | None = None  # what the guard on the source will do (or did)
 
     def lines(self, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
@@ -102,6 +103,8 @@ class Interruption:
                 f"{self.budget_left:.1f} s left" if self.budget_left > 0 else f"spent ({-self.budget_left:.1f} s over)"
             )
             lines.append(f"write budget (cutover.max_write_block {self.budget:g} s): {left}")
+        if self.guard:
+            lines.append(self.guard)
         lines.append(f"a resume now would {self.resume_would}")
         return lines
 
@@ -113,6 +116,7 @@ class Interruption:
             "budget_left": self.budget_left,
             "resume_would": self.resume_would,
             "dns_now": self.dns_now,
+            "guard": self.guard,
         }
 
 
