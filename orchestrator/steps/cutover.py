@@ -345,12 +345,12 @@ class Cutover(Step):
 
     def _measure_rollback(self, ctx: StepContext) -> dict[str, float | None]:
         """What the rollback's own work costs on this run, timed while the service is live (before the window):
-        the SSH round trip of a command on each host (the slowest of a few), a database round trip, a read of every
+        the SSH round trip of a command on each host (the slower of two), a database round trip, a read of every
         DNS record, and the source database's last start (from its error log). A part that cannot be measured is
         None (and said so in the reserve's basis)."""
         rt = runtime(ctx)
 
-        def slowest(action: Any, times: int = 3) -> float | None:
+        def slowest(action: Any, times: int = 2) -> float | None:
             try:
                 spent = []
                 for _ in range(times):
