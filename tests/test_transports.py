@@ -329,7 +329,7 @@ from pathlib import Path
 from orchestrator.plan.loader import load_plan
 from orchestrator.runtime import Runtime
 plan_file, marker, ready = sys.argv[1:]
-rt = Runtime(load_plan(Path(plan_file)), Path(plan_file))
+rt = Runtime(load_plan(Path(plan_file)).plan, Path(plan_file))
 rt.source.run("true", timeout=30)
 Path(ready).touch()
 rt.source.run(f"sleep 8 && touch {marker}", timeout=2)  # killed -9 while this waits
