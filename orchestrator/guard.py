@@ -40,7 +40,7 @@ POLL = 0.5
 # HEARTBEAT_STALE (several beats missed, a slow SSH round trip is not death). Below MARGIN: a run killed inside its
 # budget has stopped beating long enough before the guard's deadline.
 HEARTBEAT_INTERVAL = 1.0
-HEARTBEAT_STALE = 6
+HEARTBEAT_STALE = 8
 COMMITTED, RELEASED, DB_STOPPED, READ_ONLY, TRACE = "committed", "released", "db_stopped", "read_only", "trace"
 HEARTBEAT = "heartbeat"
 
@@ -179,7 +179,8 @@ class Heartbeat:
         self._stop.set()
         if self._thread.is_alive():
             with contextlib.suppress(RuntimeError):
-                self._thread.join(timeout=HEARTBEAT_STALE)
+                # A beat in flight ends on its own timeout; the run's end does not wait for it.
+                self._thread.join(timeout=2.0)
 
     @property
     def alive(self) -> bool:
