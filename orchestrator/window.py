@@ -237,8 +237,8 @@ class DowntimeWindow:
         """StepError once writes have been blocked longer than allowed; a no-op while writes flow."""
         elapsed = self.elapsed()
         if elapsed is not None and elapsed > self.max_seconds - self.reserve:
-            kept = f", {self.reserve:g} s of it kept for the rollback" if self.reserve else ""
+            kept = f" less the {self.reserve:g} s kept for the rollback" if self.reserve else ""
             raise StepError(
                 f"writes blocked for {elapsed:.1f} s, more than cutover.max_write_block"
-                f" {self.max_seconds:g} s{kept} allows (while {what})"
+                f" {self.max_seconds:g} s{kept} (while {what})"
             )
