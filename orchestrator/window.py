@@ -95,7 +95,7 @@ def blocked_seconds(intervals: list[list[float | None]], now: float) -> float:
 
 
 # The rollback's measured work is multiplied by this (a loaded host, a slow API answer) before it is kept back.
-RESERVE_SAFETY = 2.0
+RESERVE_SAFETY = 1.5
 # What the rollback does, in round trips: on the source, the stop's finish, the start, the fence lifted, the guard
 # told and its trace read; on the target, its fence again and its services and database stopped; on the source
 # database, the answer awaited and read_only turned off; on the DNS API, a read and an edit of every record.

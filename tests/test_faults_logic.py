@@ -26,6 +26,7 @@ from orchestrator.window import (
     BLOCKED_AT_KEY,
     LIFTED_AT_KEY,
     RESERVE_KEY,
+    RESERVE_SAFETY,
     DowntimeWindow,
     estimate_reserve,
     journaled_intervals,
@@ -327,7 +328,7 @@ def test_the_reserve_is_the_measured_work_times_the_safety_factor_within_bounds(
     }  # fmt: skip
     seconds, basis = reserve_from(measured, 2, 120.0) or (0.0, "")
     work = 0.5 * 5 + 0.5 * 4 + 0.1 * 4 + 1.0 * 2 + 4.0
-    assert seconds == pytest.approx(work * 2) and basis.startswith("measured") and "error log" in basis
+    assert seconds == pytest.approx(work * RESERVE_SAFETY) and basis.startswith("measured") and "error log" in basis
     # Bounded: never above half the budget, never below the floor a start nothing measured may need.
     assert (reserve_from(measured, 2, 20.0) or (0.0,))[0] == 10.0
     fast = {**measured, "ssh_source_s": 0.01, "ssh_target_s": 0.01, "dns_read_s": 0.01, "db_start_s": 1.0}
