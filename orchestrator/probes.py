@@ -61,8 +61,10 @@ def clock_offset(host: Host) -> float:
 # --- the database server's last start, from its error log ----------------------------------------------------
 
 # MariaDB's and MySQL's error log: the line a start begins with, and the line it ends with (the server answers).
-_STARTING = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:\.\d+)?).*(?:Starting MariaDB|starting as process)")
-_READY = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:\.\d+)?).*ready for connections")
+# MariaDB pads a one-digit hour with a space ("2026-11-25  0:57:42"); MySQL writes ISO times.
+_WHEN = r"^(\d{4}-\d{2}-\d{2}[ T]+\d{1,2}:\d{2}:\d{2}(?:\.\d+)?)"
+_STARTING = re.compile(_WHEN + r".*(?:Starting MariaDB|starting as process)")
+_READY = re.compile(_WHEN + r".*ready for connections")
 # How much of the log's end is read: the last start is near the end of a log the server appends to.
 ERROR_LOG_TAIL_BYTES = 262144
 
@@ -70,8 +72,12 @@ ERROR_LOG_TAIL_BYTES = 262144
 def _log_time(text: str) -> float | None:
     from datetime import datetime
 
+    day, _, clock = text.replace("T", " ").partition(" ")
+    clock = clock.strip()
+    if clock[1:2] == ":":  # a one-digit hour
+        clock = "0" + clock
     try:
-        return datetime.fromisoformat(text.replace(" ", "T")).timestamp()
+        return datetime.fromisoformat(f"{day}T{clock}").timestamp()
     except ValueError:
         return None
 

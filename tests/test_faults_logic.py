@@ -350,6 +350,12 @@ def test_the_database_s_last_start_is_read_from_its_error_log() -> None:
         ]
     )
     assert parse_last_start(log) == 3.0  # the last complete start: 2 s, whole seconds counted up
+    # MariaDB pads a one-digit hour with a space.
+    padded = (
+        "2026-11-25  0:59:30 0 [Note] Starting MariaDB 10.11\n"
+        "2026-11-25  0:59:31 0 [Note] mariadbd: ready for connections."
+    )
+    assert parse_last_start(padded) == 2.0
     assert parse_last_start("") is None
 
 
