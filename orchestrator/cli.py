@@ -185,11 +185,12 @@ def status(
     ] = False,
     state_dir: StateDirOpt = None,
     reverse: ReverseOpt = False,
+    env_file: EnvFileOpt = None,
 ) -> None:
-    """Where the run stands: each step's state and duration, and what the next action would be."""
+    """Where the run stands: each step's state and duration, where every DNS record points, and the next action."""
     if watch:
         raise Exit(_watch(plan_path, as_json=as_json, state_dir=state_dir, reverse=reverse))
-    report = run.status(plan_path, state_dir=state_dir, reverse=reverse)
+    report = run.status(plan_path, state_dir=state_dir, reverse=reverse, env_file=env_file)
     if as_json:
         out.print_json(json.dumps(report.as_dict(), default=str))
         return
@@ -255,6 +256,8 @@ def rollback(
     if result.rolled_back:
         out.print(result.message)
         raise Exit(exit_codes.OK)
+    if result.message:
+        err.print(result.message)
     _print_rows(f"run {result.run_id}: needs attention", result.rows)
     err.print(f"next: {result.next_action}")
     raise Exit(exit_codes.NEEDS_ATTENTION)

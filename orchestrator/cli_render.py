@@ -77,6 +77,14 @@ def status_lines(report: run.StatusReport) -> list[Text]:
                           "downtime"))  # fmt: skip
     if report.replication is not None:
         lines.append(Text(report.replication))
+    reserve = report.rollback_reserve or {}
+    if reserve.get("seconds") is not None:
+        kept = f"rollback reserve: {reserve['seconds']:g} s kept back from the budget"
+        lines.append(Text(f"{kept} ({reserve.get('basis')})"))
+    if report.dns is not None:
+        lines.append(Text(report.dns.line()))
+    if report.dns_problem is not None:
+        lines.append(Text(f"needs attention: {report.dns_problem}", "red"))
     lines.append(Text(f"next: {report.next_action}"))
     return lines
 

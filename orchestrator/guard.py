@@ -5,21 +5,28 @@ of the orchestrator. It lives in a directory named after the run (`guard_dir`) a
 - `committed`: the run reached its commit point (written BEFORE the target takes writes): the guard leaves the
   source as the run left it and exits;
 - `released`: the run lifted the block itself (rolled back): the guard exits;
-- `db_stopped` / `read_only`: this run stopped the source database / made it read-only (written before the act).
-If neither `committed` nor `released` appears by its deadline (when writes were first blocked, plus
-cutover.max_write_block, plus a margin, on the source's clock), the run is gone or stuck past its budget: the guard
-restores the source with the plan's own commands (a read-only database still running is restarted, which clears
-read_only; a stopped one is started; the fence is lifted), writing each act to the `trace` file. A later `migrate
-apply` or `migrate rollback` reads that trace (`read_trace`) and knows what it did.
+- `db_stopped` / `read_only`: this run stopped the source database / made it read-only (written before the act);
+- `heartbeat`: touched every HEARTBEAT_INTERVAL s by the live run (`Heartbeat`, over its own SSH connection), from
+  the window's start until the run's process ends; a resumed run (or `migrate rollback`) touches it again.
+The guard acts only when both hold: its deadline has passed (when writes were first blocked, plus
+cutover.max_write_block, plus every backoff between lock tries, plus MARGIN, on the source's clock) AND the heartbeat
+is older than HEARTBEAT_STALE s (mtime against the source's own clock: no clock offset matters). A live run that is
+slow (a long rollback) keeps its heartbeat and is never raced; a dead one stops it before its budget ends, so the
+guard acts by its deadline: within budget + margin. It then restores the source with the plan's own commands (a
+read-only database still running is restarted, which clears read_only; a stopped one is started; the fence is
+lifted), writing each act to the `trace` file. A later `migrate apply` or `migrate rollback` reads that trace
+(`read_trace`) and knows what it did.
 
 Every command is idempotent on purpose: a resumed run rolling back at the same moment does the same things.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shlex
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +36,13 @@ from orchestrator.transports.ssh import TransportError
 # Seconds past the budget before the guard acts: a run that is alive ends its window well within its budget.
 MARGIN = 10.0
 POLL = 0.5
+# The live run touches the heartbeat this often; the guard takes the run for dead once it is older than
+# HEARTBEAT_STALE (several beats missed, a slow SSH round trip is not death). Below MARGIN: a run killed inside its
+# budget has stopped beating long enough before the guard's deadline.
+HEARTBEAT_INTERVAL = 1.0
+HEARTBEAT_STALE = 8
 COMMITTED, RELEASED, DB_STOPPED, READ_ONLY, TRACE = "committed", "released", "db_stopped", "read_only", "trace"
+HEARTBEAT = "heartbeat"
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,7 @@ class GuardPlan:
     db_start: str
     db_stop: str
     fence_off: str | None
+    stale: int = HEARTBEAT_STALE  # seconds without a heartbeat before the run is taken for dead
 
 
 def guard_dir(run_id: str, base: str = "/tmp") -> str:
@@ -66,14 +80,19 @@ def script(guard: GuardPlan) -> str:
     return f"""#!/bin/sh
 note() {{ echo "$(date +%s.%N) $1" >> {d}/{TRACE}; }}
 deadline={math.ceil(guard.deadline)}
-note "guarding: acts at $deadline unless the run commits or releases the source"
+stale={int(guard.stale)}
+note "guarding: acts after $deadline once the run's heartbeat is $stale s old, unless the run commits or releases"
 while :; do
   if [ -e {d}/{COMMITTED} ]; then note "the run committed: the source is left as it is"; exit 0; fi
   if [ -e {d}/{RELEASED} ]; then note "the run released the source itself"; exit 0; fi
-  [ "$(date +%s)" -ge "$deadline" ] && break
+  now=$(date +%s)
+  if [ "$now" -ge "$deadline" ]; then
+    beat=$(stat -c %Y {d}/{HEARTBEAT} 2>/dev/null || echo 0)
+    [ $((now - beat)) -ge "$stale" ] && break
+  fi
   sleep {POLL}
 done
-note "deadline passed with no commit and no release: restoring the source"
+note "deadline passed and no heartbeat since $beat, with no commit and no release: restoring the source"
 if [ -e {d}/{READ_ONLY} ] && [ ! -e {d}/{DB_STOPPED} ]; then
   {act("stop the read-only database (a restart clears read_only)", guard.db_stop)}
   touch {d}/{DB_STOPPED}
@@ -89,7 +108,8 @@ def start(host: Host, guard: GuardPlan, *, timeout: float) -> int:
     d = shlex.quote(guard.directory)
     out = host.run(
         # Only the guard goes to the background (a backgrounded `cat` would read /dev/null, not the script).
-        f"mkdir -p {d} && cat > {d}/guard.sh && {{ setsid nohup sh {d}/guard.sh </dev/null >/dev/null 2>&1 & "
+        f"mkdir -p {d} && touch {d}/{HEARTBEAT} && cat > {d}/guard.sh && "
+        f"{{ setsid nohup sh {d}/guard.sh </dev/null >/dev/null 2>&1 & "
         "echo $!; }",
         input=script(guard),
         timeout=timeout,
@@ -122,3 +142,58 @@ def restored(trace: list[str]) -> bool:
 
 def journal_value(pid: int, guard: GuardPlan) -> dict[str, Any]:
     return json.loads(json.dumps({"pid": pid, "dir": guard.directory, "deadline": guard.deadline}))
+
+
+class Heartbeat:
+    """Touches the guard's heartbeat file every `interval` s over the run's SSH connection, from a daemon thread,
+    until `stop` (or the process dies: then the beats stop, which is the point). A failed beat is not fatal: the
+    guard waits HEARTBEAT_STALE s before taking the run for dead, and the next beat may get through."""
+
+    def __init__(self, host: Host, directory: str, *, interval: float = HEARTBEAT_INTERVAL) -> None:
+        self.host = host
+        self.directory = directory
+        self.interval = interval
+        self.beats = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="guard-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._beat()  # the first beat before the caller goes on: the guard sees a live run from the start
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        try:
+            # `touch` without mkdir: once the guard's directory is gone, there is nobody to tell.
+            self.host.run(f"touch {shlex.quote(self.directory)}/{HEARTBEAT}", timeout=HEARTBEAT_STALE - 1)
+            self.beats += 1
+        except Exception:  # any failure: the next beat tries again
+            self.failures += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._beat()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):
+                # A beat in flight ends on its own timeout; the run's end does not wait for it.
+                self._thread.join(timeout=2.0)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
+
+def keep_alive(rt: Any, directory: str) -> Heartbeat:
+    """The run's heartbeat for the guard in `directory`, started once per process (kept on the runtime, which stops
+    it when the run's process lets go of its hosts)."""
+    running = getattr(rt, "heartbeat", None)
+    if isinstance(running, Heartbeat) and running.alive and running.directory == directory:
+        return running
+    beat = Heartbeat(rt.source, directory).start()
+    with contextlib.suppress(AttributeError):
+        rt.heartbeat = beat
+    return beat

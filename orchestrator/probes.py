@@ -58,6 +58,60 @@ def clock_offset(host: Host) -> float:
     return answer - (asked + answered) / 2
 
 
+# --- the database server's last start, from its error log ----------------------------------------------------
+
+# MariaDB's and MySQL's error log: the line a start begins with, and the line it ends with (the server answers).
+# MariaDB pads a one-digit hour with a space ("2026-11-25  0:57:42"); MySQL writes ISO times.
+_WHEN = r"^(\d{4}-\d{2}-\d{2}[ T]+\d{1,2}:\d{2}:\d{2}(?:\.\d+)?)"
+_STARTING = re.compile(_WHEN + r".*(?:Starting MariaDB|starting as process)")
+_READY = re.compile(_WHEN + r".*ready for connections")
+# How much of the log's end is read: the last start is near the end of a log the server appends to.
+ERROR_LOG_TAIL_BYTES = 262144
+
+
+def _log_time(text: str) -> float | None:
+    from datetime import datetime
+
+    day, _, clock = text.replace("T", " ").partition(" ")
+    clock = clock.strip()
+    if clock[1:2] == ":":  # a one-digit hour
+        clock = "0" + clock
+    try:
+        return datetime.fromisoformat(f"{day}T{clock}").timestamp()
+    except ValueError:
+        return None
+
+
+def parse_last_start(output: str) -> float | None:
+    """Seconds the last start recorded in the error log took (its `Starting` line to its `ready for connections`
+    line), None when the log holds no complete start. The log's times may be whole seconds: +1 s, never less."""
+    started: float | None = None
+    found: float | None = None
+    whole = False
+    for line in output.splitlines():
+        begin, ready = _STARTING.match(line), _READY.match(line)
+        if begin:
+            started = _log_time(begin.group(1))
+            whole = "." not in begin.group(1)
+        elif ready and started is not None:
+            at = _log_time(ready.group(1))
+            if at is not None:
+                found = max(at - started, 0.0) + (1.0 if whole else 0.0)
+            started = None
+    return found
+
+
+def last_start_seconds(log_path: str) -> Probe[float | None]:
+    """How long the database server took to start the last time (from the end of its error log)."""
+    path = shlex.quote(log_path)
+    return Probe(
+        f"tail -c {ERROR_LOG_TAIL_BYTES} {path} 2>/dev/null | grep -E 'Starting MariaDB|starting as process|ready for"
+        " connections' || true",
+        parse_last_start,
+        check=False,
+    )
+
+
 # --- paths -----------------------------------------------------------------------------------------------------
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import structlog
 
-from orchestrator.engine.journal import replay
+from orchestrator import dns_where
+from orchestrator.engine.journal import RunState, replay
 from orchestrator.results import (
     CatchupResult,
     CutoverResult,
@@ -26,6 +27,7 @@ from orchestrator.results import (
     result_of,
 )
 from orchestrator.secrets import redact_obj
+from orchestrator.window import RESERVE_KEY
 
 
 def run_events(events: list[dict[str, Any]], run_id: str | None = None) -> list[dict[str, Any]]:
@@ -108,6 +110,8 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "checks": checks_where(outputs),
         "peak_rss_mib": FinishResult.of(outputs.get("finish")).peak_rss_mib,
         "reverse_replication": FinishResult.of(outputs.get("finish")).reverse_replication,
+        "dns": dns_report(run_events(events), state),
+        "rollback_reserve": reserve_report(run_events(events)),
     }
     return redact_obj(report)  # type: ignore[return-value]
 
@@ -138,6 +142,24 @@ def window_parts(
             if value is not None:
                 parts[name] = value
     return parts
+
+
+def dns_report(events: list[dict[str, Any]], state: RunState) -> dict[str, Any] | None:
+    """Where every record pointed at the run's last journaled reading (its end reading, when it made one), and
+    whether that is a problem (split, or at the host that does not serve)."""
+    reading = dns_where.journaled(events)
+    if reading is None:
+        return None
+    return {**reading.as_dict(), "problem": dns_where.end_problem(events, state)}
+
+
+def reserve_report(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The seconds kept back from the budget for the rollback's own work, and how they were derived."""
+    found = None
+    for ev in events:
+        if ev.get("event") == "step_saved" and ev.get("key") == RESERVE_KEY and isinstance(ev.get("value"), dict):
+            found = ev["value"]
+    return found
 
 
 def final_pass_trees(outputs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -244,6 +266,19 @@ def render_report(report: dict[str, Any]) -> str:
             f"  reverse replication kept until {until} (replication.keep_reverse): `migrate rollback PLAN` moves "
             "back through it losing nothing, `migrate status PLAN` shows its lag, `migrate finish PLAN` ends it now"
         )
+    reserve = report.get("rollback_reserve") or {}
+    if reserve.get("seconds") is not None:
+        lines.append(f"  rollback reserve: {reserve['seconds']:g} s ({reserve.get('basis', '')})")
+    dns = report.get("dns") or {}
+    if dns.get("records"):
+        where = ", ".join(
+            f"{name} → " + " + ".join(f"{r['content']} ({r['points_at']})" for r in records)
+            for name, records in dns["records"].items()
+        )
+        said = "at the run's end" if dns.get("end") else "at the run's last reading"
+        lines.append(f"  DNS {said} ({_when(dns.get('at'))}): {where}")
+        if dns.get("problem"):
+            lines.append(f"  needs attention: {dns['problem']}")
     counts = report.get("row_counts") or {}
     if counts:
         lines.append(f"  tables verified: {len(counts)} ({sum(counts.values())} rows at the cut-over)")

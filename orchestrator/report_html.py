@@ -110,6 +110,9 @@ class RunView:
     max_write_block: float | None  # None: the journal (which holds the plan) was not there
     checks: list[CheckView]
     clients: ClientsView | None = None
+    # Where every DNS record pointed at the run's last reading (report["dns"]) and the rollback's reserve.
+    dns: dict[str, Any] | None = None
+    rollback_reserve: dict[str, Any] | None = None
 
     @property
     def window_bytes(self) -> int:
@@ -200,6 +203,8 @@ def read_run(
         max_write_block=_max_write_block(str(started.get("plan_text") or "")),
         checks=[],
         clients=read_clients(verify),
+        dns=report.get("dns") if isinstance(report.get("dns"), dict) else None,
+        rollback_reserve=report.get("rollback_reserve") if isinstance(report.get("rollback_reserve"), dict) else None,
     )
     return _with_checks(view, report, results)
 
@@ -805,6 +810,7 @@ def render_html(view: RunView) -> str:
     body.append(_timeline_section(view))
     body.append(_steps_table(view))
     body.append(_checks_section(view))
+    body.append(_dns_section(view))
     if view.clients is not None:
         body.append(_clients_section(view.clients))
     body.append(
@@ -910,6 +916,39 @@ def _steps_table(view: RunView) -> str:
         + "".join(rows)
         + "</tbody></table></section>"
     )
+
+
+def _dns_section(view: RunView) -> str:
+    """Where every DNS record points (the run's last reading: its end reading when it made one), and the seconds
+    the run kept back from its budget for the rollback, with how they were derived."""
+    parts = ['<section id="dns"><h2>DNS records, and the rollback\'s reserve</h2>']
+    dns = view.dns or {}
+    if dns.get("records"):
+        said = "read at the run's end" if dns.get("end") else "the run's last reading"
+        rows = "".join(
+            f'<tr class="{"ok" if r.get("points_at") != "other" else "fail"}"><td>{_e(name)}</td>'
+            f'<td class="num">{_e(r.get("content"))}</td><td>{_e(r.get("points_at"))}</td></tr>'
+            for name, records in dns["records"].items()
+            for r in records
+        )
+        parts.append(
+            f'<div class="sub">{_e(said)} · {_clock(_float(dns.get("at")))}</div>'
+            "<table><thead><tr><th>record</th><th>content</th><th>points at</th></tr></thead><tbody>"
+            + rows
+            + "</tbody></table>"
+        )
+        if dns.get("problem"):
+            parts.append(f'<div class="error"><b>Needs attention:</b> {_e(dns["problem"])}</div>')
+    else:
+        parts.append('<div class="none">the run did not read its records</div>')
+    reserve = view.rollback_reserve or {}
+    if reserve.get("seconds") is not None:
+        parts.append(
+            f'<p id="reserve">Rollback reserve: <b>{_e(_seconds(_float(reserve.get("seconds"))))}</b> '
+            f"({_e(reserve.get('basis') or '')})</p>"
+        )
+    parts.append("</section>")
+    return "".join(parts)
 
 
 def _checks_section(view: RunView) -> str:

@@ -40,6 +40,8 @@ class Runtime:
         self._connections: list[pymysql.Connection] = []
         self._dns: DnsClient | None = None
         self._lock = threading.Lock()
+        # The run's heartbeat for the guard on the source (orchestrator/guard.py), while this process drives it.
+        self.heartbeat: Any = None
 
     # --- hosts ---
 
@@ -157,6 +159,9 @@ class Runtime:
     # --- lifecycle ---
 
     def close(self) -> None:
+        heartbeat, self.heartbeat = self.heartbeat, None
+        if heartbeat is not None:
+            heartbeat.stop()
         source = self._hosts.get("source")
         if source is not None and not self.dry_run:
             # The source's shared SSH connection to the target (rsync's) must not outlive the run.

@@ -94,6 +94,55 @@ def blocked_seconds(intervals: list[list[float | None]], now: float) -> float:
     return sum(max(0.0, (end if end is not None else now) - start) for start, end in intervals)  # type: ignore[operator]
 
 
+# The rollback's measured work is multiplied by this (a loaded host, a slow API answer) before it is kept back.
+RESERVE_SAFETY = 1.5
+# What the rollback does, in round trips: on the source, the stop's finish, the start, the fence lifted, the guard
+# told and its trace read; on the target, its fence again and its services and database stopped; on the source
+# database, the answer awaited and read_only turned off; on the DNS API, a read and an edit of every record.
+ROLLBACK_SOURCE_COMMANDS = 5
+ROLLBACK_TARGET_COMMANDS = 4
+ROLLBACK_DB_ROUND_TRIPS = 4
+# A database start that could not be measured (no error log to read): this allowance is counted instead.
+DB_START_ALLOWANCE = 5.0
+
+
+def reserve_from(measured: dict[str, float | None], records: int, max_seconds: float) -> tuple[float, str] | None:
+    """The rollback's reserve from what this run measured before the window, and how it was derived; None when the
+    round trips could not be measured (then `estimate_reserve` stands, saying so).
+
+    measured: `ssh_source_s`, `ssh_target_s`, `db_round_trip_s`, `dns_read_s` (a read of every record),
+    `db_start_s` (the source database's last start, from its error log; None: not known). The work is the sum of
+    each round trip times how often the rollback makes it, plus the database's start; the reserve is that times
+    RESERVE_SAFETY, at least the old estimate's floor (min(RESERVE_MIN, budget/2): a start nothing measured may be
+    slower than the last), at most min(RESERVE_MAX, budget/2)."""
+    ssh_source, ssh_target = measured.get("ssh_source_s"), measured.get("ssh_target_s")
+    if ssh_source is None or ssh_target is None:
+        return None
+    db_rtt = measured.get("db_round_trip_s") or 0.0
+    dns = measured.get("dns_read_s") or 0.0
+    start = measured.get("db_start_s")
+    if start is None:
+        start, start_said = DB_START_ALLOWANCE, f"database start not measurable, {DB_START_ALLOWANCE:g} s allowed"
+    else:
+        start_said = f"database start {start:g} s (its last, from the error log)"
+    work = (
+        ssh_source * ROLLBACK_SOURCE_COMMANDS
+        + ssh_target * ROLLBACK_TARGET_COMMANDS
+        + db_rtt * ROLLBACK_DB_ROUND_TRIPS
+        + dns * 2
+        + start
+    )
+    floor, cap = min(RESERVE_MIN, max_seconds / 2), min(RESERVE_MAX, max_seconds / 2)
+    seconds = round(min(max(work * RESERVE_SAFETY, floor), cap), 3)
+    basis = (
+        f"measured: the rollback's work {work:.2f} s (SSH source {ssh_source * 1000:.0f} ms x "
+        f"{ROLLBACK_SOURCE_COMMANDS}, SSH target {ssh_target * 1000:.0f} ms x {ROLLBACK_TARGET_COMMANDS}, database "
+        f"{db_rtt * 1000:.0f} ms x {ROLLBACK_DB_ROUND_TRIPS}, DNS read of {records} record(s) {dns * 1000:.0f} ms x 2, "
+        f"{start_said}) x {RESERVE_SAFETY:g}, kept within [{floor:g}, {cap:g}] s"
+    )
+    return seconds, basis
+
+
 def estimate_reserve(max_seconds: float) -> float:
     """Seconds to keep back for the rollback's own work (start the source database, lift the fence, restore DNS):
     a share of the budget, at least RESERVE_MIN (never more than half the budget), at most RESERVE_MAX."""
@@ -188,7 +237,8 @@ class DowntimeWindow:
         """StepError once writes have been blocked longer than allowed; a no-op while writes flow."""
         elapsed = self.elapsed()
         if elapsed is not None and elapsed > self.max_seconds - self.reserve:
+            kept = f" less the {self.reserve:g} s kept for the rollback" if self.reserve else ""
             raise StepError(
                 f"writes blocked for {elapsed:.1f} s, more than cutover.max_write_block"
-                f" {self.max_seconds:g} s (while {what})"
+                f" {self.max_seconds:g} s{kept} (while {what})"
             )

@@ -175,8 +175,10 @@ def test_cloudflare_fault_at_the_flip_keeps_writes_blocked_within_the_budget(
         cf_control(state, "faults", {"mode": "none"})
     verify = load.stop("source")
     assert result.returncode == exit_codes.FAILED, outcome(result)
-    blocked = blocked_seconds(journal_events(state, plan))
-    print(f"{fault}: writes blocked {blocked:.2f} s of a {BUDGET:g} s budget")
+    events = journal_events(state, plan)
+    blocked = blocked_seconds(events)
+    reserve = next(ev["value"] for ev in events if ev.get("key") == "rollback_reserve")
+    print(f"{fault}: writes blocked {blocked:.2f} s of a {BUDGET:g} s budget; rollback reserve {reserve}")
     assert blocked <= BUDGET, f"{fault}: writes blocked {blocked:.1f} s, budget {BUDGET:g} s\n" + outcome(result)
     if fault == "slow":
         # The abandoned edit landed after the rollback; the run waited for it and put the old content back.
@@ -460,6 +462,9 @@ def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_l
     events = journal_events(state, plan)
     saved = {ev["key"]: ev["value"] for ev in events if ev.get("event") == "step_saved"}
     trace_file = Path(saved["guard"]["dir"]) / guard.TRACE
+    # `status` says the run is interrupted and what the guard will do (read before it is due).
+    said = migrate_status(state, plan).stdout
+    assert "interrupted" in said and "the guard on the source" in said, said
     # Nobody resumes: the guard alone brings the source back once the budget and its margin have passed.
     wait_for(
         lambda: trace_file.exists() and trace_file.read_text().rstrip().endswith(" restored"),
@@ -469,11 +474,27 @@ def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_l
     trace = trace_file.read_text().splitlines()
     print("\n".join(trace))
     acted_at = next(float(line.split()[0]) for line in trace if "deadline passed" in line)
+    restored_at = next(float(line.split()[0]) for line in trace if line.endswith(" restored"))
     blocked_at = float(saved["writes_blocked_at"])
-    # It acted at its deadline (within one poll and the deadline's rounding to a whole second), not later.
+    # The run beat until it was killed (the heartbeat file was touched inside the window), then stopped.
+    last_beat = (Path(saved["guard"]["dir"]) / guard.HEARTBEAT).stat().st_mtime
+    assert last_beat >= blocked_at - 1, (last_beat, blocked_at)
+    assert "no heartbeat since" in " ".join(trace), trace
+    print(
+        f"guard: acted {acted_at - blocked_at:.1f} s after writes were blocked, source restored after "
+        f"{restored_at - blocked_at:.1f} s (budget {budget:g} s + margin {guard.MARGIN:g} s); last heartbeat "
+        f"{last_beat - blocked_at:.1f} s into the window"
+    )
+    # A run dead inside its budget: the guard acted at its deadline (within one poll and the deadline's rounding to
+    # a whole second), not later.
     assert acted_at - blocked_at <= budget + guard.MARGIN + guard.POLL + 1.0, trace
     assert "start the database: done" in " ".join(trace) and "lift the fence: done" in " ".join(trace), trace
     assert_source_serves_and_dns_unchanged(state)
+    # `status` says where every record points (read live): at the source.
+    doc = json.loads(migrate_status(state, plan, "--json").stdout)
+    assert {name: [r["points_at"] for r in rs] for name, rs in doc["dns"]["records"].items()} == {
+        name: ["source"] for name in state.records
+    }
     # A later `migrate apply` finds the run past its budget, rolls it back, and says what the guard had done.
     result = migrate_apply(state, plan)
     assert result.returncode == exit_codes.FAILED, outcome(result)
@@ -481,3 +502,76 @@ def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_l
     verify = load.stop("source")
     assert_source_serves_and_dns_unchanged(state)
     assert_nothing_lost(verify)
+
+
+# --- 7. where every DNS record points, always shown -------------------------------------------------------------------
+
+LATE_EDIT = """
+import sys
+from orchestrator.transports.cloudflare import DnsClient
+env, token_name, base_url, zone, name, content = sys.argv[1:]
+values = dict(line.strip().split("=", 1) for line in open(env) if "=" in line)
+with DnsClient(values[token_name].strip("'\\""), base_url=base_url, timeout=10) as client:
+    zone_id = client.zone_id(zone)
+    for record in client.find_records(zone_id, name, "A"):
+        client.set_content(zone_id, record, content)
+"""
+
+
+def migrate_status(state: LabState, plan: Path, *options: str, token: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != state.token_env}
+    extra = ["--env-file", str(state.env_file)] if token else []
+    return subprocess.run(
+        [str(MIGRATE), "status", str(plan), *extra, *options], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_run_ending_with_dns_split_says_so_and_status_and_report_show_every_record(
+    live_lab: LabState, tmp_path: Path
+) -> None:
+    state = live_lab
+    first, second = state.records[0], state.records[1]
+    # Someone else's edit (or a late one) lands after the flip: the second record points back at the source,
+    # which is stopped and fenced once the run completes.
+    script = tmp_path / "late_edit.py"
+    script.write_text(LATE_EDIT)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    hook = hooks / "before-step"
+    hook.write_text(
+        '#!/bin/sh\n[ "$MIGRATE_STEP" = finish ] || exit 0\n'
+        f"exec {sys.executable} {script} {state.env_file} {state.token_env} {state.cf_base_url} {state.zone} "
+        f"{second} {state.source.address}\n"
+    )
+    hook.chmod(0o755)
+    plan = plan_copy(state, "split", {"hooks": {"dir": str(hooks)}})
+    result = migrate_apply(state, plan)
+    assert result.returncode == exit_codes.NEEDS_ATTENTION, outcome(result)
+    # One line says it (the report's summary below it repeats the verdict, indented).
+    said = [line for line in result.stdout.splitlines() if line.startswith("needs attention: DNS split")]
+    assert len(said) == 1 and f"{second} → source" in said[0] and f"{first} → target" in said[0], outcome(result)
+    # The report: the run's end reading, every record with where it points, and the verdict.
+    events = journal_events(state, plan)
+    run_id = next(ev["run_id"] for ev in events if ev.get("event") == "run_started")
+    report = json.loads((journal_path(state, plan).parent / f"report-{run_id}.json").read_text())
+    assert report["dns"]["end"] is True and report["dns"]["origin"] == "journal"
+    assert report["dns"]["records"][first] == [{"content": state.target.address, "points_at": "target"}]
+    assert report["dns"]["records"][second] == [{"content": state.source.address, "points_at": "source"}]
+    assert "DNS split" in report["dns"]["problem"]
+    print(f"rollback reserve: {report['rollback_reserve']}")
+    page = (journal_path(state, plan).parent / f"report-{run_id}.html").read_text()
+    assert 'id="dns"' in page and "Needs attention" in page
+    # `status` reads the records live with the token, in text and JSON.
+    live = migrate_status(state, plan, "--json")
+    doc = json.loads(live.stdout)
+    assert doc["dns"]["origin"] == "live", live.stdout + live.stderr
+    assert doc["dns"]["records"][second][0]["points_at"] == "source"
+    assert doc["dns"]["records"][first][0]["points_at"] == "target"
+    assert "DNS split" in doc["dns_problem"]
+    text = migrate_status(state, plan)
+    assert "DNS (read live at" in text.stdout and "needs attention: DNS split" in text.stdout, text.stdout
+    # Without the token: the run's last reading, saying why not live, in one line (no traceback).
+    blind = migrate_status(state, plan, token=False)
+    assert blind.returncode == 0 and "Traceback" not in blind.stderr, blind.stderr
+    line = next(line for line in blind.stdout.splitlines() if line.startswith("DNS ("))
+    assert "the run's last reading" in line and "no API token" in line, blind.stdout

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 import structlog
 
-from orchestrator import guard
+from orchestrator import dns_where, guard
 from orchestrator.engine.hooks import HookRunner
 from orchestrator.engine.journal import Journal, RunStatus, StepState
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Retry
+from orchestrator.probes import parse_last_start
 from orchestrator.retry import call_with_retry
 from orchestrator.transports.mysql import Blocker, summarize_blockers
 from orchestrator.window import (
@@ -25,9 +26,11 @@ from orchestrator.window import (
     BLOCKED_AT_KEY,
     LIFTED_AT_KEY,
     RESERVE_KEY,
+    RESERVE_SAFETY,
     DowntimeWindow,
     estimate_reserve,
     journaled_intervals,
+    reserve_from,
 )
 
 
@@ -206,3 +209,203 @@ def test_a_failing_compensation_does_not_stop_the_others(tmp_path: Path) -> None
     state = journal.state()
     assert state is not None and state.status == RunStatus.ROLLBACK_FAILED
     assert state.step("cutover").state == StepState.UNDONE and state.step("dns_flip").state == StepState.UNDO_FAILED
+
+
+# --- the guard's heartbeat ------------------------------------------------------------------------------------------
+
+
+class LocalHost:
+    """Runs commands on this machine (the guard's heartbeat goes over `run`, as over SSH)."""
+
+    def run(self, command: str, *, timeout: float | None = None, **_: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["sh", "-c", command], check=True, timeout=timeout, capture_output=True, text=True)
+
+
+def _guard_with_stale(tmp_path: Path, deadline: float, stale: int) -> tuple[guard.GuardPlan, Path]:
+    plan, log = _guard(tmp_path, deadline)
+    plan = guard.GuardPlan(plan.directory, plan.deadline, plan.db_start, plan.db_stop, plan.fence_off, stale=stale)
+    (Path(plan.directory) / "guard.sh").write_text(guard.script(plan))
+    return plan, log
+
+
+def test_the_guard_does_not_race_a_live_run_past_its_deadline_and_acts_once_its_heartbeat_stops(
+    tmp_path: Path,
+) -> None:
+    # The deadline passed already (a slow rollback, say): only the heartbeat tells the guard the run is alive.
+    plan, log = _guard_with_stale(tmp_path, time.time() - 1, stale=2)
+    beat = guard.Heartbeat(LocalHost(), plan.directory, interval=0.2).start()  # type: ignore[arg-type]
+    proc = subprocess.Popen(["sh", f"{plan.directory}/guard.sh"])
+    try:
+        time.sleep(3.5)  # past the deadline and longer than `stale`, with the run beating
+        assert proc.poll() is None and not log.exists(), "the guard acted while the run's heartbeat went on"
+        assert beat.beats >= 5 and beat.failures == 0
+        beat.stop()  # the run is gone
+        proc.wait(timeout=30)
+    finally:
+        beat.stop()
+        if proc.poll() is None:
+            proc.kill()
+    assert log.read_text().split() == ["fence-off"]  # nothing marked the database stopped or read-only
+    trace = (Path(plan.directory) / guard.TRACE).read_text().splitlines()
+    assert guard.restored(trace) and any("no heartbeat since" in line for line in trace), trace
+
+
+def test_a_fresh_heartbeat_before_the_deadline_then_a_release_leaves_the_source_alone(tmp_path: Path) -> None:
+    plan, log = _guard_with_stale(tmp_path, time.time() + 1, stale=1)
+    proc = subprocess.Popen(["sh", f"{plan.directory}/guard.sh"])
+    try:
+        # The run released the source itself (rolled back) after its heartbeat stopped, before the deadline.
+        time.sleep(0.3)
+        (Path(plan.directory) / guard.RELEASED).touch()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not log.exists()
+    assert not guard.restored((Path(plan.directory) / guard.TRACE).read_text().splitlines())
+
+
+def test_keep_alive_starts_one_heartbeat_per_process_and_the_runtime_stops_it(tmp_path: Path) -> None:
+    class Rt:
+        source = LocalHost()
+        heartbeat: Any = None
+
+    (tmp_path / "g").mkdir()
+    rt = Rt()
+    first = guard.keep_alive(rt, str(tmp_path / "g"))
+    try:
+        assert guard.keep_alive(rt, str(tmp_path / "g")) is first and rt.heartbeat is first
+        assert (tmp_path / "g" / guard.HEARTBEAT).exists()
+    finally:
+        first.stop()
+    assert not first.alive
+
+
+# --- where every DNS record points ---------------------------------------------------------------------------------
+
+
+def _reading(records: dict[str, list[str]]) -> dns_where.Reading:
+    return dns_where.Reading(0.0, records, source=["10.0.0.2"], target="10.0.0.3", origin="journal")
+
+
+def test_records_at_different_hosts_are_a_split_whatever_the_outcome() -> None:
+    split = _reading({"www": ["10.0.0.3"], "api": ["10.0.0.2"]})
+    assert split.where == {"www": ["target"], "api": ["source"]}
+    for serving in ("source", "target", None):
+        found = dns_where.problem(split, serving)  # type: ignore[arg-type]
+        assert found is not None and found.startswith("DNS split") and "api → source" in found
+
+
+def test_records_at_the_host_that_does_not_serve_need_attention() -> None:
+    at_target = _reading({"www": ["10.0.0.3"], "api": ["10.0.0.3"]})
+    assert dns_where.problem(at_target, "target") is None
+    rolled_back = dns_where.problem(at_target, "source")
+    assert rolled_back is not None and "points at the target, which does not serve" in rolled_back
+    assert dns_where.problem(at_target, None) is None  # unfinished: only a split is a verdict
+    other = dns_where.problem(_reading({"www": ["192.0.2.9"]}), "source")
+    assert other is not None and "neither host" in other
+
+
+def test_the_last_journaled_reading_of_the_last_run_is_shown() -> None:
+    value = {"at": 5.0, "records": {"www": ["10.0.0.3"]}, "source": ["10.0.0.2"], "target": "10.0.0.3", "end": True}
+    events = [
+        {"event": "run_started"},
+        {"event": "step_saved", "step": "dns_flip", "key": dns_where.RECORDS_NOW, "value": {**value, "at": 1.0}},
+        {"event": "step_saved", "step": "dns_flip", "key": dns_where.RECORDS_NOW, "value": value},
+    ]
+    reading = dns_where.journaled(events)
+    assert reading is not None and reading.at == 5.0 and reading.end and reading.where == {"www": ["target"]}
+    assert "the run's last reading" in reading.line() and "10.0.0.3 (target)" in reading.line()
+    assert dns_where.journaled([*events, {"event": "run_started"}]) is None
+
+
+# --- the rollback's reserve, measured -------------------------------------------------------------------------------
+
+
+def test_the_reserve_is_the_measured_work_times_the_safety_factor_within_bounds() -> None:
+    measured: dict[str, float | None] = {
+        "ssh_source_s": 0.5, "ssh_target_s": 0.5, "db_round_trip_s": 0.1, "dns_read_s": 1.0, "db_start_s": 4.0,
+    }  # fmt: skip
+    seconds, basis = reserve_from(measured, 2, 120.0) or (0.0, "")
+    work = 0.5 * 5 + 0.5 * 4 + 0.1 * 4 + 1.0 * 2 + 4.0
+    assert seconds == pytest.approx(work * RESERVE_SAFETY) and basis.startswith("measured") and "error log" in basis
+    # Bounded: never above half the budget, never below the floor a start nothing measured may need.
+    assert (reserve_from(measured, 2, 20.0) or (0.0,))[0] == 10.0
+    fast = {**measured, "ssh_source_s": 0.01, "ssh_target_s": 0.01, "dns_read_s": 0.01, "db_start_s": 1.0}
+    assert (reserve_from(fast, 2, 120.0) or (0.0,))[0] == 8.0
+    unknown_start = reserve_from({**fast, "db_start_s": None}, 2, 120.0)
+    assert unknown_start is not None and "not measurable" in unknown_start[1]
+    # Nothing measured: the caller keeps the estimate, saying so.
+    assert reserve_from({**measured, "ssh_source_s": None}, 2, 120.0) is None
+
+
+def test_the_database_s_last_start_is_read_from_its_error_log() -> None:
+    log = "\n".join(
+        [
+            "2026-11-24 23:00:00 0 [Note] Starting MariaDB 10.11.19-MariaDB as process 1",
+            "2026-11-24 23:00:09 0 [Note] /usr/sbin/mariadbd: ready for connections.",
+            "2026-11-24 23:32:41 0 [Note] Starting MariaDB 10.11.19-MariaDB as process 2",
+            "2026-11-24 23:32:43 0 [Note] /usr/sbin/mariadbd: ready for connections.",
+            "2026-11-24 23:40:00 0 [Note] Starting MariaDB 10.11.19-MariaDB as process 3",  # still starting
+        ]
+    )
+    assert parse_last_start(log) == 3.0  # the last complete start: 2 s, whole seconds counted up
+    # MariaDB pads a one-digit hour with a space.
+    padded = (
+        "2026-11-25  0:59:30 0 [Note] Starting MariaDB 10.11\n"
+        "2026-11-25  0:59:31 0 [Note] mariadbd: ready for connections."
+    )
+    assert parse_last_start(padded) == 2.0
+    assert parse_last_start("") is None
+
+
+class Observing(Recorded):
+    """A step that looks at its outside effect when the run ends, and takes up what it left running on a resume."""
+
+    def observe_at_end(self, ctx: StepContext) -> None:
+        self.actions.append(f"observe {self.name}")
+        ctx.save("records_now", {"at": time.time()})
+
+    def reattach(self, ctx: StepContext) -> None:
+        self.actions.append(f"reattach {self.name}")
+
+
+def _engine(steps: list[Step], journal: Journal) -> Engine:
+    log = structlog.get_logger("test")
+    return Engine(
+        steps,
+        journal,
+        config=EngineConfig(plan_path="p", plan_name="p", plan_sha256="h", plan_text=""),
+        rt=None,
+        hooks=HookRunner(None, timeout=10, base_env={}, log=log),
+        confirm=lambda step: True,
+        log=log,
+    )
+
+
+def test_every_run_ends_with_a_look_at_its_outcome_and_a_resume_reattaches(tmp_path: Path) -> None:
+    actions: list[str] = []
+    journal = Journal(tmp_path / "done.jsonl")
+    engine = _engine([Observing("cutover", actions), Observing("dns_flip", actions)], journal)
+    engine.start_run()
+    assert engine.forward() == Outcome.COMPLETED
+    assert actions[-2:] == ["observe cutover", "observe dns_flip"]
+    assert journal.events[-1]["key"] == "records_now"  # journaled after run_completed
+    # A rolled-back run looks too, after every compensation; a step that never ran (pending) as well.
+    actions.clear()
+    journal = Journal(tmp_path / "rolled.jsonl")
+    failing = [Observing("cutover", actions, fail_run=True), Observing("dns_flip", actions)]
+    engine = _engine(failing, journal)
+    engine.start_run()
+    assert engine.forward() == Outcome.ROLLED_BACK
+    assert actions == ["run cutover", "reattach cutover", "undo cutover", "observe cutover", "observe dns_flip"]
+    # A process taking over an unfinished run: the steps that had started take up what they left running.
+    actions.clear()
+    journal = Journal(tmp_path / "resumed.jsonl")
+    first = _engine([Observing("cutover", actions), Observing("dns_flip", actions, fail_run=True)], journal)
+    first.start_run()
+    first._append("step_started", step="cutover", title="cutover")  # killed inside the cut-over
+    actions.clear()
+    second = _engine([Observing("cutover", actions), Observing("dns_flip", actions)], journal)
+    second.resume_run()
+    assert actions == ["reattach cutover"]

@@ -8,6 +8,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -352,3 +353,41 @@ def test_a_kept_shell_runs_commands_as_a_session_would_and_is_dropped_after_a_ti
         host.run("sleep 10", timeout=0.5)
     assert host.run("echo $PPID").stdout != first
     assert host.run("echo still usable").stdout == "still usable\n"
+
+
+DIES_WITH_THE_RUN = """
+import sys, time
+from pathlib import Path
+from orchestrator.plan.loader import load_plan
+from orchestrator.runtime import Runtime
+plan_file, marker, ready = sys.argv[1:]
+rt = Runtime(load_plan(Path(plan_file)).plan, Path(plan_file))
+rt.source.run("true", timeout=30)
+Path(ready).touch()
+rt.source.run(f"sleep 8 && touch {marker}", timeout=2)  # killed -9 while this waits
+"""
+
+
+@pytest.mark.lab
+def test_a_remote_command_of_a_killed_run_ends_by_its_own_deadline(lab_env: LabState, tmp_path: Path) -> None:
+    # The orchestrator dies (kill -9) while a command it started on the host runs: the command does not go on
+    # unknown, it ends at the deadline it was given (a command inside the window gets what is left of the budget).
+    marker, ready = tmp_path / "still-ran", tmp_path / "ready"
+    run = subprocess.Popen(
+        [sys.executable, "-c", DIES_WITH_THE_RUN, str(lab_env.plan_file), str(marker), str(ready)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "the runtime did not connect"
+            time.sleep(0.05)
+        time.sleep(0.5)  # the command is running on the host
+        run.kill()
+        run.wait(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    time.sleep(9.5)  # past the command's own end (8 s), had it gone on running
+    assert not marker.exists(), "a command of a killed run went on running on the host past its deadline"

@@ -150,6 +150,7 @@ class Engine:
         structlog.contextvars.bind_contextvars(run_id=state.run_id)
         self._append("run_resumed", status=state.status.value)
         state = self._require_state()
+        self._reattach(state)
         self.interruptions.finish_forward = state.committed
         self._fire("on-resume", interruptible=False, **self._hook_env(state, None))
         return state
@@ -217,6 +218,7 @@ class Engine:
             self._fire("after-step", interruptible=False, **self._hook_env(state, step, index))
         self._append("run_completed")
         state = self._require_state()
+        self._observe_at_end(state)
         self._safe_point(act=False)
         self.log.info("migration completed", run_id=state.run_id)
         self._fire("on-success", interruptible=False, **self._hook_env(state, None))
@@ -245,6 +247,7 @@ class Engine:
                 "failed after the commit point: the target is serving; fix the cause and run `migrate apply` "
                 "again to finish"
             )
+            self._observe_at_end(state)
             self._fire("on-failure", interruptible=False, **self._hook_env(state, step), MIGRATE_ERROR=error)
             return Outcome.NEEDS_ATTENTION
         # Service first: the rollback runs before the operator's on-failure hooks (a notification can wait;
@@ -260,7 +263,23 @@ class Engine:
         """Compensate every started step, newest first. Signals are only noted meanwhile: the rollback is what
         restores the service, stopping it half-way would leave writes blocked."""
         with self.interruptions.shielded():
+            state = self.state()
+            if state is not None:
+                self._reattach(state)
             return self._rollback(reason=reason)
+
+    def _reattach(self, state: RunState) -> None:
+        """A process taking over a run: steps that began something meant to live as long as the run (`reattach`:
+        e.g. the heartbeat a guard on a host listens to) take it up again. A no-op for what this process runs
+        already; a failure is logged, never fatal."""
+        for step in self.steps:
+            reattach = getattr(step, "reattach", None)
+            if reattach is None or state.step(step.name).state in (StepState.PENDING, StepState.UNDONE):
+                continue
+            try:
+                reattach(self._context(step, state))
+            except Exception as exc:
+                self.log.warning("could not take up what the step left running", step=step.name, error=_one_line(exc))
 
     def _rollback(self, *, reason: str) -> Outcome:
         state = self._require_state()
@@ -294,6 +313,7 @@ class Engine:
                 structlog.contextvars.unbind_contextvars("step")
             state = self._require_state()
         failed += self._settle_after_rollback(state)
+        self._observe_at_end(state)
         if failed:
             summary = "; ".join(f"{name}: {error}" for name, error in failed)
             self.log.error(
@@ -330,6 +350,21 @@ class Engine:
             finally:
                 structlog.contextvars.unbind_contextvars("step")
         return failed
+
+    def _observe_at_end(self, state: RunState) -> None:
+        """The run's last look at what it changed outside (a step's `observe_at_end`: e.g. where every DNS record
+        points), journaled by the step. Never fails the run: its outcome is decided already."""
+        for step in self.steps:
+            observe = getattr(step, "observe_at_end", None)
+            if observe is None:
+                continue
+            structlog.contextvars.bind_contextvars(step=step.name)
+            try:
+                observe(self._context(step, state))
+            except Exception as exc:
+                self.log.warning("could not look at the run's outcome", error=_one_line(exc))
+            finally:
+                structlog.contextvars.unbind_contextvars("step")
 
     # -------------------------------------------------------------- dry-run
     def describe(self) -> list[StepPlan]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from orchestrator import exit_codes, secrets
+from orchestrator import dns_where, exit_codes, secrets
 from orchestrator import logging as mlog
 from orchestrator.dns_ttl import wait_out_old_ttl
 from orchestrator.engine.interrupt import Interruptions
@@ -277,6 +277,14 @@ def apply(
                 f"moves back through it losing nothing; `migrate status {plan_path}` shows its lag; `migrate finish "
                 f"{plan_path}` ends it now (`migrate finish --when-due`, pid {pid}, ends it then)"
             )
+        split = dns_where.end_problem(journal.events, final)
+        if split is not None and outcome in (Outcome.COMPLETED, Outcome.ROLLED_BACK):
+            # The run did its part, but clients following DNS do not all reach the host that serves.
+            log.error("the run ended with DNS not all at the host that serves", problem=split)
+            result.end = ApplyEnd.NEEDS_ATTENTION
+            result.message = f"needs attention: {split}; point every record at the host that serves"
+        elif split is not None:
+            result.message = f"{result.message}; also: {split}" if result.message else f"also: {split}"
         if outcome != Outcome.COMPLETED and final is not None:
             result.rows = rows(final, steps)
             result.next_action = next_action(final, steps, reverse)
@@ -374,17 +382,33 @@ def rollback(
         finally:
             engine.interruptions.uninstall()
             compose.close_runtime(engine.rt)
-        if outcome == Outcome.ROLLED_BACK:
-            return RollbackResult(True, state.run_id, f"run {state.run_id} rolled back: the source serves as before")
         final = journal.state() or state
-        return RollbackResult(False, state.run_id, "", rows(final, steps), next_action(final, steps, reverse))
+        split = dns_where.end_problem(journal.events, final)
+        if outcome == Outcome.ROLLED_BACK and split is None:
+            return RollbackResult(True, state.run_id, f"run {state.run_id} rolled back: the source serves as before")
+        return RollbackResult(
+            False,
+            state.run_id,
+            f"needs attention: {split}" if split else "",
+            rows(final, steps),
+            next_action(final, steps, reverse),
+        )
     finally:
         lock.release()
 
 
-def status(plan_path: Path, *, state_dir: Path | None = None, reverse: bool = False) -> StatusReport:
-    """Where the run stands, who runs it now, and — after a crash — what is blocked and what a resume would do."""
+def status(
+    plan_path: Path,
+    *,
+    state_dir: Path | None = None,
+    reverse: bool = False,
+    live_dns: bool = True,
+    env_file: Path | None = None,
+) -> StatusReport:
+    """Where the run stands, who runs it now, where every DNS record points (read live when the token is at hand,
+    else the run's last reading), and — after a crash — what is blocked and what a resume would do."""
     subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
+    load_env(env_file)
     subj.plan = compose.resolve_mode(subj.plan, plan_path, subj.journal_path, probe=False)
     steps = compose.steps_factory(subj.plan)
     journal = Journal(subj.journal_path) if subj.journal_path.exists() else None
@@ -406,6 +430,13 @@ def status(plan_path: Path, *, state_dir: Path | None = None, reverse: bool = Fa
         ttl_wait_until=ttl_wait_until(state) if state is not None else None,
     )
     report.replication = _replication_status(subj, state) or reverse_status(plan_path, state, reverse, state_dir)
+    if state is not None:
+        events = journal.events if journal is not None else []
+        report.dns = dns_where.now(subj.plan, plan_path, events, live=live_dns)
+        report.dns_problem = dns_where.problem(report.dns, dns_where.serving_host(state))
+        from orchestrator.report import reserve_report, run_events
+
+        report.rollback_reserve = reserve_report(run_events(events))
     return report
 
 

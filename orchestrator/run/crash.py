@@ -59,9 +59,32 @@ def interruption_of(
         if left is not None:
             would += f", with {left:.1f} s of the write budget left"
     found = Interruption(blocked_since, blocked_by, budget, left, would, dns_now=dns_now(events))
+    if blocked_by is not None:
+        found.guard = guard_line(events, now)
     if state.status == RunStatus.ROLLBACK_FAILED:
         found.headline = "stopped: a compensation failed and no process holds the lock"
     return found
+
+
+def guard_line(events: list[dict[str, Any]], now: float) -> str | None:
+    """What the guard on the source will do, from what the run journaled of it (None: no guard was started)."""
+    saved: dict[str, Any] | None = None
+    for event in events:
+        if event.get("event") == "run_started":
+            saved = None
+        elif event.get("event") == "step_saved" and event.get("key") == "guard":
+            saved = event["value"] if isinstance(event.get("value"), dict) else None
+    if not saved or saved.get("deadline") is None:
+        return None
+    deadline = float(saved["deadline"])
+    when = time.strftime("%H:%M:%S", time.localtime(deadline))
+    where = f"{saved.get('dir')}/trace"
+    if deadline > now:
+        return (
+            f"the guard on the source restores it at {when} (in {deadline - now:.0f} s) unless a resume beats its "
+            f"heartbeat again; its trace: {where}"
+        )
+    return f"the guard on the source was due at {when}: with no heartbeat since, it restored the source (see {where})"
 
 
 def dns_now(events: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from orchestrator.dns_where import Reading
 from orchestrator.engine.journal import RunState
 from orchestrator.engine.lock import Holder
 from orchestrator.engine.machine import StepPlan
@@ -86,8 +87,10 @@ class Interruption:
     budget_left: float | None
     resume_would: str
     headline: str = "interrupted: the run stopped without finishing and no process holds its lock"
-    # The DNS records as last read by the run (journaled): {"at": ts, "records": {name: [contents]}}.
+    # The DNS records as last read by the run (journaled): {"at": ts, "records": {name: [contents]}}; `migrate
+    # status` shows them (live when it can) for every run, interrupted or not.
     dns_now: dict[str, Any] | None = None
+    guard: str | None = None  # what the guard on the source will do (or did)
 
     def lines(self, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
@@ -105,10 +108,8 @@ class Interruption:
                 f"{self.budget_left:.1f} s left" if self.budget_left > 0 else f"spent ({-self.budget_left:.1f} s over)"
             )
             lines.append(f"write budget (cutover.max_write_block {self.budget:g} s): {left}")
-        if self.dns_now:
-            when = time.strftime("%H:%M:%S", time.localtime(float(self.dns_now.get("at", 0))))
-            where = ", ".join(f"{n} → {','.join(c)}" for n, c in sorted(self.dns_now.get("records", {}).items()))
-            lines.append(f"DNS (last read at {when}): {where}")
+        if self.guard:
+            lines.append(self.guard)
         lines.append(f"a resume now would {self.resume_would}")
         return lines
 
@@ -120,6 +121,7 @@ class Interruption:
             "budget_left": self.budget_left,
             "resume_would": self.resume_would,
             "dns_now": self.dns_now,
+            "guard": self.guard,
         }
 
 
@@ -135,6 +137,10 @@ class StatusReport:
     interruption: Interruption | None
     ttl_wait_until: float | None = None  # the cut-over may begin then (the lower_ttl step's wait)
     replication: str | None = None  # the replica's lag, read live while a replica step runs
+    dns: Reading | None = None  # where every DNS record points (live, or the run's last journaled reading)
+    dns_problem: str | None = None  # the records split, or at the host that does not serve
+    # The seconds the run kept back from its budget for the rollback, and how they were derived (journaled).
+    rollback_reserve: dict[str, Any] | None = None
 
     def ttl_wait_left(self, now: float | None = None) -> float | None:
         left = None if self.ttl_wait_until is None else self.ttl_wait_until - (time.time() if now is None else now)
@@ -149,6 +155,9 @@ class StatusReport:
             "interrupted": self.interruption.as_dict() if self.interruption else None,
             "dns_ttl_wait_seconds_left": None if left is None else round(left, 1),
             "replication": self.replication,
+            "dns": self.dns.as_dict() if self.dns is not None else None,
+            "dns_problem": self.dns_problem,
+            "rollback_reserve": self.rollback_reserve,
         }
         if self.state is not None:
             doc["run"] = {

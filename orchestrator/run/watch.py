@@ -92,7 +92,8 @@ def outcome_code(state: RunState, events: list[dict[str, Any]]) -> int:
 
 def look(plan_path: Path, tail: LogTail, *, state_dir: Path | None = None, reverse: bool = False) -> WatchView:
     subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
-    report = status(plan_path, state_dir=state_dir, reverse=reverse)
+    # The journal's DNS reading: a live read at every look would query the API once a second.
+    report = status(plan_path, state_dir=state_dir, reverse=reverse, live_dns=False)
     events = Journal(subj.journal_path).events if subj.journal_path.exists() else []
     state = report.state
     if state is not None:

@@ -42,7 +42,7 @@ from orchestrator.steps.common import wait_db_answers
 from orchestrator.transports import mysql
 from orchestrator.transports.replication import set_read_only
 from orchestrator.transports.ssh import TransportError
-from orchestrator.window import BLOCKED_AGAIN_AT_KEY, LIFTED_AT_KEY, RESERVE_KEY, estimate_reserve
+from orchestrator.window import BLOCKED_AGAIN_AT_KEY, LIFTED_AT_KEY, RESERVE_KEY, estimate_reserve, reserve_from
 
 SOURCE_DB_START_TIMEOUT = 120.0
 # How often the source is asked whether anything still holds the datadir's InnoDB files open.
@@ -302,6 +302,7 @@ class Cutover(Step):
         rt = runtime(ctx)
         saved = ctx.saved(GUARD)
         if isinstance(saved, dict) and saved.get("pid"):
+            guard.keep_alive(rt, str(saved["dir"]))
             return
         c = rt.plan.cutover
         endpoint = rt.plan.database.source
@@ -318,7 +319,18 @@ class Cutover(Step):
         ctx.save(GUARD, {"dir": plan.directory, "deadline": plan.deadline})
         pid = guard.start(rt.source, plan, timeout=30.0)
         ctx.save(GUARD, guard.journal_value(pid, plan))
+        guard.keep_alive(rt, plan.directory)
         ctx.log.info("cutover.guard_started", pid=pid, dir=plan.directory, deadline=plan.deadline)
+
+    def reattach(self, ctx: StepContext) -> None:
+        """A resumed run (or `migrate rollback`) in a new process: the guard on the source hears this run's
+        heartbeat again, so it does not race a live run (it still acts if this process dies too)."""
+        directory = self._guard_dir(ctx)
+        if directory is None:
+            return
+        before = getattr(runtime(ctx), "heartbeat", None)
+        if guard.keep_alive(runtime(ctx), directory) is not before:
+            ctx.log.info("cutover.guard_heartbeat_resumed", dir=directory)
 
     def _refuse_after_guard(self, ctx: StepContext) -> None:
         """A re-run after the guard restored the source must not block it again: the source took writes since."""
@@ -344,17 +356,74 @@ class Cutover(Step):
         if isinstance(saved, dict) and "seconds" in saved:
             window.reserve = float(saved["seconds"])
             return
-        budget = runtime(ctx).plan.cutover.max_write_block
-        window.reserve = estimate_reserve(budget)
-        ctx.save(
-            RESERVE_KEY,
-            {
-                "seconds": window.reserve,
-                "basis": "estimated: a share of cutover.max_write_block for starting the source database, "
-                "lifting the fence and restoring DNS",
-            },
-        )
-        ctx.log.info("cutover.rollback_reserve", seconds=window.reserve, budget=budget)
+        plan = runtime(ctx).plan
+        budget = plan.cutover.max_write_block
+        estimate = estimate_reserve(budget)
+        measured = self._measure_rollback(ctx)
+        derived = reserve_from(measured, len(plan.dns.records), budget)
+        if derived is None:
+            window.reserve = estimate
+            basis = (
+                "estimated (the round trips could not be measured): a share of cutover.max_write_block for "
+                "starting the source database, lifting the fence and restoring DNS"
+            )
+        else:
+            window.reserve, basis = derived
+        ctx.save(RESERVE_KEY, {"seconds": window.reserve, "basis": basis, "measured": measured, "estimate": estimate})
+        ctx.log.info("cutover.rollback_reserve", seconds=window.reserve, budget=budget, basis=basis)
+
+    def _measure_rollback(self, ctx: StepContext) -> dict[str, float | None]:
+        """What the rollback's own work costs on this run, timed while the service is live (before the window):
+        the SSH round trip of a command on each host (the slower of two), a database round trip, a read of every
+        DNS record, and the source database's last start (from its error log). A part that cannot be measured is
+        None (and said so in the reserve's basis)."""
+        rt = runtime(ctx)
+
+        def slowest(action: Any, times: int = 2) -> float | None:
+            try:
+                spent = []
+                for _ in range(times):
+                    began = time.monotonic()
+                    action()
+                    spent.append(time.monotonic() - began)
+                return round(max(spent), 4)
+            except Exception as exc:  # a part that cannot be measured: the basis says so
+                ctx.log.warning("cutover.reserve_not_measured", error=str(exc))
+                return None
+
+        conn = self._lock_conn
+        measured: dict[str, float | None] = {
+            "ssh_source_s": slowest(lambda: rt.source.run("true", timeout=10)),
+            "ssh_target_s": slowest(lambda: rt.target.run("true", timeout=10)),
+            "db_round_trip_s": slowest(lambda: mysql.ping(conn)) if conn is not None else None,
+            "dns_read_s": slowest(lambda: self._read_every_record(ctx), times=1),
+            "db_start_s": self._last_db_start(ctx),
+        }
+        return measured
+
+    def _read_every_record(self, ctx: StepContext) -> None:
+        rt = runtime(ctx)
+        dns = rt.plan.dns
+        timeout = min(dns.timeout, 10.0)
+        zone_id = rt.dns.zone_id(dns.zone, timeout=timeout)
+        for name in dns.records:
+            rt.dns.find_records(zone_id, name, dns.type, timeout=timeout)
+
+    def _last_db_start(self, ctx: StepContext) -> float | None:
+        """How long the source database took to start the last time, from its error log (None: no log to read)."""
+        conn = self._lock_conn
+        if conn is None:
+            return None
+        try:
+            log_path = mysql.error_log_path(conn)
+            if not log_path:
+                return None
+            if not log_path.startswith("/"):
+                log_path = f"{self._datadir.rstrip('/')}/{log_path}"
+            return probes.ask(runtime(ctx).source, probes.last_start_seconds(log_path), timeout=10)
+        except Exception as exc:
+            ctx.log.warning("cutover.db_start_not_measured", error=str(exc))
+            return None
 
     def _refuse_writes_in_the_database(self, ctx: StepContext, conn: pymysql.connections.Connection) -> None:
         """SET GLOBAL read_only under our lock: it outlives our session, so writes queued behind the lock (or sent

@@ -282,15 +282,44 @@ class DnsFlip(Step):
             return None
         return self._journal_now(ctx, records)
 
-    def _journal_now(self, ctx: StepContext, records: list[Any]) -> dict[str, list[str]]:
+    def _journal_now(self, ctx: StepContext, records: list[Any], *, end: bool = False) -> dict[str, list[str]]:
+        """Journal a reading (with what the source's and the target's contents are, so it can be told where each
+        record points without the plan). An unchanged reading is journaled again at most every 5 s."""
+        plan = runtime(ctx).plan
         now: dict[str, list[str]] = {}
         for record in records:
             now.setdefault(record.name, []).append(record.content)
-        value = {"at": time.time(), "records": {n: sorted(c) for n, c in now.items()}}
+        old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
+        source = sorted({plan.source.dns_content} | {str(r.get("content")) for r in old.values()})
+        value = {
+            "at": time.time(),
+            "records": {n: sorted(c) for n, c in now.items()},
+            "source": source,
+            "target": plan.dns_content,
+            "end": end,
+        }
         previous = ctx.saved(RECORDS_NOW) or {}
-        if previous.get("records") != value["records"] or time.time() - float(previous.get("at", 0)) > 5:
+        if end or previous.get("records") != value["records"] or time.time() - float(previous.get("at", 0)) > 5:
             ctx.save(RECORDS_NOW, value)
         return value["records"]
+
+    def observe_at_end(self, ctx: StepContext) -> None:
+        """The run's last word on DNS: every record read once more at its end (after the commit and the finish, or
+        after the rollback and its settling), journaled, so the report and `status` show where each points.
+        One bounded try per call; a failure is logged, never raised (the run's outcome is decided already)."""
+        plan = runtime(ctx).plan
+        try:
+            zone_id = runtime(ctx).dns.zone_id(plan.dns.zone, timeout=plan.dns.timeout)
+            records = [
+                r
+                for name in plan.dns.records
+                for r in runtime(ctx).dns.find_records(zone_id, name, plan.dns.type, timeout=plan.dns.timeout)
+            ]
+        except Exception as exc:
+            ctx.log.warning("dns_flip.end_read_failed", error=str(exc))
+            return
+        now = self._journal_now(ctx, records, end=True)
+        ctx.log.info("dns_flip.records_at_end", records=now)
 
     # -- helpers
 

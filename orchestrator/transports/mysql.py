@@ -235,6 +235,16 @@ def is_read_only(conn: pymysql.Connection) -> bool:
     return int(str(_scalar(conn, "SELECT @@GLOBAL.read_only"))) == 1
 
 
+def ping(conn: pymysql.Connection) -> None:
+    """One round trip to the server (SELECT 1)."""
+    _scalar(conn, "SELECT 1")
+
+
+def error_log_path(conn: pymysql.Connection) -> str:
+    """The server's error log (@@log_error): absolute, relative to the datadir, or empty (stderr / the journal)."""
+    return str(_scalar(conn, "SELECT @@GLOBAL.log_error") or "").strip()
+
+
 def session_alive(conn: pymysql.Connection) -> bool:
     """Does this session's server still answer? (A session dies with its server.)"""
     try:
