@@ -71,6 +71,8 @@ def status_lines(report: run.StatusReport) -> list[Text]:
                           "downtime"))  # fmt: skip
     if report.replication is not None:
         lines.append(Text(report.replication))
+    if report.audit is not None:
+        lines.append(Text(report.audit, "bold red" if report.audit.startswith("AUDIT") else "yellow"))
     lines.append(Text(f"next: {report.next_action}"))
     return lines
 

@@ -18,6 +18,7 @@ from orchestrator.engine.machine import Engine, EngineConfig, Outcome
 from orchestrator.engine.step import Step
 from orchestrator.plan.model import Plan
 from orchestrator.progress import Phase, phase_of, ttl_wait_until
+from orchestrator.results import AuditResult
 from orchestrator.run import compose
 from orchestrator.run.compose import Say
 from orchestrator.run.crash import interruption_of
@@ -206,6 +207,12 @@ def apply(
         )
         if outcome == Outcome.COMPLETED or (final and final.status == RunStatus.ROLLED_BACK):
             result.report_text, result.report_path = _write_report(subj.state_dir, journal)
+        audit = final.steps.get("audit") if outcome == Outcome.COMPLETED and final is not None else None
+        if audit is not None and audit.result:
+            audited = AuditResult.of(audit.result)
+            result.message = audited.summary()
+            if audited.needs_attention:  # completed and committed, but the data was not proven equal
+                result.end = ApplyEnd.NEEDS_ATTENTION
         if outcome != Outcome.COMPLETED and final is not None:
             result.rows = rows(final, steps)
             result.next_action = next_action(final, steps, reverse)
@@ -335,6 +342,8 @@ def status(plan_path: Path, *, state_dir: Path | None = None, reverse: bool = Fa
         ttl_wait_until=ttl_wait_until(state) if state is not None else None,
     )
     report.replication = _replication_status(subj, state)
+    audit = state.steps.get("audit") if state is not None else None
+    report.audit = AuditResult.of(audit.result).summary() if audit is not None and audit.result else None
     return report
 
 

@@ -130,6 +130,7 @@ class StatusReport:
     interruption: Interruption | None
     ttl_wait_until: float | None = None  # the cut-over may begin then (the lower_ttl step's wait)
     replication: str | None = None  # the replica's lag, read live while a replica step runs
+    audit: str | None = None  # the after-commit audit, when it did not prove the data equal
 
     def ttl_wait_left(self, now: float | None = None) -> float | None:
         left = None if self.ttl_wait_until is None else self.ttl_wait_until - (time.time() if now is None else now)
@@ -144,6 +145,7 @@ class StatusReport:
             "interrupted": self.interruption.as_dict() if self.interruption else None,
             "dns_ttl_wait_seconds_left": None if left is None else round(left, 1),
             "replication": self.replication,
+            "audit": self.audit,
         }
         if self.state is not None:
             doc["run"] = {
