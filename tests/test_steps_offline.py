@@ -382,8 +382,8 @@ RSYNC_STATS = (
 
 
 def _sums(*names: str, differ: str | None = None) -> str:
-    """md5sum -z output for `names` (the one named `differ` with another checksum)."""
-    return "".join(f"{('b' if n == differ else 'a') * 32}  {n}\0" for n in names)
+    """cksum output for `names` (the one named `differ` with another checksum)."""
+    return "".join(f"{2 if n == differ else 1} 4096 {n}\n" for n in names)
 
 
 COPIED = ("db/other.ibd", "db/t.ibd", "ibdata1")
@@ -394,8 +394,8 @@ def test_db_final_forces_files_changed_since_the_presync_then_pushes_the_delta_w
     # rsync itemizes what it received: one file beyond the forced ones (and a pid file the pass never copies).
     itemized = ">f.st...... db/other.ibd\n>f..t...... ibdata1\n" + RSYNC_STATS
     source = RecordingHost([("find \\.", "./ibdata1\0./db/t.ibd\0./mysqld.pid\0"), ("rsync", itemized),
-                            ("md5sum", _sums(*COPIED))])  # fmt: skip
-    target = RecordingHost([("md5sum", _sums(*COPIED))])
+                            ("cksum", _sums(*COPIED))])  # fmt: skip
+    target = RecordingHost([("cksum", _sums(*COPIED))])
     rt = OfflineRuntime(p, source=source, target=target)
     rt.window.begin(time.time() - 5)
     history = [{"event": "run_started"}, {"event": "step_started", "step": "db_presync", "ts": 1_700_000_000.0}]
@@ -421,7 +421,7 @@ def test_db_final_forces_files_changed_since_the_presync_then_pushes_the_delta_w
     assert push["timeout"] is not None and 0 < push["timeout"] <= left
     # Inside the window, O(changes): only the copied files are checksummed, on both hosts, names on stdin.
     for host, datadir in ((source, p.database.source.datadir), (target, p.database.target.datadir)):
-        (sums,) = [c for c in host.calls if "md5sum" in c["command"]]
+        (sums,) = [c for c in host.calls if "cksum" in c["command"]]
         assert sums["command"].startswith(f"cd {datadir} && ") and sums["input"] == "\0".join(COPIED) + "\0"
         assert sums["timeout"] is not None and 0 < sums["timeout"] <= left
 
@@ -429,9 +429,9 @@ def test_db_final_forces_files_changed_since_the_presync_then_pushes_the_delta_w
 def test_db_final_fails_in_the_window_when_a_copied_file_differs_between_the_hosts() -> None:
     p = plan()
     source = RecordingHost([("find \\.", "./ibdata1\0./db/t.ibd\0"), ("rsync", ">f.st...... db/other.ibd\n"
-                            + RSYNC_STATS), ("md5sum", _sums(*COPIED))])  # fmt: skip
+                            + RSYNC_STATS), ("cksum", _sums(*COPIED))])  # fmt: skip
     # A copied file that differs, and one missing on the target: both named (the run rolls back).
-    target = RecordingHost([("md5sum", _sums("db/other.ibd", "ibdata1", differ="ibdata1"))])
+    target = RecordingHost([("cksum", _sums("db/other.ibd", "ibdata1", differ="ibdata1"))])
     rt = OfflineRuntime(p, source=source, target=target)
     rt.window.begin(time.time() - 5)
     history = [{"event": "step_started", "step": "db_presync", "ts": 1_700_000_000.0}]
