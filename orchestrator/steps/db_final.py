@@ -125,7 +125,7 @@ class DbFinal(Step):
                            timeout=window.timeout(LISTING_TIMEOUT), check=False).stdout  # fmt: skip
             sums = {}
             for line in out.splitlines():
-                crc, size, name = (line.split(" ", 2) + ["", ""])[:3]
+                crc, size, name = [*line.split(" ", 2), "", ""][:3]
                 if name:
                     sums[name] = f"{crc} {size}"
             return sums
