@@ -157,22 +157,29 @@ class IsolatedServer:
         return result.stdout
 
 
-def start_isolated(host: Host, launch: ServerLaunch, timeout: float = START_TIMEOUT) -> IsolatedServer:
-    """Start the stopped source's server read-only on a private socket; returns once it answers."""
+def private_dir(host: Host, launch: ServerLaunch) -> IsolatedServer:
+    """A private (0700) directory on the source for the isolated server's socket, pid file and error log."""
     user = shlex.quote(launch.user or "")
     made = host.run(
         'd=$(mktemp -d "${TMPDIR:-/tmp}/migrate-audit.XXXXXX") && chmod 700 "$d" && '
         f'{{ [ "$(id -u)" != 0 ] || [ -z {user} ] || chown {user} "$d"; }} && printf %s "$d"',
         timeout=30.0,
     ).stdout.strip()
-    server = IsolatedServer(host, made)
+    if not made.startswith("/"):
+        raise AuditError("could not make a private directory for the isolated source on its host")
+    return IsolatedServer(host, made)
+
+
+def start_isolated(server: IsolatedServer, launch: ServerLaunch, timeout: float = START_TIMEOUT) -> None:
+    """Start the stopped source's server read-only on its private socket; returns once it answers."""
+    host, made = server.host, server.directory
     argv = shlex.join(isolated_argv(launch, made))
     host.run(f"cd / && (setsid nohup {argv} >/dev/null 2>&1 </dev/null &)", timeout=30.0)
     deadline = time.monotonic() + timeout
     while True:
         probe = host.run(f"{server.client()} -e 'SELECT 1'", timeout=30.0, check=False)
         if probe.exit_status == 0:
-            return server
+            return
         alive = host.run(_alive(made), timeout=30.0, check=False).exit_status == 0
         if not alive or time.monotonic() > deadline:
             tail = host.run(f"tail -n 5 {shlex.quote(made)}/mysqld.err", timeout=30.0, check=False).stdout.strip()

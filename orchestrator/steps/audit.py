@@ -26,6 +26,8 @@ from orchestrator.results import AuditResult, CutoverResult
 from orchestrator.steps.repl_common import replicate_run
 
 Figures = tuple[dict[str, int], dict[str, int | None]]
+# Journaled before the source is started for the audit (its private directory), cleared once it stopped.
+ISOLATED_SOURCE = "isolated_source"
 
 
 class Audit(Step):
@@ -59,6 +61,7 @@ class Audit(Step):
             return AuditResult(status="not_needed", reason="replicate mode: compared before the window").journal()
         if not (verify.row_counts or verify.checksum):
             return AuditResult(status="off", reason="database.verify asks for neither").journal()
+        self._stop_left_over(ctx)
         held = audit.forget(ctx.run_id) or audit.Held()
         try:
             result = self._audit(ctx, held)
@@ -80,8 +83,11 @@ class Audit(Step):
         if tables is None:
             return AuditResult(status="not_run", reason="the cut-over journaled no list of tables")
         if held.source is None:
-            return AuditResult(status="incomplete", tables=len(tables), reason="the source server's command line "
-                               "could not be read before the window: it cannot be started for the audit")  # fmt: skip
+            why = (
+                "the source server's command line was not read in this process (resumed after the source's "
+                "shutdown began, or unreadable: see the cut-over's log): the source cannot be started for the audit"
+            )
+            return AuditResult(status="not_run", tables=len(tables), reason=why)
         started = time.monotonic()
         wanted = {"counts": verify.row_counts, "checksums": verify.checksum}
         timing: dict[str, float] = {}
@@ -113,15 +119,31 @@ class Audit(Step):
     def _source(
         self, ctx: StepContext, launch: audit.ServerLaunch, tables: list[str], wanted: dict[str, bool]
     ) -> Figures:
-        """The stopped source, started read-only and isolated, read, and stopped again (whatever happened)."""
+        """The stopped source, started read-only and isolated, read, and stopped again (whatever happened). Its
+        directory is journaled before it starts: a run that dies meanwhile stops it the next time."""
         rt = runtime(ctx)
-        ctx.log.info("audit.source_starting", binary=launch.binary)
-        server = audit.start_isolated(rt.source, launch)
+        server = audit.private_dir(rt.source, launch)
+        ctx.save(ISOLATED_SOURCE, server.directory)
+        ctx.log.info("audit.source_starting", binary=launch.binary, directory=server.directory)
         try:
+            audit.start_isolated(server, launch)
             return audit.source_figures(server, tables, **wanted)
         finally:
             audit.stop_isolated(server)
+            ctx.save(ISOLATED_SOURCE, None)
             ctx.log.info("audit.source_stopped")
+
+    def _stop_left_over(self, ctx: StepContext) -> None:
+        """A source server an earlier (dead) run of this step started for the audit is stopped first."""
+        directory = ctx.saved(ISOLATED_SOURCE)
+        if not directory:
+            return
+        try:
+            audit.stop_isolated(audit.IsolatedServer(runtime(ctx).source, str(directory)))
+            ctx.save(ISOLATED_SOURCE, None)
+            ctx.log.info("audit.left_over_source_stopped", directory=directory)
+        except Exception as exc:  # committed: reported, never raised
+            ctx.log.warning("audit.left_over_source_not_stopped", directory=directory, error=str(exc))
 
     def _compare(self, tables: list[str], engines: dict[str, str], source: Figures, target: Figures,
                  wanted: dict[str, bool]) -> AuditResult:  # fmt: skip
