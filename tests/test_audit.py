@@ -6,8 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator import audit
+from orchestrator import audit, exit_codes
+from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
 from orchestrator.results import AuditResult
+from orchestrator.run.watch import outcome_code
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.verify_target import VerifyTarget
 from tests.test_steps_offline import OfflineRuntime, context, plan
@@ -94,3 +96,15 @@ def test_the_audit_without_the_snapshot_says_it_did_not_run_and_why() -> None:
     audit.forget("offline")
     result = Audit().run(context(rt, "audit", outputs={"cutover": {"tables": ["app.reviews"]}}))
     assert result is not None and result["status"] == "not_run" and "resumed" in result["reason"]
+
+
+def test_a_completed_run_whose_audit_found_a_difference_exits_needs_attention() -> None:
+    def _run(audit_result: dict[str, Any]) -> RunState:
+        record = StepRecord("audit", state=StepState.DONE, result=audit_result)
+        return RunState("r", "sha", "plan.yaml", "", 0.0, status=RunStatus.COMPLETED, steps={"audit": record})
+
+    differs = {"status": "differs", "differences": ["app.reviews: row count: source 5, target 4"]}
+    assert outcome_code(_run(differs), []) == exit_codes.NEEDS_ATTENTION
+    assert outcome_code(_run({"status": "incomplete", "reason": "x"}), []) == exit_codes.NEEDS_ATTENTION
+    assert outcome_code(_run({"status": "equal", "tables": 2}), []) == exit_codes.OK
+    assert outcome_code(_run({"status": "not_run", "reason": "resumed"}), []) == exit_codes.OK
