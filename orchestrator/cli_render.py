@@ -85,6 +85,8 @@ def status_lines(report: run.StatusReport) -> list[Text]:
         lines.append(Text(report.dns.line()))
     if report.dns_problem is not None:
         lines.append(Text(f"needs attention: {report.dns_problem}", "red"))
+    if report.audit is not None:
+        lines.append(Text(report.audit, "bold red" if report.audit.startswith("AUDIT") else "yellow"))
     lines.append(Text(f"next: {report.next_action}"))
     return lines
 

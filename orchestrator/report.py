@@ -16,6 +16,7 @@ import structlog
 from orchestrator import dns_where
 from orchestrator.engine.journal import RunState, replay
 from orchestrator.results import (
+    AuditResult,
     CatchupResult,
     CutoverResult,
     DbFinalResult,
@@ -75,6 +76,7 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
     blocked_at = cutover.writes_blocked_at or switch.writes_blocked_at
     flipped_at = flip.flipped_at
     verify = VerifyResult.of(outputs.get("verify_target")).journal() if "verify_target" in outputs else {}
+    audit = AuditResult.of(outputs.get("audit"))
     report: dict[str, Any] = {
         "run_id": state.run_id,
         "plan": state.plan_path,
@@ -104,7 +106,9 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         # Writes were refused from the fence until clients could reach the target through DNS.
         "write_block_seconds": round(flipped_at - blocked_at, 3) if blocked_at and flipped_at else None,
         "window_parts": window_parts(steps, blocked_at, flipped_at, switch if "repl_switch" in outputs else None),
-        "row_counts": cutover.row_counts,
+        # The source's row counts as the after-commit audit read them (older journals: under the cut-over's lock).
+        "row_counts": audit.row_counts if audit.row_counts is not None else cutover.row_counts,
+        "audit": audit.journal() if "audit" in outputs else None,
         "verification": verify,
         "final_pass_trees": final_pass_trees(outputs),
         "checks": checks_where(outputs),
@@ -198,12 +202,28 @@ def checks_where(outputs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                            "differing": (verify.trees_differing_items or {}).get(name)})  # fmt: skip
         if verify.health_tries:
             checks.append({"check": "health checks", "where": "inside", "passed": sorted(verify.health_tries)})
+        # Journals written before the audit existed compared every table inside the window.
         if verify.row_counts:
             checks.append({"check": "row counts of every table", "where": "inside",
                            "tables": verify.row_counts.tables})  # fmt: skip
         if verify.checksums:
             checks.append({"check": "CHECKSUM TABLE of every table", "where": "inside",
                            "tables": verify.checksums.tables})  # fmt: skip
+    if "db_final" in outputs:
+        final = DbFinalResult.of(outputs["db_final"])
+        if final.verified_files is not None:
+            what = f"datadir: checksums of the {final.verified_files} file(s) the final pass copied, on both hosts"
+            checks.append({"check": what, "where": "inside", "differing": 0, "seconds": final.verify_seconds})
+    cutover = CutoverResult.of(outputs.get("cutover"))
+    if "cutover" in outputs and cutover.binlog is not None:
+        checks.append({"check": "source binary log position under the lock (a resume re-proves it)", "where": "inside"})
+    if "audit" in outputs:
+        audit = AuditResult.of(outputs["audit"])
+        if audit.status not in ("off", "not_needed"):
+            checks.append({"check": "row counts and CHECKSUM TABLE of every table: the target's snapshot at the "
+                           "commit against the stopped source", "where": "after", "status": audit.status,
+                           "tables": audit.tables, "differing": len(audit.differences), "reason": audit.reason,
+                           "seconds": audit.seconds})  # fmt: skip
     return checks
 
 
@@ -256,7 +276,11 @@ def render_report(report: dict[str, Any]) -> str:
         elif tree.get("mode"):
             lines.append(f"  tree {name}: final pass scanned the whole tree: {tree.get('fallback_reason')}")
     for check in report.get("checks") or []:
-        lines.append(f"  check {check['where']:<6} the window: {check['check']}")
+        status = f" [{check['status']}]" if check.get("status") else ""
+        lines.append(f"  check {check['where']:<6} the window: {check['check']}{status}")
+    audited = AuditResult.of(report.get("audit"))
+    if report.get("audit") and audited.summary():
+        lines.append(f"  {audited.summary()}")
     if report.get("peak_rss_mib") is not None:
         lines.append(f"  orchestrator peak RSS: {report['peak_rss_mib']} MiB")
     kept = (report.get("reverse_replication") or {}).get("kept_until")

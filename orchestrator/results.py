@@ -98,6 +98,9 @@ class DbFinalResult(Contract):
     final_pass_files_size: int = 0
     final_pass_forced_files: int = 0
     final_pass_seconds: float | None = None
+    # Inside the window, O(changes): the files this pass copied, checksummed on both hosts before the target starts.
+    verified_files: int | None = None
+    verify_seconds: float | None = None
 
     def bytes_moved(self) -> int:
         return self.final_pass_bytes
@@ -123,6 +126,9 @@ class FinalState(LockFigures):
     is compared against."""
 
     binlog: BinlogPosition | None = None
+    # The tables the after-commit audit compares ("schema.table"), listed under the lock (O(tables), not O(data)).
+    tables: list[str] | None = None
+    # Row counts and checksums under the lock: only in a journal written before the audit moved them out of the window.
     row_counts: dict[str, int] | None = None
     checksums: dict[str, int | None] | None = None
     final_state_seconds: float | None = None
@@ -224,6 +230,52 @@ class VerifyResult(Contract):
     checksums: Compared | None = None
     trees_differing_items: dict[str, int] | None = None
     trees_verified: dict[str, str] | None = None  # what each tree's in-window comparison covered
+    # Shutdown mode: the target's consistent snapshot, taken inside the window while it is fenced (O(1)), which the
+    # after-commit audit reads.
+    audit_snapshot_at: float | None = None
+
+
+class AuditResult(Contract):
+    """The after-commit audit (shutdown mode): row counts and CHECKSUM TABLE of every table, the target's snapshot
+    taken before its fence lifted against the stopped source, started read-only and isolated.
+
+    status: "equal", "differs" (names the tables), "incomplete" (one side could not be read: nothing proven),
+    "not_run" (why: no snapshot, e.g. the process that took it is gone), "off" (the plan asks for neither figure),
+    "not_needed" (replicate mode: compared before the window)."""
+
+    status: str = "not_run"
+    reason: str | None = None
+    tables: int = 0
+    row_counts: dict[str, int] | None = None  # the source's (equal to the target's when status is "equal")
+    checksums_compared: int = 0
+    differences: list[str] = []
+    # Non-transactional tables are outside the snapshot: read live after the commit, a difference may be a write
+    # made since (reported, not counted as a loss).
+    live_differences: list[str] = []
+    source_seconds: float | None = None
+    target_seconds: float | None = None
+    seconds: float | None = None
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.status in ("differs", "incomplete")
+
+    def summary(self) -> str | None:
+        """One line for the console and `status` when the audit did not prove the data equal (None: it did, or
+        there was nothing to audit)."""
+        if self.status == "differs":
+            return (f"AUDIT: {len(self.differences)} difference(s) between the target (as migrated) and the source: "
+                    + "; ".join(self.differences[:5]) + (" ..." if len(self.differences) > 5 else "")
+                    + " (the run is committed: see the report; the source's datadir is kept as it was)")  # fmt: skip
+        if self.status == "incomplete":
+            return f"AUDIT incomplete (nothing proven): {self.reason}"
+        if self.status == "not_run":
+            return f"audit not run: {self.reason}"
+        if self.live_differences:
+            return "audit: non-transactional tables read live after the commit differ (may be writes since): " + (
+                "; ".join(self.live_differences[:5])
+            )
+        return None
 
 
 class RecordSnapshot(Contract):
@@ -283,6 +335,7 @@ RESULTS: dict[str, type[Contract]] = {
     "start_target": StartTargetResult,
     "verify_target": VerifyResult,
     "dns_flip": DnsFlipResult,
+    "audit": AuditResult,
     "finish": FinishResult,
 }
 

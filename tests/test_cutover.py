@@ -255,7 +255,7 @@ def test_cutover_resumes_after_the_shutdown_from_journaled_figures_and_undo_rest
     first = Cutover().run(journal.context(runtime))
     assert first is not None
     assert first["mode"] == "shutdown"
-    assert first["row_counts"]["coursereview.reviews"] > 0
+    assert "coursereview.reviews" in first["tables"] and "row_counts" not in first
     assert journal.saved["fenced"] and journal.saved["source_db_stopped"]
     assert not runtime.db_answers("source"), "the source database must be stopped after the cut-over"
     assert state.source.fence_file.exists()
@@ -263,7 +263,7 @@ def test_cutover_resumes_after_the_shutdown_from_journaled_figures_and_undo_rest
     # A crash after the shutdown: a new process re-enters the step with what was journaled.
     second = Cutover().run(journal.context(runtime))
     assert second is not None
-    assert second["row_counts"] == first["row_counts"]
+    assert second["tables"] == first["tables"]
     assert second["writes_blocked_at"] == first["writes_blocked_at"]
     assert second["binlog"] == first["binlog"]
 

@@ -3,6 +3,7 @@ its undo) and verify_target. Each test leaves the lab as it found it: source liv
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 import urllib.request
@@ -14,10 +15,13 @@ import pytest
 import structlog
 from ruamel.yaml import YAML
 
+from orchestrator import audit
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import FileTree, Plan, PresyncRounds
+from orchestrator.probes import innodb_files_visible, innodb_holders, real_datadir
 from orchestrator.runtime import Runtime
+from orchestrator.steps.audit import Audit
 from orchestrator.steps.db_final import DbFinal
 from orchestrator.steps.db_presync import DbPresync
 from orchestrator.steps.files_final import FilesFinal
@@ -170,10 +174,21 @@ def test_prepare_then_db_presync_logs_each_round(rt: Runtime) -> None:
     assert logged == [(r["round"], r["bytes"], r["seconds"]) for r in rounds]
 
 
-def source_figures(rt: Runtime) -> dict[str, Any]:
+def source_tables(rt: Runtime) -> list[str]:
     conn = rt.db("source")
-    tables = mysql.list_tables(conn, rt.plan.database.schemas)
-    return {"row_counts": mysql.row_counts(conn, tables), "checksums": mysql.checksums(conn, tables)}
+    try:
+        return [f"{s}.{t}" for s, t in mysql.list_tables(conn, rt.plan.database.schemas)]
+    finally:
+        rt.release(conn)
+
+
+def target_sql(rt: Runtime, sql: str) -> None:
+    conn = rt.db("target")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+    finally:
+        rt.release(conn)
 
 
 def healthz(host: HostState) -> int:
@@ -183,31 +198,44 @@ def healthz(host: HostState) -> int:
 
 @pytest.mark.lab
 @pytest.mark.usefixtures("target_stopped_after")
-def test_start_target_verify_then_undo_leaves_the_target_stopped(rt: Runtime, lab: LabState) -> None:
+def test_start_target_verify_then_the_audit_finds_a_planted_difference_then_undo(rt: Runtime, lab: LabState) -> None:
     for cls in (PrepareTarget, FilesPresync):
         cls().run(context(rt, cls()))
-    # What the cut-over does: figures of a quiet source, then a final pass of its cleanly stopped datadir.
-    figures = source_figures(rt)
+    # What the cut-over does: before the window, how the source's server runs (for the audit); the tables under the
+    # lock; then a final pass of its cleanly stopped datadir. The source stays stopped, as after a cut-over.
+    datadir = real_datadir(rt.source, rt.plan.database.source.datadir)
+    audit.held("test").source = audit.read_launch(rt.source, innodb_files_visible(rt.source, datadir)[0])
+    tables = source_tables(rt)
     run_bin(lab.source, "db-stop")
     DbPresync().run(context(rt, DbPresync()))
-    run_bin(lab.source, "db-start")
-    outputs = {"cutover": {**figures, "writes_blocked_at": rt.window.begin()}}
+    outputs = {"cutover": {"tables": tables, "writes_blocked_at": rt.window.begin()}}
 
     start = StartTarget()
     result = start.run(context(rt, start, outputs))
     assert result is not None and result["services"] == ["app"]
     assert rt.db_answers("target") and healthz(lab.target) == 200
 
+    # A row lost on the way (planted): the in-window verification reads no rows, it cannot see it.
+    reviews = f"{lab.db_name}.reviews"
+    target_sql(rt, f"DELETE FROM {reviews} LIMIT 1")
     verify = VerifyTarget()
     verified = verify.run(context(rt, verify, outputs))
     assert verified is not None and verified["trees_differing_items"] == {"uploads": 0}
-    assert verified["row_counts"]["compared"] == len(figures["row_counts"])
+    assert verified["audit_snapshot_at"] and "row_counts" not in verified
+    # After the commit the target takes writes: one more row would hide the lost one from a live count.
+    target_sql(rt, f"INSERT INTO {reviews} (id, author) VALUES ('after-commit', 'audit test')")
 
-    # One table's count differs from the source's: verification names it.
-    table = f"{lab.db_name}.reviews"
-    wrong = {"cutover": {**outputs["cutover"], "row_counts": {**figures["row_counts"], table: -1}}}
-    with pytest.raises(StepError, match=rf"row counts differ: {table}: source -1, target \d+"):
-        verify.run(context(rt, verify, wrong))
+    with structlog.testing.capture_logs() as logs:
+        audited = Audit().run(context(rt, Audit(), outputs))
+    assert audited is not None and audited["status"] == "differs", audited
+    assert len(audited["differences"]) == 1
+    assert re.fullmatch(rf"{reviews}: row count: source (\d+), target (\d+)", audited["differences"][0])
+    source_n, target_n = map(int, re.findall(r"\d+", audited["differences"][0].split(": ", 2)[2]))
+    assert target_n == source_n - 1 and audited["row_counts"][reviews] == source_n
+    assert any(e["event"] == "audit" and e["log_level"] == "warning" for e in logs)
+    # The source's server started for the audit is gone again; nothing holds the source's InnoDB files.
+    assert innodb_holders(rt.source, datadir) == {}
+    assert not rt.db_answers("source"), "the source takes no connection: it stays stopped after the audit"
 
     start.undo(context(rt, start, outputs))
     assert not rt.db_answers("target")

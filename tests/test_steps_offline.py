@@ -133,6 +133,8 @@ class FakeSession:
         self.closed = False
 
     def answer(self, sql: str) -> list[tuple[Any, ...]]:
+        if "information_schema.TABLES" in sql and "ENGINE" in sql:
+            return [("app", "reviews", "InnoDB"), ("app", "users", "InnoDB")]
         if "information_schema.TABLES" in sql:
             return [("app", "reviews"), ("app", "users")]
         if sql.startswith("SHOW BINLOG STATUS"):
@@ -379,10 +381,21 @@ RSYNC_STATS = (
 )
 
 
+def _sums(*names: str, differ: str | None = None) -> str:
+    """cksum output for `names` (the one named `differ` with another checksum)."""
+    return "".join(f"{2 if n == differ else 1} 4096 {n}\n" for n in names)
+
+
+COPIED = ("db/other.ibd", "db/t.ibd", "ibdata1")
+
+
 def test_db_final_forces_files_changed_since_the_presync_then_pushes_the_delta_within_the_window() -> None:
     p = plan()
-    source = RecordingHost([("find \\.", "./ibdata1\0./db/t.ibd\0"), ("rsync", RSYNC_STATS)])
-    target = RecordingHost()
+    # rsync itemizes what it received: one file beyond the forced ones (and a pid file the pass never copies).
+    itemized = ">f.st...... db/other.ibd\n>f..t...... ibdata1\n" + RSYNC_STATS
+    source = RecordingHost([("find \\.", "./ibdata1\0./db/t.ibd\0./mysqld.pid\0"), ("rsync", itemized),
+                            ("cksum", _sums(*COPIED))])  # fmt: skip
+    target = RecordingHost([("cksum", _sums(*COPIED))])
     rt = OfflineRuntime(p, source=source, target=target)
     rt.window.begin(time.time() - 5)
     history = [{"event": "run_started"}, {"event": "step_started", "step": "db_presync", "ts": 1_700_000_000.0}]
@@ -391,18 +404,39 @@ def test_db_final_forces_files_changed_since_the_presync_then_pushes_the_delta_w
     assert result == {
         "final_pass_bytes": 120,
         "final_pass_files_size": 300,
-        "final_pass_forced_files": 2,
+        "final_pass_forced_files": 3,
         "final_pass_seconds": result["final_pass_seconds"],  # type: ignore[index]
+        "verified_files": 3,
+        "verify_seconds": result["verify_seconds"],  # type: ignore[index]
     }
     # Listed on the source from the pre-sync's start on its clock (offset journaled by the cut-over, less margin).
     assert "-newermt @1700000008.000" in source.commands[0]
     # Forced on the target by mtime, names given on stdin, never in the command line.
-    assert "touch -c -m -d @0" in target.calls[0]["command"] and target.calls[0]["input"] == "./ibdata1\0./db/t.ibd\0"
-    push = source.calls[-1]
+    assert "touch -c -m -d @0" in target.calls[0]["command"]
+    assert target.calls[0]["input"] == "./ibdata1\0./db/t.ibd\0./mysqld.pid\0"
+    push = next(c for c in source.calls if "rsync" in c["command"])
     assert "--no-whole-file" in push["command"] and "--modify-window=-1" in push["command"]
-    assert "bwlimit" not in push["command"]
+    assert "--itemize-changes" in push["command"] and "bwlimit" not in push["command"]
     left = p.cutover.max_write_block - 5
     assert push["timeout"] is not None and 0 < push["timeout"] <= left
+    # Inside the window, O(changes): only the copied files are checksummed, on both hosts, names on stdin.
+    for host, datadir in ((source, p.database.source.datadir), (target, p.database.target.datadir)):
+        (sums,) = [c for c in host.calls if "cksum" in c["command"]]
+        assert sums["command"].startswith(f"cd {datadir} && ") and sums["input"] == "\0".join(COPIED) + "\0"
+        assert sums["timeout"] is not None and 0 < sums["timeout"] <= left
+
+
+def test_db_final_fails_in_the_window_when_a_copied_file_differs_between_the_hosts() -> None:
+    p = plan()
+    source = RecordingHost([("find \\.", "./ibdata1\0./db/t.ibd\0"), ("rsync", ">f.st...... db/other.ibd\n"
+                            + RSYNC_STATS), ("cksum", _sums(*COPIED))])  # fmt: skip
+    # A copied file that differs, and one missing on the target: both named (the run rolls back).
+    target = RecordingHost([("cksum", _sums("db/other.ibd", "ibdata1", differ="ibdata1"))])
+    rt = OfflineRuntime(p, source=source, target=target)
+    rt.window.begin(time.time() - 5)
+    history = [{"event": "step_started", "step": "db_presync", "ts": 1_700_000_000.0}]
+    with pytest.raises(StepError, match=r"2 file\(s\) the final datadir pass copied differ .*db/t\.ibd, ibdata1"):
+        DbFinal().run(context(rt, "db_final", outputs={"cutover": {"source_clock_offset": 0.0}}, history=history))
 
 
 def test_db_final_past_the_budget_copies_nothing() -> None:
@@ -476,7 +510,11 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
     statements = rt.session.statements
     assert statements[0].startswith("SET SESSION lock_wait_timeout")
     assert statements.index("FLUSH TABLES WITH READ LOCK") < statements.index("SHOW BINLOG STATUS")
-    assert result["row_counts"] == {"app.reviews": 7, "app.users": 2}
+    # Under the lock: the binary log position and the list of tables, no row read (O(1), O(tables)); the rows are
+    # the after-commit audit's.
+    locked = statements[statements.index("FLUSH TABLES WITH READ LOCK") :]
+    assert not [s for s in locked if "COUNT(" in s.upper() or s.upper().startswith("CHECKSUM")], locked
+    assert result["tables"] == ["app.reviews", "app.users"] and "row_counts" not in result
     assert result["binlog"] == {"file": "binlog.000003", "position": 1234, "gtid": "0-1-42"}
     assert rt.session.closed, "the lock's session is closed (the lock released) once the database stopped"
     # Journaled in order, each before the action it protects.
@@ -489,7 +527,8 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
         "final_state",
         "source_db_stopped",
     ]
-    assert journal["final_state"]["row_counts"] == result["row_counts"]
+    assert journal["final_state"]["tables"] == result["tables"]
+    assert journal["final_state"]["binlog"] == result["binlog"], "what a resume re-proves"
     assert rt.window.blocked_at == journal["writes_blocked_at"] == result["writes_blocked_at"]
 
     # Re-entered after the shutdown began: no new lock, the journaled figures, the stop again.
@@ -500,7 +539,7 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
     )
     again.answers["source"] = False
     resumed = Cutover().run(context(again, "cutover", saved=journal))
-    assert resumed is not None and resumed["row_counts"] == result["row_counts"]
+    assert resumed is not None and resumed["tables"] == result["tables"] and resumed["binlog"] == result["binlog"]
     assert resumed["writes_blocked_at"] == result["writes_blocked_at"]
     assert fence not in again.source.commands and any(c.endswith(p.database.source.stop) for c in again.source.commands)
     # Written to since (a write acknowledged once the lock died with our session): the figures do not stand.

@@ -326,8 +326,14 @@ class DatabaseEndpoint(Strict):
 
 
 class VerifyData(Strict):
-    row_counts: bool = Field(default=True, description="compare every table's row count, source vs target")
-    checksum: bool = Field(default=False, description="also compare CHECKSUM TABLE (reads whole tables)")
+    row_counts: bool = Field(
+        default=True,
+        description="compare every table's row count, source vs target (shutdown mode: the audit after the commit)",
+    )
+    checksum: bool = Field(
+        default=False,
+        description="also compare CHECKSUM TABLE (reads whole tables; shutdown mode: the audit after the commit)",
+    )
     files: bool = Field(default=True, description="rsync --dry-run --checksum of every tree must change nothing")
 
 

@@ -20,6 +20,7 @@ from orchestrator.engine.machine import Engine, EngineConfig, Outcome
 from orchestrator.engine.step import Step
 from orchestrator.plan.model import Plan
 from orchestrator.progress import Phase, phase_of, ttl_wait_until
+from orchestrator.results import AuditResult
 from orchestrator.run import compose
 from orchestrator.run.compose import Say
 from orchestrator.run.crash import interruption_of
@@ -277,12 +278,21 @@ def apply(
                 f"moves back through it losing nothing; `migrate status {plan_path}` shows its lag; `migrate finish "
                 f"{plan_path}` ends it now (`migrate finish --when-due`, pid {pid}, ends it then)"
             )
+        audit = final.steps.get("audit") if outcome == Outcome.COMPLETED and final is not None else None
+        if audit is not None and audit.result:
+            audited = AuditResult.of(audit.result)
+            summary = audited.summary()
+            if summary:
+                result.message = f"{result.message}; {summary}" if result.message else summary
+            if audited.needs_attention:  # completed and committed, but the data was not proven equal
+                result.end = ApplyEnd.NEEDS_ATTENTION
         split = dns_where.end_problem(journal.events, final)
         if split is not None and outcome in (Outcome.COMPLETED, Outcome.ROLLED_BACK):
             # The run did its part, but clients following DNS do not all reach the host that serves.
             log.error("the run ended with DNS not all at the host that serves", problem=split)
             result.end = ApplyEnd.NEEDS_ATTENTION
-            result.message = f"needs attention: {split}; point every record at the host that serves"
+            said = f"needs attention: {split}; point every record at the host that serves"
+            result.message = f"{said}; {result.message}" if result.message else said
         elif split is not None:
             result.message = f"{result.message}; also: {split}" if result.message else f"also: {split}"
         if outcome != Outcome.COMPLETED and final is not None:
@@ -437,6 +447,8 @@ def status(
         from orchestrator.report import reserve_report, run_events
 
         report.rollback_reserve = reserve_report(run_events(events))
+    audit = state.steps.get("audit") if state is not None else None
+    report.audit = AuditResult.of(audit.result).summary() if audit is not None and audit.result else None
     return report
 
 

@@ -141,6 +141,7 @@ class StatusReport:
     dns_problem: str | None = None  # the records split, or at the host that does not serve
     # The seconds the run kept back from its budget for the rollback, and how they were derived (journaled).
     rollback_reserve: dict[str, Any] | None = None
+    audit: str | None = None  # the after-commit audit, when it did not prove the data equal
 
     def ttl_wait_left(self, now: float | None = None) -> float | None:
         left = None if self.ttl_wait_until is None else self.ttl_wait_until - (time.time() if now is None else now)
@@ -158,6 +159,7 @@ class StatusReport:
             "dns": self.dns.as_dict() if self.dns is not None else None,
             "dns_problem": self.dns_problem,
             "rollback_reserve": self.rollback_reserve,
+            "audit": self.audit,
         }
         if self.state is not None:
             doc["run"] = {

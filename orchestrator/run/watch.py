@@ -17,6 +17,7 @@ from typing import Any
 from orchestrator import exit_codes
 from orchestrator.engine.journal import Journal, RunState, RunStatus
 from orchestrator.progress import LAG_KEY, PROGRESS_KEY, TRANSFER_EVENT, Phase, TransferProgress, phase_of
+from orchestrator.results import AuditResult
 from orchestrator.run.commands import status
 from orchestrator.run.policy import subject
 from orchestrator.run.results import StatusReport
@@ -82,6 +83,9 @@ class WatchView:
 def outcome_code(state: RunState, events: list[dict[str, Any]]) -> int:
     """The exit code of a run that is not running: what its `migrate apply` returned (or would have)."""
     if state.status == RunStatus.COMPLETED:
+        audit = state.steps.get("audit")
+        if audit is not None and AuditResult.of(audit.result).needs_attention:
+            return exit_codes.NEEDS_ATTENTION  # completed, but the after-commit audit found a difference
         return exit_codes.OK
     if state.status == RunStatus.ROLLED_BACK:
         return exit_codes.FAILED

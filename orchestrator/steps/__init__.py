@@ -28,7 +28,8 @@ CUTOVER_MODES: dict[str, tuple[str, ...]] = {
 }
 # `auto` before it is resolved (a dry-run or a status without a run): the replicate steps, the default where possible.
 UNRESOLVED_MODE = "replicate"
-AFTER_CUTOVER: tuple[str, ...] = ("files_final", "start_target", "verify_target", "dns_flip", "finish")
+# `audit` (after the commit): the shutdown mode's row counts and checksums of every table, kept out of the window.
+AFTER_CUTOVER: tuple[str, ...] = ("files_final", "start_target", "verify_target", "dns_flip", "audit", "finish")
 # The way back over the reverse replica (a reverse run in replicate mode): the old source already replicates from
 # the target and runs (read-only, fenced), so nothing is stopped, seeded or set up; the comparison ran forward.
 # The uploads are pre-synced back (their change trackers started), the lag gate and the switch run with the roles

@@ -9,8 +9,10 @@ Order, each fact journaled BEFORE the action it protects, so a crash at any poin
 repair and a re-run can continue from: the rollback's reserve (`rollback_reserve`) → fence the service
 (`writes_blocked_at`) → FTWRL (bounded wait) → `read_only` on the source database (`source_read_only`: the
 database itself refuses writes for the rest of the window, whatever becomes of our session or the app's fence) →
-binlog position and row counts under the lock (`final_state`) → clean shutdown of the source database
-(`source_db_stopped`).
+binlog position and the list of tables under the lock (`final_state`, O(1) and O(tables): no row is read while
+writes are blocked) → clean shutdown of the source database (`source_db_stopped`). Row counts and checksums are the
+after-commit audit's (steps/audit.py, orchestrator/audit.py); the server's command line, read before the window,
+is what lets the audit start the stopped source again read-only and isolated.
 
 Between lock attempts the fence is lifted and the service takes writes again (`writes_lifted_at`, then
 `writes_blocked_again_at`): only the time writes are actually blocked counts against the budget, and nobody waits
@@ -34,7 +36,7 @@ from typing import Any
 
 import pymysql
 
-from orchestrator import estimates, frontdoor, guard, probes
+from orchestrator import audit, estimates, frontdoor, guard, probes
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CutoverResult, DbPresyncResult, FinalState, LockFigures
@@ -91,8 +93,8 @@ class Cutover(Step):
             else "no fence command: writes are blocked by the database lock only",
             f"FLUSH TABLES WITH READ LOCK on the source database, waiting at most {c.lock_wait_timeout:g} s, "
             f"{c.lock_attempts} tries with backoff from {c.lock_retry_backoff:g} s",
-            "under the lock: binlog position, row counts of every table"
-            + (" and CHECKSUM TABLE" if plan.database.verify.checksum else ""),
+            "under the lock: the binary log position and the list of tables (no row is read while writes are"
+            " blocked: row counts and checksums are the audit's, after the commit)",
             f"on {plan.source.address}: stop the source database cleanly: {plan.database.source.stop}",
             f"writes may stay blocked at most {c.max_write_block:g} s (cutover.max_write_block)",
             *frontdoor.describe(ctx, "source"),
@@ -286,6 +288,7 @@ class Cutover(Step):
         self._server_pids, blind = probes.innodb_files_visible(rt.source, self._datadir)
         if blind:
             raise StepError(blind)
+        self._remember_server(ctx)
         self._reserve_for_rollback(ctx)
         self._start_guard(ctx)
         lock = self._take_lock(ctx, conn)
@@ -294,6 +297,21 @@ class Cutover(Step):
         ctx.save(FINAL_STATE, final.journal())
         ctx.window.check("about to stop the source database")
         return final
+
+    def _remember_server(self, ctx: StepContext) -> None:
+        """Before the window: how the source's server was started, for the after-commit audit (held in this process
+        only: a command line may carry what a journal must not). A failure costs the audit, never the run."""
+        rt = runtime(ctx)
+        verify = rt.plan.database.verify
+        if not (verify.row_counts or verify.checksum):
+            return
+        try:
+            launch = audit.read_launch(rt.source, self._server_pids)
+        except (TransportError, OSError) as exc:
+            ctx.log.warning("cutover.server_command_line_unread", error=str(exc))
+            return
+        audit.held(ctx.run_id).source = launch
+        ctx.log.info("cutover.server_command_line", binary=launch.binary if launch else None)
 
     def _start_guard(self, ctx: StepContext) -> None:
         """The guard on the source (orchestrator/guard.py): restores the source if this run is gone past its
@@ -499,28 +517,20 @@ class Cutover(Step):
         )
 
     def _final_state(self, ctx: StepContext, lock: LockFigures) -> FinalState:
+        """The binary log position and the list of tables: O(1) and O(tables) under the lock, each query bounded by
+        what is left of the budget (a query cut short closes the lock's session, which releases the lock: the step
+        fails and undo lifts the fence). No row is read here: the audit after the commit does that."""
         rt = runtime(ctx)
         window = ctx.window
         conn = self._lock_conn
         assert conn is not None
         started = time.monotonic()
-        doing = "reading the source's final figures"
-
-        def _limit(table: str) -> float | None:
-            # One query per table, each bounded by what is left of the budget (a query cut short closes the
-            # lock's session, which releases the lock: the step fails and undo lifts the fence).
-            window.check(f"{doing}: {table}")
-            return window.timeout()
-
-        checksums: dict[str, int | None] | None = None
+        doing = "reading the source's binary log position and tables under the lock"
+        window.check(doing)
         try:
-            tables = mysql.list_tables(conn, rt.plan.database.schemas)
-            binlog = mysql.binlog_position(conn)
-            doing = "counting the source's rows under the lock"
-            counts = dict(mysql.row_counts(conn, tables, limit=_limit))
-            if rt.plan.database.verify.checksum:
-                doing = "checksumming the source's tables under the lock"
-                checksums = dict(mysql.checksums(conn, tables, limit=_limit))
+            with mysql.read_timeout(conn, window.timeout()):
+                tables = mysql.list_tables(conn, rt.plan.database.schemas)
+                binlog = mysql.binlog_position(conn)
         except pymysql.err.MySQLError:
             window.check(doing)  # a query cut short by the budget: say so
             raise
@@ -528,8 +538,7 @@ class Cutover(Step):
             {
                 **lock.model_dump(exclude_none=True),
                 "binlog": binlog,
-                "row_counts": counts,
-                "checksums": checksums,
+                "tables": [f"{schema}.{table}" for schema, table in tables],
                 "final_state_seconds": round(time.monotonic() - started, 3),
             }
         )

@@ -1,7 +1,10 @@
-"""Verify the target before any traffic moves: health checks, then the data itself.
+"""Verify the target before any traffic moves: health checks, then the data itself, O(changes) only.
 
-Data: every table's row count (and CHECKSUM TABLE when the plan asks) equals the source's figures taken under
-the cut-over's lock, and every file tree is equal (an rsync --dry-run --checksum would change nothing).
+Data, shutdown mode: every path the final pass of each file tree handled is equal on both hosts (the whole trees
+were compared before the window), the datadir files the final pass copied were checksummed on both hosts by
+db_final. Row counts and CHECKSUM TABLE read every row, so they are not read here: this step opens a read-only
+consistent snapshot on the still-fenced target (one round trip) and keeps the session open; the `audit` step reads
+it after the commit and compares it with the stopped source (orchestrator/audit.py).
 
 All of it runs while writes are blocked: every try, query and comparison is bounded by what is left of the
 write-block budget, so a verification that cannot finish in time fails (and the run rolls back) instead of
@@ -11,16 +14,17 @@ keeping writes blocked past cutover.max_write_block.
 from __future__ import annotations
 
 import contextvars
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pymysql
 
-from orchestrator import health
+from orchestrator import audit, health
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan
-from orchestrator.results import Compared, CutoverResult, FilesResult, TreeFigures, VerifyResult
+from orchestrator.results import FilesResult, TreeFigures, VerifyResult
 from orchestrator.steps.repl_common import SWITCH_STEP, replicate_run
 from orchestrator.tracking import verify_listed_command
 from orchestrator.transports import mysql, rsync
@@ -33,18 +37,6 @@ MAX_LISTED = 5
 def _listed(items: list[str]) -> str:
     more = f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
     return ", ".join(items[:MAX_LISTED]) + more
-
-
-def compare_figures(kind: str, expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
-    """Human lines for every table whose figure differs ('schema.table: source 10, target 9')."""
-    diffs = []
-    for table, want in sorted(expected.items()):
-        got = actual.get(table)
-        if table not in actual:
-            diffs.append(f"{table}: missing on the target")
-        elif got != want:
-            diffs.append(f"{table}: source {want}, target {got}")
-    return [f"{kind} differ: {_listed(diffs)}"] if diffs else []
 
 
 def tree_verification(plan: Plan, tree: FileTree, final: TreeFigures | None) -> tuple[str | None, str]:
@@ -63,7 +55,7 @@ def tree_verification(plan: Plan, tree: FileTree, final: TreeFigures | None) -> 
 
 class VerifyTarget(Step):
     name = "verify_target"
-    title = "Verify the target: health checks, row counts, file trees"
+    title = "Verify the target: health checks, the changed files, a snapshot for the audit"
 
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
@@ -77,10 +69,13 @@ class VerifyTarget(Step):
                 "(the data was compared before the window; nothing inside it reads whole tables or trees)",
             ]
         verify = plan.database.verify
-        if verify.row_counts:
-            lines.append("compare every table's row count with the source's, taken under the cut-over's lock")
-        if verify.checksum:
-            lines.append("compare CHECKSUM TABLE of every table with the source's")
+        if verify.row_counts or verify.checksum:
+            lines.append(
+                "open a read-only consistent snapshot on the fenced target and keep it: the audit after the commit"
+                " compares its " + " and ".join(n for n, on in (("row counts", verify.row_counts),
+                                                                  ("CHECKSUM TABLE", verify.checksum)) if on)
+                + " of every table with the stopped source's (nothing inside the window reads whole tables)"
+            )  # fmt: skip
         if verify.files:
             lines += [
                 f"rsync --dry-run --checksum of the paths the final pass of tree {t.name} copied (the whole tree if it"
@@ -96,49 +91,33 @@ class VerifyTarget(Step):
         checks = health.checks_for(plan.health, health.INSIDE, replicate=replicate_run(ctx))
         return health.run_checks(ctx, checks, plan.health)
 
-    def database(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
-        """Row counts (and checksums) of the target against the source's, taken under the cut-over's lock.
-
-        One query per table, each bounded by what is left of the budget, which is checked between tables.
-        """
+    def snapshot(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
+        """A read-only consistent snapshot of the fenced target, held open for the after-commit audit: O(1) (plus
+        the list of tables), bounded by the budget. A target that cannot open one is not healthy."""
         rt = runtime(ctx)
         plan = rt.plan
-        window = ctx.window
         verify = plan.database.verify
-        source = CutoverResult.of(ctx.output("cutover"))
-        figures: dict[str, Compared] = {}
-        problems: list[str] = []
         if not (verify.row_counts or verify.checksum):
-            return figures, problems
-        wanted = [
-            ("row counts", "row_counts", verify.row_counts, source.row_counts),
-            ("checksums", "checksums", verify.checksum, source.checksums),
-        ]
-        doing = "reading the target's tables"
-        read_timeout = plan.database.read_timeout
-
-        def _limit(table: str) -> float | None:
-            window.check(f"{doing}: {table}")
-            return window.timeout(read_timeout)
-
+            return {}, []
+        window = ctx.window
+        doing = "opening the target's snapshot for the audit"
+        window.check(doing)
+        conn = None
         try:
-            conn = rt.db("target", read_timeout=window.timeout(read_timeout))
-            tables = mysql.list_tables(conn, plan.database.schemas)
-            for label, key, enabled, expected in wanted:
-                if not enabled:
-                    continue
-                if expected is None:
-                    problems.append(f"no source {label} were recorded by the cut-over step")
-                    continue
-                doing = f"reading the target's {label}"
-                read = mysql.row_counts if key == "row_counts" else mysql.checksums
-                actual = read(conn, tables, limit=_limit)
-                figures[key] = Compared(tables=len(actual), compared=len(expected))
-                problems += compare_figures(label, expected, actual)
+            conn = rt.db("target", read_timeout=window.timeout(plan.database.read_timeout))
+            with mysql.read_timeout(conn, window.timeout(plan.database.read_timeout)):
+                engines = audit.open_snapshot(conn, plan.database.schemas)
         except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
-            window.check(doing)  # a query cut short by the budget: say so
-            problems.append(f"reading the target database: {exc}")
-        return figures, problems
+            if conn is not None:
+                rt.release(conn)
+            window.check(doing)  # cut short by the budget: say so
+            return {}, [f"{doing}: {exc}"]
+        held = audit.held(ctx.run_id)
+        if held.snapshot is not None:  # a re-run of this step in the same process: the newer one stands
+            rt.release(held.snapshot)
+        held.snapshot, held.snapshot_at, held.engines = conn, time.time(), engines
+        ctx.log.info("audit_snapshot_opened", tables=len(engines))
+        return {"audit_snapshot_at": held.snapshot_at}, []
 
     def trees(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
         """Every path the final pass handled is equal on both hosts (rsync --dry-run --checksum lists no change).
@@ -221,7 +200,7 @@ class VerifyTarget(Step):
         # (the database and the trees in threads, carrying the log context; the health checks here). Each is
         # bounded by the budget, so leaving the pool (which waits for both threads) is bounded too.
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
-            db_future = pool.submit(contextvars.copy_context().run, self.database, ctx)
+            db_future = pool.submit(contextvars.copy_context().run, self.snapshot, ctx)
             trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)
             tries, problems = self.health(ctx)
             db_figures, db_problems = db_future.result()
@@ -231,5 +210,5 @@ class VerifyTarget(Step):
             raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
         ctx.window.check("the data verification")
         result = VerifyResult(health_tries=tries, **db_figures, **tree_figures)
-        ctx.log.info("target_verified", tables=result.row_counts.tables if result.row_counts else None)
+        ctx.log.info("target_verified", audit_snapshot=result.audit_snapshot_at is not None)
         return result.journal()

@@ -1,0 +1,110 @@
+"""The shutdown mode's data checks out of the window: what verify_target does inside it (a snapshot, no row read),
+and the after-commit audit's pieces (the isolated source's command line, the figures, the verdict)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from orchestrator import audit, exit_codes
+from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
+from orchestrator.results import AuditResult
+from orchestrator.run.watch import outcome_code
+from orchestrator.steps.audit import Audit
+from orchestrator.steps.verify_target import VerifyTarget
+from tests.test_steps_offline import OfflineRuntime, context, plan
+
+
+def _no_checks() -> Any:
+    p = plan()
+    return p.model_copy(
+        update={
+            "health": p.health.model_copy(update={"checks": []}),
+            "database": p.database.model_copy(
+                update={"verify": p.database.verify.model_copy(update={"checksum": True, "files": False})}
+            ),
+        }
+    )
+
+
+def test_verify_target_reads_no_row_inside_the_window_and_holds_a_snapshot_for_the_audit() -> None:
+    rt = OfflineRuntime(_no_checks())
+    rt.window.begin(time.time() - 1)
+    ctx = context(rt, "verify_target", outputs={"cutover": {"tables": ["app.reviews", "app.users"]}})
+    try:
+        result = VerifyTarget().run(ctx)
+        assert result is not None and result["audit_snapshot_at"] > 0
+        statements = rt.session.statements
+        assert statements[0] == "START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT"
+        assert not [s for s in statements if "COUNT(" in s.upper() or "CHECKSUM" in s.upper()], statements
+        held = audit.held("offline")
+        assert held.snapshot is rt.session, "the session stays open until the audit, after the commit"
+    finally:
+        audit.forget("offline")
+
+
+def test_the_isolated_source_keeps_its_own_options_and_cannot_take_a_write() -> None:
+    out = "mysql\n/usr/sbin/mariadbd\n" + "\0".join(["mariadbd", "--no-defaults", "--port=3307", "--log-bin=binlog"])
+    launch = audit.parse_launch(out + "\0")
+    assert launch == audit.ServerLaunch("/usr/sbin/mariadbd", ["--no-defaults", "--port=3307", "--log-bin=binlog"],
+                                        "mysql")  # fmt: skip
+    argv = audit.isolated_argv(launch, "/tmp/migrate-audit.x")
+    # Its own options first (--no-defaults must stay first), the isolation after them (later options win).
+    assert argv[:4] == ["/usr/sbin/mariadbd", "--no-defaults", "--port=3307", "--log-bin=binlog"]
+    for option in ("--skip-networking", "--read-only", "--innodb-read-only", "--skip-log-bin", "--skip-slave-start",
+                   "--socket=/tmp/migrate-audit.x/mysqld.sock", "--user=mysql"):  # fmt: skip
+        assert option in argv[4:], option
+    # A binary replaced since it started: the name it was started by.
+    assert audit.parse_launch("root\n/usr/sbin/mariadbd (deleted)\nmariadbd\0--x\0").binary == "mariadbd"  # type: ignore[union-attr]
+    assert audit.parse_launch("root\n\n") is None
+
+
+def test_figures_read_through_the_isolated_source_client_keep_each_table_in_its_place() -> None:
+    tables = ["app.reviews", "app.we`ird", "app.gone"]
+    sql = audit.figures_sql(tables, counts=True, checksums=True)
+    assert "FROM `app`.`we``ird`;" in sql and sql.count("CHECKSUM TABLE") == 3
+    # The missing table's statements failed (--force goes on): its figures are left out, nothing shifts.
+    out = "count#0\t7\nchecksum#0\napp.reviews\t123\ncount#1\t2\nchecksum#1\napp.we`ird\tNULL\nchecksum#2\n"
+    counts, sums = audit.parse_figures(out, tables)
+    assert counts == {"app.reviews": 7, "app.we`ird": 2} and sums == {"app.reviews": 123, "app.we`ird": None}
+
+
+def test_the_audit_names_each_differing_table_and_asks_for_attention() -> None:
+    step = Audit()
+    tables = ["app.reviews", "app.users", "app.log"]
+    engines = {"app.reviews": "innodb", "app.users": "innodb", "app.log": "aria"}
+    both = {"counts": True, "checksums": False}
+    equal = step._compare(tables, engines, ({t: 5 for t in tables}, {}), ({t: 5 for t in tables}, {}), both)
+    assert equal.status == "equal" and not equal.needs_attention and equal.summary() is None
+    lost = step._compare(tables, engines, ({t: 5 for t in tables}, {}),
+                         ({"app.reviews": 4, "app.log": 6}, {}), both)  # fmt: skip
+    assert lost.status == "differs" and lost.needs_attention
+    assert lost.differences == [
+        "app.reviews: row count: source 5, target 4",
+        "app.users: row count: missing on the target",
+    ]
+    # Outside the snapshot (not transactional, read live after the commit): reported, not counted as a loss.
+    assert lost.live_differences == ["app.log: row count: source 5, target 6"]
+    assert "app.reviews" in (lost.summary() or "")
+    unread = step._compare(tables, engines, ({"app.reviews": 5}, {}), ({t: 5 for t in tables}, {}), both)
+    assert unread.status == "incomplete" and unread.needs_attention and "app.users" in (unread.reason or "")
+    assert not AuditResult(status="not_run", reason="x").needs_attention
+
+
+def test_the_audit_without_the_snapshot_says_it_did_not_run_and_why() -> None:
+    rt = OfflineRuntime(plan())
+    audit.forget("offline")
+    result = Audit().run(context(rt, "audit", outputs={"cutover": {"tables": ["app.reviews"]}}))
+    assert result is not None and result["status"] == "not_run" and "resumed" in result["reason"]
+
+
+def test_a_completed_run_whose_audit_found_a_difference_exits_needs_attention() -> None:
+    def _run(audit_result: dict[str, Any]) -> RunState:
+        record = StepRecord("audit", state=StepState.DONE, result=audit_result)
+        return RunState("r", "sha", "plan.yaml", "", 0.0, status=RunStatus.COMPLETED, steps={"audit": record})
+
+    differs = {"status": "differs", "differences": ["app.reviews: row count: source 5, target 4"]}
+    assert outcome_code(_run(differs), []) == exit_codes.NEEDS_ATTENTION
+    assert outcome_code(_run({"status": "incomplete", "reason": "x"}), []) == exit_codes.NEEDS_ATTENTION
+    assert outcome_code(_run({"status": "equal", "tables": 2}), []) == exit_codes.OK
+    assert outcome_code(_run({"status": "not_run", "reason": "resumed"}), []) == exit_codes.OK
