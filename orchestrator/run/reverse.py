@@ -31,6 +31,7 @@ from orchestrator.steps.repl_common import (
     SWITCH_STEP,
     TORN_DOWN,
     end_tunnels,
+    forget_replication_on,
     forward_tunnel_names,
     reverse_kept_until,
     reverse_line,
@@ -156,20 +157,10 @@ def end_reverse_path(plan_path: Path, *, env_file: Path | None, state_dir: Path 
 
 
 def _tear_down(plan: Plan, plan_path: Path) -> None:
-    from orchestrator.transports import replication as repl
 
     rt = compose.runtime_factory(plan, plan_path, False)
     try:
-        failures: list[str] = []
-        for which in ("source", "target"):
-            try:
-                conn = rt.db(which)
-                try:
-                    repl.forget_replication(conn)
-                finally:
-                    rt.release(conn)
-            except Exception as exc:
-                failures.append(f"{which}: {exc}")
+        failures = forget_replication_on(rt, ("source", "target"))
         if failures:
             raise RunError(exit_codes.NEEDS_ATTENTION, "ending reverse replication: " + "; ".join(failures))
         end_tunnels(rt.source, forward_tunnel_names(rt.plan.name, rt.plan_path))

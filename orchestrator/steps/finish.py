@@ -30,6 +30,7 @@ from orchestrator.steps.repl_common import (
     TunnelFacts,
     close_tunnel,
     end_tunnels,
+    forget_replication_on,
     forward_tunnel_names,
     open_tunnel,
     replica_source,
@@ -237,19 +238,9 @@ class Finish(Step):
         rt = runtime(ctx)
         plan = rt.plan
         assert plan.reverse_of is not None
-        failures: list[str] = []
         # The old source runs (promoted, or restarted on a copy); the target's database runs only in replicate mode
         # (the shutdown mode stopped it).
-        sides = ("target", "source") if replicate_run(ctx) else ("target",)
-        for which in sides:
-            try:
-                conn = rt.db(which, retry=False)  # type: ignore[arg-type]
-                try:
-                    repl.forget_replication(conn)
-                finally:
-                    rt.release(conn)
-            except Exception as exc:
-                failures.append(f"{which}: {exc}")
+        failures = forget_replication_on(rt, ("target", "source") if replicate_run(ctx) else ("target",), retry=False)
         tunnels = forward_tunnel_names(plan.reverse_of, rt.plan_path)
         try:
             end_tunnels(rt.target, tunnels)  # started on the old source
@@ -265,16 +256,7 @@ class Finish(Step):
         """Replication forgotten on both sides (RESET SLAVE ALL deletes master.info and its clear-text password),
         both tunnels ended."""
         rt = runtime(ctx)
-        failures: list[str] = []
-        for which in ("source", "target"):
-            try:
-                conn = rt.db(which)  # type: ignore[arg-type]
-                try:
-                    repl.forget_replication(conn)
-                finally:
-                    rt.release(conn)
-            except Exception as exc:
-                failures.append(f"{which}: {exc}")
+        failures = forget_replication_on(rt, ("source", "target"))
         close_tunnel(ctx, REVERSE_TUNNEL)
         close_tunnel(ctx, FORWARD_TUNNEL, TunnelFacts.of(saved_from(ctx, REPLICA_STEP, FORWARD_TUNNEL)))
         if failures:

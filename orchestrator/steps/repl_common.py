@@ -19,7 +19,7 @@ import pymysql
 from ruamel.yaml import YAML
 
 from orchestrator import probes
-from orchestrator.contracts import StepRuntime, runtime
+from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import Plan, ReplicationEndpoint, static_mode
 from orchestrator.transports import replication as repl
@@ -153,6 +153,22 @@ def reverse_line(rt: StepRuntime, kept_until: float, plan_path: str) -> str:
         f"reverse replication: the old source {behind} behind the target (Seconds_Behind_Master), executed "
         f"{executed or 'nothing'}, the target at {at}; `migrate rollback {plan_path}` moves back losing nothing; {ends}"
     )
+
+
+def forget_replication_on(rt: StepRuntime, sides: tuple[Which, ...], *, retry: bool = True) -> list[str]:
+    """RESET SLAVE ALL on each side's database (it deletes master.info and the clear-text password it holds); every
+    side is tried, and the failures come back one per side."""
+    failures: list[str] = []
+    for which in sides:
+        try:
+            conn = rt.db(which, retry=retry)
+            try:
+                repl.forget_replication(conn)
+            finally:
+                rt.release(conn)
+        except Exception as exc:
+            failures.append(f"{which}: {exc}")
+    return failures
 
 
 def end_tunnels(host: Any, names: list[str]) -> None:
