@@ -553,8 +553,15 @@ def test_killed_during_the_cutover_resumes_to_a_clean_target(live_lab: LabState)
     assert report["status"] == "completed"
     cutover = next(s for s in report["steps"] if s["name"] == "cutover")
     assert cutover["attempts"] == 2
-    # Resumed before the shutdown: the new process read the source's server and held the snapshot: audited.
-    assert report["audit"]["status"] == "equal" and report["audit"]["tables"] == len(report["row_counts"]) > 0
+    # The new process held the target's snapshot. Whether it could also start the stopped source for the audit
+    # depends on where the kill landed: a source server still running when the resumed cut-over re-read it is
+    # audited equal; one the first run's stop command had already ended left no command line to start it with,
+    # and the audit says so instead of comparing anything.
+    audited = report["audit"]
+    if audited["status"] == "not_run":
+        assert "command line was not read" in audited["reason"], audited
+    else:
+        assert audited["status"] == "equal" and audited["tables"] == len(report["row_counts"]) > 0, audited
     assert dns_contents(state) == {name: state.target.address for name in state.records}
     assert "crash recovery" not in last_server_start(state.target)
     # The uploads' change tracker outlived the killed run: the resumed one found it and copied only the changes.
