@@ -51,6 +51,9 @@ for line in open(os.environ["MIGRATE_JOURNAL"]):
         refs = event["value"]
 ref = refs["uploads"]
 pid = int(open(os.path.join(ref["state_dir"], ref["name"], "pid")).read())
+if not os.path.exists(f"/proc/{{pid}}"):
+    print("the tracker was already gone", pid)  # the run must scan the whole tree all the same
+    sys.exit(0)
 assert open(f"/proc/{{pid}}/comm").read().strip() == "inotifywait", pid
 os.kill(pid, 9)
 while os.path.exists(f"/proc/{{pid}}") and "Z" not in open(f"/proc/{{pid}}/stat").read().split(")")[1][:3]:

@@ -60,6 +60,7 @@ def mariadbd_argv(host: HostState) -> list[str]:
         "--no-defaults",
         f"--datadir={host.datadir}",
         f"--socket={host.db_socket}",
+        f"--tmpdir={host.db_tmp_dir}",
         f"--bind-address={host.address}",
         f"--port={host.db_port}",
         "--user=root",
@@ -99,11 +100,19 @@ def install_datadir(host: HostState) -> bool:
     if host.datadir.exists():
         shutil.rmtree(host.datadir)
     host.datadir.mkdir(parents=True)
+    host.db_tmp_dir.mkdir(parents=True, exist_ok=True)
     log = host.log_dir / "install-db.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         rc = subprocess.run(
-            [tool(INSTALL_DB), "--no-defaults", f"--datadir={host.datadir}", "--user=root", "--skip-test-db"],
+            [
+                tool(INSTALL_DB),
+                "--no-defaults",
+                f"--datadir={host.datadir}",
+                f"--tmpdir={host.db_tmp_dir}",
+                "--user=root",
+                "--skip-test-db",
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -137,7 +146,7 @@ def db_start_script(host: HostState) -> str:
 # copied datadir may take a while, hence the long wait).
 set -uo pipefail
 {_running_check_sh(host)}
-mkdir -p {q(host.run_dir)} {q(host.log_dir)}
+mkdir -p {q(host.run_dir)} {q(host.log_dir)} {q(host.db_tmp_dir)}
 if pid=$(running); then
   :
 else

@@ -55,6 +55,12 @@ class HostState:
         return self.path / "run"
 
     @property
+    def db_tmp_dir(self) -> Path:
+        """The server's own tmpdir: a starting mariadbd deletes every `#sql*` file in its tmpdir, so two servers
+        (two labs side by side) sharing /tmp would delete each other's temporary tables."""
+        return self.path / "mysql" / "tmp"
+
+    @property
     def db_socket(self) -> Path:
         return self.run_dir / "mysqld.sock"
 
