@@ -117,6 +117,25 @@ def tunnel_running(name: str) -> bool:
     return check.returncode == 0
 
 
+def assert_replication_torn_down(state: LabState, plan: Path, events: list[dict[str, Any]]) -> None:
+    """finish set reverse replication up (healthy) and tore it down on both sides: no replica, no master.info (it
+    held the password), no tunnel; the old source stays read-only (and fenced) as finish leaves it."""
+    finish = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "finish")
+    assert finish["reverse_replication"]["healthy"] is True, finish
+    assert finish["reverse_replication"]["torn_down"] is True
+    for host in (state.source, state.target):
+        conn = connect(state, host)
+        try:
+            assert repl.replica_status(conn) is None, host.name
+        finally:
+            conn.close()
+        assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
+    writable, _ = source_is_plain_and_writable(state)
+    assert not writable
+    for kind in ("fwd", "rev"):
+        assert not tunnel_running(tunnel(plan, kind))
+
+
 def restore(state: LabState) -> None:
     """The source plain and writable (no replication, read_only off), no tunnel, then the e2e restore."""
     tunnels_down(state, lab_tunnels(state))
@@ -329,20 +348,7 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
     # stays read-only (and fenced) as finish leaves it.
     finish = next(s for s in report["steps"] if s["name"] == "finish")
     assert finish["state"] == "done"
-    for host in (state.source, state.target):
-        conn = connect(state, host)
-        try:
-            assert repl.replica_status(conn) is None, host.name
-        finally:
-            conn.close()
-        assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
-    writable, _ = source_is_plain_and_writable(state)
-    assert not writable
-    for kind in ("fwd", "rev"):
-        assert not tunnel_running(tunnel(plan, kind))
-    reverse = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "finish")
-    assert reverse["reverse_replication"]["healthy"] is True, reverse
-    assert reverse["reverse_replication"]["torn_down"] is True
+    assert_replication_torn_down(state, plan, events)
 
 
 # --- failures before the window: the source never stopped serving ----------------------------------------------
@@ -464,19 +470,7 @@ def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_
     assert next(s for s in report["steps"] if s["name"] == "repl_switch")["attempts"] == 1
     # replication.keep_reverse 0: finish set up reverse replication and tore it down on both sides: no replica, no
     # master.info (it held the password), no tunnel; the old source stays read-only (and fenced).
-    finish = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "finish")
-    assert finish["reverse_replication"]["healthy"] is True and finish["reverse_replication"]["torn_down"] is True
-    for host in (state.source, state.target):
-        conn = connect(state, host)
-        try:
-            assert repl.replica_status(conn) is None, host.name
-        finally:
-            conn.close()
-        assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
-    writable, _ = source_is_plain_and_writable(state)
-    assert not writable
-    for kind in ("fwd", "rev"):
-        assert not tunnel_running(tunnel(plan, kind))
+    assert_replication_torn_down(state, plan, events)
 
 
 def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_source(

@@ -20,6 +20,7 @@ import pymysql
 from orchestrator import estimates, exit_codes
 from orchestrator.engine.journal import RunStatus
 from orchestrator.engine.step import StepError
+from orchestrator.estimates import size_text
 from orchestrator.plan.model import Plan
 from orchestrator.redaction import redact
 from orchestrator.run.policy import load_env, resolve_secrets, subject
@@ -86,23 +87,15 @@ def dry_run_estimate(plan: Plan, plan_path: Path) -> DryRunEstimate:
         rt.close()
 
 
-def _size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(count) < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count:.1f} TiB"
-
-
 def lines(rehearsal: Rehearsal) -> list[str]:
     """The estimate as an operator reads it."""
     est = rehearsal.estimate
-    out = [f"rate: {_size(est.rate_bytes_per_second)}/s ({est.rate_basis})"]
+    out = [f"rate: {size_text(est.rate_bytes_per_second)}/s ({est.rate_basis})"]
     if est.database_bytes is not None:
-        out.append(f"database: {_size(est.database_bytes)} of tables and indexes (information_schema)")
+        out.append(f"database: {size_text(est.database_bytes)} of tables and indexes (information_schema)")
     for t in est.transfers:
         out.append(
-            f"{t.step} {t.name}: {_size(t.bytes)} in {t.files} files to move (of {_size(t.total_size)}),"
+            f"{t.step} {t.name}: {size_text(t.bytes)} in {t.files} files to move (of {size_text(t.total_size)}),"
             f" about {t.predicted_seconds:.1f} s (comparison {t.scan_seconds:.1f} s)"
         )
     out.append(f"predicted window: {est.window_seconds:.1f} s")
