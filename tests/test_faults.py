@@ -1,10 +1,10 @@
 """Fault paths on the lab, each under `migrate lab load` and checked with `lab verify` (0 acknowledged writes lost).
 
-- The write budget is a hard bound: every Cloudflare fault at the flip (429 with a long Retry-After, 5xx, slow
-  answers, success:false, a revoked token) ends in a rollback with writes blocked no longer than
-  cutover.max_write_block, measured from the journal.
+- The write budget is a hard bound: a Cloudflare fault at the flip of each kind (transient: 429 with a long
+  Retry-After; an edit in flight: slow answers; permanent: a revoked token) ends in a rollback with writes blocked no
+  longer than cutover.max_write_block, measured from the journal.
 - A table held by an idle session (LOCK TABLES … WRITE, then nothing): writes flow between lock attempts (the
-  load's longest write stall stays within one attempt plus a margin) and the message names the idle holder.
+  load has writes acknowledged in every gap between two of them) and the message names the idle holder.
 - DNS converges: a slow edit in flight at SIGTERM ends with every record at the source; an API outage after the
   first edit ends with every record at the one host that serves.
 - The database refuses writes for the whole window: a writer straight to the source database, bypassing the app's
@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -56,8 +57,6 @@ __all__ = ["live_lab"]
 BUDGET = 20.0
 # Still shorter than the slow fault's delay (45 s) and than the API timeout the run's calls get inside the window.
 SLOW_FAULT_BUDGET = 40.0
-# The load's stall may exceed one lock attempt by the fence's own commands and the clients' retry interval.
-STALL_MARGIN = 3.0
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
@@ -152,13 +151,15 @@ def fault_plan(state: LabState, suffix: str, budget: float = BUDGET, **dns: Any)
 
 # --- 1. the budget is a hard bound ----------------------------------------------------------------------------------
 
+# One fault per way the flip can end, each a whole migration on the lab: a transient error the run retries until the
+# budget says stop (a 429 whose Retry-After is longer than what is left), an edit still in flight when the run gives
+# up, and a permanent error. The other answers (a 429 storm with short waits, 5xx, success:false) are classified by
+# the adapter through the real SDK against the double (tests/test_cloudflare.py) into one of these same paths, and
+# the retries' bound against the budget is tested in tests/test_faults_logic.py.
 CLOUDFLARE_FAULTS = {
     "429_long_retry_after": {"mode": "429", "retry_after": 120},
-    "429_storm": {"mode": "429", "retry_after": 1},
-    "5xx": {"mode": "5xx", "status": 503},
     # Slower than the API timeout (30 s): the client gives up, the API applies the edit later.
     "slow": {"mode": "slow", "delay": 45, "count": 1},
-    "success_false": {"mode": "success_false"},
     "invalid_token": {"mode": "invalid_token"},
 }
 
@@ -246,11 +247,20 @@ def test_idle_lock_holder_lets_writes_flow_between_attempts_and_is_named(
     holder = ready.read_text().strip()
     assert f"held by #{holder} root Sleep" in text, outcome(result)
     assert "INSERT" not in text.split("held by", 1)[1].split(";")[0], "a waiting INSERT named as the holder"
-    # Between attempts the fence was lifted: the load's writes never stalled longer than one attempt.
-    assert verify.longest_write_stall_s is not None
-    assert verify.longest_write_stall_s <= attempt_seconds + STALL_MARGIN, verify.longest_write_stall_s
+    # Between attempts the fence was lifted and writes flowed: in every gap between two blocked intervals (the
+    # journal's), the load had writes acknowledged. An order of events, not a duration: it holds on a slow machine.
     events = journal_events(state, plan)
-    assert sum(1 for ev in events if ev.get("key") == "writes_lifted_at") >= attempts
+    intervals = journaled_intervals(events)
+    assert len(intervals) >= attempts and all(end is not None for _, end in intervals), intervals
+    acks = [
+        float(json.loads(line)["ack_ts"])
+        for line in (load.directory / "acks.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    for (_, lifted), (blocked_again, _) in itertools.pairwise(intervals):
+        assert any(lifted <= ack <= blocked_again for ack in acks), (  # type: ignore[operator]
+            f"no write acknowledged between the lock attempts ({lifted} .. {blocked_again})"
+        )
     assert_source_serves_and_dns_unchanged(state)
     assert_nothing_lost(verify)
 
@@ -369,6 +379,7 @@ class BypassWriter(threading.Thread):
                     conn = pymysql.connect(
                         host=self.address, port=self.port, user=BYPASS_USER, password=BYPASS_PASSWORD,
                         database="coursereview", autocommit=True, connect_timeout=2, read_timeout=30,
+                        ssl_disabled=True,  # loopback; and a TLS context per reconnect costs tens of ms of CPU
                     )  # fmt: skip
                 with conn.cursor() as cur:
                     cur.execute("INSERT INTO bypass (id) VALUES (%s)", (row,))

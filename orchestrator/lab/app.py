@@ -77,6 +77,9 @@ def db_connect(state: LabState, host: HostState, password: str) -> pymysql.conne
         connect_timeout=DB_CONNECT_TIMEOUT,
         read_timeout=DB_READ_TIMEOUT,
         write_timeout=DB_WRITE_TIMEOUT,
+        # A unix socket needs no TLS; PyMySQL would otherwise build a TLS context (every CA certificate loaded)
+        # per connection, which was most of the app's CPU.
+        ssl_disabled=True,
     )
 
 
