@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import exit_codes
+from orchestrator import dns_where, exit_codes
 from orchestrator.engine.journal import replay
 from orchestrator.lab.state import LabState
 from orchestrator.progress import TRANSFER_EVENT, phase_of, ttl_wait_until
@@ -171,6 +171,30 @@ def test_a_watch_exits_with_the_code_the_run_gave() -> None:
         (completed, exit_codes.OK),
         (declined, exit_codes.REFUSED),
         (rolled_back, exit_codes.FAILED),
+    ):
+        state = replay(events)
+        assert state is not None
+        assert outcome_code(state, events) == code, events
+
+
+def test_a_watch_exits_needs_attention_when_the_runs_end_reading_found_dns_not_at_the_serving_host() -> None:
+    def reading(records: dict[str, list[str]]) -> tuple[str, dict[str, object]]:
+        value = {"at": 3.0, "records": records, "source": ["10.0.0.1"], "target": "10.0.0.2", "end": True}
+        return ("step_saved", {"step": "dns_flip", "key": dns_where.RECORDS_NOW, "value": value})
+
+    split = {"www": ["10.0.0.2"], "api": ["10.0.0.1"]}
+    at_source = {"www": ["10.0.0.1"], "api": ["10.0.0.1"]}
+    completed_split = _events(reading(split), ("run_completed", {}))
+    rolled_back_split = _events(reading(split), ("rollback_started", {"reason": "x"}), ("rollback_completed", {}))
+    completed_at_source = _events(reading(at_source), ("run_completed", {}))
+    rolled_back_at_source = _events(
+        reading(at_source), ("rollback_started", {"reason": "x"}), ("rollback_completed", {})
+    )
+    for events, code in (
+        (completed_split, exit_codes.NEEDS_ATTENTION),
+        (rolled_back_split, exit_codes.NEEDS_ATTENTION),
+        (completed_at_source, exit_codes.NEEDS_ATTENTION),  # completed, but clients still reach the old host
+        (rolled_back_at_source, exit_codes.FAILED),  # the plain rollback: what apply returned
     ):
         state = replay(events)
         assert state is not None

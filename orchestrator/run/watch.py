@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import exit_codes
+from orchestrator import dns_where, exit_codes
 from orchestrator.engine.journal import Journal, RunState, RunStatus
 from orchestrator.progress import LAG_KEY, PROGRESS_KEY, TRANSFER_EVENT, Phase, TransferProgress, phase_of
 from orchestrator.results import AuditResult
@@ -82,6 +82,8 @@ class WatchView:
 
 def outcome_code(state: RunState, events: list[dict[str, Any]]) -> int:
     """The exit code of a run that is not running: what its `migrate apply` returned (or would have)."""
+    if state.status in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK) and dns_where.end_problem(events, state):
+        return exit_codes.NEEDS_ATTENTION  # it did its part, but its end reading found DNS split or pointing away
     if state.status == RunStatus.COMPLETED:
         audit = state.steps.get("audit")
         if audit is not None and AuditResult.of(audit.result).needs_attention:
