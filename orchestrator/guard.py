@@ -15,7 +15,8 @@ slow (a long rollback) keeps its heartbeat and is never raced; a dead one stops 
 guard acts by its deadline: within budget + margin. It then restores the source with the plan's own commands (a
 read-only database still running is restarted, which clears read_only; a stopped one is started; the fence is
 lifted), writing each act to the `trace` file. A later `migrate apply` or `migrate rollback` reads that trace
-(`read_trace`) and knows what it did.
+(`read_trace`) and knows what it did. A guard that leaves in peace (committed, released) deletes its directory:
+only a guard that acted leaves one behind, with its trace, for the operator.
 
 Every command is idempotent on purpose: a resumed run rolling back at the same moment does the same things.
 """
@@ -83,8 +84,8 @@ deadline={math.ceil(guard.deadline)}
 stale={int(guard.stale)}
 note "guarding: acts after $deadline once the run's heartbeat is $stale s old, unless the run commits or releases"
 while :; do
-  if [ -e {d}/{COMMITTED} ]; then note "the run committed: the source is left as it is"; exit 0; fi
-  if [ -e {d}/{RELEASED} ]; then note "the run released the source itself"; exit 0; fi
+  # Left in peace (the run committed, or released the source itself): nothing to keep, the directory goes.
+  if [ -e {d}/{COMMITTED} ] || [ -e {d}/{RELEASED} ]; then rm -rf {d}; exit 0; fi
   now=$(date +%s)
   if [ "$now" -ge "$deadline" ]; then
     beat=$(stat -c %Y {d}/{HEARTBEAT} 2>/dev/null || echo 0)
@@ -120,7 +121,10 @@ def start(host: Host, guard: GuardPlan, *, timeout: float) -> int:
 
 
 def marker_command(directory: str, name: str) -> str:
-    return f"mkdir -p {shlex.quote(directory)} && touch {shlex.quote(directory)}/{name}"
+    """Leave `name` for the guard; a directory already gone means a guard already gone (it left in peace after a
+    commit or a release, and took its directory with it): nobody to tell, and nothing is recreated."""
+    d = shlex.quote(directory)
+    return f"{{ [ ! -d {d} ] || touch {d}/{name}; }}"
 
 
 def mark(host: Host, directory: str, name: str, *, timeout: float) -> None:

@@ -520,6 +520,14 @@ def test_migration_under_load_loses_nothing(live_lab: LabState, tmp_path: Path) 
     assert source_files.items() <= target_files.items()
     # A consistent copy of a cleanly shut down datadir starts without InnoDB crash recovery.
     assert "crash recovery" not in last_server_start(state.target), "the target's datadir copy was not clean"
+    # The guard on the source left in peace at the commit and took its directory with it.
+    journal = state.path / ".migrate" / "course-review-lab" / "journal.jsonl"
+    saved = [json.loads(line) for line in journal.read_text().splitlines() if '"key":"guard"' in line]
+    guard_dir = Path(saved[-1]["value"]["dir"])
+    deadline = time.monotonic() + 60
+    while guard_dir.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not guard_dir.exists(), f"the guard's directory is left on the source: {guard_dir}"
 
 
 def last_server_start(host: HostState) -> str:
