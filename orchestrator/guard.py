@@ -104,12 +104,14 @@ note "restored"
 """
 
 
-def start(host: Host, guard: GuardPlan, *, timeout: float) -> int:
-    """Install and start the guard detached from our session (it outlives us); its pid."""
+def start(host: Host, guard: GuardPlan, *, timeout: float, marks: tuple[str, ...] = ()) -> int:
+    """Install and start the guard detached from our session (it outlives us), the `marks` left for it first;
+    its pid."""
     d = shlex.quote(guard.directory)
+    marked = "".join(f"touch {d}/{shlex.quote(name)} && " for name in marks)
     out = host.run(
         # Only the guard goes to the background (a backgrounded `cat` would read /dev/null, not the script).
-        f"mkdir -p {d} && touch {d}/{HEARTBEAT} && cat > {d}/guard.sh && "
+        f"mkdir -p {d} && touch {d}/{HEARTBEAT} && {marked}cat > {d}/guard.sh && "
         f"{{ setsid nohup sh {d}/guard.sh </dev/null >/dev/null 2>&1 & "
         "echo $!; }",
         input=script(guard),

@@ -24,8 +24,8 @@ from orchestrator.plan.loader import load_plan
 from orchestrator.report import build_report, render_report
 from orchestrator.runtime import Runtime
 from orchestrator.steps import STEP_ORDER, build_steps
-from orchestrator.steps.common import COMMAND_TIMEOUT
-from orchestrator.steps.cutover import Cutover, backoff_delays
+from orchestrator.steps.common import COMMAND_TIMEOUT, backoff_delays
+from orchestrator.steps.cutover import Cutover
 from orchestrator.steps.dns_flip import DnsFlip
 from orchestrator.steps.start_target import StartTarget
 from orchestrator.transports.cloudflare import DnsError

@@ -502,7 +502,7 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
     commands = source.commands
     stop = next(c for c in commands if c.endswith(stop))
     # The guard on the source learns the database is stopped before the stop begins.
-    assert "/db_stopped && " in stop
+    assert stop.index("/db_stopped") < stop.index(p.database.source.stop)
     assert commands.index(next(c for c in commands if "guard.sh" in c)) < commands.index(fence)
     assert commands.index(fence) < commands.index(stop)
     # The server's pid, seen before the stop, is followed until it has exited.

@@ -101,6 +101,11 @@ def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool) -> TreeFigures:
 # --- services ---
 
 
+def backoff_delays(attempts: int, first: float) -> list[float]:
+    """Seconds to wait after each failed attempt but the last: first, 2*first, 4*first, ..."""
+    return [first * (2**i) for i in range(max(attempts - 1, 0))]
+
+
 @dataclass
 class ServicesOutcome:
     done: list[str] = field(default_factory=list)

@@ -40,7 +40,8 @@ from orchestrator import audit, estimates, frontdoor, guard, probes
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CutoverResult, DbPresyncResult, FinalState, LockFigures
-from orchestrator.steps.common import wait_db_answers
+from orchestrator.steps import source_guard
+from orchestrator.steps.common import backoff_delays, wait_db_answers
 from orchestrator.transports import mysql
 from orchestrator.transports.replication import set_read_only
 from orchestrator.transports.ssh import TransportError
@@ -59,16 +60,10 @@ WRITES_BLOCKED_AT = "writes_blocked_at"
 FINAL_STATE = "final_state"
 SOURCE_DB_STOPPED = "source_db_stopped"
 SOURCE_READ_ONLY = "source_read_only"
-GUARD = "guard"
 FENCE_COMMAND_TIMEOUT = 60.0
 # A clean shutdown appends one stop event (19-byte header, 4-byte checksum) to the binary log: anything longer
 # after the position journaled under the lock is a write that happened since.
 STOP_EVENT_MAX_BYTES = 64
-
-
-def backoff_delays(attempts: int, first: float) -> list[float]:
-    """Seconds to wait after each failed attempt but the last: first, 2*first, 4*first, ..."""
-    return [first * (2**i) for i in range(max(attempts - 1, 0))]
 
 
 class Cutover(Step):
@@ -114,7 +109,7 @@ class Cutover(Step):
         result = CutoverResult(
             mode=rt.plan.cutover.mode, mode_reason=MODE_REASON, source_clock_offset=self._clock_offset
         )
-        self._refuse_after_guard(ctx)
+        source_guard.refuse_if_restored(ctx)
         if journaled is None and not ctx.saved(WRITES_BLOCKED_AT):
             self._forecast(ctx)
         try:
@@ -195,24 +190,9 @@ class Cutover(Step):
             self._let_writes_in(ctx, timeout=FENCE_COMMAND_TIMEOUT)
         except TransportError as exc:
             failures.append(f"lifting the source's fence ({plan.services.fence.disable}): {exc}")
-        self._release_guard(ctx, failures)
+        source_guard.release(ctx, failures)
         if failures:
             raise StepError("; ".join(failures))
-
-    def _release_guard(self, ctx: StepContext, failures: list[str]) -> None:
-        """Tell the guard the run released the source itself (it stops), and say what it did if it acted."""
-        directory = self._guard_dir(ctx)
-        if directory is None:
-            return
-        source = runtime(ctx).source
-        trace = guard.read_trace(source, directory)
-        if guard.restored(trace):
-            ctx.log.warning("cutover.undo.guard_had_restored_the_source", trace=trace)
-        if not failures:
-            try:
-                guard.mark(source, directory, guard.RELEASED, timeout=30.0)
-            except TransportError as exc:
-                ctx.log.warning("cutover.undo.guard_not_told", error=str(exc))
 
     # -- blocking and admitting writes (the one place each: a front door plugs in here)
 
@@ -290,7 +270,7 @@ class Cutover(Step):
             raise StepError(blind)
         self._remember_server(ctx)
         self._reserve_for_rollback(ctx)
-        self._start_guard(ctx)
+        source_guard.start(ctx, clock_offset=self._clock_offset)
         lock = self._take_lock(ctx, conn)
         self._refuse_writes_in_the_database(ctx, conn)
         final = self._final_state(ctx, lock)
@@ -313,59 +293,10 @@ class Cutover(Step):
         audit.held(ctx.run_id).source = launch
         ctx.log.info("cutover.server_command_line", binary=launch.binary if launch else None)
 
-    def _start_guard(self, ctx: StepContext) -> None:
-        """The guard on the source (orchestrator/guard.py): restores the source if this run is gone past its
-        budget. Its deadline bounds the window in wall-clock time: the budget, every backoff between lock tries
-        (writes flow then) and a margin."""
-        rt = runtime(ctx)
-        saved = ctx.saved(GUARD)
-        if isinstance(saved, dict) and saved.get("pid"):
-            guard.keep_alive(rt, str(saved["dir"]))
-            return
-        c = rt.plan.cutover
-        endpoint = rt.plan.database.source
-        offset = self._clock_offset
-        plan = guard.GuardPlan(
-            directory=guard.guard_dir(ctx.run_id),
-            deadline=guard.deadline(
-                time.time() + sum(backoff_delays(c.lock_attempts, c.lock_retry_backoff)), c.max_write_block, offset
-            ),
-            db_start=endpoint.start,
-            db_stop=endpoint.stop,
-            fence_off=rt.plan.services.fence.disable,
-        )
-        ctx.save(GUARD, {"dir": plan.directory, "deadline": plan.deadline})
-        pid = guard.start(rt.source, plan, timeout=30.0)
-        ctx.save(GUARD, guard.journal_value(pid, plan))
-        guard.keep_alive(rt, plan.directory)
-        ctx.log.info("cutover.guard_started", pid=pid, dir=plan.directory, deadline=plan.deadline)
-
     def reattach(self, ctx: StepContext) -> None:
         """A resumed run (or `migrate rollback`) in a new process: the guard on the source hears this run's
         heartbeat again, so it does not race a live run (it still acts if this process dies too)."""
-        directory = self._guard_dir(ctx)
-        if directory is None:
-            return
-        before = getattr(runtime(ctx), "heartbeat", None)
-        if guard.keep_alive(runtime(ctx), directory) is not before:
-            ctx.log.info("cutover.guard_heartbeat_resumed", dir=directory)
-
-    def _refuse_after_guard(self, ctx: StepContext) -> None:
-        """A re-run after the guard restored the source must not block it again: the source took writes since."""
-        directory = self._guard_dir(ctx)
-        if directory is None:
-            return
-        trace = guard.read_trace(runtime(ctx).source, directory)
-        if guard.restored(trace):
-            ctx.log.warning("cutover.guard_had_restored_the_source", trace=trace)
-            raise StepError(
-                "the guard on the source restored it after this run stopped past its budget (its trace: "
-                f"{directory}/{guard.TRACE}); the source has taken writes since: the run rolls back"
-            )
-
-    def _guard_dir(self, ctx: StepContext) -> str | None:
-        saved = ctx.saved(GUARD)
-        return str(saved["dir"]) if isinstance(saved, dict) and saved.get("dir") else None
+        source_guard.reattach(ctx)
 
     def _reserve_for_rollback(self, ctx: StepContext) -> None:
         """Keep back, from the budget, the time the rollback itself needs (journaled: a resume keeps it)."""
@@ -448,7 +379,7 @@ class Cutover(Step):
         by anyone bypassing the app's fence) fail instead of committing when the lock goes with the shutdown."""
         was = mysql.is_read_only(conn)
         ctx.save(SOURCE_READ_ONLY, {"set": True, "was": was})
-        directory = self._guard_dir(ctx)
+        directory = source_guard.directory(ctx)
         if directory is not None:  # the guard restarts a read-only database it finds running
             guard.mark(runtime(ctx).source, directory, guard.READ_ONLY, timeout=ctx.window.timeout(30.0))
         if not was:
@@ -549,7 +480,7 @@ class Cutover(Step):
         rt = runtime(ctx)
         endpoint = rt.plan.database.source
         started = time.monotonic()
-        directory = self._guard_dir(ctx)
+        directory = source_guard.directory(ctx)
         # The guard learns the database is stopped before the stop begins (it starts it again if need be).
         stop = f"{guard.marker_command(directory, guard.DB_STOPPED)} && {endpoint.stop}" if directory else endpoint.stop
         try:

@@ -1,0 +1,101 @@
+"""The guard on the source as the steps that block its writes use it: the cut-over (shutdown mode) and the switch
+(replicate mode). orchestrator/guard.py is the guard itself; this module is what a step does with it.
+
+- `start` before the window: the guard's deadline (the budget, every backoff between lock tries, a margin, on the
+  source's clock), journaled under `guard` before the guard exists, then its pid; the run's heartbeat begins.
+- `refuse_if_restored` on a re-entered step: a guard that restored the source means the source took writes since,
+  so the run must not block it again (it rolls back).
+- `reattach` in a new process taking over the run: the heartbeat again, so a live run is never raced.
+- `release` at the end of the step's undo: the guard is told the run restored the source itself (it leaves, and
+  takes its directory with it); what it did, if it had acted, is logged.
+The DNS flip tells it of the commit (dns_flip `_commit`), whichever step started it: both journal it as `guard`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from orchestrator import guard
+from orchestrator.contracts import runtime
+from orchestrator.engine.step import StepContext, StepError
+from orchestrator.steps.common import backoff_delays
+from orchestrator.transports.ssh import TransportError
+
+GUARD = "guard"
+START_TIMEOUT = 30.0
+
+
+def directory(ctx: StepContext) -> str | None:
+    """The guard's directory on the source, as this step journaled it (None: no guard was started)."""
+    saved = ctx.saved(GUARD)
+    return str(saved["dir"]) if isinstance(saved, dict) and saved.get("dir") else None
+
+
+def start(ctx: StepContext, *, clock_offset: float | None, marks: tuple[str, ...] = ()) -> None:
+    """Start the guard unless this step already did (then only the heartbeat again). `marks` are left for it in the
+    same round trip, before it starts (e.g. READ_ONLY: this run's window sets read_only on the source)."""
+    rt = runtime(ctx)
+    saved = ctx.saved(GUARD)
+    if isinstance(saved, dict) and saved.get("pid"):
+        guard.keep_alive(rt, str(saved["dir"]))
+        return
+    c = rt.plan.cutover
+    endpoint = rt.plan.database.source
+    plan = guard.GuardPlan(
+        directory=guard.guard_dir(ctx.run_id),
+        deadline=guard.deadline(
+            time.time() + sum(backoff_delays(c.lock_attempts, c.lock_retry_backoff)), c.max_write_block, clock_offset
+        ),
+        db_start=endpoint.start,
+        db_stop=endpoint.stop,
+        fence_off=rt.plan.services.fence.disable,
+    )
+    ctx.save(GUARD, {"dir": plan.directory, "deadline": plan.deadline})
+    try:
+        pid = guard.start(rt.source, plan, timeout=START_TIMEOUT, marks=marks)
+    except TransportError as exc:
+        raise StepError(f"the guard on the source did not start: {exc}") from None
+    ctx.save(GUARD, guard.journal_value(pid, plan))
+    guard.keep_alive(rt, plan.directory)
+    ctx.log.info("guard_started", pid=pid, dir=plan.directory, deadline=plan.deadline, marks=list(marks))
+
+
+def reattach(ctx: StepContext) -> None:
+    """A resumed run (or `migrate rollback`) in a new process: the guard hears this run's heartbeat again."""
+    found = directory(ctx)
+    if found is None:
+        return
+    before = getattr(runtime(ctx), "heartbeat", None)
+    if guard.keep_alive(runtime(ctx), found) is not before:
+        ctx.log.info("guard_heartbeat_resumed", dir=found)
+
+
+def refuse_if_restored(ctx: StepContext) -> None:
+    """A re-run after the guard restored the source must not block it again: the source took writes since."""
+    found = directory(ctx)
+    if found is None:
+        return
+    trace = guard.read_trace(runtime(ctx).source, found)
+    if guard.restored(trace):
+        ctx.log.warning("guard_had_restored_the_source", trace=trace)
+        raise StepError(
+            "the guard on the source restored it after this run stopped past its budget (its trace: "
+            f"{found}/{guard.TRACE}); the source has taken writes since: the run rolls back"
+        )
+
+
+def release(ctx: StepContext, failures: list[str]) -> None:
+    """Tell the guard the run released the source itself (it leaves), and say what it did if it acted. Not told
+    while the undo failed: the source may still be blocked, and the guard is then what restores it."""
+    found = directory(ctx)
+    if found is None:
+        return
+    source = runtime(ctx).source
+    trace = guard.read_trace(source, found)
+    if guard.restored(trace):
+        ctx.log.warning("guard_had_restored_the_source", trace=trace)
+    if not failures:
+        try:
+            guard.mark(source, found, guard.RELEASED, timeout=START_TIMEOUT)
+        except TransportError as exc:
+            ctx.log.warning("guard_not_told", error=str(exc))
