@@ -24,10 +24,11 @@ from typing import Any
 
 import pymysql
 
-from orchestrator import frontdoor
+from orchestrator import frontdoor, guard, probes
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
+from orchestrator.steps import source_guard
 from orchestrator.steps.repl_common import (
     FINAL_GTID,
     REPLICA_PORT,
@@ -64,7 +65,10 @@ class ReplSwitch(Step):
             "on the target: MASTER_GTID_WAIT(final position), bounded by what is left of the budget",
             "promote the target: STOP SLAVE, proof that it executed exactly the final position, RESET SLAVE ALL, "
             "read_only = 0 (its services stay fenced until the DNS flip)",
-            f"writes may stay blocked at most {c.max_write_block:g} s (cutover.max_write_block)",
+            f"writes may stay blocked at most {c.max_write_block:g} s (cutover.max_write_block); before the window, "
+            f"a guard starts on {plan.source.address}: should this run die inside it and nobody resume, the guard "
+            "restarts the source database (clearing read_only) and lifts the fence once the budget and a margin "
+            "have passed",
             *frontdoor.describe(ctx, "source"),
         ]
 
@@ -91,6 +95,7 @@ class ReplSwitch(Step):
                     raise StepError(f"the replica is not healthy before the window: {why}")
                 if reverse_over_replica(ctx) and not ctx.saved(REPLICA_PORT):
                     ctx.save(REPLICA_PORT, failure.master_port)  # undo makes the old source a replica again
+                self._start_guard(ctx)
                 began = time.monotonic()
                 # The app's fence and the database's read_only go up side by side: either blocks writes, and the
                 # fence's SSH round trip need not come before the database's.
@@ -145,6 +150,23 @@ class ReplSwitch(Step):
         return result.journal()
 
     # -- the sequence
+
+    def _start_guard(self, ctx: StepContext) -> None:
+        """Before the window, the guard on the source (steps/source_guard.py), as in the shutdown mode: should this
+        run die inside the window and nobody resume it, the guard restores the source once the budget and its margin
+        have passed (it restarts the database, which clears read_only, and lifts the fence). A re-entered switch
+        whose guard already did so rolls back: the source has taken writes since.
+
+        READ_ONLY is left for it in its start's round trip, not inside the window: had this run died between the
+        guard's start and read_only (a few milliseconds), the guard would restart a database that was writable."""
+        source_guard.refuse_if_restored(ctx)
+        # The source's clock offset, measured only for a guard not started yet (one round trip, before the window).
+        offset = None if source_guard.started(ctx) else round(probes.clock_offset(runtime(ctx).source), 6)
+        source_guard.start(ctx, clock_offset=offset, marks=(guard.READ_ONLY,))
+
+    def reattach(self, ctx: StepContext) -> None:
+        """A resumed run (or `migrate rollback`) in a new process: the guard hears this run's heartbeat again."""
+        source_guard.reattach(ctx)
 
     def _begin(self, ctx: StepContext) -> float:
         """The window begins: journaled (`writes_blocked_at`, `fenced`, `source_read_only`) before anything moves."""
@@ -258,6 +280,7 @@ class ReplSwitch(Step):
             ctx.log.info("repl.switch.undo.fence_lifted")
             ctx.save(FENCED, False)
         frontdoor.release_source(ctx)  # not reached while the source refuses writes: a retried rollback releases
+        source_guard.release(ctx, failures)
         if failures:
             raise StepError("; ".join(failures))
 

@@ -31,13 +31,18 @@ def directory(ctx: StepContext) -> str | None:
     return str(saved["dir"]) if isinstance(saved, dict) and saved.get("dir") else None
 
 
+def started(ctx: StepContext) -> bool:
+    """This step's guard runs (its pid journaled)."""
+    saved = ctx.saved(GUARD)
+    return isinstance(saved, dict) and bool(saved.get("pid"))
+
+
 def start(ctx: StepContext, *, clock_offset: float | None, marks: tuple[str, ...] = ()) -> None:
     """Start the guard unless this step already did (then only the heartbeat again). `marks` are left for it in the
     same round trip, before it starts (e.g. READ_ONLY: this run's window sets read_only on the source)."""
     rt = runtime(ctx)
-    saved = ctx.saved(GUARD)
-    if isinstance(saved, dict) and saved.get("pid"):
-        guard.keep_alive(rt, str(saved["dir"]))
+    if started(ctx):
+        guard.keep_alive(rt, str(directory(ctx)))
         return
     c = rt.plan.cutover
     endpoint = rt.plan.database.source
