@@ -43,7 +43,6 @@ from orchestrator.lab.verify import main_verify
 from orchestrator.steps.repl_common import tunnel_name
 from orchestrator.transports import replication as repl
 from tests.test_e2e import (
-    DNS_TTL,
     PLAN_NAMES,
     assert_source_serves_and_dns_unchanged,
     dns_contents,
@@ -53,6 +52,7 @@ from tests.test_e2e import (
     restore_source_live,
     run_report,
     start_load,
+    wait_for_load_acks_on,
 )
 from tests.test_frontdoor_e2e import (
     CLIENT_DNS_CACHE,
@@ -430,7 +430,7 @@ def resumed_under_load(state: LabState, plan: Path, load_dir: Path, killed_by: s
         result = migrate_apply(state, plan, timeout=TIMEOUT)
         assert result.returncode == exit_codes.OK, outcome(result)
         assert "resuming" in result.stdout + result.stderr, outcome(result)
-        time.sleep(DNS_TTL + 2)
+        wait_for_load_acks_on(load_dir, state.target.address, since=time.time())
     finally:
         load.send_signal(signal.SIGTERM)
         load.communicate(timeout=60)
@@ -503,7 +503,7 @@ def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_
         result = migrate_apply(state, plan, timeout=TIMEOUT)
         assert result.returncode == exit_codes.FAILED, outcome(result)
         assert "cutover.max_write_block" in result.stdout + result.stderr, outcome(result)
-        time.sleep(DNS_TTL + 2)
+        wait_for_load_acks_on(load_dir, state.source.address, since=time.time())
     finally:
         load.send_signal(signal.SIGTERM)
         load.communicate(timeout=60)
@@ -589,7 +589,7 @@ def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_repl
         assert forward.returncode == exit_codes.OK, outcome(forward)
         assert "reverse replication kept until" in forward.stdout, outcome(forward)
         assert dns_contents(state) == {n: state.target.address for n in state.records}
-        time.sleep(DNS_TTL + 2)  # clients follow DNS to the target and write there
+        wait_for_load_acks_on(load_dir, state.target.address, since=time.time())  # clients follow DNS there
         shown = migrate(state, "status", str(plan), "--json")
         assert shown.returncode == exit_codes.OK, outcome(shown)
         line = json.loads(shown.stdout)["replication"]
@@ -614,7 +614,7 @@ def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_repl
         back = migrate(state, "rollback", str(plan), "--yes", "--env-file", str(state.env_file))
         assert back.returncode == exit_codes.OK, outcome(back)
         assert "reverse replication is healthy: moving back through it" in back.stdout, outcome(back)
-        time.sleep(DNS_TTL + 2)  # stale clients leave the (fenced, read-only) target
+        wait_for_load_acks_on(load_dir, state.source.address, since=time.time())  # clients leave the target
     finally:
         load.send_signal(signal.SIGTERM)
         load.communicate(timeout=60)
