@@ -14,15 +14,19 @@ from __future__ import annotations
 import re
 import shlex
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import pymysql
+
 from orchestrator.contracts import StepRuntime
 from orchestrator.plan.model import Plan
 from orchestrator.steps.common import DATADIR_EXCLUDES
-from orchestrator.transports import rsync
+from orchestrator.transports import mysql, rsync
 
 # Assumptions for the parts of the window a read-only rehearsal cannot time (NOTES: a lab datadir's clean shutdown
 # took about 1.5 s, a start about 0.25 s): `migrate rehearse` on the target times them for real.
@@ -229,9 +233,10 @@ class UnitCosts:
     sql: float
     dns: float
     haproxy: float  # one runtime-API command to the source's front door (0 without one)
-    health: float  # every health check once, side by side (the slowest)
+    health: float  # every health check once, side by side (the slowest), on an idle app: the quickest round
     health_basis: str
     tracked: bool  # the trees' final pass copies only the tracked changes (inotifywait on the source)
+    request: float = 0.0  # one round of the checks on the live app as it serves (the median round)
     datadir_delta_bytes: int = 0  # what the final datadir pass would copy (shutdown mode)
     rate: float = 0.0  # bytes per second the transfers move at
     target_start: float | None = None  # the target's own start (database and services), when a rehearsal timed it
@@ -256,6 +261,15 @@ VERIFY_SQL = 3
 DRAIN_POLL = 0.05  # frontdoor's poll while writes in flight drain
 
 
+_OPERATION = {
+    "ssh_source": "command(s) on the source",
+    "ssh_target": "on the target",
+    "ssh_both": "on both side by side",
+    "sql": "SQL statement(s)",
+    "haproxy": "HAProxy command(s)",
+}
+
+
 def _ssh_part(name: str, count: dict[str, float], units: UnitCosts) -> tuple[float, str]:
     seconds = (
         count.get("ssh_source", 0) * units.ssh_source
@@ -264,7 +278,7 @@ def _ssh_part(name: str, count: dict[str, float], units: UnitCosts) -> tuple[flo
         + count.get("sql", 0) * units.sql
         + count.get("haproxy", 0) * units.haproxy
     )
-    what = ", ".join(f"{int(v)} {k.replace('_', ' ')}" for k, v in count.items() if v)
+    what = ", ".join(f"{int(v)} {_OPERATION[k]}" for k, v in count.items() if v)
     return seconds, f"{what} at the measured round trips ({units.ssh_how})" if what else name
 
 
@@ -303,7 +317,7 @@ def predict_window(transfers: list[TransferEstimate], units: UnitCosts, *, plan_
         switch_seconds, switch_basis = _ssh_part("switch", switch_count, units)
         # The writes in flight when the source's front door begins holding must end before read_only: about one
         # request's time, polled.
-        drain = (units.health + DRAIN_POLL) if shape.front_door else 0.0
+        drain = (units.request + DRAIN_POLL) if shape.front_door else 0.0
         return [
             WindowPart("fence, drain, read_only, the replica's last transactions and its promotion",
                        round(switch_seconds + drain, 3), f"measured: {switch_basis}; the drain about one request",
@@ -334,7 +348,7 @@ def predict_window(transfers: list[TransferEstimate], units: UnitCosts, *, plan_
                    f"measured: {cut_basis}; {units.shutdown_basis}, {units.shutdown:.2f} s", "cutover"),
         WindowPart("final datadir pass", round(db_seconds + units.rsync_pass + 2 * delta, 3),
                    f"measured: {db_basis}, one rsync, {size_text(units.datadir_delta_bytes)} the live server "
-                   "changed lately copied and checksummed at the rate", "db_final"),
+                   "changed lately read at the rate", "db_final"),
         uploads,
         start,
         WindowPart("verify", round(max(units.health, verify_trees, VERIFY_SQL * units.sql), 3),
@@ -394,20 +408,45 @@ def delta_size_command(datadir: str) -> str:
     )
 
 
-def _health_once(rt: StepRuntime, mode: str) -> tuple[float, str]:
-    """Every health check once, side by side, as verify_target runs them: against the target where it already runs
-    (replicate mode, fenced), else the same checks aimed at the source (its app and database, read-only)."""
+def _health_rounds(rt: StepRuntime, mode: str) -> tuple[list[float], str]:
+    """Every health check, side by side as verify_target runs them, ROUND_TRIP_SAMPLES times: against the target
+    where it already runs (the replicate mode's target serves, fenced, before the window), else the same checks aimed
+    at the source (its app and database, read-only): what one round of them costs on these hosts."""
+    checks = list(rt.plan.health.checks)
+    if not checks:
+        return [0.0], "none declared"
+    if mode == "replicate":
+        try:
+            rounds = [_checks_once(rt, checks, "target") for _ in range(ROUND_TRIP_SAMPLES)]
+            return rounds, f"{len(checks)} check(s) side by side, on the target"
+        except (OSError, CheckUnanswered, pymysql.MySQLError, mysql.DbError):
+            pass  # not running yet (the seed comes later): the source's answers stand for it
+    rounds = [_checks_once(rt, checks, "source") for _ in range(ROUND_TRIP_SAMPLES)]
+    return rounds, f"{len(checks)} check(s) side by side, aimed at the source"
+
+
+class CheckUnanswered(Exception):
+    pass
+
+
+def _checks_once(rt: StepRuntime, checks: list[Any], where: str) -> float:
     from orchestrator.plan.model import HttpCheck, SqlCheck
-    from orchestrator.transports.throttle import measure_latency
 
     plan = rt.plan
-    where = "target" if mode == "replicate" else "source"
 
     def one(check: object) -> float:
         started = time.monotonic()
         if isinstance(check, HttpCheck):
             url = check.url if where == "target" else plan.aimed_at_source(check.url)
-            measure_latency(url, check.host_header, check.timeout)
+            request = urllib.request.Request(url, headers={"Host": check.host_header} if check.host_header else {})
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            try:
+                with opener.open(request, timeout=check.timeout) as answer:
+                    answer.read(1 << 20)
+            except urllib.error.HTTPError as exc:  # an answer all the same (a fenced app's 503)
+                exc.close()
+            except (urllib.error.URLError, OSError) as exc:
+                raise CheckUnanswered(str(exc)) from None
         elif isinstance(check, SqlCheck):
             conn = rt.db(where, retry=False, read_timeout=30.0)  # type: ignore[arg-type]
             try:
@@ -418,12 +457,8 @@ def _health_once(rt: StepRuntime, mode: str) -> tuple[float, str]:
                 rt.release(conn)
         return time.monotonic() - started
 
-    checks = list(plan.health.checks)
-    if not checks:
-        return 0.0, "none declared"
     with ThreadPoolExecutor(max_workers=len(checks)) as pool:
-        seconds = max(pool.map(one, checks))
-    return seconds, f"{len(checks)} check(s) side by side, on the {where}"
+        return max(pool.map(one, checks))
 
 
 def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate], rate: float,
@@ -449,8 +484,9 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
                                      ssh=rsync.target_ssh_command(plan), exclude=tree.exclude,
                                      timeout=plan.transfer.rsync_timeout, whole_file=plan.transfer.whole_file,
                                      extra=["--dry-run"])  # fmt: skip
-        rsync_pass = _timed(lambda: rsync.push(rt.source, command, what="an empty tracked pass (dry-run)",  # type: ignore[arg-type]
-                                               retry=plan.retry, short=True))  # fmt: skip
+        rsync_pass = _median([_timed(lambda: rsync.push(rt.source, command, what="an empty tracked pass (dry-run)",  # type: ignore[arg-type]
+                                                        retry=plan.retry, short=True))
+                              for _ in range(ROUND_TRIP_SAMPLES)])  # fmt: skip
 
     def select_one() -> None:
         conn = rt.db("source", retry=False, read_timeout=30.0)
@@ -479,7 +515,9 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
         front = over_ssh(rt.source, door.admin_socket, frontend=door.frontend, backend=door.backend,  # type: ignore[arg-type]
                          server=door.server, hold_map=door.hold_map)  # fmt: skip
         haproxy_rtt = _median([_timed(lambda: front.ask("show info")) for _ in range(ROUND_TRIP_SAMPLES)])
-    health, health_basis = _health_once(rt, mode)
+    # The quickest round for the checks inside the window (the app they ask serves nobody else then: its clients are
+    # held or fenced), the median for a request of the live source's (the writes in flight the switch drains).
+    rounds, health_basis = _health_rounds(rt, mode)
     tracked = bool(plan.files) and probes.ask(rt.source, probes.has_program("inotifywait"))  # type: ignore[arg-type]
     delta = 0
     if mode != "replicate":
@@ -488,7 +526,8 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
     units = UnitCosts(
         ssh_source=round(ssh["source"], 4), ssh_target=round(ssh["target"], 4), ssh_how=how,
         rsync_pass=round(rsync_pass, 4), sql=round(_median(sql_samples), 4), dns=round(dns, 4),
-        haproxy=round(haproxy_rtt, 4), health=round(health, 4), health_basis=health_basis, tracked=tracked,
+        haproxy=round(haproxy_rtt, 4), health=round(min(rounds), 4), health_basis=health_basis, tracked=tracked,
+        request=round(_median(rounds), 4),
         datadir_delta_bytes=delta, rate=rate,
     )  # fmt: skip
     return with_rehearsal(units, rehearsed)

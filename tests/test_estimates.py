@@ -58,7 +58,7 @@ def test_prediction_adds_bytes_at_the_rate_to_the_comparison() -> None:
 
 def units(**changes: object) -> estimates.UnitCosts:
     base = estimates.UnitCosts(ssh_source=0.5, ssh_target=0.25, ssh_how="new session", rsync_pass=1.0, sql=0.01,
-                               dns=0.02, haproxy=0.01, health=0.3, health_basis="2 checks", tracked=True,
+                               dns=0.02, haproxy=0.01, health=0.3, health_basis="2 checks", tracked=True, request=0.4,
                                datadir_delta_bytes=10_000_000, rate=10_000_000)  # fmt: skip
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
@@ -96,7 +96,7 @@ def test_the_replicate_window_has_no_shutdown_nor_datadir_pass() -> None:
     assert set(parts) == {"repl_switch", "files_final", "start_target", "verify_target", "dns_flip"}
     assert parts["start_target"].seconds == 0.0
     # The fence, 9 SQL statements, 7 HAProxy commands, and the drain of the writes in flight (about one request).
-    assert parts["repl_switch"].seconds == round(0.5 + 9 * 0.01 + 7 * 0.01 + 0.3 + estimates.DRAIN_POLL, 3)
+    assert parts["repl_switch"].seconds == round(0.5 + 9 * 0.01 + 7 * 0.01 + 0.4 + estimates.DRAIN_POLL, 3)
     assert parts["verify_target"].seconds == 0.3
 
 
