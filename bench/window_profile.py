@@ -10,6 +10,7 @@ estimate's window model (orchestrator/estimates.py) was checked against the real
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -68,7 +69,7 @@ def profile(report: dict[str, Any]) -> list[str]:
         for _started, seconds, kind, _what in inside:
             by_kind.setdefault(kind, []).append(seconds)
         counted = sum(sum(v) for v in by_kind.values())
-        kinds = ", ".join(f"{k} {len(v)}× {sum(v):.2f} s" for k, v in by_kind.items())
+        kinds = ", ".join(f"{k} {len(v)} x {sum(v):.2f} s" for k, v in by_kind.items())
         lines.append(f"{step['name']}: {hi - lo:.2f} s = {kinds}; rest {hi - lo - counted:.2f} s")
         lines += [f"    {seconds:6.3f} {kind:10} {what}" for _s, seconds, kind, what in sorted(inside)]
     return lines
@@ -77,10 +78,8 @@ def profile(report: dict[str, Any]) -> list[str]:
 def main() -> int:
     install()
     plan = Path(sys.argv[1])
-    try:
-        cli.main(["apply", str(plan), "--yes", *sys.argv[2:]])  # type: ignore[call-arg]
-    except SystemExit:
-        pass
+    with contextlib.suppress(SystemExit):
+        cli.main(["apply", str(plan), "--yes", *sys.argv[2:]])
     reports = sorted((plan.parent / ".migrate").glob("*/report-*.json"), key=lambda p: p.stat().st_mtime)
     report = json.loads(reports[-1].read_text())
     print("\n".join(profile(report)))
