@@ -55,6 +55,22 @@ def install() -> None:
     )
 
 
+def counts(report: dict[str, Any]) -> list[str]:
+    """Every step's operations, counted (before the window too: what the dry-run's step estimates count)."""
+    lines = []
+    for step in report["steps"]:
+        start, end = step.get("started_at"), step.get("ended_at")
+        if start is None or end is None:
+            continue
+        inside = [c for c in CALLS if start <= c[0] < end]
+        by_kind: dict[str, list[float]] = {}
+        for _started, seconds, kind, _what in inside:
+            by_kind.setdefault(kind, []).append(seconds)
+        kinds = ", ".join(f"{k} {len(v)} x {sum(v):.2f} s" for k, v in by_kind.items())
+        lines.append(f"{step['name']}: {end - start:.2f} s = {kinds}")
+    return lines
+
+
 def profile(report: dict[str, Any]) -> list[str]:
     blocked = report["cutover"]["writes_blocked_at"]
     flipped = report["dns_flipped_at"]
@@ -82,6 +98,7 @@ def main() -> int:
         cli.main(["apply", str(plan), "--yes", *sys.argv[2:]])
     reports = sorted((plan.parent / ".migrate").glob("*/report-*.json"), key=lambda p: p.stat().st_mtime)
     report = json.loads(reports[-1].read_text())
+    print("\n".join(counts(report)))
     print("\n".join(profile(report)))
     return 0
 

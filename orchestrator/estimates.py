@@ -65,6 +65,7 @@ class Estimate:
     window: list[WindowPart] = field(default_factory=list)
     mode: str = "shutdown"  # the cut-over mode the window was predicted for
     units: dict[str, Any] = field(default_factory=dict)  # the unit costs measured (UnitCosts), for the record
+    before: list[WindowPart] = field(default_factory=list)  # steps before the window without a transfer of their own
     measured_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     @property
@@ -81,6 +82,7 @@ class Estimate:
             "rate_basis": self.rate_basis,
             "database_bytes": self.database_bytes,
             "window": [asdict(part) for part in self.window],
+            "before": [asdict(part) for part in self.before],
             "window_seconds": self.window_seconds,
             "mode": self.mode,
             "units": self.units,
@@ -236,6 +238,8 @@ class UnitCosts:
     health: float  # every health check once, side by side (the slowest), on an idle app: the quickest round
     health_basis: str
     tracked: bool  # the trees' final pass copies only the tracked changes (inotifywait on the source)
+    ssh_new_source: float = 0.0  # one command through a new session (before the window nothing is kept open)
+    ssh_new_target: float = 0.0
     request: float = 0.0  # one round of the checks on the live app as it serves (the median round)
     datadir_delta_bytes: int = 0  # what the final datadir pass would copy (shutdown mode)
     rate: float = 0.0  # bytes per second the transfers move at
@@ -471,12 +475,15 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
     plan = rt.plan
     hosts = {"source": rt.source, "target": rt.target}
     ssh: dict[str, float] = {}
+    fresh: dict[str, float] = {}
     how = "new session"
     for which, host in hosts.items():
+        fresh[which] = _median([_timed(lambda h=host: h.run("true", timeout=60)) for _ in range(ROUND_TRIP_SAMPLES)])
+        ssh[which] = fresh[which]
         if mode == "replicate" and hasattr(host, "keep_shell"):
             host.keep_shell()  # type: ignore[attr-defined]
             how = "kept shell"
-        ssh[which] = _median([_timed(lambda h=host: h.run("true", timeout=60)) for _ in range(ROUND_TRIP_SAMPLES)])
+            ssh[which] = _median([_timed(lambda h=host: h.run("true", timeout=60)) for _ in range(ROUND_TRIP_SAMPLES)])
     tree = plan.files[0] if plan.files else None
     rsync_pass = 0.0
     if tree is not None:
@@ -525,6 +532,7 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
         delta = int(output) if output.isdigit() else 0
     units = UnitCosts(
         ssh_source=round(ssh["source"], 4), ssh_target=round(ssh["target"], 4), ssh_how=how,
+        ssh_new_source=round(fresh["source"], 4), ssh_new_target=round(fresh["target"], 4),
         rsync_pass=round(rsync_pass, 4), sql=round(_median(sql_samples), 4), dns=round(dns, 4),
         haproxy=round(haproxy_rtt, 4), health=round(min(rounds), 4), health_basis=health_basis, tracked=tracked,
         request=round(_median(rounds), 4),
@@ -553,6 +561,88 @@ def with_rehearsal(units: UnitCosts, rehearsed: dict[str, Any] | None) -> UnitCo
     return replace(units, **changes)
 
 
+# What preflight does, counted as for the window (bench/window_profile.py on the lab): commands on each host in
+# sequence (new sessions: nothing is kept open yet), SQL statements, DNS API calls, and the storage preflight's
+# fsync samples, one host after the other, each at most preflight.fsync_seconds.
+PREFLIGHT = {"ssh_source": 20, "ssh_target": 16, "sql": 30}
+PREFLIGHT_DNS = 2  # the zone, then each record
+
+
+def predict_before(units: UnitCosts, *, plan: Plan, mode: str, records_ttl: int | None,
+                   compare: tuple[float, int] | None) -> list[WindowPart]:  # fmt: skip
+    """The steps before the window that move nothing of their own, at the unit costs measured (new sessions:
+    before the window no shell is kept open)."""
+    fresh = replace(units, ssh_source=units.ssh_new_source, ssh_target=units.ssh_new_target, ssh_how="new session")
+    seconds, basis = _ssh_part("preflight", PREFLIGHT, fresh)
+    fsync = 2 * plan.preflight.fsync_seconds
+    dns_calls = PREFLIGHT_DNS + len(plan.dns.records)
+    parts = [
+        WindowPart("the checks", round(seconds + dns_calls * units.dns + fsync, 3),
+                   f"measured: {basis}, {dns_calls} DNS API calls; the fsync samples at most {fsync:g} s", "preflight"),
+    ]  # fmt: skip
+    lower = plan.dns.lower_ttl_to
+    if lower is None:
+        parts.append(WindowPart("nothing to lower", 0.0, "dns.lower_ttl_to unset: the step changes nothing",
+                                "lower_ttl"))  # fmt: skip
+    else:
+        calls = 2 * len(plan.dns.records)  # each record read, then its TTL edited
+        wait = plan.dns.lower_ttl_wait if plan.dns.lower_ttl_wait is not None else records_ttl
+        waits = (f"; the cut-over then waits out the old TTL, {wait:g} s after it (the pre-syncs meanwhile)"
+                 if wait else "")  # fmt: skip
+        parts.append(WindowPart("the TTLs lowered", round(calls * units.dns, 3),
+                                f"measured: {calls} DNS API calls{waits}", "lower_ttl"))  # fmt: skip
+    if mode == "replicate":
+        keep = units.ssh_new_source + units.ssh_new_target
+        trees = len(plan.files) * units.rsync_pass if units.tracked else 0.0
+        if compare is not None:
+            chunk_seconds, chunks = compare
+            pause = plan.replication.compare_pause if plan.replication else 0.0
+            # compare_tables checksums each chunk on the source, then on the replica, and finds its bounds first.
+            compared = chunks * chunk_seconds * 3 * (1 + pause)
+            what = (f"{chunks} chunk(s) of replication.chunk_rows, each {chunk_seconds * 1000:.0f} ms to checksum "
+                    "on the source now, on both sides")  # fmt: skip
+        else:
+            compared, what = 0.0, "no comparison (replication.compare off)"
+        parts.append(WindowPart(
+            "the comparison, the health checks, the trees' tracked pre-pass, the lag gate",
+            round(compared + units.request + trees + keep, 3),
+            f"measured: {what}; the checks' median round; the lag gate assumed passed at once (the replica "
+            "caught up)", "repl_catchup",
+        ))  # fmt: skip
+    return parts
+
+
+def measure_compare(rt: StepRuntime) -> tuple[float, int] | None:
+    """What the replicate mode's comparison costs: one chunk's checksum on the largest table of the plan's schemas,
+    and how many chunks every table makes (information_schema's row estimates), read-only on the source."""
+    from orchestrator.transports import replication as repl
+
+    plan = rt.plan
+    if plan.replication is None or not plan.replication.compare:
+        return None
+    chunk_rows = plan.replication.chunk_rows
+    conn = rt.db("source", retry=False, read_timeout=120.0)
+    try:
+        tables = mysql.list_tables(conn, plan.database.schemas)
+        if not tables:
+            return 0.0, 0
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT TABLE_SCHEMA, TABLE_NAME, COALESCE(TABLE_ROWS, 0) FROM information_schema.TABLES"
+                " WHERE TABLE_TYPE = 'BASE TABLE'"
+            )
+            rows = {(str(a), str(b)): int(c) for a, b, c in cur.fetchall()}
+        counts = {table: rows.get(table, 0) for table in tables}
+        chunks = sum(max(1, -(-count // chunk_rows)) for count in counts.values())
+        largest = max(counts, key=lambda table: counts[table])
+        shape = repl.table_shape(conn, *largest)
+        seconds, read = repl.sample_checksum_seconds(conn, shape, chunk_rows)
+        # A chunk of chunk_rows rows: a smaller table's whole sample scaled up to a full chunk.
+        return (seconds * chunk_rows / read if read else seconds), chunks
+    finally:
+        rt.release(conn)
+
+
 def estimate(rt: StepRuntime, mode: str = "shutdown", rehearsed: dict[str, Any] | None = None) -> Estimate:
     """The whole estimate, read-only, for the cut-over mode given (`auto` resolved by the caller); `rehearsed`: the
     last `migrate rehearse --for-real`'s figures (rehearsal.json), whose timings replace assumptions."""
@@ -567,7 +657,18 @@ def estimate(rt: StepRuntime, mode: str = "shutdown", rehearsed: dict[str, Any] 
     size = database_bytes(rt)
     units = measure_units(rt, mode, transfers, rate, rehearsed)
     window = predict_window(transfers, units, plan_shape=PlanShape.of(plan), mode=mode)
-    return Estimate(predict(transfers, rate), round(rate, 1), basis, size, window, mode, units=asdict(units))
+    before = predict_before(units, plan=plan, mode=mode, records_ttl=records_ttl(rt),
+                            compare=measure_compare(rt) if mode == "replicate" else None)  # fmt: skip
+    return Estimate(predict(transfers, rate), round(rate, 1), basis, size, window, mode, asdict(units), before)
+
+
+def records_ttl(rt: StepRuntime) -> int | None:
+    """The longest TTL among the records the flip moves, as the API says it now (automatic: 300 s)."""
+    client, plan = rt.dns, rt.plan
+    zone = client.zone_id(plan.dns.zone)
+    ttls = [300 if r.ttl == 1 else int(r.ttl) for name in plan.dns.records
+            for r in client.find_records(zone, name, plan.dns.type)]  # fmt: skip
+    return max(ttls) if ttls else None
 
 
 # --- what the dry-run prints beside each step ---------------------------------------------------------------------
@@ -596,6 +697,8 @@ def step_lines(est: Estimate) -> dict[str, list[str]]:
         total = sum(t.predicted_seconds for t in est.transfers if t.step == step)
         if step in out and len(out[step]) > 1:
             out[step].append(f"estimate: the step's transfers about {total:.1f} s")
+    for part in est.before:
+        out.setdefault(part.step, []).append(f"estimate: {part.name} about {part.seconds:.1f} s ({part.basis})")
     for part in est.window:
         if part.step:
             out.setdefault(part.step, []).append(f"estimate (window): {part.name} {part.seconds:.2f} s ({part.basis})")

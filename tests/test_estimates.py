@@ -21,6 +21,7 @@ from orchestrator import estimates
 from orchestrator.engine.step import StepContext
 from orchestrator.estimates import TransferEstimate
 from orchestrator.lab.state import LabState
+from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Plan
 from orchestrator.results import DbPresyncResult, FilesResult
 from orchestrator.run.commands import describe
@@ -270,6 +271,8 @@ def test_estimating_changes_nothing_on_either_host_nor_in_dns(
     assert "DOWNTIME BEGINS" in result.stdout and "COMMIT POINT" in result.stdout
     assert "~ estimate: tree uploads: " in result.stdout and "predicted window (" in result.stdout
     assert "~ estimate (window): uploads delta" in result.stdout and "not measured" not in result.stdout
+    # The steps before the window that move nothing have their durations too.
+    assert "~ estimate: the checks about" in result.stdout and "~ estimate: nothing to lower" in result.stdout
     assert not (tmp_path / "state").exists()
 
 
@@ -394,3 +397,23 @@ def tree_digest(root: Path) -> dict[str, str]:
         for path in sorted(root.rglob("*"))
         if path.is_file()
     }
+
+
+def test_the_steps_before_the_window_have_their_durations() -> None:
+    """preflight, lower_ttl and (replicate) repl_catchup each get a duration from the unit costs measured, and say
+    what it is made of; lower_ttl names the wait the cut-over will have (the records' TTL read now)."""
+    plan = load_plan(Path(__file__).parents[1] / "plans" / "course-review.yaml").plan
+    measured = dataclasses.replace(units(), ssh_new_source=0.5, ssh_new_target=0.25)
+    parts = {p.step: p for p in estimates.predict_before(measured, plan=plan, mode="shutdown", records_ttl=300,
+                                                         compare=None)}  # fmt: skip
+    assert set(parts) == {"preflight", "lower_ttl"}
+    assert parts["preflight"].seconds >= 2 * plan.preflight.fsync_seconds
+    lowered = plan.model_copy(update={"dns": plan.dns.model_copy(update={"lower_ttl_to": 30})})
+    parts = {p.step: p for p in estimates.predict_before(measured, plan=lowered, mode="replicate", records_ttl=300,
+                                                         compare=(0.01, 50))}  # fmt: skip
+    records = len(plan.dns.records)
+    assert parts["lower_ttl"].seconds == round(2 * records * 0.02, 3) and "300 s after it" in parts["lower_ttl"].basis
+    # 50 chunks, each checksummed on both sides and bounded first; the checks' median round; one tracked pre-pass
+    # per tree; the shells kept open on both hosts.
+    expected = 50 * 0.01 * 3 + 0.4 + len(plan.files) * 1.0 + 0.5 + 0.25
+    assert parts["repl_catchup"].seconds == round(expected, 3) and "50 chunk(s)" in parts["repl_catchup"].basis
