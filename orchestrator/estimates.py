@@ -243,6 +243,7 @@ class UnitCosts:
     request: float = 0.0  # one round of the checks on the live app as it serves (the median round)
     datadir_delta_bytes: int = 0  # what the final datadir pass would copy (shutdown mode)
     rate: float = 0.0  # bytes per second the transfers move at
+    hash_rate: float = 0.0  # bytes per second the source checksums a datadir file at now (rsync's delta, cksum)
     target_start: float | None = None  # the target's own start (database and services), when a rehearsal timed it
     target_start_basis: str = ""
     shutdown: float = ASSUMED_SHUTDOWN_SECONDS  # the source database's own clean shutdown
@@ -335,7 +336,9 @@ def predict_window(transfers: list[TransferEstimate], units: UnitCosts, *, plan_
     cut_count["ssh_source"] += fence_source
     cut_seconds, cut_basis = _ssh_part("cutover", cut_count, units)
     db_seconds, db_basis = _ssh_part("db_final", DB_FINAL, units)
-    delta = units.datadir_delta_bytes / units.rate if units.rate > 0 else 0.0
+    # rsync's delta transfer reads and checksums each changed file on both hosts, then the pass's verification
+    # checksums them again (both hosts side by side): three reads at the checksum rate measured on the source.
+    delta = units.datadir_delta_bytes / units.hash_rate if units.hash_rate > 0 else 0.0
     start_commands = (fence_target + 1 + shape.target_services) * units.ssh_target
     if units.target_start is not None:
         start = WindowPart("target start", round(units.target_start, 3), units.target_start_basis, "start_target")
@@ -350,9 +353,9 @@ def predict_window(transfers: list[TransferEstimate], units: UnitCosts, *, plan_
     return [
         WindowPart("fence, lock and the source's shutdown", round(cut_seconds + units.shutdown, 3),
                    f"measured: {cut_basis}; {units.shutdown_basis}, {units.shutdown:.2f} s", "cutover"),
-        WindowPart("final datadir pass", round(db_seconds + units.rsync_pass + 2 * delta, 3),
+        WindowPart("final datadir pass", round(db_seconds + units.rsync_pass + 3 * delta, 3),
                    f"measured: {db_basis}, one rsync, {size_text(units.datadir_delta_bytes)} the live server "
-                   "changed lately read at the rate", "db_final"),
+                   f"changed lately checksummed three times at {size_text(units.hash_rate)}/s", "db_final"),
         uploads,
         start,
         WindowPart("verify", round(max(units.health, verify_trees, VERIFY_SQL * units.sql), 3),
@@ -410,6 +413,30 @@ def delta_size_command(datadir: str) -> str:
         f"find {quoted} -type f \\( -newermt '-{RECENT_SECONDS} seconds' -o {names} \\) -printf '%s\\n' "
         "| awk '{s += $1} END {printf \"%.0f\\n\", s}'"
     )
+
+
+HASH_SAMPLE_BYTES = 32 * 1024 * 1024
+
+
+def hash_rate_command(directory: str) -> str:
+    """Run on the source: checksum up to HASH_SAMPLE_BYTES of the largest file under `directory`, timed by the host
+    itself (no SSH round trip in the figure): '<bytes> <began> <ended>' (cksum of stdin prints its CRC and size)."""
+    return (
+        f"f=$(find {shlex.quote(directory)} -type f -printf '%s %p\\n' 2>/dev/null | sort -rn | head -n 1 "
+        "| cut -d' ' -f2-); [ -n \"$f\" ] || exit 0; s=$(date +%s.%N); "
+        f'r=$(head -c {HASH_SAMPLE_BYTES} "$f" | cksum); e=$(date +%s.%N); '
+        'echo "${r#* } $s $e"'
+    )
+
+
+def parse_hash_rate(output: str) -> float | None:
+    """hash_rate_command's line → bytes per second (None without a sample)."""
+    fields = output.split()
+    try:
+        count, began, ended = int(fields[0]), float(fields[1]), float(fields[2])
+    except (IndexError, ValueError):
+        return None
+    return count / (ended - began) if count and ended > began else None
 
 
 def _health_rounds(rt: StepRuntime, mode: str) -> tuple[list[float], str]:
@@ -526,17 +553,19 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
     # held or fenced), the median for a request of the live source's (the writes in flight the switch drains).
     rounds, health_basis = _health_rounds(rt, mode)
     tracked = bool(plan.files) and probes.ask(rt.source, probes.has_program("inotifywait"))  # type: ignore[arg-type]
-    delta = 0
+    delta, hash_rate = 0, 0.0
     if mode != "replicate":
         output = rt.source.run(delta_size_command(plan.database.source.datadir), timeout=120).stdout.strip()
         delta = int(output) if output.isdigit() else 0
+        timed = rt.source.run(hash_rate_command(plan.database.source.datadir), timeout=60, check=False).stdout
+        hash_rate = parse_hash_rate(timed) or 0.0
     units = UnitCosts(
         ssh_source=round(ssh["source"], 4), ssh_target=round(ssh["target"], 4), ssh_how=how,
         ssh_new_source=round(fresh["source"], 4), ssh_new_target=round(fresh["target"], 4),
         rsync_pass=round(rsync_pass, 4), sql=round(_median(sql_samples), 4), dns=round(dns, 4),
         haproxy=round(haproxy_rtt, 4), health=round(min(rounds), 4), health_basis=health_basis, tracked=tracked,
         request=round(_median(rounds), 4),
-        datadir_delta_bytes=delta, rate=rate,
+        datadir_delta_bytes=delta, rate=rate, hash_rate=round(hash_rate, 1),
     )  # fmt: skip
     return with_rehearsal(units, rehearsed)
 

@@ -51,6 +51,11 @@ def test_read_rate_from_dd() -> None:
     assert estimates.parse_read_rate("dd: failed to open\n") is None
 
 
+def test_checksum_rate_from_the_hosts_own_clock() -> None:
+    assert estimates.parse_hash_rate("33554432 100.25 100.75") == 33554432 / 0.5
+    assert estimates.parse_hash_rate("") is None and estimates.parse_hash_rate("0 1 2") is None
+
+
 def test_prediction_adds_bytes_at_the_rate_to_the_comparison() -> None:
     transfer = TransferEstimate("files_presync", "uploads", 10_000_000, 10, 20_000_000, 0.5, 0.0)
     (predicted,) = estimates.predict([transfer], 5_000_000)
@@ -60,7 +65,7 @@ def test_prediction_adds_bytes_at_the_rate_to_the_comparison() -> None:
 def units(**changes: object) -> estimates.UnitCosts:
     base = estimates.UnitCosts(ssh_source=0.5, ssh_target=0.25, ssh_how="new session", rsync_pass=1.0, sql=0.01,
                                dns=0.02, haproxy=0.01, health=0.3, health_basis="2 checks", tracked=True, request=0.4,
-                               datadir_delta_bytes=10_000_000, rate=10_000_000)  # fmt: skip
+                               datadir_delta_bytes=10_000_000, rate=10_000_000, hash_rate=10_000_000)  # fmt: skip
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -82,8 +87,9 @@ def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> N
     assert parts["dns_flip"].seconds == round(10 * 0.02 + 11 * 0.01 + 0.25 + 0.5, 3)
     # The fence, 3 commands of the cut-over on the source, 8 SQL statements, 10 HAProxy commands, the shutdown.
     assert parts["cutover"].seconds == round(4 * 0.5 + 8 * 0.01 + 10 * 0.01 + estimates.ASSUMED_SHUTDOWN_SECONDS, 3)
-    # 3 commands (the changed list, the mtimes, the checksums side by side), one rsync, the delta copied and read.
-    assert parts["db_final"].seconds == round(0.5 + 0.25 + 0.5 + 1.0 + 2 * 1.0, 3)
+    # 3 commands (the changed list, the mtimes, the checksums side by side), one rsync, the changed files read three
+    # times at the checksum rate (rsync's delta on both hosts, then the verification).
+    assert parts["db_final"].seconds == round(0.5 + 0.25 + 0.5 + 1.0 + 3 * 1.0, 3)
     assert all(part.basis.startswith(("measured:", "assumed:")) for part in parts.values())
     slow = {p.step: p for p in estimates.predict_window(TRANSFERS, units(ssh_source=1.0), plan_shape=SHAPE)}
     assert slow["files_final"].seconds == 2 * 1.0 + 1.0

@@ -120,6 +120,7 @@ def lines(rehearsal: Rehearsal) -> list[str]:
             f"{t.step} {t.name}: {size_text(t.bytes)} in {t.files} files to move (of {size_text(t.total_size)}),"
             f" about {t.predicted_seconds:.1f} s (comparison {t.scan_seconds:.1f} s)"
         )
+    out += [f"{part.step}: {part.name} about {part.seconds:.1f} s ({part.basis})" for part in est.before]
     out.append(f"predicted window ({est.mode} mode): {est.window_seconds:.2f} s")
     if rehearsal.mode_reason:
         out.append(f"  mode: {rehearsal.mode_reason}")
