@@ -77,9 +77,11 @@ def one_run(state: LabState, mode: str, work: Path, rate: float) -> Run:
         if rehearsed.returncode != 0:
             raise SystemExit(f"migrate rehearse failed:\n{rehearsed.stdout[-3000:]}\n{rehearsed.stderr[-3000:]}")
         applied = _migrate("apply", str(state.plan_file), "--yes", "--env-file", str(state.env_file))
-    if applied.returncode != 0:
-        raise SystemExit(f"migrate apply failed ({mode}):\n{applied.stdout[-4000:]}\n{applied.stderr[-4000:]}")
-    report = last_report(state)
+        if applied.returncode != 0:
+            raise SystemExit(f"migrate apply failed ({mode}):\n{applied.stdout[-4000:]}\n{applied.stderr[-4000:]}")
+        report = last_report(state)
+        # Under the same load as the run: once it stops, the machine is quieter than the window was.
+        after = remeasured(state, mode, report["estimate"]["estimate"])
     saved = work / f"report-{mode}-{report['run_id']}.json"
     saved.write_text(json.dumps(report, indent=2))
     print(f"report: {saved}", flush=True)
@@ -96,13 +98,13 @@ def one_run(state: LabState, mode: str, work: Path, rate: float) -> Run:
         predicted_bytes = sum(t["bytes"] for t in estimate["transfers"] if t["step"] == step)
         if moved and predicted_bytes:
             bytes_ratio[step] = predicted_bytes / moved
-    after = remeasured(state, mode, estimate)
     return Run(mode, float(estimate["window_seconds"]), float(report["write_block_seconds"]), parts, bytes_ratio, after)
 
 
 def remeasured(state: LabState, mode: str, estimate: dict[str, Any]) -> float:
-    """The same model with its unit costs measured again once the run is over (the source live again): on this
-    shared machine the load moves within a minute, and this separates the model's error from the load's drift."""
+    """The same model with its unit costs measured again once the run is over (the source live again, the load
+    still running): on this shared machine the load moves within a minute, and this separates the model's error
+    from the load's drift."""
     source_live(state)
     for key, value in state.secrets().items():
         os.environ.setdefault(key, value)
