@@ -458,3 +458,35 @@ def test_the_seed_pauses_on_the_same_thresholds_and_its_copy_still_prepares(lab:
     assert (lab.target.datadir / "ibdata1").exists()
     assert not left_behind("migrate-seed-*", began)
     assert not stopped_processes("mariadb-backup", lab)
+
+
+def cached_bytes(path: Path) -> int:
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    return int(out.strip() or 0)
+
+
+@pytest.mark.lab
+def test_the_seed_leaves_the_sources_page_cache_as_it_found_it_under_nocache(lab: LabState, lab_secrets: None) -> None:
+    """The redo log mariadb-backup reads (its data files it reads with O_DIRECT anyway): evicted first, then seeded;
+    without nocache the backup leaves its pages in the source's page cache, under nocache (the default) none."""
+    from orchestrator.steps.repl_seed import ReplSeed
+
+    base = Plan.model_validate(YAML(typ="safe").load(lab.plan_file.read_text()))
+    redo = lab.source.datadir / "ib_logfile0"
+    left: dict[bool, int] = {}
+    for nocache in (False, True):
+        plan = base.model_copy(update={"transfer": base.transfer.model_copy(update={"nocache": nocache})})
+        rt = Runtime(plan, lab.plan_file)
+        step = ReplSeed()
+        ctx = StepContext(run_id="test", step=step.name, dry_run=False, rt=rt, log=structlog.get_logger())
+        try:
+            assert not rt.db_answers("target"), "the lab's target database must be stopped"
+            subprocess.run(["cachedel", str(redo)], check=True)
+            assert cached_bytes(redo) == 0
+            step.run(ctx)
+            left[nocache] = cached_bytes(redo)
+        finally:
+            step.undo(ctx)
+            rt.close()
+    assert left[False] > 0 and left[True] == 0, left
