@@ -25,6 +25,7 @@ from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Plan
 from orchestrator.results import DbPresyncResult, FilesResult
 from orchestrator.run.commands import describe
+from orchestrator.run.compose import resolve_mode
 from orchestrator.run.rehearse import compare, compare_parts
 from orchestrator.runtime import Runtime
 from orchestrator.steps.db_presync import DbPresync
@@ -268,10 +269,15 @@ def test_estimating_changes_nothing_on_either_host_nor_in_dns(
     assert after == before
     assert all(secret not in result.stdout + result.stderr for secret in lab.secrets().values())
     if command == "rehearse":
-        assert "predicted window:" in result.stdout and "files_presync" in result.stdout
+        # The lab's plan says `cutover.mode: auto`: estimated for the mode the run would take (its own probe).
+        assert plan.cutover.mode == "auto"
+        mode = resolve_mode(plan, lab.plan_file, tmp_path / "no-journal.jsonl", probe=True).cutover.mode
+        assert f"predicted window ({mode} mode):" in result.stdout
+        assert f"mode: {mode} (chosen by 'auto')" in result.stdout and "files_presync" in result.stdout
         saved = json.loads((tmp_path / "state" / "estimate.json").read_text())
-        assert saved["window_seconds"] > 0
-        assert {t["step"] for t in saved["transfers"]} == {"files_presync", "db_presync"}
+        assert saved["window_seconds"] > 0 and saved["mode"] == mode
+        moved = "repl_seed" if mode == "replicate" else "db_presync"
+        assert {t["step"] for t in saved["transfers"]} == {"files_presync", moved}
         return
     # The dry-run: every step still listed, each transfer's bytes and duration under its step, the window's parts.
     assert "DOWNTIME BEGINS" in result.stdout and "COMMIT POINT" in result.stdout
