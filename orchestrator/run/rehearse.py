@@ -147,9 +147,9 @@ def estimate_beside(state_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
         predicted = saved.get("window_seconds")
         if predicted and blocked:
             error = (predicted - blocked) / blocked * 100
-            mode = f" ({saved['mode']} mode)" if saved.get("mode") else ""
+            mode = f", the {saved['mode']} mode" if saved.get("mode") else ""
             lines.append(
-                f"  window{mode}: predicted {predicted:.2f} s, writes blocked {blocked:.2f} s ({error:+.1f} %)"
+                f"  window: predicted {predicted:.2f} s, writes blocked {blocked:.2f} s ({error:+.1f} %{mode})"
             )
             lines += [f"    {line}" for line in compare_parts(saved.get("window") or [], report.get("window_parts"))]
     return {**found, "lines": lines} if found else {}
