@@ -401,7 +401,8 @@ ROUND_TRIP_SAMPLES = 3
 # Files every clean shutdown rewrites (InnoDB's system tablespace and redo log, Aria's log and control file): the
 # final pass copies them whatever the load.
 SHUTDOWN_WRITES = ("ibdata*", "ib_logfile*", "aria_log*", "undo[0-9]*")
-RECENT_SECONDS = 30  # a file the live server wrote this recently will differ after the last pre-sync round
+RECENT_SECONDS = 10  # a file the live server wrote this recently is one it keeps writing: it will differ after the
+# last pre-sync round (longer would count a datadir restored or bulk-loaded minutes ago as changing whole)
 
 
 def delta_size_command(datadir: str) -> str:
