@@ -14,18 +14,25 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from dataclasses import asdict, dataclass, field
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import pymysql
 
 from orchestrator.contracts import StepRuntime
+from orchestrator.plan.model import Plan
 from orchestrator.steps.common import DATADIR_EXCLUDES
-from orchestrator.transports import rsync
+from orchestrator.transports import mysql, rsync
 
 # Assumptions for the parts of the window a read-only rehearsal cannot time (NOTES: a lab datadir's clean shutdown
 # took about 1.5 s, a start about 0.25 s): `migrate rehearse` on the target times them for real.
 ASSUMED_SHUTDOWN_SECONDS = 2.0
 ASSUMED_START_SECONDS = 1.0
 READ_SAMPLE_BYTES = 64 * 1024 * 1024
-DNS_SAMPLES = 3
 READ_SAMPLE_SECONDS = 10
 _UNITS = {"": 1024, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
 
@@ -57,6 +64,8 @@ class Estimate:
     database_bytes: int | None = None
     window: list[WindowPart] = field(default_factory=list)
     mode: str = "shutdown"  # the cut-over mode the window was predicted for
+    units: dict[str, Any] = field(default_factory=dict)  # the unit costs measured (UnitCosts), for the record
+    before: list[WindowPart] = field(default_factory=list)  # steps before the window without a transfer of their own
     measured_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     @property
@@ -73,8 +82,10 @@ class Estimate:
             "rate_basis": self.rate_basis,
             "database_bytes": self.database_bytes,
             "window": [asdict(part) for part in self.window],
+            "before": [asdict(part) for part in self.before],
             "window_seconds": self.window_seconds,
             "mode": self.mode,
+            "units": self.units,
             "measured_at": self.measured_at,
         }
 
@@ -211,47 +222,460 @@ def predict(transfers: list[TransferEstimate], rate: float) -> list[TransferEsti
     ]
 
 
-def predict_window(transfers: list[TransferEstimate], *, sql_round_trip: float, dns_round_trip: float,
-                   records: int, checks: int, mode: str = "shutdown") -> list[WindowPart]:  # fmt: skip
-    """The window's parts, each named after the step that does it. The final passes compare the same trees the
-    dry-runs compared, with a small delta. In the replicate mode no database stops or copies inside the window: the
-    switch waits for the replica's last transactions, and the target's database already runs."""
-    datadir_scan = sum(t.scan_seconds for t in transfers if t.step == "db_presync")
+@dataclass(frozen=True)
+class UnitCosts:
+    """What one operation of the window costs on these hosts now, measured read-only just before: the window's parts
+    are counted in these (WINDOW_OPERATIONS), so a loaded host's slow SSH sessions show in the prediction instead of
+    a constant that held on a quiet one."""
+
+    ssh_source: float  # one short command on the source, as the window runs it (a new session, or the kept shell)
+    ssh_target: float
+    ssh_how: str  # "new session" or "kept shell"
+    rsync_pass: float  # one rsync over the source→target hop with an empty file list: the tracked pass's floor
+    sql: float
+    dns: float
+    haproxy: float  # one runtime-API command to the source's front door (0 without one)
+    health: float  # every health check once, side by side (the slowest), on an idle app: the quickest round
+    health_basis: str
+    tracked: bool  # the trees' final pass copies only the tracked changes (inotifywait on the source)
+    ssh_new_source: float = 0.0  # one command through a new session (before the window nothing is kept open)
+    ssh_new_target: float = 0.0
+    request: float = 0.0  # one round of the checks on the live app as it serves (the median round)
+    datadir_delta_bytes: int = 0  # what the final datadir pass would copy (shutdown mode)
+    rate: float = 0.0  # bytes per second the transfers move at
+    hash_rate: float = 0.0  # bytes per second the source checksums a datadir file at now (rsync's delta, cksum)
+    target_start: float | None = None  # the target's own start (database and services), when a rehearsal timed it
+    target_start_basis: str = ""
+    shutdown: float = ASSUMED_SHUTDOWN_SECONDS  # the source database's own clean shutdown
+    shutdown_basis: str = "assumed: a clean shutdown"
+    start_work: float = ASSUMED_START_SECONDS  # the target's database and services' own start, past the commands
+    start_basis: str = "assumed: database and services start"
+
+
+# How many operations each part of the window makes, as the steps make them (counted in steps/cutover.py, db_final.py,
+# files_final.py, start_target.py, verify_target.py, dns_flip.py, repl_switch.py and frontdoor.py, and checked
+# against real runs with bench/window_profile.py): commands on each host in sequence, SQL statements, HAProxy
+# runtime-API commands, DNS API calls per record. Commands a step runs side by side count once.
+SHUTDOWN_CUTOVER = {"ssh_source": 3, "sql": 8, "haproxy": 10}  # + the fence; the guard's marker, the stop, the
+# wait for InnoDB's files to be released
+DB_FINAL = {"ssh_source": 1, "ssh_target": 1, "ssh_both": 1}  # changed-file list, mtimes, checksums on both sides
+FILES_FINAL_TRACKED = {"ssh_source": 2}  # per tree: the change list, its trust probe; then the rsync
+FLIP = {"dns_per_record": 5, "haproxy": 11}  # find, edit, read back, two converging reads; + the target's fence lift
+SWITCH = {"sql": 9, "haproxy": 7}  # + the fence; + the drain of the writes in flight
+VERIFY_SQL = 3
+DRAIN_POLL = 0.05  # frontdoor's poll while writes in flight drain
+
+
+_OPERATION = {
+    "ssh_source": "command(s) on the source",
+    "ssh_target": "on the target",
+    "ssh_both": "on both side by side",
+    "sql": "SQL statement(s)",
+    "haproxy": "HAProxy command(s)",
+}
+
+
+def _ssh_part(name: str, count: dict[str, float], units: UnitCosts) -> tuple[float, str]:
+    seconds = (
+        count.get("ssh_source", 0) * units.ssh_source
+        + count.get("ssh_target", 0) * units.ssh_target
+        + count.get("ssh_both", 0) * max(units.ssh_source, units.ssh_target)
+        + count.get("sql", 0) * units.sql
+        + count.get("haproxy", 0) * units.haproxy
+    )
+    what = ", ".join(f"{int(v)} {_OPERATION[k]}" for k, v in count.items() if v)
+    return seconds, f"{what} at the measured round trips ({units.ssh_how})" if what else name
+
+
+def predict_window(transfers: list[TransferEstimate], units: UnitCosts, *, plan_shape: PlanShape,
+                   mode: str = "shutdown") -> list[WindowPart]:  # fmt: skip
+    """The window's parts, each named after the step that does it, each the operations that step makes at the unit
+    costs measured on the hosts. In the replicate mode no database stops or copies inside the window: the switch
+    waits for the replica's last transactions, and the target's database already runs."""
+    shape = plan_shape
     trees_scan = sum(t.scan_seconds for t in transfers if t.step == "files_presync")
-    sql = "measured: three SQL round trips to the source"
-    dns = WindowPart("DNS flip", round(dns_round_trip * 3 * records, 3),
-                     "measured: a DNS API read; edit and read back per record", "dns_flip")  # fmt: skip
-    uploads = WindowPart("uploads delta", trees_scan, "measured: the trees' dry-run comparison", "files_final")
+    fence_source = 1 if shape.source_fence else 0
+    fence_target = 1 if shape.target_fence else 0
+    haproxy_scale = 1 if shape.front_door else 0
+    if units.tracked:
+        per_tree, _ = _ssh_part("", FILES_FINAL_TRACKED, units)
+        uploads_seconds = shape.trees * (per_tree + units.rsync_pass)
+        uploads_basis = (
+            f"measured: per tree, {FILES_FINAL_TRACKED['ssh_source']} commands on the source and one rsync of the "
+            f"tracked changes ({units.rsync_pass:.2f} s for an empty list)"
+        )
+    else:
+        uploads_seconds = trees_scan + units.ssh_target
+        uploads_basis = "measured: the trees' dry-run comparison (no change tracker on the source: a full scan)"
+    uploads = WindowPart("uploads delta", round(uploads_seconds, 3), uploads_basis, "files_final")
+    flip_count = {"ssh_target": fence_target, "haproxy": FLIP["haproxy"] * haproxy_scale}
+    if mode != "replicate":
+        flip_count["ssh_source"] = 1  # the cut-over's guard told of the commit
+    flip_seconds, flip_basis = _ssh_part("DNS flip", flip_count, units)
+    dns_calls = FLIP["dns_per_record"] * shape.records
+    dns = WindowPart("DNS flip", round(flip_seconds + dns_calls * units.dns, 3),
+                     f"measured: {dns_calls} DNS API calls and {flip_basis}", "dns_flip")  # fmt: skip
+    health = f"measured: the health checks once ({units.health_basis})"
     if mode == "replicate":
+        switch_count = {"ssh_source": fence_source, **{k: v * (haproxy_scale if k == "haproxy" else 1)
+                                                      for k, v in SWITCH.items()}}  # fmt: skip
+        switch_seconds, switch_basis = _ssh_part("switch", switch_count, units)
+        # The writes in flight when the source's front door begins holding must end before read_only: about one
+        # request's time, polled.
+        drain = (units.request + DRAIN_POLL) if shape.front_door else 0.0
         return [
-            WindowPart("fence and read_only", round(sql_round_trip * 3, 3), sql, "repl_switch"),
-            WindowPart("the replica's last transactions and its promotion", round(sql_round_trip * 4, 3),
-                       "measured: four SQL round trips (wait, stop, reset, read_only off)", "repl_switch"),
+            WindowPart("fence, drain, read_only, the replica's last transactions and its promotion",
+                       round(switch_seconds + drain, 3), f"measured: {switch_basis}; the drain about one request",
+                       "repl_switch"),
             uploads,
-            WindowPart("target start", round(sql_round_trip, 3),
-                       "measured: one SQL round trip (its database and services already run)", "start_target"),
-            WindowPart("verify", round(sql_round_trip * (max(checks, 1) + 2), 3),
-                       "measured: one SQL round trip per check and two for the GTID positions", "verify_target"),
+            WindowPart("target start", 0.0, "none: its database and services already run", "start_target"),
+            WindowPart("verify", round(max(units.health, VERIFY_SQL * units.sql), 3), health, "verify_target"),
             dns,
         ]  # fmt: skip
+    cut_count = {**SHUTDOWN_CUTOVER, "haproxy": SHUTDOWN_CUTOVER["haproxy"] * haproxy_scale}
+    cut_count["ssh_source"] += fence_source
+    cut_seconds, cut_basis = _ssh_part("cutover", cut_count, units)
+    db_seconds, db_basis = _ssh_part("db_final", DB_FINAL, units)
+    # rsync's delta transfer reads and checksums each changed file on both hosts, then the pass's verification
+    # checksums them again (both hosts side by side): three reads at the checksum rate measured on the source.
+    delta = units.datadir_delta_bytes / units.hash_rate if units.hash_rate > 0 else 0.0
+    start_commands = (fence_target + 1 + shape.target_services) * units.ssh_target
+    if units.target_start is not None:
+        start = WindowPart("target start", round(units.target_start, 3), units.target_start_basis, "start_target")
+    else:
+        start = WindowPart(
+            "target start", round(start_commands + units.start_work, 3),
+            f"measured: {fence_target + 1 + shape.target_services} commands on the target ({units.ssh_how}); "
+            f"{units.start_basis}, {units.start_work:.2f} s",
+            "start_target",
+        )  # fmt: skip
+    verify_trees = shape.trees * units.rsync_pass if units.tracked else trees_scan
     return [
-        WindowPart("fence and lock", round(sql_round_trip * 3, 3), sql, "cutover"),
-        WindowPart("source database shutdown", ASSUMED_SHUTDOWN_SECONDS, "assumed: a clean shutdown", "cutover"),
-        WindowPart("final datadir pass", datadir_scan, "measured: the datadir's dry-run comparison", "db_final"),
+        WindowPart("fence, lock and the source's shutdown", round(cut_seconds + units.shutdown, 3),
+                   f"measured: {cut_basis}; {units.shutdown_basis}, {units.shutdown:.2f} s", "cutover"),
+        WindowPart("final datadir pass", round(db_seconds + units.rsync_pass + 3 * delta, 3),
+                   f"measured: {db_basis}, one rsync, {size_text(units.datadir_delta_bytes)} the live server "
+                   f"changed lately checksummed three times at {size_text(units.hash_rate)}/s", "db_final"),
         uploads,
-        WindowPart("target start", ASSUMED_START_SECONDS, "assumed: database and services start", "start_target"),
-        WindowPart(
-            "verify",
-            round(trees_scan + sql_round_trip * max(checks, 1), 3),
-            "measured: the trees' comparison and one SQL round trip per check",
-            "verify_target",
-        ),
+        start,
+        WindowPart("verify", round(max(units.health, verify_trees, VERIFY_SQL * units.sql), 3),
+                   f"{health}, side by side with the trees' checksums of the tracked paths", "verify_target"),
         dns,
-    ]
+    ]  # fmt: skip
 
 
-def estimate(rt: StepRuntime, mode: str = "shutdown") -> Estimate:
-    """The whole estimate, read-only, for the cut-over mode given (`auto` resolved by the caller)."""
+@dataclass(frozen=True)
+class PlanShape:
+    """What of the plan sets how many operations the window makes."""
+
+    trees: int
+    records: int
+    target_services: int
+    source_fence: bool
+    target_fence: bool
+    front_door: bool
+
+    @classmethod
+    def of(cls, plan: Plan) -> PlanShape:
+        return cls(
+            trees=len(plan.files),
+            records=len(plan.dns.records),
+            target_services=len(plan.services.target),
+            source_fence=plan.services.fence.enable is not None,
+            target_fence=plan.services.target_fence.enable is not None,
+            front_door=plan.proxy is not None and plan.proxy.source is not None,
+        )
+
+
+def _median(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2]
+
+
+def _timed(action: Callable[[], object]) -> float:
+    started = time.monotonic()
+    action()
+    return time.monotonic() - started
+
+
+ROUND_TRIP_SAMPLES = 3
+# Files every clean shutdown rewrites (InnoDB's system tablespace and redo log, Aria's log and control file): the
+# final pass copies them whatever the load.
+SHUTDOWN_WRITES = ("ibdata*", "ib_logfile*", "aria_log*", "undo[0-9]*")
+RECENT_SECONDS = 10  # a file the live server wrote this recently is one it keeps writing: it will differ after the
+# last pre-sync round (longer would count a datadir restored or bulk-loaded minutes ago as changing whole)
+
+
+def delta_size_command(datadir: str) -> str:
+    """Run on the source: the bytes of the datadir's files the live server wrote in the last RECENT_SECONDS or that
+    a clean shutdown rewrites (what the final pass copies whole), on one line."""
+    quoted = shlex.quote(datadir.rstrip("/"))
+    names = " -o ".join(f"-name {shlex.quote(pattern)}" for pattern in SHUTDOWN_WRITES)
+    return (
+        f"find {quoted} -type f \\( -newermt '-{RECENT_SECONDS} seconds' -o {names} \\) -printf '%s\\n' "
+        "| awk '{s += $1} END {printf \"%.0f\\n\", s}'"
+    )
+
+
+HASH_SAMPLE_BYTES = 32 * 1024 * 1024
+
+
+def hash_rate_command(directory: str) -> str:
+    """Run on the source: checksum up to HASH_SAMPLE_BYTES of the largest file under `directory`, timed by the host
+    itself (no SSH round trip in the figure): '<bytes> <began> <ended>' (cksum of stdin prints its CRC and size)."""
+    return (
+        f"f=$(find {shlex.quote(directory)} -type f -printf '%s %p\\n' 2>/dev/null | sort -rn | head -n 1 "
+        "| cut -d' ' -f2-); [ -n \"$f\" ] || exit 0; s=$(date +%s.%N); "
+        f'r=$(head -c {HASH_SAMPLE_BYTES} "$f" | cksum); e=$(date +%s.%N); '
+        'echo "${r#* } $s $e"'
+    )
+
+
+def parse_hash_rate(output: str) -> float | None:
+    """hash_rate_command's line → bytes per second (None without a sample)."""
+    fields = output.split()
+    try:
+        count, began, ended = int(fields[0]), float(fields[1]), float(fields[2])
+    except (IndexError, ValueError):
+        return None
+    return count / (ended - began) if count and ended > began else None
+
+
+def _health_rounds(rt: StepRuntime, mode: str) -> tuple[list[float], str]:
+    """Every health check, side by side as verify_target runs them, ROUND_TRIP_SAMPLES times: against the target
+    where it already runs (the replicate mode's target serves, fenced, before the window), else the same checks aimed
+    at the source (its app and database, read-only): what one round of them costs on these hosts."""
+    checks = list(rt.plan.health.checks)
+    if not checks:
+        return [0.0], "none declared"
+    if mode == "replicate":
+        try:
+            rounds = [_checks_once(rt, checks, "target") for _ in range(ROUND_TRIP_SAMPLES)]
+            return rounds, f"{len(checks)} check(s) side by side, on the target"
+        except (OSError, CheckUnanswered, pymysql.MySQLError, mysql.DbError):
+            pass  # not running yet (the seed comes later): the source's answers stand for it
+    rounds = [_checks_once(rt, checks, "source") for _ in range(ROUND_TRIP_SAMPLES)]
+    return rounds, f"{len(checks)} check(s) side by side, aimed at the source"
+
+
+class CheckUnanswered(Exception):
+    pass
+
+
+def _checks_once(rt: StepRuntime, checks: list[Any], where: str) -> float:
+    from orchestrator.plan.model import HttpCheck, SqlCheck
+
+    plan = rt.plan
+
+    def one(check: object) -> float:
+        started = time.monotonic()
+        if isinstance(check, HttpCheck):
+            url = check.url if where == "target" else plan.aimed_at_source(check.url)
+            request = urllib.request.Request(url, headers={"Host": check.host_header} if check.host_header else {})
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            try:
+                with opener.open(request, timeout=check.timeout) as answer:
+                    answer.read(1 << 20)
+            except urllib.error.HTTPError as exc:  # an answer all the same (a fenced app's 503)
+                exc.close()
+            except (urllib.error.URLError, OSError) as exc:
+                raise CheckUnanswered(str(exc)) from None
+        elif isinstance(check, SqlCheck):
+            conn = rt.db(where, retry=False, read_timeout=30.0)  # type: ignore[arg-type]
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(check.query)
+                    cur.fetchall()
+            finally:
+                rt.release(conn)
+        return time.monotonic() - started
+
+    with ThreadPoolExecutor(max_workers=len(checks)) as pool:
+        return max(pool.map(one, checks))
+
+
+def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate], rate: float,
+                  rehearsed: dict[str, Any] | None = None) -> UnitCosts:  # fmt: skip
+    """The window's unit costs, read-only, on the hosts as they are now. The replicate mode runs the window's short
+    commands in a shell kept open before it (steps/common.keep_shells): so are they measured."""
+    from orchestrator import probes
+    from orchestrator.tracking import final_pass_command
+
+    plan = rt.plan
+    hosts = {"source": rt.source, "target": rt.target}
+    ssh: dict[str, float] = {}
+    fresh: dict[str, float] = {}
+    how = "new session"
+    for which, host in hosts.items():
+        fresh[which] = _median([_timed(lambda h=host: h.run("true", timeout=60)) for _ in range(ROUND_TRIP_SAMPLES)])
+        ssh[which] = fresh[which]
+        if mode == "replicate" and hasattr(host, "keep_shell"):
+            host.keep_shell()  # type: ignore[attr-defined]
+            how = "kept shell"
+            ssh[which] = _median([_timed(lambda h=host: h.run("true", timeout=60)) for _ in range(ROUND_TRIP_SAMPLES)])
+    tree = plan.files[0] if plan.files else None
+    rsync_pass = 0.0
+    if tree is not None:
+        command = final_pass_command(tree.source, rsync.target_spec(plan, tree.target), "/dev/null",
+                                     ssh=rsync.target_ssh_command(plan), exclude=tree.exclude,
+                                     timeout=plan.transfer.rsync_timeout, whole_file=plan.transfer.whole_file,
+                                     extra=["--dry-run"])  # fmt: skip
+        rsync_pass = _median([_timed(lambda: rsync.push(rt.source, command, what="an empty tracked pass (dry-run)",  # type: ignore[arg-type]
+                                                        retry=plan.retry, short=True))
+                              for _ in range(ROUND_TRIP_SAMPLES)])  # fmt: skip
+
+    def select_one() -> None:
+        conn = rt.db("source", retry=False, read_timeout=30.0)
+        try:
+            with conn.cursor() as cur:
+                for _ in range(ROUND_TRIP_SAMPLES):
+                    started = time.monotonic()
+                    cur.execute("SELECT 1")
+                    cur.fetchall()
+                    sql_samples.append(time.monotonic() - started)
+        finally:
+            rt.release(conn)
+
+    sql_samples: list[float] = []
+    select_one()
+    client = rt.dns
+    zone = client.zone_id(plan.dns.zone)  # first: the client's own set-up, which the run pays before the window
+    # The median: one slow answer of a busy API would multiply into every record's part.
+    dns = _median([_timed(lambda: client.find_records(zone, plan.dns.records[0], plan.dns.type))
+                   for _ in range(ROUND_TRIP_SAMPLES)])  # fmt: skip
+    haproxy_rtt = 0.0
+    if plan.proxy is not None and plan.proxy.source is not None:
+        from orchestrator.transports.haproxy import over_ssh
+
+        door = plan.proxy.source
+        front = over_ssh(rt.source, door.admin_socket, frontend=door.frontend, backend=door.backend,  # type: ignore[arg-type]
+                         server=door.server, hold_map=door.hold_map)  # fmt: skip
+        haproxy_rtt = _median([_timed(lambda: front.ask("show info")) for _ in range(ROUND_TRIP_SAMPLES)])
+    # The quickest round for the checks inside the window (the app they ask serves nobody else then: its clients are
+    # held or fenced), the median for a request of the live source's (the writes in flight the switch drains).
+    rounds, health_basis = _health_rounds(rt, mode)
+    tracked = bool(plan.files) and probes.ask(rt.source, probes.has_program("inotifywait"))  # type: ignore[arg-type]
+    delta, hash_rate = 0, 0.0
+    if mode != "replicate":
+        output = rt.source.run(delta_size_command(plan.database.source.datadir), timeout=120).stdout.strip()
+        delta = int(output) if output.isdigit() else 0
+        timed = rt.source.run(hash_rate_command(plan.database.source.datadir), timeout=60, check=False).stdout
+        hash_rate = parse_hash_rate(timed) or 0.0
+    units = UnitCosts(
+        ssh_source=round(ssh["source"], 4), ssh_target=round(ssh["target"], 4), ssh_how=how,
+        ssh_new_source=round(fresh["source"], 4), ssh_new_target=round(fresh["target"], 4),
+        rsync_pass=round(rsync_pass, 4), sql=round(_median(sql_samples), 4), dns=round(dns, 4),
+        haproxy=round(haproxy_rtt, 4), health=round(min(rounds), 4), health_basis=health_basis, tracked=tracked,
+        request=round(_median(rounds), 4),
+        datadir_delta_bytes=delta, rate=rate, hash_rate=round(hash_rate, 1),
+    )  # fmt: skip
+    return with_rehearsal(units, rehearsed)
+
+
+def with_rehearsal(units: UnitCosts, rehearsed: dict[str, Any] | None) -> UnitCosts:
+    """The parts a read-only estimate can only assume, from what `migrate rehearse --for-real` timed on the target
+    (its start on a copy of the data, its clean shutdown of that copy, its health checks), when one ran."""
+    if not rehearsed:
+        return units
+    stages = rehearsed.get("stages") or {}
+    when = rehearsed.get("measured_at", "?")
+    changes: dict[str, Any] = {}
+    if "target start (fenced)" in stages:
+        changes["target_start"] = float(stages["target start (fenced)"])
+        changes["target_start_basis"] = f"measured: the rehearsal of {when} started the target on a copy"
+    if "health checks" in stages:
+        changes["health"] = float(stages["health checks"])
+        changes["health_basis"] = f"the rehearsal of {when} checked the target it started"
+    if "target stop" in stages:
+        changes["shutdown"] = float(stages["target stop"])
+        changes["shutdown_basis"] = f"measured: the rehearsal of {when} stopped the target's copy cleanly"
+    return replace(units, **changes)
+
+
+# What preflight does, counted as for the window (bench/window_profile.py on the lab): commands on each host in
+# sequence (new sessions: nothing is kept open yet), SQL statements, DNS API calls, and the storage preflight's
+# fsync samples, one host after the other, each at most preflight.fsync_seconds.
+PREFLIGHT = {"ssh_source": 20, "ssh_target": 16, "sql": 30}
+PREFLIGHT_DNS = 2  # the zone, then each record
+
+
+def predict_before(units: UnitCosts, *, plan: Plan, mode: str, records_ttl: int | None,
+                   compare: tuple[float, int] | None) -> list[WindowPart]:  # fmt: skip
+    """The steps before the window that move nothing of their own, at the unit costs measured (new sessions:
+    before the window no shell is kept open)."""
+    fresh = replace(units, ssh_source=units.ssh_new_source, ssh_target=units.ssh_new_target, ssh_how="new session")
+    seconds, basis = _ssh_part("preflight", PREFLIGHT, fresh)
+    fsync = 2 * plan.preflight.fsync_seconds
+    dns_calls = PREFLIGHT_DNS + len(plan.dns.records)
+    parts = [
+        WindowPart("the checks", round(seconds + dns_calls * units.dns + fsync, 3),
+                   f"measured: {basis}, {dns_calls} DNS API calls; the fsync samples at most {fsync:g} s", "preflight"),
+    ]  # fmt: skip
+    lower = plan.dns.lower_ttl_to
+    if lower is None:
+        parts.append(WindowPart("nothing to lower", 0.0, "dns.lower_ttl_to unset: the step changes nothing",
+                                "lower_ttl"))  # fmt: skip
+    else:
+        calls = 2 * len(plan.dns.records)  # each record read, then its TTL edited
+        wait = plan.dns.lower_ttl_wait if plan.dns.lower_ttl_wait is not None else records_ttl
+        waits = (f"; the cut-over then waits out the old TTL, {wait:g} s after it (the pre-syncs meanwhile)"
+                 if wait else "")  # fmt: skip
+        parts.append(WindowPart("the TTLs lowered", round(calls * units.dns, 3),
+                                f"measured: {calls} DNS API calls{waits}", "lower_ttl"))  # fmt: skip
+    if mode == "replicate":
+        keep = units.ssh_new_source + units.ssh_new_target
+        trees = len(plan.files) * units.rsync_pass if units.tracked else 0.0
+        if compare is not None:
+            chunk_seconds, chunks = compare
+            pause = plan.replication.compare_pause if plan.replication else 0.0
+            # compare_tables checksums each chunk on the source, then on the replica, and finds its bounds first.
+            compared = chunks * chunk_seconds * 3 * (1 + pause)
+            what = (f"{chunks} chunk(s) of replication.chunk_rows, each {chunk_seconds * 1000:.0f} ms to checksum "
+                    "on the source now, on both sides")  # fmt: skip
+        else:
+            compared, what = 0.0, "no comparison (replication.compare off)"
+        parts.append(WindowPart(
+            "the comparison, the health checks, the trees' tracked pre-pass, the lag gate",
+            round(compared + units.request + trees + keep, 3),
+            f"measured: {what}; the checks' median round; the lag gate assumed passed at once (the replica "
+            "caught up)", "repl_catchup",
+        ))  # fmt: skip
+    return parts
+
+
+def measure_compare(rt: StepRuntime) -> tuple[float, int] | None:
+    """What the replicate mode's comparison costs: one chunk's checksum on the largest table of the plan's schemas,
+    and how many chunks every table makes (information_schema's row estimates), read-only on the source."""
+    from orchestrator.transports import replication as repl
+
+    plan = rt.plan
+    if plan.replication is None or not plan.replication.compare:
+        return None
+    chunk_rows = plan.replication.chunk_rows
+    conn = rt.db("source", retry=False, read_timeout=120.0)
+    try:
+        tables = mysql.list_tables(conn, plan.database.schemas)
+        if not tables:
+            return 0.0, 0
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT TABLE_SCHEMA, TABLE_NAME, COALESCE(TABLE_ROWS, 0) FROM information_schema.TABLES"
+                " WHERE TABLE_TYPE = 'BASE TABLE'"
+            )
+            rows = {(str(a), str(b)): int(c) for a, b, c in cur.fetchall()}
+        counts = {table: rows.get(table, 0) for table in tables}
+        chunks = sum(max(1, -(-count // chunk_rows)) for count in counts.values())
+        largest = max(counts, key=lambda table: counts[table])
+        shape = repl.table_shape(conn, *largest)
+        seconds, read = repl.sample_checksum_seconds(conn, shape, chunk_rows)
+        # A chunk of chunk_rows rows: a smaller table's whole sample scaled up to a full chunk.
+        return (seconds * chunk_rows / read if read else seconds), chunks
+    finally:
+        rt.release(conn)
+
+
+def estimate(rt: StepRuntime, mode: str = "shutdown", rehearsed: dict[str, Any] | None = None) -> Estimate:
+    """The whole estimate, read-only, for the cut-over mode given (`auto` resolved by the caller); `rehearsed`: the
+    last `migrate rehearse --for-real`'s figures (rehearsal.json), whose timings replace assumptions."""
     plan = rt.plan
     transfers = measure_transfers(rt, mode)
     if plan.transfer.bwlimit:
@@ -260,20 +684,21 @@ def estimate(rt: StepRuntime, mode: str = "shutdown") -> Estimate:
         output = rt.source.run(read_rate_command(plan.database.source.datadir), timeout=60, check=False).stdout
         measured = parse_read_rate(output)
         rate, basis = (measured or 0.0), "measured: a bounded read of the source's largest datadir file"
-    started = time.monotonic()
     size = database_bytes(rt)
-    sql_round_trip = time.monotonic() - started
-    client = rt.dns
-    zone = client.zone_id(plan.dns.zone)  # first: the client's own set-up, which the run pays before the window
-    samples = []
-    for _ in range(DNS_SAMPLES):  # the median: one slow answer of a busy API would triple every record's part
-        started = time.monotonic()
-        client.find_records(zone, plan.dns.records[0], plan.dns.type)
-        samples.append(time.monotonic() - started)
-    dns_round_trip = sorted(samples)[len(samples) // 2]
-    window = predict_window(transfers, sql_round_trip=sql_round_trip, dns_round_trip=dns_round_trip,
-                            records=len(plan.dns.records), checks=len(plan.health.checks), mode=mode)  # fmt: skip
-    return Estimate(predict(transfers, rate), round(rate, 1), basis, size, window, mode)
+    units = measure_units(rt, mode, transfers, rate, rehearsed)
+    window = predict_window(transfers, units, plan_shape=PlanShape.of(plan), mode=mode)
+    before = predict_before(units, plan=plan, mode=mode, records_ttl=records_ttl(rt),
+                            compare=measure_compare(rt) if mode == "replicate" else None)  # fmt: skip
+    return Estimate(predict(transfers, rate), round(rate, 1), basis, size, window, mode, asdict(units), before)
+
+
+def records_ttl(rt: StepRuntime) -> int | None:
+    """The longest TTL among the records the flip moves, as the API says it now (automatic: 300 s)."""
+    client, plan = rt.dns, rt.plan
+    zone = client.zone_id(plan.dns.zone)
+    ttls = [300 if r.ttl == 1 else int(r.ttl) for name in plan.dns.records
+            for r in client.find_records(zone, name, plan.dns.type)]  # fmt: skip
+    return max(ttls) if ttls else None
 
 
 # --- what the dry-run prints beside each step ---------------------------------------------------------------------
@@ -302,6 +727,8 @@ def step_lines(est: Estimate) -> dict[str, list[str]]:
         total = sum(t.predicted_seconds for t in est.transfers if t.step == step)
         if step in out and len(out[step]) > 1:
             out[step].append(f"estimate: the step's transfers about {total:.1f} s")
+    for part in est.before:
+        out.setdefault(part.step, []).append(f"estimate: {part.name} about {part.seconds:.1f} s ({part.basis})")
     for part in est.window:
         if part.step:
             out.setdefault(part.step, []).append(f"estimate (window): {part.name} {part.seconds:.2f} s ({part.basis})")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -20,10 +21,12 @@ from orchestrator import estimates
 from orchestrator.engine.step import StepContext
 from orchestrator.estimates import TransferEstimate
 from orchestrator.lab.state import LabState
+from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Plan
 from orchestrator.results import DbPresyncResult, FilesResult
 from orchestrator.run.commands import describe
-from orchestrator.run.rehearse import compare
+from orchestrator.run.compose import resolve_mode
+from orchestrator.run.rehearse import compare, compare_parts
 from orchestrator.runtime import Runtime
 from orchestrator.steps.db_presync import DbPresync
 from orchestrator.steps.files_presync import FilesPresync
@@ -49,22 +52,80 @@ def test_read_rate_from_dd() -> None:
     assert estimates.parse_read_rate("dd: failed to open\n") is None
 
 
+def test_checksum_rate_from_the_hosts_own_clock() -> None:
+    assert estimates.parse_hash_rate("33554432 100.25 100.75") == 33554432 / 0.5
+    assert estimates.parse_hash_rate("") is None and estimates.parse_hash_rate("0 1 2") is None
+
+
 def test_prediction_adds_bytes_at_the_rate_to_the_comparison() -> None:
     transfer = TransferEstimate("files_presync", "uploads", 10_000_000, 10, 20_000_000, 0.5, 0.0)
     (predicted,) = estimates.predict([transfer], 5_000_000)
     assert predicted.predicted_seconds == 2.5
 
 
-def test_window_parts_name_their_basis() -> None:
-    transfers = [
-        TransferEstimate("files_presync", "uploads", 0, 0, 0, 0.4, 0.4),
-        TransferEstimate("db_presync", "datadir", 0, 0, 0, 0.3, 0.3),
+def units(**changes: object) -> estimates.UnitCosts:
+    base = estimates.UnitCosts(ssh_source=0.5, ssh_target=0.25, ssh_how="new session", rsync_pass=1.0, sql=0.01,
+                               dns=0.02, haproxy=0.01, health=0.3, health_basis="2 checks", tracked=True, request=0.4,
+                               datadir_delta_bytes=10_000_000, rate=10_000_000, hash_rate=10_000_000)  # fmt: skip
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+SHAPE = estimates.PlanShape(trees=1, records=2, target_services=1, source_fence=True, target_fence=True,
+                            front_door=True)  # fmt: skip
+TRANSFERS = [
+    TransferEstimate("files_presync", "uploads", 0, 0, 0, 4.0, 4.0),
+    TransferEstimate("db_presync", "datadir", 0, 0, 0, 0.3, 0.3),
+]
+
+
+def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> None:
+    """Each part counts what its step does at what one operation costs on the hosts now: a host twice as slow to
+    run a command makes the parts made of commands twice as long, and every part says what it is made of."""
+    parts = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=SHAPE)}
+    # The tracked pass: two commands on the source and one rsync, not the whole tree's comparison (4 s).
+    assert parts["files_final"].seconds == 2 * 0.5 + 1.0
+    # 5 DNS calls per record, 11 HAProxy commands, the target's fence lift and the guard told on the source.
+    assert parts["dns_flip"].seconds == round(10 * 0.02 + 11 * 0.01 + 0.25 + 0.5, 3)
+    # The fence, 3 commands of the cut-over on the source, 8 SQL statements, 10 HAProxy commands, the shutdown.
+    assert parts["cutover"].seconds == round(4 * 0.5 + 8 * 0.01 + 10 * 0.01 + estimates.ASSUMED_SHUTDOWN_SECONDS, 3)
+    # 3 commands (the changed list, the mtimes, the checksums side by side), one rsync, the changed files read three
+    # times at the checksum rate (rsync's delta on both hosts, then the verification).
+    assert parts["db_final"].seconds == round(0.5 + 0.25 + 0.5 + 1.0 + 3 * 1.0, 3)
+    assert all(part.basis.startswith(("measured:", "assumed:")) for part in parts.values())
+    slow = {p.step: p for p in estimates.predict_window(TRANSFERS, units(ssh_source=1.0), plan_shape=SHAPE)}
+    assert slow["files_final"].seconds == 2 * 1.0 + 1.0
+    # Without a change tracker on the source, the final pass compares the whole tree.
+    untracked = {p.step: p for p in estimates.predict_window(TRANSFERS, units(tracked=False), plan_shape=SHAPE)}
+    assert untracked["files_final"].seconds == 4.0 + 0.25
+
+
+def test_the_replicate_window_has_no_shutdown_nor_datadir_pass() -> None:
+    parts = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=SHAPE, mode="replicate")}
+    assert set(parts) == {"repl_switch", "files_final", "start_target", "verify_target", "dns_flip"}
+    assert parts["start_target"].seconds == 0.0
+    # The fence, 9 SQL statements, 7 HAProxy commands, and the drain of the writes in flight (about one request).
+    assert parts["repl_switch"].seconds == round(0.5 + 9 * 0.01 + 7 * 0.01 + 0.4 + estimates.DRAIN_POLL, 3)
+    assert parts["verify_target"].seconds == 0.3
+
+
+def test_a_rehearsal_for_real_replaces_the_assumptions() -> None:
+    rehearsed = {"stages": {"target start (fenced)": 3.5, "target stop": 1.25, "health checks": 0.75},
+                 "measured_at": "2026-01-01T00:00:00Z"}  # fmt: skip
+    measured = estimates.with_rehearsal(units(), rehearsed)
+    parts = {p.step: p for p in estimates.predict_window(TRANSFERS, measured, plan_shape=SHAPE)}
+    assert parts["start_target"].seconds == 3.5 and "rehearsal of 2026-01-01" in parts["start_target"].basis
+    assert "1.25 s" in parts["cutover"].basis and "assumed" not in parts["cutover"].basis
+    assert parts["verify_target"].seconds == 1.0  # the trees' tracked checksums (one rsync) outlast the checks
+    assert estimates.with_rehearsal(units(), None) == units()
+
+
+def test_the_report_sets_each_predicted_part_beside_the_real_one() -> None:
+    predicted = [{"step": "cutover", "seconds": 3.0}, {"step": "dns_flip", "seconds": 0.5}]
+    real = {"cutover": 2.5, "dns_flip": 1.0, "between steps": 0.01, "switch: fence": 0.1}
+    assert compare_parts(predicted, real) == [
+        "cutover: predicted 3.00 s, took 2.50 s",
+        "dns_flip: predicted 0.50 s, took 1.00 s",
     ]
-    parts = estimates.predict_window(transfers, sql_round_trip=0.01, dns_round_trip=0.02, records=2, checks=1)
-    by_name = {part.name: part for part in parts}
-    assert by_name["final datadir pass"].seconds == 0.3 and by_name["uploads delta"].seconds == 0.4
-    assert by_name["DNS flip"].seconds == 0.12
-    assert all(part.basis.startswith(("measured:", "assumed:")) for part in parts)
 
 
 def test_compare_states_the_error_per_step() -> None:
@@ -208,15 +269,22 @@ def test_estimating_changes_nothing_on_either_host_nor_in_dns(
     assert after == before
     assert all(secret not in result.stdout + result.stderr for secret in lab.secrets().values())
     if command == "rehearse":
-        assert "predicted window:" in result.stdout and "files_presync" in result.stdout
+        # The lab's plan says `cutover.mode: auto`: estimated for the mode the run would take (its own probe).
+        assert plan.cutover.mode == "auto"
+        mode = resolve_mode(plan, lab.plan_file, tmp_path / "no-journal.jsonl", probe=True).cutover.mode
+        assert f"predicted window ({mode} mode):" in result.stdout
+        assert f"mode: {mode} (chosen by 'auto')" in result.stdout and "files_presync" in result.stdout
         saved = json.loads((tmp_path / "state" / "estimate.json").read_text())
-        assert saved["window_seconds"] > 0
-        assert {t["step"] for t in saved["transfers"]} == {"files_presync", "db_presync"}
+        assert saved["window_seconds"] > 0 and saved["mode"] == mode
+        moved = "repl_seed" if mode == "replicate" else "db_presync"
+        assert {t["step"] for t in saved["transfers"]} == {"files_presync", moved}
         return
     # The dry-run: every step still listed, each transfer's bytes and duration under its step, the window's parts.
     assert "DOWNTIME BEGINS" in result.stdout and "COMMIT POINT" in result.stdout
     assert "~ estimate: tree uploads: " in result.stdout and "predicted window (" in result.stdout
     assert "~ estimate (window): uploads delta" in result.stdout and "not measured" not in result.stdout
+    # The steps before the window that move nothing have their durations too.
+    assert "~ estimate: the checks about" in result.stdout and "~ estimate: nothing to lower" in result.stdout
     assert not (tmp_path / "state").exists()
 
 
@@ -341,3 +409,23 @@ def tree_digest(root: Path) -> dict[str, str]:
         for path in sorted(root.rglob("*"))
         if path.is_file()
     }
+
+
+def test_the_steps_before_the_window_have_their_durations() -> None:
+    """preflight, lower_ttl and (replicate) repl_catchup each get a duration from the unit costs measured, and say
+    what it is made of; lower_ttl names the wait the cut-over will have (the records' TTL read now)."""
+    plan = load_plan(Path(__file__).parents[1] / "plans" / "course-review.yaml").plan
+    measured = dataclasses.replace(units(), ssh_new_source=0.5, ssh_new_target=0.25)
+    parts = {p.step: p for p in estimates.predict_before(measured, plan=plan, mode="shutdown", records_ttl=300,
+                                                         compare=None)}  # fmt: skip
+    assert set(parts) == {"preflight", "lower_ttl"}
+    assert parts["preflight"].seconds >= 2 * plan.preflight.fsync_seconds
+    lowered = plan.model_copy(update={"dns": plan.dns.model_copy(update={"lower_ttl_to": 30})})
+    parts = {p.step: p for p in estimates.predict_before(measured, plan=lowered, mode="replicate", records_ttl=300,
+                                                         compare=(0.01, 50))}  # fmt: skip
+    records = len(plan.dns.records)
+    assert parts["lower_ttl"].seconds == round(2 * records * 0.02, 3) and "300 s after it" in parts["lower_ttl"].basis
+    # 50 chunks, each checksummed on both sides and bounded first; the checks' median round; one tracked pre-pass
+    # per tree; the shells kept open on both hosts.
+    expected = 50 * 0.01 * 3 + 0.4 + len(plan.files) * 1.0 + 0.5 + 0.25
+    assert parts["repl_catchup"].seconds == round(expected, 3) and "50 chunk(s)" in parts["repl_catchup"].basis

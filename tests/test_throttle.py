@@ -206,6 +206,40 @@ def test_a_slow_app_pauses_the_group_and_a_fast_one_resumes_it(tmp_path: Path) -
         assert watcher.throttled_seconds > 0 and watcher.highest_latency_ms == 500.0
 
 
+class SlowHost(LocalHost):
+    """A loaded host: every command over its SSH takes `delay` seconds more (measured on the lab's machine under
+    load: about a second per new session)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def run(
+        self, command: str, *, timeout: float | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        time.sleep(self.delay)
+        return super().run(command, timeout=timeout, check=check)
+
+
+def test_no_pause_outlasts_max_pause_on_a_slow_host_with_a_slow_probe(tmp_path: Path) -> None:
+    """The app stays slow and each latency probe waits for its whole timeout; each command on the host costs a
+    quarter of a second. The pauses still end by transfer.max_pause (the resume sent early by what a check and a
+    signal take, the probe cut at the pause's end), and the copy runs between them."""
+    thresholds = Thresholds(max_latency_ms=100.0, latency_url="http://app/", interval=0.1, max_pause=1.0)
+
+    def slow_probe(_url: str, _host: str | None, timeout: float) -> float:
+        time.sleep(timeout)  # no answer within the timeout: slow
+        return timeout * 1000
+
+    with running_group(tmp_path) as (marker, _proc):
+        watcher = Throttle(SlowHost(0.25), str(marker), thresholds, what="test",  # type: ignore[arg-type]
+                           measure=slow_probe)  # fmt: skip
+        with watcher:
+            assert wait_for(lambda: watcher.pauses >= 2, limit=30.0)
+    assert watcher.resumed_for.get("longest pause (transfer.max_pause)", 0) >= 1
+    # What a signal's own round trip may add past the bound when it takes longer than the one before: a tenth.
+    assert 0 < watcher.longest_pause <= thresholds.max_pause + 0.1, watcher.figures()
+
+
 def test_a_group_in_a_stage_that_must_not_wait_is_never_stopped(tmp_path: Path) -> None:
     """The seed's bound: once mariadb-backup logged its first locking stage, no pause (it would hold the lock)."""
     log = tmp_path / "backup.log"
@@ -424,3 +458,35 @@ def test_the_seed_pauses_on_the_same_thresholds_and_its_copy_still_prepares(lab:
     assert (lab.target.datadir / "ibdata1").exists()
     assert not left_behind("migrate-seed-*", began)
     assert not stopped_processes("mariadb-backup", lab)
+
+
+def cached_bytes(path: Path) -> int:
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    return int(out.strip() or 0)
+
+
+@pytest.mark.lab
+def test_the_seed_leaves_the_sources_page_cache_as_it_found_it_under_nocache(lab: LabState, lab_secrets: None) -> None:
+    """The redo log mariadb-backup reads (its data files it reads with O_DIRECT anyway): evicted first, then seeded;
+    without nocache the backup leaves its pages in the source's page cache, under nocache (the default) none."""
+    from orchestrator.steps.repl_seed import ReplSeed
+
+    base = Plan.model_validate(YAML(typ="safe").load(lab.plan_file.read_text()))
+    redo = lab.source.datadir / "ib_logfile0"
+    left: dict[bool, int] = {}
+    for nocache in (False, True):
+        plan = base.model_copy(update={"transfer": base.transfer.model_copy(update={"nocache": nocache})})
+        rt = Runtime(plan, lab.plan_file)
+        step = ReplSeed()
+        ctx = StepContext(run_id="test", step=step.name, dry_run=False, rt=rt, log=structlog.get_logger())
+        try:
+            assert not rt.db_answers("target"), "the lab's target database must be stopped"
+            subprocess.run(["cachedel", str(redo)], check=True)
+            assert cached_bytes(redo) == 0
+            step.run(ctx)
+            left[nocache] = cached_bytes(redo)
+        finally:
+            step.undo(ctx)
+            rt.close()
+    assert left[False] > 0 and left[True] == 0, left

@@ -945,6 +945,10 @@ class Plan(Strict):
                 return _swap_url_host(check.url, self._address_swaps()), check.host_header
         return None
 
+    def aimed_at_source(self, url: str) -> str:
+        """A health check's URL aimed at the source's matching address instead of the target's."""
+        return _swap_url_host(url, self._address_swaps())
+
     def _address_swaps(self) -> dict[str, str]:
         """Target address → the source's matching address (lower case, as urlsplit gives host names)."""
         swaps = {self.target.address.lower(): self.source.address}

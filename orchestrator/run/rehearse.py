@@ -23,7 +23,7 @@ from orchestrator.engine.step import StepError
 from orchestrator.estimates import size_text
 from orchestrator.plan.model import Plan
 from orchestrator.redaction import redact
-from orchestrator.run.policy import load_env, resolve_secrets, subject
+from orchestrator.run.policy import load_env, resolve_secrets, state_dir_of, subject
 from orchestrator.run.results import RunError
 from orchestrator.runtime import Runtime
 from orchestrator.transports import mysql
@@ -39,16 +39,19 @@ class Rehearsal:
     plan_name: str
     estimate: estimates.Estimate
     saved_to: Path
+    mode_reason: str | None = None  # why `auto` became the mode estimated
 
 
 def rehearse(plan_path: Path, *, env_file: Path | None = None, state_dir: Path | None = None) -> Rehearsal:
-    """Measure the estimate on the plan's hosts (reads and rsync dry-runs only) and save it."""
+    """Measure the estimate on the plan's hosts (reads and rsync dry-runs only), for the mode the run would use
+    (`auto` resolved by the run's own read-only probe), and save it."""
     subj = subject(plan_path, state_dir=state_dir)
     load_env(env_file)
     resolve_secrets(subj.plan, plan_path)
     rt = Runtime(subj.plan, plan_path)
     try:
-        estimate = estimates.estimate(rt)
+        mode, reason = resolve_mode(rt)
+        estimate = estimates.estimate(rt, mode, last_rehearsal(subj.state_dir))
     except (TransportError, StepError, mysql.DbError, pymysql.MySQLError, DnsError) as exc:
         raise RunError(exit_codes.FAILED, f"rehearsal: {redact(str(exc))}") from None
     finally:
@@ -56,7 +59,31 @@ def rehearse(plan_path: Path, *, env_file: Path | None = None, state_dir: Path |
     subj.state_dir.mkdir(parents=True, exist_ok=True)
     saved = subj.state_dir / ESTIMATE_FILE
     saved.write_text(json.dumps(estimate.as_dict(), indent=2) + "\n")
-    return Rehearsal(subj.plan.name, estimate, saved)
+    return Rehearsal(subj.plan.name, estimate, saved, reason)
+
+
+def resolve_mode(rt: Runtime) -> tuple[str, str | None]:
+    """The cut-over mode the run would use and, for `auto`, why: the run's own read-only probe of both servers
+    (compose.resolve_mode), so the estimate is of the mode the run will take."""
+    from orchestrator.plan.model import static_mode
+    from orchestrator.steps.repl_common import mode_reason, probe_replication
+
+    plan = rt.plan
+    mode = static_mode(plan)
+    if mode != "auto":
+        return mode, None if plan.cutover.mode != "auto" else mode_reason(mode, ["no replication section"], "auto")
+    problems = probe_replication(rt)
+    mode = "shutdown" if problems else "replicate"
+    return mode, mode_reason(mode, problems, "auto")
+
+
+def last_rehearsal(state_dir: Path) -> dict[str, Any] | None:
+    """What the last `migrate rehearse --for-real` of the plan measured (rehearsal.json), None without one."""
+    try:
+        saved = json.loads((state_dir / REHEARSAL_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
 
 
 @dataclass(frozen=True)
@@ -72,17 +99,12 @@ class DryRunEstimate:
 def dry_run_estimate(plan: Plan, plan_path: Path) -> DryRunEstimate:
     """The read-only estimate `migrate rehearse` makes, for the dry-run: nothing saved, no retries (a host out of
     reach is said at once, not retried for minutes). Raises what the hosts raise; the dry-run says it in one line."""
-    from orchestrator.steps.repl_common import mode_reason, probe_replication
-
     quick = plan.model_copy(update={"retry": plan.retry.model_copy(update={"attempts": 1})})
     rt = Runtime(quick, plan_path)
     try:
-        mode, reason = plan.cutover.mode, None
-        if mode == "auto":
-            problems = probe_replication(rt)
-            mode = "shutdown" if problems else "replicate"
-            reason = mode_reason(mode, problems, "auto")
-        return DryRunEstimate(mode, reason, estimates.estimate(rt, mode))
+        mode, reason = resolve_mode(rt)
+        rehearsed = last_rehearsal(state_dir_of(plan_path, plan, None))
+        return DryRunEstimate(mode, reason, estimates.estimate(rt, mode, rehearsed))
     finally:
         rt.close()
 
@@ -98,7 +120,10 @@ def lines(rehearsal: Rehearsal) -> list[str]:
             f"{t.step} {t.name}: {size_text(t.bytes)} in {t.files} files to move (of {size_text(t.total_size)}),"
             f" about {t.predicted_seconds:.1f} s (comparison {t.scan_seconds:.1f} s)"
         )
-    out.append(f"predicted window: {est.window_seconds:.1f} s")
+    out += [f"{part.step}: {part.name} about {part.seconds:.1f} s ({part.basis})" for part in est.before]
+    out.append(f"predicted window ({est.mode} mode): {est.window_seconds:.2f} s")
+    if rehearsal.mode_reason:
+        out.append(f"  mode: {rehearsal.mode_reason}")
     out += [f"  {part.name}: {part.seconds:.2f} s ({part.basis})" for part in est.window]
     out.append(f"saved: {rehearsal.saved_to}")
     return out
@@ -122,8 +147,25 @@ def estimate_beside(state_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
         predicted = saved.get("window_seconds")
         if predicted and blocked:
             error = (predicted - blocked) / blocked * 100
-            lines.append(f"  window: predicted {predicted:.2f} s, writes blocked {blocked:.2f} s ({error:+.1f} %)")
+            mode = f", the {saved['mode']} mode" if saved.get("mode") else ""
+            lines.append(
+                f"  window: predicted {predicted:.2f} s, writes blocked {blocked:.2f} s ({error:+.1f} %{mode})"
+            )
+            lines += [f"    {line}" for line in compare_parts(saved.get("window") or [], report.get("window_parts"))]
     return {**found, "lines": lines} if found else {}
+
+
+def compare_parts(predicted: list[dict[str, Any]], real: dict[str, float] | None) -> list[str]:
+    """Each step's predicted share of the window beside its share in the run's report (window_parts)."""
+    if not real:
+        return []
+    by_step: dict[str, float] = {}
+    for part in predicted:
+        if part.get("step"):
+            by_step[part["step"]] = by_step.get(part["step"], 0.0) + float(part.get("seconds") or 0.0)
+    steps = [step for step in real if step in by_step or (not step.startswith("switch: ") and step != "between steps")]
+    steps += [step for step in by_step if step not in real]
+    return [f"{step}: predicted {by_step.get(step, 0.0):.2f} s, took {real.get(step, 0.0):.2f} s" for step in steps]
 
 
 def compare(estimate: dict[str, Any], moved: dict[str, int]) -> list[str]:
@@ -215,8 +257,10 @@ def rehearse_for_real(
     window: list[estimates.WindowPart] = []
     datadir = shlex.quote(plan.database.target.datadir.rstrip("/"))
     warm = shlex.quote(plan.database.target.datadir.rstrip("/") + WARM_SUFFIX)
-    started_target = prepared = False
+    started_target = prepared = stopped = False
+    mode = plan.cutover.mode
     try:
+        mode, _reason = resolve_mode(rt)
         for step in (Preflight(), PrepareTarget()):
             _timed(stages, step.name, lambda step=step: step.run(_context(rt, step)))
         # Past the preflight (DNS still points at the source: the target is not live) and the target's stop.
@@ -234,22 +278,23 @@ def rehearse_for_real(
         )
         failures += health_failures
         _timed(stages, "DNS read", lambda: _read_records(rt))
-        window = [
-            estimates.WindowPart("source database shutdown", estimates.ASSUMED_SHUTDOWN_SECONDS,
-                                 "assumed: the source is not stopped in a rehearsal"),
-            estimates.WindowPart("final datadir pass", db_result.rounds[-1].seconds if db_result.rounds else 0.0,
-                                 "measured: the last pre-sync round"),
-            estimates.WindowPart("uploads delta", stages["uploads delta"], "measured: a second uploads pass"),
-            estimates.WindowPart("target start", stages["target start (fenced)"], "measured: on a copy"),
-            estimates.WindowPart("verify", stages["health checks"], "measured: the health checks"),
-            estimates.WindowPart("DNS flip", round(stages["DNS read"] * 3, 3), "measured: a read of every record, x3"),
-        ]  # fmt: skip
+        # The target's clean shutdown of a copy of the same data: what the source's shutdown in the window costs.
+        _timed(stages, "target stop", lambda: StartTarget().undo(_context(rt, StartTarget())))
+        stopped = True
+        rounds = db_result.rounds
+        rate = rounds[0].bytes / rounds[0].seconds if rounds and rounds[0].seconds > 0 else 0.0
+        measured = {"stages": stages, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        # Where a full scan would be the uploads' final pass (no change tracker), the second pass stands for it.
+        second_pass = [estimates.TransferEstimate("files_presync", "uploads", 0, 0, 0, stages["uploads delta"], 0.0)]
+        units = estimates.with_rehearsal(estimates.measure_units(rt, mode, second_pass, rate), measured)
+        window = estimates.predict_window(second_pass, units, plan_shape=estimates.PlanShape.of(plan), mode=mode)
     except (TransportError, StepError, mysql.DbError, pymysql.MySQLError, DnsError) as exc:
         failures.append(redact(str(exc)))
     finally:
         try:
             if started_target:
-                StartTarget().undo(_context(rt, StartTarget()))
+                if not stopped:
+                    StartTarget().undo(_context(rt, StartTarget()))
                 # The copy the database ran on goes; the untouched warm copy takes its place (or goes too).
                 restore = f"rm -rf {datadir} && mv {warm} {datadir}"
                 rt.target.run(restore + (f" && find {datadir} -mindepth 1 -delete" if clean else ""), timeout=3600)
@@ -265,6 +310,7 @@ def rehearse_for_real(
     if window and not failures:
         subj.state_dir.mkdir(parents=True, exist_ok=True)
         saved = {
+            "mode": mode,
             "stages": stages,
             "window": [asdict(part) for part in window],
             "window_seconds": performed.window_seconds,

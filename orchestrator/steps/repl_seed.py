@@ -6,6 +6,10 @@ it consistent there; the prepared copy then takes the datadir's place (the previ
 undo). The source serves throughout: mariadb-backup blocks its commits only for its BLOCK_COMMIT stage (tens of ms
 with --log-copy-interval=10). The copy's GTID position is journaled: the replica starts from it.
 
+Like the pre-syncs, the stream runs under `nocache` where the source has it (`transfer.nocache`): its LD_PRELOAD
+follows mariadb-backup, which then drops from the page cache each data file's pages it brought in (pages the live
+server had cached stay).
+
 With `transfer.max_load` or `transfer.max_latency_ms` the backup pauses like the pre-syncs (SIGSTOP/SIGCONT of its
 process group: mariadb-backup, dd and the ssh to the target), within two bounds of its own: never once it began the
 stages that lock the live server (from BACKUP STAGE FLUSH on: a paused BLOCK_COMMIT would hold every commit), and
@@ -86,6 +90,7 @@ class ReplSeed(Step):
         settings = plan.replication
         throttle = f", --throttle={settings.seed_throttle}" if settings and settings.seed_throttle else ""
         nice = "nice/ionice, " if settings is None or settings.seed_nice else ""
+        nice += "under nocache where installed, " if plan.transfer.nocache else ""
         return [
             f"on the source: mariadb-backup --backup --stream ({nice}--log-copy-interval=10{throttle}) of "
             f"{plan.database.source.datadir} | ssh {plan.target.address} mbstream -x into "
@@ -163,7 +168,10 @@ class ReplSeed(Step):
         started = time.monotonic()
         thresholds = Thresholds.of(rt.plan)
         if thresholds is None:
-            streamed = rt.source.stream(repl.seed_stream_command(spec), _line, timeout=SEED_TIMEOUT, env=env)
+            # Under `nocache` like the pre-syncs (transfer.nocache, where the source has it): the backup's reads of
+            # every data file leave the live server's page cache as they found it.
+            command = live_command(repl.seed_stream_command(spec), nocache=rt.plan.transfer.nocache, group_marker=None)
+            streamed = rt.source.stream(command, _line, timeout=SEED_TIMEOUT, env=env)
         else:
             streamed = self._throttled(ctx, spec, thresholds, _line, env, result)
         result.stream_seconds = round(time.monotonic() - started, 3)
@@ -184,7 +192,7 @@ class ReplSeed(Step):
         rt = runtime(ctx)
         marker = group_marker("seed")
         log_path = marker + ".log"
-        command = live_command(repl.seed_stream_command(spec, log_path=log_path), nocache=False,
+        command = live_command(repl.seed_stream_command(spec, log_path=log_path), nocache=rt.plan.transfer.nocache,
                                group_marker=marker, max_load=thresholds.max_load)  # fmt: skip
         try:
             conn = rt.db("source", read_timeout=30.0)

@@ -908,6 +908,19 @@ def chunk_checksum(conn: pymysql.Connection, shape: TableShape, chunk: Chunk) ->
     return ChunkSum(int(str(count)), int(str(digest)))
 
 
+def sample_checksum_seconds(conn: pymysql.Connection, shape: TableShape, rows: int) -> tuple[float, int]:
+    """A chunk's checksum over the table's first `rows` rows in key order, as compare_tables computes it, timed:
+    (seconds, rows read). Read-only; what one chunk of the comparison costs on this server now."""
+    order = f"ORDER BY {', '.join(_ident(c) for c in shape.key)}" if shape.key else ""
+    sql = (
+        f"SELECT COUNT(*), COALESCE(BIT_XOR({_row_digest(shape)}), 0) FROM "
+        f"(SELECT * FROM {shape.quoted} {order} LIMIT {int(rows)}) AS sample"
+    )
+    started = time.monotonic()
+    found = _rows(conn, sql)
+    return time.monotonic() - started, int(str(found[0][0])) if found else 0
+
+
 def compare_tables(
     source: pymysql.Connection,
     replica: pymysql.Connection,

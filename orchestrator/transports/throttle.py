@@ -8,7 +8,9 @@ watcher's first look. Used by the pre-syncs (rsync) and the seed (mariadb-backup
 
 A pause lasts until every reading is back under its threshold, or `max_pause` has passed, or the caller's own bound
 says it must end (the seed: the source's redo log); after a pause cut short the command runs for at least one check
-interval, so a copy on a host that is always busy still progresses.
+interval, so a copy on a host that is always busy still progresses. `max_pause` is a bound, not a wish: on a loaded
+host one load check or one signal over SSH takes a second, and a latency probe up to MAX_PROBE_SECONDS, so the resume
+is sent early by what the last check and signal took, and a probe never waits past the pause's end.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ _PLAIN = 'exec sh -c "$2"'
 _STOP_IF_LOADED = (
     'read load _ < /proc/loadavg; if awk -v l="$load" -v m="$3" \'BEGIN { exit !(l > m) }\'; then kill -STOP $$; fi; '
 )
+MAX_PAUSE_REASON = "longest pause (transfer.max_pause)"
 # The longest one latency probe may wait, whatever the threshold (a probe that times out counts as slow).
 MAX_PROBE_SECONDS = 10.0
 
@@ -156,10 +159,15 @@ class Throttle:
         self.pauses = 0
         self.highest_load = 0.0
         self.highest_latency_ms = 0.0
+        self.longest_pause = 0.0
         self.causes: dict[str, int] = {}  # "load" / "latency" / "at start": pauses by what caused them
         self.resumed_for: dict[str, int] = {}  # why pauses ended
         self._group: int | None = None
         self._paused_at: float | None = None
+        # What the last load check and the last signal took (SSH round trips on the source): a pause's end is
+        # planned that much ahead, so the resume lands by `max_pause`.
+        self._check_seconds = 0.0
+        self._signal_seconds = 0.0
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="throttle", daemon=True)
         self._log = structlog.get_logger()
@@ -184,6 +192,7 @@ class Throttle:
             "resumed_for": dict(self.resumed_for),
             "highest_load": self.highest_load,
             "highest_latency_ms": round(self.highest_latency_ms, 1),
+            "longest_pause_seconds": round(self.longest_pause, 3),
         }
 
     def _signal(self, signal: str, group: int) -> bool:
@@ -192,7 +201,11 @@ class Throttle:
         command = f"env kill -{signal} -- -{group} 2>/dev/null && echo delivered; true"
         if signal == "STOP" and self.may_not_stop:
             command = f"if {self.may_not_stop}; then echo refused; else {command}; fi"
-        return self.host.run(command, timeout=30, check=False).stdout.strip() == "delivered"
+        started = time.monotonic()
+        try:
+            return self.host.run(command, timeout=30, check=False).stdout.strip() == "delivered"
+        finally:
+            self._signal_seconds = time.monotonic() - started
 
     def _forbidden_now(self) -> bool:
         if not self.may_not_stop:
@@ -206,15 +219,24 @@ class Throttle:
             self._signal("CONT", self._group)
         paused = time.monotonic() - self._paused_at
         self.throttled_seconds += paused
+        self.longest_pause = max(self.longest_pause, paused)
         self._paused_at = None
         self.resumed_for[why] = self.resumed_for.get(why, 0) + 1
         self._log.info("throttle_resumed", what=self.what, why=why, paused_seconds=round(paused, 3))
 
-    def _latency(self) -> float | None:
+    def _left(self) -> float:
+        """Seconds the current pause may still last before its resume must be sent."""
+        assert self._paused_at is not None
+        return self.thresholds.max_pause - (time.monotonic() - self._paused_at) - self._signal_seconds
+
+    def _latency(self, limit: float | None = None) -> float | None:
+        """The app's latency; `limit`: the longest the probe may wait (during a pause, what is left of it: a probe
+        that cannot answer in time counts as slow, and the pause ends at its bound)."""
         t = self.thresholds
         if t.max_latency_ms is None or t.latency_url is None:
             return None
-        latency = self.measure(t.latency_url, t.latency_host_header, t.probe_timeout)
+        timeout = t.probe_timeout if limit is None else max(0.01, min(t.probe_timeout, limit))
+        latency = self.measure(t.latency_url, t.latency_host_header, timeout)
         self.highest_latency_ms = max(self.highest_latency_ms, latency)
         return latency
 
@@ -227,15 +249,20 @@ class Throttle:
             why = "copy ended"
         elif self.must_resume is not None and (bound := self.must_resume()) is not None:
             why = bound
-        elif paused_for >= self.thresholds.max_pause:
-            why = "longest pause (transfer.max_pause)"
-        elif pause_reason(load, self._latency(), self.thresholds) is None:
+        elif paused_for >= self.thresholds.max_pause or self._left() <= 0:
+            why = MAX_PAUSE_REASON
+        elif pause_reason(load, self._latency(limit=self._left()), self.thresholds) is None:
             why = "back under the thresholds"
         if why is not None:
             self._resume(why)
             self._done.wait(self.thresholds.interval)  # it runs at least one interval before the next pause
             return
-        self._done.wait(max(0.0, min(self.paused_check_interval, self.thresholds.max_pause - paused_for)))
+        self._wait_paused()
+
+    def _wait_paused(self) -> None:
+        """Until the next look during a pause: a check interval, or less when the pause's bound comes first (the
+        next look's own round trip counted)."""
+        self._done.wait(max(0.0, min(self.paused_check_interval, self._left() - self._check_seconds)))
 
     def _watch(self) -> None:
         marker = shlex.quote(self.marker)
@@ -246,7 +273,15 @@ class Throttle:
         t = self.thresholds
         while not self._done.is_set():
             try:
-                load, group, state = parse_load_check(self.host.run(check, timeout=30, check=False).stdout)
+                if self._paused_at is not None and self._left() <= self._check_seconds:
+                    # Another look would end past the pause's bound: resume now.
+                    self._resume(MAX_PAUSE_REASON)
+                    self._done.wait(t.interval)
+                    continue
+                started = time.monotonic()
+                output = self.host.run(check, timeout=30, check=False).stdout
+                self._check_seconds = time.monotonic() - started
+                load, group, state = parse_load_check(output)
                 self.highest_load = max(self.highest_load, load)
                 if self._paused_at is not None:
                     self._paused(load, group)
@@ -259,7 +294,8 @@ class Throttle:
                     self._count("at start", f"load {load:g} > max_load {t.max_load}")
                     if self._forbidden_now():
                         self._resume("the copy may not be paused now")
-                    self._done.wait(min(self.paused_check_interval, t.max_pause))
+                    else:
+                        self._wait_paused()
                     continue
                 reason = pause_reason(load, self._latency(), t)
                 if reason is None:
@@ -271,6 +307,9 @@ class Throttle:
                     self._count("load" if reason.startswith("load") else "latency", reason)
                     if self._forbidden_now():  # it entered a stage that must not wait just before the stop
                         self._resume("the copy may not be paused now")
+                    else:
+                        self._wait_paused()
+                    continue
                 self._done.wait(min(self.paused_check_interval, t.max_pause))
             except TransportError as exc:
                 self._log.warning("throttle_check_failed", what=self.what, error=str(exc))
