@@ -9,7 +9,9 @@ journaled first): replication stopped, the target executed exactly the source's 
 forgotten, read_only off. No file copy, no server start, no full row count: the work is what the replica had not
 applied yet.
 
-The target's services stay fenced: the DNS flip lifts the fence (the commit point).
+The target's services stay fenced: the DNS flip lifts the fence (the commit point). Once the source's fence and
+read_only are up, the uploads' final delta (files_final) starts beside the rest of this step (`start_next_beside`):
+it needs writes stopped, not the database promoted.
 
 With a front door (plan section `proxy`), the source's HAProxy holds new requests just before the fence goes up
 and its undo releases them once the source takes writes again (orchestrator/frontdoor.py, as in the cut-over).
@@ -105,6 +107,9 @@ class ReplSwitch(Step):
                         raise fence_failure
                     result.fence_seconds = fenced.result()
                 result.writes_blocked_at = blocked_at
+                # Nothing can write the uploads now (the app's fence is up): their final delta (files_final) runs
+                # beside the replica's last transactions and the promotion instead of after them.
+                ctx.start_next_beside()
                 final = self._final_position(ctx, source)
                 result.final_gtid = str(final)
                 window.check("waiting for the replica")
