@@ -5,7 +5,9 @@ What the steps call, each a no-op when the plan has no front door for that host:
 - `hold_source(ctx, blocked_at)` (the step that begins the window, `cutover` or `repl_switch`, before the fence):
   the source's HAProxy holds every new request until what is left of `cutover.max_write_block` plus HOLD_MARGIN (a
   deadline on the HAProxy host's clock, journaled before it is set), then in-flight requests get `drain_timeout` to
-  finish. The fence still goes up behind it.
+  finish. The fence still goes up behind it. `prepare_hold(ctx)` reads, before the window, what the hold needs
+  (whether it can hold writes alone, the door's pid and clock, that it sends requests to the source's app), so the
+  window spends only the hold's own round trips on the door (one command, then the drain).
 - `keep_holding_for_rollback(ctx)` / `release_source(ctx)` (that step's undo, and between its tries when it lets
   writes in): the hold is stretched while the source takes writes again (its database started or made writable,
   its fence lifted), then released: held requests go to the source, none fails.
@@ -35,6 +37,7 @@ import io
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from orchestrator.contracts import runtime
@@ -151,23 +154,29 @@ def describe(ctx: StepContext, side: Side) -> list[str]:
 # --- the source: hold, drain, release -----------------------------------------------------------------------
 
 
-def hold_source(ctx: StepContext, blocked_at: float, *, source_serves_reads: bool = False) -> None:
-    """Hold the source's requests until the budget (+ margin) runs out; then let in-flight requests finish.
+@dataclass(frozen=True)
+class HoldReady:
+    """What the source's hold needs to know, read before the window (reads only: nothing is held yet), so the
+    window itself spends only the hold's own round trips on the door."""
 
-    `source_serves_reads`: the source database keeps serving reads through the window (the replicate mode's
-    read_only). With the plan's `hold: writes` only the requests that may write are held then, and reads go on to
-    the source; an HAProxy whose hold action cannot tell them apart holds everything (said in the log)."""
+    writes_only: bool
+    pid: str
+    clock_offset: float  # the HAProxy host's clock minus ours (the hold is a deadline on its clock)
+    target_at_own_app: bool
+
+
+def prepare_hold(ctx: StepContext, *, source_serves_reads: bool = False) -> HoldReady | None:
+    """Read what `hold_source` needs (None: no source door). Fails, one line, when the source's door does not send
+    requests to the source's app: nothing was held, no fence went up."""
     front, config = door(ctx, "source"), section(ctx, "source")
     if front is None or config is None:
-        return
-    rt = runtime(ctx)
-    _point_at_own_app(ctx, "target")
-    budget_left = rt.plan.cutover.max_write_block - (time.time() - blocked_at)
-    seconds = max(budget_left + HOLD_MARGIN, MIN_HOLD)
+        return None
+    try:
+        target_at_own_app = _at_own_app(ctx, "target")
+    except (HaproxyError, ValueError) as exc:
+        raise _fail(ctx, "target", "reading where it sends requests", exc) from None
     try:
         writes_only = source_serves_reads and config.hold == "writes" and _can_hold_writes_only(ctx, front)
-        facts: dict[str, Any] = {"seconds": round(seconds, 3), "writes_only": writes_only}
-        ctx.save(SOURCE_HOLD, facts)  # before: a crash still knows a hold may stand
         server = front.server_state()
         if (server.address, server.port) != (config.app.address, config.app.port):
             raise StepError(
@@ -175,7 +184,39 @@ def hold_source(ctx: StepContext, blocked_at: float, *, source_serves_reads: boo
                 f"app {config.app.address}:{config.app.port} (proxy.source.app): not holding, the fence did not go up"
             )
         pid = _pid(front)
-        deadline = front.hold(seconds, writes_only=writes_only)
+        asked = time.time()
+        host_now = front.host_now()
+        offset = host_now - (asked + time.time()) / 2
+    except (HaproxyError, ValueError) as exc:
+        raise _fail(ctx, "source", "holding requests", exc) from None
+    return HoldReady(writes_only, pid, offset, target_at_own_app)
+
+
+def hold_source(
+    ctx: StepContext, blocked_at: float, *, source_serves_reads: bool = False, ready: HoldReady | None = None
+) -> None:
+    """Hold the source's requests until the budget (+ margin) runs out; then let in-flight requests finish.
+
+    `source_serves_reads`: the source database keeps serving reads through the window (the replicate mode's
+    read_only). With the plan's `hold: writes` only the requests that may write are held then, and reads go on to
+    the source; an HAProxy whose hold action cannot tell them apart holds everything (said in the log).
+    `ready`: what `prepare_hold` read before the window (else it is read now)."""
+    front, config = door(ctx, "source"), section(ctx, "source")
+    if front is None or config is None:
+        return
+    rt = runtime(ctx)
+    if ready is None:
+        ready = prepare_hold(ctx, source_serves_reads=source_serves_reads)
+        assert ready is not None
+    if not ready.target_at_own_app:
+        _point_at_own_app(ctx, "target")
+    budget_left = rt.plan.cutover.max_write_block - (time.time() - blocked_at)
+    seconds = max(budget_left + HOLD_MARGIN, MIN_HOLD)
+    writes_only, pid = ready.writes_only, ready.pid
+    facts: dict[str, Any] = {"seconds": round(seconds, 3), "writes_only": writes_only}
+    ctx.save(SOURCE_HOLD, facts)  # before: a crash still knows a hold may stand
+    try:
+        deadline = front.hold(seconds, writes_only=writes_only, host_now=time.time() + ready.clock_offset)
         in_flight = front.at_server() if writes_only else set()
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "holding requests", exc) from None
@@ -277,6 +318,15 @@ def release_source(ctx: StepContext) -> None:
 
 def _clock(deadline: Any) -> str:
     return "the deadline" if not deadline else time.strftime("%H:%M:%S", time.localtime(float(deadline)))
+
+
+def _at_own_app(ctx: StepContext, side: Side) -> bool:
+    """Whether that host's door (if any) sends its requests to its own host's app."""
+    front, config = door(ctx, side), section(ctx, side)
+    if front is None or config is None:
+        return True
+    server = front.server_state()
+    return (server.address, server.port) == (config.app.address, config.app.port)
 
 
 def _point_at_own_app(ctx: StepContext, side: Side) -> None:

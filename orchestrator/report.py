@@ -146,10 +146,12 @@ def window_parts(
     parts["between steps"] = round(max(0.0, flipped_at - blocked_at - covered), 3)
     if switch is not None:
         for name, value in (
+            ("switch: journal and front door (hold, drain)", switch.hold_seconds),
             ("switch: read_only", switch.read_only_seconds),
             ("switch: fence", switch.fence_seconds),
             ("switch: replica's wait", switch.wait_seconds),
             ("switch: promotion", switch.promote_seconds),
+            ("switch: health checks (side by side with the above)", switch.health_seconds),
         ):
             if value is not None:
                 parts[name] = value

@@ -441,13 +441,14 @@ class FrontDoor:
 
     # --- actions ---
 
-    def hold(self, seconds: float, *, writes_only: bool = False) -> float:
+    def hold(self, seconds: float, *, writes_only: bool = False, host_now: float | None = None) -> float:
         """Hold new requests (they wait in HAProxy, none fails) for at most `seconds` from now on the HAProxy
         host's clock, or until release(); `writes_only`: only those that may write (see holds_writes_only()).
+        `host_now`: that clock's time now, when the caller knows it (else it is asked: one round trip).
         Returns the deadline (host unix seconds). Calling it again moves the deadline."""
         if seconds <= 0:
             raise ValueError("a hold lasts a positive number of seconds")
-        deadline = round(self.host_now() + seconds, 3)
+        deadline = round((self.host_now() if host_now is None else host_now) + seconds, 3)
         self.change(f"set map {self.hold_map} {HOLD_WRITES_KEY if writes_only else HOLD_KEY} {deadline}")
         return deadline
 
