@@ -32,11 +32,13 @@ get its refusal, as without a front door) until `migrate apply` or `migrate roll
 
 from __future__ import annotations
 
+import contextvars
 import csv
 import io
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -384,22 +386,35 @@ def before_flip(ctx: StepContext) -> None:
 def forward_to_target(ctx: StepContext) -> bool:
     """The commit point: the target's door lets its requests in, the source's forwards to the target and lets
     the held requests go. Idempotent. False (logged) when a door could not be told: finish tries again."""
-    ok = True
     if not engaged(ctx):
-        return ok
+        return True
+    # The two doors side by side (each a few admin round trips inside the window): held requests the source lets
+    # go before the target's door is released wait there, so the order does not matter.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="door") as pool:
+        target_released = pool.submit(contextvars.copy_context().run, _release_target_door, ctx)
+        forwarding = _forward_source_door(ctx)
+        return target_released.result() and forwarding
+
+
+def _release_target_door(ctx: StepContext) -> bool:
     target = door(ctx, "target")
-    if target is not None:
-        try:
-            target.release()
-            if ctx.saved(TARGET_HOLD):
-                ctx.save(TARGET_HOLD, None)
-            ctx.log.info("frontdoor.target_released")
-        except (HaproxyError, ValueError) as exc:
-            ok = False
-            ctx.log.error("frontdoor.target_release_failed", error=_said(ctx, "target", exc))
+    if target is None:
+        return True
+    try:
+        target.release()
+        if ctx.saved(TARGET_HOLD):
+            ctx.save(TARGET_HOLD, None)
+        ctx.log.info("frontdoor.target_released")
+    except (HaproxyError, ValueError) as exc:
+        ctx.log.error("frontdoor.target_release_failed", error=_said(ctx, "target", exc))
+        return False
+    return True
+
+
+def _forward_source_door(ctx: StepContext) -> bool:
     front, config = door(ctx, "source"), section(ctx, "source")
     if front is None or config is None:
-        return ok
+        return True
     to = config.forward_to
     try:
         before = _saved_by(ctx, None, FORWARDED) or {"to": f"{to.address}:{to.port}", "requests": _requests(front)}
@@ -410,7 +425,7 @@ def forward_to_target(ctx: StepContext) -> bool:
         ctx.log.error("frontdoor.forward_failed", error=_said(ctx, "source", exc))
         return False
     ctx.log.info("frontdoor.source_forwarding", to=f"{to.address}:{to.port}")
-    return ok
+    return True
 
 
 def release_target(ctx: StepContext) -> None:

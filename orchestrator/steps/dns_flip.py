@@ -125,21 +125,30 @@ class DnsFlip(Step):
         new = plan.dns_content
         fenced = plan.services.target_fence.enable is not None
         zone_id = self._zone_id(ctx)
-        read = _side_by_side(lambda name: self._find(ctx, zone_id, name), plan.dns.records)
+        fresh = not ctx.saved(OLD_RECORDS)  # no record edited by this run yet
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="doors") as pool:
+            # A fresh flip readies the front doors (the source still holds, the target's door holds) while the
+            # records are looked up: both round trips come before any edit.
+            doors = pool.submit(contextvars.copy_context().run, self._before_flip, ctx) if fresh else None
+            try:
+                read = _side_by_side(lambda name: self._find(ctx, zone_id, name), plan.dns.records)
+            finally:
+                doors_failed = doors.exception() if doors is not None else None
         found = dict(zip(plan.dns.records, read, strict=True))
         for name in plan.dns.records:
             if not found[name]:
                 raise StepError(f"DNS record {name} ({plan.dns.type}) not found in zone {plan.dns.zone}")
         already = sorted({r.name for records in found.values() for r in records if r.content == new})
+        if doors_failed is not None:
+            raise doors_failed
         if already:
             # A resumed flip: some records moved already, clients follow them. Finish the flip whatever the budget
             # says; rolling back now would only make things worse.
             ctx.log.warning("dns_flip.resuming_partial_flip", already=already)
             if not fenced:
                 self._commit(ctx, self._partial_reason(already))
-        else:
-            ctx.window.check("flipping DNS")
-            frontdoor.before_flip(ctx)
+        elif not fresh:
+            self._before_flip(ctx)
         old: dict[str, dict[str, Any]] = dict(ctx.saved(OLD_RECORDS) or {})
         flipped: list[str] = []
         attempted: list[str] = []
@@ -197,6 +206,10 @@ class DnsFlip(Step):
             target_fence_lifted=lifted,
             write_block_seconds=None if blocked_at is None else round(flipped_at - blocked_at, 3),
         ).journal()
+
+    def _before_flip(self, ctx: StepContext) -> None:
+        ctx.window.check("flipping DNS")
+        frontdoor.before_flip(ctx)
 
     def undo(self, ctx: StepContext) -> None:
         """Fence the target again (nothing more may be written there), then put back every record's old content

@@ -90,6 +90,10 @@ class ReplSwitch(Step):
         # Connections are opened while writes still flow: connecting is not part of the window.
         source = rt.db("source", read_timeout=max(plan.database.read_timeout, plan.cutover.lock_wait_timeout + 30))
         target = rt.db("target", read_timeout=max(plan.database.read_timeout, plan.cutover.max_write_block + 30))
+        # And those the window's reads take after the promotion: the SQL health checks, verify_target's positions.
+        sql_checks = [c for c in health.checks_for(plan.health, health.INSIDE, replicate=True) if c.kind == "sql"]
+        rt.keep_spare("target", 1 + len(sql_checks))
+        rt.keep_spare("source", 1)
         # The in-window health checks' thread: never left running past this step (each try is bounded by the
         # budget, so waiting for it is bounded too).
         checking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checks")
