@@ -9,7 +9,7 @@ fails. Failures, each breaking one thing: a replica error before the window, a r
 before the window rolls back to a source that never stopped serving (never fenced, never read-only); each kill
 resumes to a completed run with 0 lost. Then `migrate rollback` after the flip over the reverse replica:
 nothing acknowledged is lost on the way there or back (a stopped reverse replica first makes that rollback refuse,
-changing nothing).
+changing nothing); killed with kill -9 inside its window, `migrate rollback` again resumes it, 0 lost.
 
 Faults are planted by the plan's own hooks (a `before-step` hook fires at a known point of the run), so nothing
 here waits on timing. Every test starts and ends with the source live and writable, no replication, no tunnel.
@@ -461,8 +461,9 @@ def test_killed_during_the_seed_resumes_and_loses_nothing(live: LabState, tmp_pa
 
 def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_path: Path) -> None:
     state = live
-    # Inside the window: the source read-only and fenced, the target promoted, DNS not flipped yet.
-    plan = replicate_plan(state, "replkill2", {"before-step": on_step("files_final", "kill -9 $PPID\n")})
+    # Inside the window: the source read-only and fenced, the target promoted (the switch done), the uploads' delta
+    # perhaps still running beside, DNS not flipped yet.
+    plan = replicate_plan(state, "replkill2", {"before-step": on_step("start_target", "kill -9 $PPID\n")})
     hook = state.path / "hooks-replkill2" / "before-step"
     report = resumed_under_load(state, plan, tmp_path / "load", str(hook))
     events = journal_events(state, plan)
