@@ -219,7 +219,9 @@ def hold_source(
     ctx.save(SOURCE_HOLD, facts)  # before: a crash still knows a hold may stand
     try:
         deadline = front.hold(seconds, writes_only=writes_only, host_now=time.time() + ready.clock_offset)
-        in_flight = front.at_server() if writes_only else set()
+        # Holding writes alone: only the writes in flight must end before the fence and read_only (reads in flight
+        # meet neither), so the drain waits for those only.
+        in_flight = front.writes_at_server() if writes_only else set()
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "holding requests", exc) from None
     ctx.save(SOURCE_HOLD, {**facts, "deadline": deadline, "pid": pid})
@@ -228,7 +230,7 @@ def hold_source(
     try:
         if not bound:
             drained = True
-        elif writes_only:  # reads go on: wait for the requests that were in flight when the hold began
+        elif writes_only:  # reads go on: wait for the writes that were in flight when the hold began
             drained = front.wait_finished(in_flight, bound)
         else:
             drained = front.wait_drained(bound)
