@@ -12,10 +12,11 @@ applied yet.
 The target's services stay fenced: the DNS flip lifts the fence (the commit point). Once the source's fence and
 read_only are up, the uploads' final delta (files_final) starts beside the rest of this step (`start_next_beside`):
 it needs writes stopped, not the database promoted. The in-window health checks (`when: both|window`) run side by
-side with the switch from the window's start, against the fenced target (its services run on the replica's data,
-which the promotion leaves as it is): their round trips overlap the replica's wait instead of following the
-promotion. A check that fails stops the switch (before the promotion when it failed by then); verify_target
-reports them, and runs them itself when the switch did not (a resumed switch that found the promotion done).
+side with the switch once writes are held (after the front door's drain), against the fenced target (its services
+run on the replica's data, which the promotion leaves as it is): their round trips overlap the fence, the
+replica's wait and the promotion instead of following them. A check that fails stops the switch (before the
+promotion when it failed by then); verify_target reports them, and runs them itself when the switch did not (a
+resumed switch that found the promotion done).
 
 With a front door (plan section `proxy`), the source's HAProxy holds new requests just before the fence goes up
 and its undo releases them once the source takes writes again (orchestrator/frontdoor.py, as in the cut-over).
@@ -71,7 +72,7 @@ class ReplSwitch(Step):
             "promote the target: STOP SLAVE, proof that it executed exactly the final position, RESET SLAVE ALL, "
             "read_only = 0 (its services stay fenced until the DNS flip)",
             *[
-                f"side by side from the window's start: health check {health.check_label(c)} against the fenced "
+                f"side by side once writes are held: health check {health.check_label(c)} against the fenced "
                 f"target (up to {plan.health.attempts} tries)"
                 for c in health.checks_for(plan.health, health.INSIDE, replicate=True)
             ],
