@@ -1,6 +1,7 @@
 """A step that runs beside the steps after it (`runs_beside`, started by `ctx.start_next_beside()`): it really runs
 at the same time as the step that let it start, is done before the commit point, fails the run like any step, is
-waited for before a rollback, and is re-entered after a crash like any step found in flight."""
+waited for before a rollback, and is re-entered after a crash like any step found in flight; the report counts
+the window's time such steps share once."""
 
 from __future__ import annotations
 
@@ -167,3 +168,17 @@ def test_a_crash_with_both_in_flight_resumes_both(tmp_path: Path) -> None:
     assert world.actions.index("run files") < world.actions.index("switch sees the next step running")
     state = Journal(path).state()
     assert state is not None and all(state.steps[n].state == StepState.DONE for n in names)
+
+
+def test_the_windows_parts_count_steps_side_by_side_once_in_the_time_between_steps() -> None:
+    from orchestrator.report import window_parts
+
+    # Window 10 → 20: the switch 10 → 13, files beside it 12 → 16, verify 13.5 → 14, the flip 16.5 → 20.
+    steps = [
+        {"name": "switch", "started_at": 9.0, "ended_at": 13.0},
+        {"name": "files", "started_at": 12.0, "ended_at": 16.0},
+        {"name": "verify", "started_at": 13.5, "ended_at": 14.0},
+        {"name": "flip", "started_at": 16.5, "ended_at": 21.0},
+    ]
+    parts = window_parts(steps, 10.0, 20.0, None)
+    assert parts == {"switch": 3.0, "files": 4.0, "verify": 0.5, "flip": 3.5, "between steps": 0.5}
