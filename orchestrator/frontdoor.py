@@ -5,7 +5,9 @@ What the steps call, each a no-op when the plan has no front door for that host:
 - `hold_source(ctx, blocked_at)` (the step that begins the window, `cutover` or `repl_switch`, before the fence):
   the source's HAProxy holds every new request until what is left of `cutover.max_write_block` plus HOLD_MARGIN (a
   deadline on the HAProxy host's clock, journaled before it is set), then in-flight requests get `drain_timeout` to
-  finish. The fence still goes up behind it.
+  finish. The fence still goes up behind it. `prepare_hold(ctx)` reads, before the window, what the hold needs
+  (whether it can hold writes alone, the door's pid and clock, that it sends requests to the source's app), so the
+  window spends only the hold's own round trips on the door (one command, then the drain).
 - `keep_holding_for_rollback(ctx)` / `release_source(ctx)` (that step's undo, and between its tries when it lets
   writes in): the hold is stretched while the source takes writes again (its database started or made writable,
   its fence lifted), then released: held requests go to the source, none fails.
@@ -30,11 +32,14 @@ get its refusal, as without a front door) until `migrate apply` or `migrate roll
 
 from __future__ import annotations
 
+import contextvars
 import csv
 import io
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from orchestrator.contracts import runtime
@@ -151,23 +156,29 @@ def describe(ctx: StepContext, side: Side) -> list[str]:
 # --- the source: hold, drain, release -----------------------------------------------------------------------
 
 
-def hold_source(ctx: StepContext, blocked_at: float, *, source_serves_reads: bool = False) -> None:
-    """Hold the source's requests until the budget (+ margin) runs out; then let in-flight requests finish.
+@dataclass(frozen=True)
+class HoldReady:
+    """What the source's hold needs to know, read before the window (reads only: nothing is held yet), so the
+    window itself spends only the hold's own round trips on the door."""
 
-    `source_serves_reads`: the source database keeps serving reads through the window (the replicate mode's
-    read_only). With the plan's `hold: writes` only the requests that may write are held then, and reads go on to
-    the source; an HAProxy whose hold action cannot tell them apart holds everything (said in the log)."""
+    writes_only: bool
+    pid: str
+    clock_offset: float  # the HAProxy host's clock minus ours (the hold is a deadline on its clock)
+    target_at_own_app: bool
+
+
+def prepare_hold(ctx: StepContext, *, source_serves_reads: bool = False) -> HoldReady | None:
+    """Read what `hold_source` needs (None: no source door). Fails, one line, when the source's door does not send
+    requests to the source's app: nothing was held, no fence went up."""
     front, config = door(ctx, "source"), section(ctx, "source")
     if front is None or config is None:
-        return
-    rt = runtime(ctx)
-    _point_at_own_app(ctx, "target")
-    budget_left = rt.plan.cutover.max_write_block - (time.time() - blocked_at)
-    seconds = max(budget_left + HOLD_MARGIN, MIN_HOLD)
+        return None
+    try:
+        target_at_own_app = _at_own_app(ctx, "target")
+    except (HaproxyError, ValueError) as exc:
+        raise _fail(ctx, "target", "reading where it sends requests", exc) from None
     try:
         writes_only = source_serves_reads and config.hold == "writes" and _can_hold_writes_only(ctx, front)
-        facts: dict[str, Any] = {"seconds": round(seconds, 3), "writes_only": writes_only}
-        ctx.save(SOURCE_HOLD, facts)  # before: a crash still knows a hold may stand
         server = front.server_state()
         if (server.address, server.port) != (config.app.address, config.app.port):
             raise StepError(
@@ -175,8 +186,42 @@ def hold_source(ctx: StepContext, blocked_at: float, *, source_serves_reads: boo
                 f"app {config.app.address}:{config.app.port} (proxy.source.app): not holding, the fence did not go up"
             )
         pid = _pid(front)
-        deadline = front.hold(seconds, writes_only=writes_only)
-        in_flight = front.at_server() if writes_only else set()
+        asked = time.time()
+        host_now = front.host_now()
+        offset = host_now - (asked + time.time()) / 2
+    except (HaproxyError, ValueError) as exc:
+        raise _fail(ctx, "source", "holding requests", exc) from None
+    return HoldReady(writes_only, pid, offset, target_at_own_app)
+
+
+def hold_source(
+    ctx: StepContext, blocked_at: float, *, source_serves_reads: bool = False, ready: HoldReady | None = None
+) -> None:
+    """Hold the source's requests until the budget (+ margin) runs out; then let in-flight requests finish.
+
+    `source_serves_reads`: the source database keeps serving reads through the window (the replicate mode's
+    read_only). With the plan's `hold: writes` only the requests that may write are held then, and reads go on to
+    the source; an HAProxy whose hold action cannot tell them apart holds everything (said in the log).
+    `ready`: what `prepare_hold` read before the window (else it is read now)."""
+    front, config = door(ctx, "source"), section(ctx, "source")
+    if front is None or config is None:
+        return
+    rt = runtime(ctx)
+    if ready is None:
+        ready = prepare_hold(ctx, source_serves_reads=source_serves_reads)
+        assert ready is not None
+    if not ready.target_at_own_app:
+        _point_at_own_app(ctx, "target")
+    budget_left = rt.plan.cutover.max_write_block - (time.time() - blocked_at)
+    seconds = max(budget_left + HOLD_MARGIN, MIN_HOLD)
+    writes_only, pid = ready.writes_only, ready.pid
+    facts: dict[str, Any] = {"seconds": round(seconds, 3), "writes_only": writes_only}
+    ctx.save(SOURCE_HOLD, facts)  # before: a crash still knows a hold may stand
+    try:
+        deadline = front.hold(seconds, writes_only=writes_only, host_now=time.time() + ready.clock_offset)
+        # Holding writes alone: only the writes in flight must end before the fence and read_only (reads in flight
+        # meet neither), so the drain waits for those only.
+        in_flight = front.writes_at_server() if writes_only else set()
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "holding requests", exc) from None
     ctx.save(SOURCE_HOLD, {**facts, "deadline": deadline, "pid": pid})
@@ -185,7 +230,7 @@ def hold_source(ctx: StepContext, blocked_at: float, *, source_serves_reads: boo
     try:
         if not bound:
             drained = True
-        elif writes_only:  # reads go on: wait for the requests that were in flight when the hold began
+        elif writes_only:  # reads go on: wait for the writes that were in flight when the hold began
             drained = front.wait_finished(in_flight, bound)
         else:
             drained = front.wait_drained(bound)
@@ -279,6 +324,15 @@ def _clock(deadline: Any) -> str:
     return "the deadline" if not deadline else time.strftime("%H:%M:%S", time.localtime(float(deadline)))
 
 
+def _at_own_app(ctx: StepContext, side: Side) -> bool:
+    """Whether that host's door (if any) sends its requests to its own host's app."""
+    front, config = door(ctx, side), section(ctx, side)
+    if front is None or config is None:
+        return True
+    server = front.server_state()
+    return (server.address, server.port) == (config.app.address, config.app.port)
+
+
 def _point_at_own_app(ctx: StepContext, side: Side) -> None:
     """A door that forwarded during an earlier run is pointed back at its own host's app."""
     front, config = door(ctx, side), section(ctx, side)
@@ -334,22 +388,35 @@ def before_flip(ctx: StepContext) -> None:
 def forward_to_target(ctx: StepContext) -> bool:
     """The commit point: the target's door lets its requests in, the source's forwards to the target and lets
     the held requests go. Idempotent. False (logged) when a door could not be told: finish tries again."""
-    ok = True
     if not engaged(ctx):
-        return ok
+        return True
+    # The two doors side by side (each a few admin round trips inside the window): held requests the source lets
+    # go before the target's door is released wait there, so the order does not matter.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="door") as pool:
+        target_released = pool.submit(contextvars.copy_context().run, _release_target_door, ctx)
+        forwarding = _forward_source_door(ctx)
+        return target_released.result() and forwarding
+
+
+def _release_target_door(ctx: StepContext) -> bool:
     target = door(ctx, "target")
-    if target is not None:
-        try:
-            target.release()
-            if ctx.saved(TARGET_HOLD):
-                ctx.save(TARGET_HOLD, None)
-            ctx.log.info("frontdoor.target_released")
-        except (HaproxyError, ValueError) as exc:
-            ok = False
-            ctx.log.error("frontdoor.target_release_failed", error=_said(ctx, "target", exc))
+    if target is None:
+        return True
+    try:
+        target.release()
+        if ctx.saved(TARGET_HOLD):
+            ctx.save(TARGET_HOLD, None)
+        ctx.log.info("frontdoor.target_released")
+    except (HaproxyError, ValueError) as exc:
+        ctx.log.error("frontdoor.target_release_failed", error=_said(ctx, "target", exc))
+        return False
+    return True
+
+
+def _forward_source_door(ctx: StepContext) -> bool:
     front, config = door(ctx, "source"), section(ctx, "source")
     if front is None or config is None:
-        return ok
+        return True
     to = config.forward_to
     try:
         before = _saved_by(ctx, None, FORWARDED) or {"to": f"{to.address}:{to.port}", "requests": _requests(front)}
@@ -360,7 +427,7 @@ def forward_to_target(ctx: StepContext) -> bool:
         ctx.log.error("frontdoor.forward_failed", error=_said(ctx, "source", exc))
         return False
     ctx.log.info("frontdoor.source_forwarding", to=f"{to.address}:{to.port}")
-    return ok
+    return True
 
 
 def release_target(ctx: StepContext) -> None:

@@ -124,24 +124,34 @@ def window_parts(
     steps: list[dict[str, Any]], blocked_at: float | None, flipped_at: float | None, switch: SwitchResult | None
 ) -> dict[str, float]:
     """Where the window's seconds went: each step's share of [writes blocked, DNS flipped] (the step that blocks
-    writes counts from the block), what the engine spent between steps, and the replicate switch's own parts."""
+    writes counts from the block), what the engine spent between steps (the window's time no step covered: steps
+    that ran side by side overlap, so their shares may add up to more than the window), and the replicate switch's
+    own parts."""
     if not (blocked_at and flipped_at and flipped_at > blocked_at):
         return {}
     parts: dict[str, float] = {}
+    spans: list[tuple[float, float]] = []
     for step in steps:
         start, end = step.get("started_at"), step.get("ended_at")
         if start is None or end is None:
             continue
-        inside = min(end, flipped_at) - max(start, blocked_at)
-        if inside > 0:
-            parts[step["name"]] = round(inside, 3)
-    parts["between steps"] = round(max(0.0, flipped_at - blocked_at - sum(parts.values())), 3)
+        begin, stop = max(start, blocked_at), min(end, flipped_at)
+        if stop > begin:
+            parts[step["name"]] = round(stop - begin, 3)
+            spans.append((begin, stop))
+    covered, reach = 0.0, blocked_at
+    for begin, stop in sorted(spans):
+        covered += max(0.0, stop - max(begin, reach))
+        reach = max(reach, stop)
+    parts["between steps"] = round(max(0.0, flipped_at - blocked_at - covered), 3)
     if switch is not None:
         for name, value in (
+            ("switch: journal and front door (hold, drain)", switch.hold_seconds),
             ("switch: read_only", switch.read_only_seconds),
             ("switch: fence", switch.fence_seconds),
             ("switch: replica's wait", switch.wait_seconds),
             ("switch: promotion", switch.promote_seconds),
+            ("switch: health checks (side by side with the above)", switch.health_seconds),
         ):
             if value is not None:
                 parts[name] = value

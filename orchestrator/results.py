@@ -199,11 +199,15 @@ class SwitchResult(Contract):
     writes_blocked_at: float | None = None
     read_only_seconds: float | None = None
     fence_seconds: float | None = None  # the source's fence command (side by side with read_only)
+    hold_seconds: float | None = None  # the window's start: journaled, the front door holding, in-flight drained
     final_gtid: str | None = None
     wait_seconds: float | None = None
     promote_seconds: float | None = None
     executed_gtid: str | None = None
     switch_seconds: float | None = None
+    # The in-window health checks, run side by side with the switch (None: not run here, verify_target runs them).
+    health_tries: dict[str, int] | None = None
+    health_seconds: float | None = None
 
 
 # --- the target ---

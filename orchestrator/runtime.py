@@ -38,6 +38,9 @@ class Runtime:
         self._hosts: dict[str, SshHost] = {}
         self._tunnels: dict[str, tuple[object, tuple[str, int]]] = {}
         self._connections: list[pymysql.Connection] = []
+        # Connections opened before the downtime window for db() to hand out inside it (keep_spare).
+        self._spares: dict[str, list[pymysql.Connection]] = {}
+        self._spares_lock = threading.Lock()
         self._dns: DnsClient | None = None
         self._lock = threading.Lock()
         # The run's heartbeat for the guard on the source (orchestrator/guard.py), while this process drives it.
@@ -90,6 +93,9 @@ class Runtime:
     def db(self, which: Which, *, retry: bool = True, read_timeout: float | None = None) -> pymysql.Connection:
         """A new autocommit connection to that host's database through an SSH tunnel (closed by close())."""
         database = self.plan.database
+        spare = self._take_spare(which, read_timeout or database.read_timeout)
+        if spare is not None:
+            return spare
         password = self.db_password()
         local_host, local_port = self._tunnel(which)
 
@@ -110,6 +116,35 @@ class Runtime:
             raise mysql.DbError(f"{which} {exc}", exc.transient, exc.code) from None
         self._connections.append(conn)
         return conn
+
+    def keep_spare(self, which: Which, count: int) -> None:
+        """Open `count` connections to that database now (before the window), for the next db() calls to take:
+        inside the window a connection costs a round trip (a ping), not a TCP and SSH channel set-up and a login.
+        Best effort: one that cannot be opened now is opened when asked for, as without a spare."""
+        for _ in range(count):
+            try:
+                conn = self.db(which, retry=False)
+            except Exception:
+                return
+            with self._spares_lock:
+                self._spares.setdefault(which, []).append(conn)
+
+    def _take_spare(self, which: Which, read_timeout: float) -> pymysql.Connection | None:
+        """A spare connection, alive (one ping) and bounded like a new one; None when there is none left."""
+        while True:
+            with self._spares_lock:
+                spares = self._spares.get(which) or []
+                if not spares:
+                    return None
+                conn = spares.pop()
+            try:
+                with mysql.read_timeout(conn, read_timeout):
+                    conn.ping(reconnect=False)
+            except Exception:  # gone since it was opened: the next one, or a new connection
+                self.release(conn)
+                continue
+            conn._read_timeout = conn._write_timeout = read_timeout
+            return conn
 
     def db_source(self) -> pymysql.Connection:
         return self.db("source")
@@ -167,6 +202,7 @@ class Runtime:
             # The source's shared SSH connection to the target (rsync's) must not outlive the run.
             with contextlib.suppress(Exception):
                 source.run(rsync.close_master_command(self.plan), timeout=15, check=False)
+        self._spares.clear()
         for conn in self._connections:
             with contextlib.suppress(Exception):  # the server may have gone away first
                 conn.close()

@@ -265,3 +265,39 @@ def test_a_connection_closed_without_an_answer_is_unreachable(admin: FakeAdminSo
     admin.answers["set map"] = ""
     with pytest.raises(AdminSocketUnreachable, match="closed without an answer"):
         door(admin.path).release()
+
+
+# `show sess all` of HAProxy 2.6.12 in front of the lab's app (two streams at the server, a GET and a POST; the
+# lines below each `txn=` line and two fields of the second line left out).
+SHOW_SESS_ALL = """\
+0x5576ba5863f0: [25/Nov/2026:03:08:15.954666] id=2212 proto=tcpv4 source=127.0.0.1:35914
+  flags=0xc4a, conn_retries=0, srv_conn=0x5576ba3c4660, pend_pos=(nil) waiting=0 epoch=0x20
+  frontend=app_front (id=2 mode=http), listener=? (id=1) addr=127.0.0.2:29122
+  backend=app_backend (id=3 mode=http) addr=127.0.0.2:57404
+  server=app (id=1) addr=127.0.0.2:30319
+  task=0x5576ba37b6b0 (state=0x00 nice=0 calls=2 rate=0 exp=1s tmask=0x1 age=0s)
+  txn=0x5576ba59d940 flags=0x3000 meth=1 status=-1 req.st=MSG_DONE rsp.st=MSG_RPBEFORE req.f=0x4c rsp.f=0x00
+0x5576ba59b960: [25/Nov/2026:03:08:16.136086] id=2214 proto=tcpv4 source=127.0.0.1:35932
+  flags=0x84a, conn_retries=0, srv_conn=0x5576ba3c4660, pend_pos=(nil) waiting=0 epoch=0x20
+  frontend=app_front (id=2 mode=http), listener=? (id=1) addr=127.0.0.2:29122
+  backend=app_backend (id=3 mode=http) addr=127.0.0.2:57418
+  server=app (id=1) addr=127.0.0.2:30319
+  task=0x5576ba37adf0 (state=0x00 nice=0 calls=2 rate=0 exp=1s tmask=0x1 age=?)
+  txn=0x5576ba579c20 flags=0x0 meth=3 status=-1 req.st=MSG_DONE rsp.st=MSG_RPBEFORE req.f=0x0d rsp.f=0x00
+"""
+
+
+def test_show_sess_all_tells_the_writes_in_flight_from_the_reads() -> None:
+    streams = haproxy.parse_sessions_all(SHOW_SESS_ALL)
+    assert [(s.frontend, s.backend, s.server, s.id, s.epoch, method) for s, method in streams] == [
+        ("app_front", "app_backend", "app", "0x5576ba5863f0", "0x20", "1"),  # GET
+        ("app_front", "app_backend", "app", "0x5576ba59b960", "0x20", "3"),  # POST
+    ]
+    # A stream whose method HAProxy does not show (no request parsed yet) counts as a write.
+    no_txn = "\n".join(line for line in SHOW_SESS_ALL.splitlines() if "meth=1" not in line)
+    assert [method for _, method in haproxy.parse_sessions_all(no_txn)] == [None, "3"]
+
+
+def test_a_hold_of_the_writes_waits_only_for_the_writes_in_flight(admin: FakeAdminSocket) -> None:
+    admin.answers = {"show sess all": SHOW_SESS_ALL, **admin.answers}
+    assert door(admin.path).writes_at_server() == {("0x5576ba59b960", "0x20")}

@@ -9,7 +9,7 @@ fails. Failures, each breaking one thing: a replica error before the window, a r
 before the window rolls back to a source that never stopped serving (never fenced, never read-only); each kill
 resumes to a completed run with 0 lost. Then `migrate rollback` after the flip over the reverse replica:
 nothing acknowledged is lost on the way there or back (a stopped reverse replica first makes that rollback refuse,
-changing nothing).
+changing nothing); killed with kill -9 inside its window, `migrate rollback` again resumes it, 0 lost.
 
 Faults are planted by the plan's own hooks (a `before-step` hook fires at a known point of the run), so nothing
 here waits on timing. Every test starts and ends with the source live and writable, no replication, no tunnel.
@@ -461,8 +461,9 @@ def test_killed_during_the_seed_resumes_and_loses_nothing(live: LabState, tmp_pa
 
 def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_path: Path) -> None:
     state = live
-    # Inside the window: the source read-only and fenced, the target promoted, DNS not flipped yet.
-    plan = replicate_plan(state, "replkill2", {"before-step": on_step("files_final", "kill -9 $PPID\n")})
+    # Inside the window: the source read-only and fenced, the target promoted (the switch done), the uploads' delta
+    # perhaps still running beside, DNS not flipped yet.
+    plan = replicate_plan(state, "replkill2", {"before-step": on_step("start_target", "kill -9 $PPID\n")})
     hook = state.path / "hooks-replkill2" / "before-step"
     report = resumed_under_load(state, plan, tmp_path / "load", str(hook))
     events = journal_events(state, plan)
@@ -675,3 +676,67 @@ def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_repl
 def journal_events_of(state: LabState, name: str) -> list[dict[str, Any]]:
     path = state.path / ".migrate" / name / "journal.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_killed_inside_the_reverse_window_resumes_and_loses_nothing(live: LabState, tmp_path: Path) -> None:
+    """`migrate rollback` after the flip goes back over the reverse replica; kill -9 inside its window (the target
+    fenced and read-only, the old source being promoted, DNS still at the target): `migrate rollback` again resumes
+    the way back to its end, under load, and nothing either server acknowledged is lost."""
+    state = live
+    # Only the way back's run is killed (its plan is named <name>-reverse); the forward run passes the same hook.
+    body = '[[ "$MIGRATE_PLAN_NAME" == *-reverse ]] || exit 0\nkill -9 $PPID\n'
+    plan = replicate_plan(state, "replbackkill", {"before-step": on_step("files_final", body)}, keep_reverse=3600)
+    name = plan_name(plan)
+    hook = state.path / "hooks-replbackkill" / "before-step"
+    rollback = ["rollback", str(plan), "--yes", "--env-file", str(state.env_file)]
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, 400)
+    try:
+        acks = load_dir / "acks.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
+            time.sleep(0.05)
+        forward = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert forward.returncode == exit_codes.OK, outcome(forward)
+        assert "reverse replication kept until" in forward.stdout, outcome(forward)
+        wait_for_load_acks_on(load_dir, state.target.address, since=time.time())  # clients follow DNS there
+
+        killed = migrate(state, *rollback)
+        assert killed.returncode == -signal.SIGKILL, outcome(killed)
+        back_events = journal_events_of(state, f"{name}-reverse")
+        assert writes_were_blocked(back_events), "killed before the reverse window began"
+        assert not any(ev.get("event") == "committed" for ev in back_events), "killed after the reverse flip"
+        assert dns_contents(state) == {n: state.target.address for n in state.records}
+        hook.unlink()
+
+        resumed = migrate(state, *rollback)
+        assert resumed.returncode == exit_codes.OK, outcome(resumed)
+        assert "resuming it" in resumed.stdout + resumed.stderr, outcome(resumed)
+        wait_for_load_acks_on(load_dir, state.source.address, since=time.time())  # clients leave the target
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load.communicate(timeout=60)
+
+    assert dns_contents(state) == {n: state.source.address for n in state.records}
+    report = run_report(state, f"{name}-reverse")
+    assert report["status"] == "completed"
+    print(
+        f"reverse cut-over killed inside its window and resumed: writes blocked (report) "
+        f"{report['write_block_seconds']} s; steps {[(s['name'], s['attempts']) for s in report['steps']]}"
+    )
+    verify = main_verify(state, host="source", load_dir=load_dir)
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    # Writes acknowledged by the target between the flip and the way back are on the source now.
+    assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
+    # The old source a plain writable primary again; the target read-only; no replication, no tunnel.
+    writable, status = source_is_plain_and_writable(state)
+    assert writable and status is None
+    conn = connect(state, state.target)
+    try:
+        assert repl.is_read_only(conn) and repl.replica_status(conn) is None
+    finally:
+        conn.close()
+    for kind in ("fwd", "rev"):
+        assert not tunnel_running(tunnel(plan, kind))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -146,6 +147,8 @@ class Journal:
         self.path = path
         self._events: list[dict[str, Any]] = read_events(path) if path is not None else []
         self._seq = self._events[-1]["seq"] if self._events else 0
+        # A step running beside another (engine/machine.py) journals from its own thread: one writer at a time.
+        self._lock = threading.Lock()
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -159,13 +162,14 @@ class Journal:
         return replay(read_events(self.path)) if self.path is not None else self.state()
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        self._seq += 1
-        record: dict[str, Any] = {"seq": self._seq, "ts": time.time(), "event": event}
-        record.update(fields)
-        record = redact_obj(record)  # type: ignore[assignment]
-        self._persist(record)
-        self._events.append(record)
-        return record
+        with self._lock:
+            self._seq += 1
+            record: dict[str, Any] = {"seq": self._seq, "ts": time.time(), "event": event}
+            record.update(fields)
+            record = redact_obj(record)  # type: ignore[assignment]
+            self._persist(record)
+            self._events.append(record)
+            return record
 
     def _persist(self, record: dict[str, Any]) -> None:
         """Write, flush and fsync one record (nothing for an in-memory journal)."""

@@ -14,14 +14,24 @@ Signals are acted on only at safe points (engine/interrupt.py): before the commi
 current step (and the run rolls back); once the journal says committed, the run finishes forward. A rollback is never
 stopped by a signal.
 
+Beside: a step marked `runs_beside` may start before the step ahead of it ends, when that step says its
+preconditions hold (`ctx.start_next_beside()`, e.g. once writes are stopped); it then runs in a thread while the
+engine goes on with the steps after it, and is joined (its completion or failure journaled) before any commit point,
+before the run ends, and before a rollback begins: nothing of it is still running when a compensation starts or the
+run commits. A failure it raises fails the run like any step's. Its `step_started` is journaled before it starts, so
+a resumed run re-enters it like any step found in flight.
+
 `describe` is the dry-run: the same step contexts as a run, built from an in-memory journal.
 """
 
 from __future__ import annotations
 
+import contextvars
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -58,6 +68,15 @@ class StepPlan:
 
 
 @dataclass
+class _Beside:
+    """A step running beside the steps after it (see the module's docstring)."""
+
+    step: Step
+    index: int
+    future: Future[tuple[dict[str, Any], float]]
+
+
+@dataclass
 class EngineConfig:
     plan_path: str
     plan_name: str
@@ -90,9 +109,19 @@ class Engine:
         self.confirm = confirm
         self.log = log or structlog.get_logger("migrate")
         self.interruptions = interruptions or Interruptions()
+        self._beside: _Beside | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._thread = threading.get_ident()  # the thread signals are acted on in (the one running forward)
 
     def _append(self, event: str, **fields: Any) -> None:
         """Journal a transition; no signal lands between the durable record and the in-memory state."""
+        if threading.get_ident() != self._thread:
+            # A step running beside: signals are acted on in the engine's own thread only, so nothing can split
+            # this record from its state here (the journal serialises the two threads' writers).
+            self.journal.append(event, **fields)
+            if event == "committed":
+                self.interruptions.finish_forward = True
+            return
         with self.interruptions.recording():
             self.journal.append(event, **fields)
             if event == "committed" or (event == "step_completed" and fields.get("commit_point")):
@@ -157,9 +186,25 @@ class Engine:
 
     # --------------------------------------------------------------- forward
     def forward(self) -> Outcome:
+        try:
+            return self._forward()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def _forward(self) -> Outcome:
+        self._thread = threading.get_ident()
         state = self._require_state()
         self.interruptions.finish_forward = state.committed
         for index, step in enumerate(self.steps):
+            # A step running beside is joined before a commit point; one that already failed, as soon as seen.
+            failed = self._join_beside(wait=step.commit_point)
+            if failed is not None:
+                return self._on_failure(*failed)
+            state = self._require_state()
+            if self._beside is not None and self._beside.step is step:
+                continue  # it runs beside the steps after it
             rec = state.step(step.name)
             if rec.state == StepState.DONE:
                 continue
@@ -211,11 +256,15 @@ class Engine:
                     exc = Interrupted("interrupted by the operator")
                 if not isinstance(exc, Exception):
                     raise
+                self._end_beside_before_failure()
                 return self._on_failure(step, exc)
             finally:
                 structlog.contextvars.unbind_contextvars("step")
             state = self._require_state()
             self._fire("after-step", interruptible=False, **self._hook_env(state, step, index))
+        failed = self._join_beside(wait=True)
+        if failed is not None:
+            return self._on_failure(*failed)
         self._append("run_completed")
         state = self._require_state()
         self._observe_at_end(state)
@@ -223,6 +272,66 @@ class Engine:
         self.log.info("migration completed", run_id=state.run_id)
         self._fire("on-success", interruptible=False, **self._hook_env(state, None))
         return Outcome.COMPLETED
+
+    # ----------------------------------------------------------------- beside
+    def _start_beside(self, index: int) -> None:
+        """The step at `index` says the next one may begin now: started in a thread if it `runs_beside` (else a
+        no-op: it runs after this one, as usual)."""
+        if self.config.dry_run or self._beside is not None or index + 1 >= len(self.steps):
+            return
+        if threading.get_ident() != self._thread:
+            return
+        step = self.steps[index + 1]
+        state = self._require_state()
+        if not step.runs_beside or state.step(step.name).state == StepState.DONE:
+            return
+        # Journaled, started and tracked as one: a signal landing in between would leave it running untracked.
+        with self.interruptions.recording():
+            self._append("step_started", step=step.name, title=step.title, beside=self.steps[index].name)
+            ctx = self._context(step, self._require_state())
+            env = self._hook_env(state, step, index + 1)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="beside")
+            future = self._pool.submit(contextvars.copy_context().run, self._run_beside, step, ctx, env)
+            self._beside = _Beside(step, index + 1, future)
+        self.log.info("step started beside the previous one", step=step.name, index=f"{index + 2}/{len(self.steps)}")
+
+    def _run_beside(self, step: Step, ctx: StepContext, env: dict[str, str]) -> tuple[dict[str, Any], float]:
+        """The step, in its thread; its completion journaled here, at once (a crash after it does not re-run it,
+        and the report shows when it really ended). A failure is journaled by the engine's thread, which acts on
+        it."""
+        structlog.contextvars.bind_contextvars(step=step.name)
+        self.hooks.fire("before-step", **env)
+        began = time.monotonic()
+        result = step.run(ctx) or {}
+        duration = time.monotonic() - began
+        self._append("step_completed", step=step.name, result=result, duration=duration, commit_point=step.commit_point)
+        self.log.info("step done", duration=f"{duration:.2f}s", beside=True)
+        return result, duration
+
+    def _join_beside(self, *, wait: bool) -> tuple[Step, Exception] | None:
+        """The step running beside, once ended (waited for when `wait`): None when it completed, or the step and
+        its failure (not journaled yet), for the caller to fail the run with."""
+        beside = self._beside
+        if beside is None or not (wait or beside.future.done()):
+            return None
+        self._beside = None
+        try:
+            beside.future.result()  # its completion is journaled already
+        except Exception as exc:
+            return beside.step, exc
+        self._fire("after-step", interruptible=False, **self._hook_env(self._require_state(), beside.step))
+        return None
+
+    def _end_beside_before_failure(self) -> None:
+        """Another step failed: the one running beside is waited for (its work is bounded like any step's) and its
+        outcome journaled, so no compensation starts while it still works."""
+        failed = self._join_beside(wait=True)
+        if failed is not None:
+            step, exc = failed
+            error = _one_line(exc)
+            self._append("step_failed", step=step.name, error=error, kind=type(exc).__name__)
+            self.log.error("step failed", step=step.name, error=error)
 
     def _effect_in_place(self, step: Step, ctx: StepContext) -> bool:
         try:
@@ -404,6 +513,7 @@ class Engine:
             _save=self._save,
             _history=lambda: self.journal.events,
             _commit=lambda step, reason: self._append("committed", step=step, reason=reason),
+            _start_next=lambda: self._start_beside(self.steps.index(step)),
         )
 
     def _save(self, step: str, key: str, value: Any) -> None:

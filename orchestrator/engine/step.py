@@ -51,6 +51,7 @@ class StepContext:
     _save: Callable[[str, str, Any], None] | None = None
     _history: Callable[[], list[dict[str, Any]]] | None = None
     _commit: Callable[[str, str], None] | None = None
+    _start_next: Callable[[], None] | None = None
     started_at: float = field(default_factory=time.time)
     # The downtime window (remaining budget, bounded timeouts and retries); by default the runtime's, bound to
     # this run's journal so a resumed run counts from the journaled moment writes were blocked.
@@ -81,6 +82,13 @@ class StepContext:
         if self._commit is not None:
             self._commit(self.step, reason)
 
+    def start_next_beside(self) -> None:
+        """Let the next step begin now, beside the rest of this one, when it may run beside others (its
+        `runs_beside`): once this step has made true what the next one needs (e.g. writes stopped). A no-op
+        otherwise, in a dry-run and when called again; without this call the next step waits for this one."""
+        if self._start_next is not None:
+            self._start_next()
+
     def history(self) -> list[dict[str, Any]]:
         """The run's journal so far, oldest first (empty in a dry-run)."""
         return self._history() if self._history is not None else []
@@ -97,6 +105,10 @@ class Step(ABC):
     commit_point: ClassVar[bool] = False
     # The confirmation gate (and the before-cutover hook) sits right before this step.
     begins_downtime: ClassVar[bool] = False
+    # May run beside the steps after it, in a thread of the engine, when the step before it lets it start early
+    # (`ctx.start_next_beside()`); it is then done before any commit point and before the run ends. Such a step
+    # must not be one whose output the steps running beside it read (they would see none).
+    runs_beside: ClassVar[bool] = False
 
     @abstractmethod
     def describe(self, ctx: StepContext) -> list[str]:

@@ -18,13 +18,21 @@ Convergence: an edit whose answer never came (a timeout, a connection cut, an in
 by the API later. Each edit is journaled before it is sent and when it is answered (`edits`); undo (and a resumed
 flip) treat an unanswered edit as in flight: they re-apply the wanted content and keep reading until two reads
 agree and the in-flight edit's time is up (twice `dns.timeout` plus a margin after it was sent), within a bound. Every
-read-back is journaled (`records_now`), so `status` and the report say where every record points now.
+read-back is journaled (`records_now`), so `status` and the report say where every record points now. A flip whose
+every edit was answered (nothing in flight) reads each record back once: an answered edit cannot land later.
+
+Inside the window the records are handled side by side: their lookups, then (all old contents journaled first, in
+one record) their edits, then their read-backs, each an API round trip of its own in a thread.
 """
 
 from __future__ import annotations
 
+import contextvars
+import threading
 import time
-from typing import Any
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from orchestrator import frontdoor, guard
 from orchestrator.contracts import runtime
@@ -47,6 +55,24 @@ SETTLE_POLL = 0.25
 # Journaled once the target's fence is lifted: a resumed run that finds every record flipped still lifts it if not.
 TARGET_FENCE_LIFTED = "target_fence_lifted"
 FENCE_COMMAND_TIMEOUT = 120.0
+# API calls made side by side (one per record, at most this many at once).
+MAX_PARALLEL_CALLS = 8
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _side_by_side(work: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """`work` on each item in threads (carrying the log context), results in the items' order; the first failure
+    is raised once every call has ended (none is left running behind the caller)."""
+    items = list(items)
+    if len(items) < 2:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(len(items), MAX_PARALLEL_CALLS), thread_name_prefix="dns") as pool:
+        futures = [pool.submit(contextvars.copy_context().run, work, item) for item in items]
+        for future in futures:
+            future.exception()  # wait for all of them
+    return [future.result() for future in futures]
 
 
 def _snapshot(record: Any) -> dict[str, Any]:
@@ -61,6 +87,10 @@ class DnsFlip(Step):
     name = "dns_flip"
     title = "DNS flip: point every record at the target, then let it take writes (the commit point)"
     commit_point = True
+
+    def __init__(self) -> None:
+        # The journaled `edits` are read, changed and saved again by edits made side by side: one at a time.
+        self._edits_lock = threading.Lock()
 
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
@@ -95,39 +125,53 @@ class DnsFlip(Step):
         new = plan.dns_content
         fenced = plan.services.target_fence.enable is not None
         zone_id = self._zone_id(ctx)
-        found: dict[str, list[Any]] = {}
+        fresh = not ctx.saved(OLD_RECORDS)  # no record edited by this run yet
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="doors") as pool:
+            # A fresh flip readies the front doors (the source still holds, the target's door holds) while the
+            # records are looked up: both round trips come before any edit.
+            doors = pool.submit(contextvars.copy_context().run, self._before_flip, ctx) if fresh else None
+            try:
+                read = _side_by_side(lambda name: self._find(ctx, zone_id, name), plan.dns.records)
+            finally:
+                doors_failed = doors.exception() if doors is not None else None
+        found = dict(zip(plan.dns.records, read, strict=True))
         for name in plan.dns.records:
-            found[name] = self._find(ctx, zone_id, name)
             if not found[name]:
                 raise StepError(f"DNS record {name} ({plan.dns.type}) not found in zone {plan.dns.zone}")
         already = sorted({r.name for records in found.values() for r in records if r.content == new})
+        if doors_failed is not None:
+            raise doors_failed
         if already:
             # A resumed flip: some records moved already, clients follow them. Finish the flip whatever the budget
             # says; rolling back now would only make things worse.
             ctx.log.warning("dns_flip.resuming_partial_flip", already=already)
             if not fenced:
                 self._commit(ctx, self._partial_reason(already))
-        else:
-            ctx.window.check("flipping DNS")
-            frontdoor.before_flip(ctx)
+        elif not fresh:
+            self._before_flip(ctx)
         old: dict[str, dict[str, Any]] = dict(ctx.saved(OLD_RECORDS) or {})
         flipped: list[str] = []
         attempted: list[str] = []
         try:
-            for name in plan.dns.records:
-                for record in found[name]:
-                    if record.content == new:
-                        continue  # already flipped (a re-run after a crash): its old content is journaled
-                    # Journal first: whatever happens next, undo knows what to put back.
+            # Already flipped ones (a re-run after a crash) have their old content journaled.
+            to_edit = [r for name in plan.dns.records for r in found[name] if r.content != new]
+            if to_edit:
+                # Journal first, every record at once: whatever happens next, undo knows what to put back.
+                for record in to_edit:
                     old.setdefault(record.id, _snapshot(record))
-                    ctx.save(OLD_RECORDS, old)
-                    attempted.append(record.name)
-                    # A resumed partial flip finishes whatever the budget says (see above).
-                    self._set(ctx, zone_id, record, new, bounded=not already)
-                    flipped.append(record.name)
-                    ctx.log.info("dns_flip.record", record=record.name, old=record.content, new=new)
+                ctx.save(OLD_RECORDS, old)
+                attempted += [r.name for r in to_edit]
+
+            def _edit(record: Any) -> None:
+                # A resumed partial flip finishes whatever the budget says (see above).
+                self._set(ctx, zone_id, record, new, bounded=not already)
+                flipped.append(record.name)
+                ctx.log.info("dns_flip.record", record=record.name, old=record.content, new=new)
+
+            _side_by_side(_edit, to_edit)
             wanted = {r.id: new for records in found.values() for r in records}
-            stuck = self._converge(ctx, zone_id, wanted, bounded=not already)
+            # Every edit answered: nothing can land later, one read-back of each record says where it points.
+            stuck = self._converge(ctx, zone_id, wanted, bounded=not already, once=self._all_answered(ctx))
             if stuck:
                 raise StepError(f"DNS read back: not every record of {plan.dns.records} points at {new}: {stuck[0]}")
         except BaseException:
@@ -162,6 +206,10 @@ class DnsFlip(Step):
             target_fence_lifted=lifted,
             write_block_seconds=None if blocked_at is None else round(flipped_at - blocked_at, 3),
         ).journal()
+
+    def _before_flip(self, ctx: StepContext) -> None:
+        ctx.window.check("flipping DNS")
+        frontdoor.before_flip(ctx)
 
     def undo(self, ctx: StepContext) -> None:
         """Fence the target again (nothing more may be written there), then put back every record's old content
@@ -207,11 +255,23 @@ class DnsFlip(Step):
         old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
         return {saved.id: saved.content for saved in (RecordSnapshot.of(r) for r in old.values())}
 
+    def _all_answered(self, ctx: StepContext) -> bool:
+        """No edit of this run may still be in flight: every one sent got its answer."""
+        return all(edit.get("answered") for edit in (ctx.saved(EDITS) or {}).values())
+
     def _converge(
-        self, ctx: StepContext, zone_id: str, wanted: dict[str, str], *, bounded: bool, settle: bool = True
+        self,
+        ctx: StepContext,
+        zone_id: str,
+        wanted: dict[str, str],
+        *,
+        bounded: bool,
+        settle: bool = True,
+        once: bool = False,
     ) -> list[str]:
         """Make every record id in `wanted` hold its content and stay so: re-apply what differs, and read until
         two reads in a row agree and every edit that may be in flight has had its time. Failures, one per record.
+        `once`: nothing is in flight (the caller checked), so a first read that agrees is enough.
         """
         plan = runtime(ctx).plan
         edits: dict[str, dict[str, Any]] = ctx.saved(EDITS) or {}
@@ -235,7 +295,8 @@ class DnsFlip(Step):
                     except Exception as exc:  # every record is tried; the caller reports them all
                         failures[record_id] = f"setting DNS record {record.name} to {want}: {exc}"
             contents = {i: r.content for i, r in current.items() if r is not None}
-            settled = not failures and contents == wanted and previous == contents and time.time() >= settle_until
+            agreed = once or previous == contents
+            settled = not failures and contents == wanted and agreed and time.time() >= settle_until
             if settled:
                 ctx.log.info("dns_flip.records_converged", records=self._names(current))
                 return []
@@ -248,6 +309,7 @@ class DnsFlip(Step):
                 ]
                 return stuck
             previous = contents if contents == wanted else None
+            once = False  # something differed or failed: settle the usual way from here
             edits = ctx.saved(EDITS) or {}
             if settle:
                 settle_until = max(settle_until, _in_flight_until(edits, plan.dns.timeout))
@@ -261,8 +323,9 @@ class DnsFlip(Step):
         """The records with these ids as the API holds them now (None: gone), journaled as `records_now`."""
         plan = runtime(ctx).plan
         by_id: dict[str, Any] = dict.fromkeys(wanted)
-        for name in plan.dns.records:
-            for record in self._find(ctx, zone_id, name, bounded=bounded):
+        read = _side_by_side(lambda name: self._find(ctx, zone_id, name, bounded=bounded), plan.dns.records)
+        for records in read:
+            for record in records:
                 if record.id in by_id:
                     by_id[record.id] = record
         self._journal_now(ctx, [r for r in by_id.values() if r is not None])
@@ -271,12 +334,13 @@ class DnsFlip(Step):
     def _read_once(self, ctx: StepContext, zone_id: str) -> dict[str, list[str]] | None:
         """Every record's contents, one bounded try each (journaled), or None when the API cannot say."""
         plan = runtime(ctx).plan
+        timeout = self._call_timeout(ctx)
         try:
-            records = [
-                r
-                for name in plan.dns.records
-                for r in runtime(ctx).dns.find_records(zone_id, name, plan.dns.type, timeout=self._call_timeout(ctx))
-            ]
+            read = _side_by_side(
+                lambda name: runtime(ctx).dns.find_records(zone_id, name, plan.dns.type, timeout=timeout),
+                plan.dns.records,
+            )
+            records = [r for found in read for r in found]
         except Exception as exc:
             ctx.log.warning("dns_flip.read_back_failed", error=str(exc))
             return None
@@ -414,26 +478,32 @@ class DnsFlip(Step):
     def _set(self, ctx: StepContext, zone_id: str, record: Any, content: str, *, bounded: bool = True) -> Any:
         """One record's edit, journaled before it is sent and once answered (no answer: it may be in flight)."""
 
+        def _note(entry: dict[str, Any] | None = None, *, answered: bool = False) -> None:
+            """This record's entry in the journaled `edits` (the others' are kept as they are now)."""
+            with self._edits_lock:
+                edits: dict[str, dict[str, Any]] = dict(ctx.saved(EDITS) or {})
+                if entry is not None:
+                    edits[record.id] = entry
+                elif record.id in edits:
+                    edits[record.id] = {**edits[record.id], "answered": answered}
+                else:
+                    return
+                ctx.save(EDITS, edits)
+
         def _edit() -> Any:
             if bounded:
                 ctx.window.check(f"editing DNS record {record.name}")
-            edits: dict[str, dict[str, Any]] = dict(ctx.saved(EDITS) or {})
-            edits[record.id] = {"name": record.name, "content": content, "sent_at": time.time(), "answered": False}
-            ctx.save(EDITS, edits)
+            _note({"name": record.name, "content": content, "sent_at": time.time(), "answered": False})
             try:
                 return runtime(ctx).dns.set_content(zone_id, record, content, timeout=self._call_timeout(ctx, bounded))
             except Exception as exc:
                 # An API that answered (an HTTP status) did not leave the edit in flight; a timeout or a cut did.
                 if _answered(exc):
-                    edits[record.id]["answered"] = True
-                    ctx.save(EDITS, edits)
+                    _note(answered=True)
                 raise
 
         updated = call_with_retry(_edit, self._policy(ctx, bounded), what=f"DNS edit {record.name}")
-        edits = dict(ctx.saved(EDITS) or {})
-        if record.id in edits:
-            edits[record.id] = {**edits[record.id], "answered": True}
-            ctx.save(EDITS, edits)
+        _note(answered=True)
         if updated.content != content:
             raise StepError(f"DNS record {record.name} reads back {updated.content}, expected {content}")
         return updated

@@ -30,6 +30,10 @@ FULL_SCAN = "full_scan"
 class FilesFinal(Step):
     name = "files_final"
     title = "Copy the file trees' delta (writes blocked)"
+    # In the replicate mode the switch lets it start once the source's fence is up: the delta then travels while
+    # the replica applies its last transactions and is promoted, and while the target is verified; the engine
+    # waits for it before the DNS flip (a commit point). No later step reads its output in that mode.
+    runs_beside = True
 
     def __init__(self) -> None:
         self._targets_made: Future[None] | None = None

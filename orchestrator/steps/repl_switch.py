@@ -9,7 +9,14 @@ journaled first): replication stopped, the target executed exactly the source's 
 forgotten, read_only off. No file copy, no server start, no full row count: the work is what the replica had not
 applied yet.
 
-The target's services stay fenced: the DNS flip lifts the fence (the commit point).
+The target's services stay fenced: the DNS flip lifts the fence (the commit point). Once the source's fence and
+read_only are up, the uploads' final delta (files_final) starts beside the rest of this step (`start_next_beside`):
+it needs writes stopped, not the database promoted. The in-window health checks (`when: both|window`) run side by
+side with the switch once writes are held (after the front door's drain), against the fenced target (its services
+run on the replica's data, which the promotion leaves as it is): their round trips overlap the fence, the
+replica's wait and the promotion instead of following them. A check that fails stops the switch (before the
+promotion when it failed by then); verify_target reports them, and runs them itself when the switch did not (a
+resumed switch that found the promotion done).
 
 With a front door (plan section `proxy`), the source's HAProxy holds new requests just before the fence goes up
 and its undo releases them once the source takes writes again (orchestrator/frontdoor.py, as in the cut-over).
@@ -19,12 +26,12 @@ from __future__ import annotations
 
 import contextvars
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pymysql
 
-from orchestrator import frontdoor, guard, probes
+from orchestrator import frontdoor, guard, health, probes
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
@@ -65,6 +72,11 @@ class ReplSwitch(Step):
             "on the target: MASTER_GTID_WAIT(final position), bounded by what is left of the budget",
             "promote the target: STOP SLAVE, proof that it executed exactly the final position, RESET SLAVE ALL, "
             "read_only = 0 (its services stay fenced until the DNS flip)",
+            *[
+                f"side by side once writes are held: health check {health.check_label(c)} against the fenced "
+                f"target (up to {plan.health.attempts} tries)"
+                for c in health.checks_for(plan.health, health.INSIDE, replicate=True)
+            ],
             f"writes may stay blocked at most {c.max_write_block:g} s (cutover.max_write_block); before the window, "
             f"a guard starts on {plan.source.address}: should this run die inside it and nobody resume, the guard "
             "restarts the source database (clearing read_only) and lifts the fence once the budget and a margin "
@@ -83,6 +95,13 @@ class ReplSwitch(Step):
         # Connections are opened while writes still flow: connecting is not part of the window.
         source = rt.db("source", read_timeout=max(plan.database.read_timeout, plan.cutover.lock_wait_timeout + 30))
         target = rt.db("target", read_timeout=max(plan.database.read_timeout, plan.cutover.max_write_block + 30))
+        # And those the window's reads take after the promotion: the SQL health checks, verify_target's positions.
+        sql_checks = [c for c in health.checks_for(plan.health, health.INSIDE, replicate=True) if c.kind == "sql"]
+        rt.keep_spare("target", 1 + len(sql_checks))
+        rt.keep_spare("source", 1)
+        # The in-window health checks' thread: never left running past this step (each try is bounded by the
+        # budget, so waiting for it is bounded too).
+        checking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checks")
         try:
             if ctx.saved(PROMOTED) or self._already_promoted(ctx, target):
                 ctx.log.info("repl.switch.already_promoted")
@@ -96,11 +115,15 @@ class ReplSwitch(Step):
                 if reverse_over_replica(ctx) and not ctx.saved(REPLICA_PORT):
                     ctx.save(REPLICA_PORT, failure.master_port)  # undo makes the old source a replica again
                 self._start_guard(ctx)
+                # What the front door's hold needs is read while writes still flow (reads only).
+                ready = frontdoor.prepare_hold(ctx, source_serves_reads=True)
                 began = time.monotonic()
                 # The app's fence and the database's read_only go up side by side: either blocks writes, and the
                 # fence's SSH round trip need not come before the database's.
                 with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fence") as pool:
-                    blocked_at = self._begin(ctx)
+                    blocked_at = self._begin(ctx, ready)
+                    checks = checking.submit(contextvars.copy_context().run, self._window_checks, ctx)
+                    result.hold_seconds = round(time.monotonic() - began, 3)
                     fenced = pool.submit(contextvars.copy_context().run, self._fence, ctx)
                     try:
                         result.read_only_seconds = self._read_only(ctx, source)
@@ -110,6 +133,9 @@ class ReplSwitch(Step):
                         raise fence_failure
                     result.fence_seconds = fenced.result()
                 result.writes_blocked_at = blocked_at
+                # Nothing can write the uploads now (the app's fence is up): their final delta (files_final) runs
+                # beside the replica's last transactions and the promotion instead of after them.
+                ctx.start_next_beside()
                 final = self._final_position(ctx, source)
                 result.final_gtid = str(final)
                 window.check("waiting for the replica")
@@ -120,6 +146,8 @@ class ReplSwitch(Step):
                 if waited.outcome != "reached":
                     window.check(f"waiting for the replica to reach {final}")
                     raise StepError(f"the replica did not reach the source's final position {final} in time")
+                if checks.done():
+                    self._checked(checks, result)  # a failure by now stops the switch before the promotion
                 window.check("promoting the replica")
                 ctx.save(PROMOTING, True)
                 promoted = time.monotonic()
@@ -129,8 +157,9 @@ class ReplSwitch(Step):
                     raise StepError(f"not promoted: {exc}") from None
                 result.promote_seconds = round(time.monotonic() - promoted, 3)
                 result.executed_gtid = str(executed)
-                result.switch_seconds = round(time.monotonic() - began, 3)
                 ctx.save(PROMOTED, str(executed))
+                self._checked(checks, result)
+                result.switch_seconds = round(time.monotonic() - began, 3)
             result.writes_blocked_at = window.begin(float(ctx.saved(WRITES_BLOCKED_AT)))
             result.final_gtid = result.final_gtid or ctx.saved(FINAL_GTID)
             result.executed_gtid = result.executed_gtid or ctx.saved(PROMOTED)
@@ -141,6 +170,7 @@ class ReplSwitch(Step):
             window.check("the switch")
             raise StepError(f"the switch: {exc}") from None
         finally:
+            checking.shutdown(wait=True)
             rt.release(source)
             rt.release(target)
         ctx.log.info(
@@ -168,7 +198,7 @@ class ReplSwitch(Step):
         """A resumed run (or `migrate rollback`) in a new process: the guard hears this run's heartbeat again."""
         source_guard.reattach(ctx)
 
-    def _begin(self, ctx: StepContext) -> float:
+    def _begin(self, ctx: StepContext, ready: frontdoor.HoldReady | None) -> float:
         """The window begins: journaled (`writes_blocked_at`, `fenced`, `source_read_only`) before anything moves."""
         saved_at = ctx.saved(WRITES_BLOCKED_AT)
         blocked_at = float(saved_at) if saved_at else time.time()
@@ -180,8 +210,26 @@ class ReplSwitch(Step):
         ctx.window.begin(blocked_at)
         # The front door holds new requests before the fence and read_only would refuse them (plan section `proxy`);
         # the source database goes on serving reads.
-        frontdoor.hold_source(ctx, blocked_at, source_serves_reads=True)
+        frontdoor.hold_source(ctx, blocked_at, source_serves_reads=True, ready=ready)
         return blocked_at
+
+    def _window_checks(self, ctx: StepContext) -> tuple[dict[str, int], list[str], float]:
+        """The health checks that run inside the window (`when: both|window`), side by side: tries, failures,
+        seconds."""
+        plan = runtime(ctx).plan
+        started = time.monotonic()
+        tries, failures = health.run_checks(ctx, health.checks_for(plan.health, health.INSIDE, replicate=True),
+                                            plan.health)  # fmt: skip
+        return tries, failures, round(time.monotonic() - started, 3)
+
+    def _checked(self, checks: Future[tuple[dict[str, int], list[str], float]], result: SwitchResult) -> None:
+        """The in-window checks' outcome into the result; a failure stops the switch (StepError)."""
+        if result.health_tries is not None:
+            return
+        tries, failures, seconds = checks.result()
+        if failures:
+            raise StepError(f"inside the window, {len(failures)} health check(s) failed: " + "; ".join(failures))
+        result.health_tries, result.health_seconds = tries, seconds
 
     def _fence(self, ctx: StepContext) -> float:
         """The source's fence command; its seconds (it runs side by side with read_only)."""

@@ -24,7 +24,7 @@ from orchestrator import audit, health
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan
-from orchestrator.results import FilesResult, TreeFigures, VerifyResult
+from orchestrator.results import FilesResult, SwitchResult, TreeFigures, VerifyResult
 from orchestrator.steps.repl_common import SWITCH_STEP, replicate_run
 from orchestrator.tracking import verify_listed_command
 from orchestrator.transports import mysql, rsync
@@ -63,6 +63,8 @@ class VerifyTarget(Step):
         inside = health.checks_for(plan.health, health.INSIDE, replicate=replicate)
         lines = [f"health check {health.check_label(c)} (up to {plan.health.attempts} tries)" for c in inside]
         if replicate:
+            if lines:
+                lines = [f"{line} (run by the switch side by side with its wait; here if it did not)" for line in lines]
             return [
                 *lines,
                 "GTID positions: the source still at its final position, the target executed exactly it "
@@ -186,11 +188,16 @@ class VerifyTarget(Step):
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         ctx.window.check("starting the verification")
         if replicate_run(ctx):
-            # Side by side, as below: the positions in a thread (carrying the log context), the checks here.
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as pool:
-                positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
-                tries, problems = self.health(ctx)
-                problems += positions_future.result()[1]
+            switched = SwitchResult.of(ctx.output(SWITCH_STEP))
+            if switched.health_tries is not None:
+                # The switch ran the in-window checks side by side with its wait and promotion: they passed.
+                tries, problems = switched.health_tries, self.positions(ctx)[1]
+            else:
+                # Side by side, as below: the positions in a thread (carrying the log context), the checks here.
+                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as pool:
+                    positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
+                    tries, problems = self.health(ctx)
+                    problems += positions_future.result()[1]
             if problems:
                 raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
             ctx.window.check("the verification")

@@ -19,6 +19,7 @@ What the SDK (5.x) does that callers must not trip over, and how this adapter ha
 from __future__ import annotations
 
 import ipaddress
+import threading
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -75,7 +76,8 @@ class DnsClient:
         self._token = api_token
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self.timeout = timeout
-        self._last_timeout = timeout
+        # The timeout of the call in progress, per thread (records are read and edited side by side).
+        self._calls = threading.local()
         self.per_page = per_page
         self.max_pages = max_pages
         # A zone's id never changes while it exists: looked up once (preflight), not again inside the window.
@@ -126,9 +128,9 @@ class DnsClient:
             raise DnsError(f"Cloudflare API token is {answer.status}", transient=False)
 
     def _timeout(self, timeout: float | None) -> float:
-        # Remembered for the error message of the call it bounds (one call at a time per client).
-        self._last_timeout = self.timeout if timeout is None else max(0.05, min(timeout, self.timeout))
-        return self._last_timeout
+        # Remembered for the error message of the call it bounds (one call at a time per thread).
+        self._calls.timeout = self.timeout if timeout is None else max(0.05, min(timeout, self.timeout))
+        return float(self._calls.timeout)
 
     def zone_id(self, zone_name: str, *, timeout: float | None = None) -> str:
         """The id of the zone with exactly this name, as the token sees it."""
@@ -236,7 +238,7 @@ class DnsClient:
 
     def _error(self, action: str, exc: Exception) -> DnsError:
         _reraise_interruption(exc)
-        transient, detail = _classify(exc, self._last_timeout)
+        transient, detail = _classify(exc, float(getattr(self._calls, "timeout", self.timeout)))
         message = " ".join(f"Cloudflare {action}: {detail}".split())
         if len(message) > _MESSAGE_LIMIT:
             message = message[: _MESSAGE_LIMIT - 3] + "..."

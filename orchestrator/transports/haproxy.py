@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import socket
 import threading
 import time
@@ -269,6 +270,33 @@ def parse_sessions(text: str) -> list[Stream]:
     return streams
 
 
+# HAProxy's numbers for the read methods (its enum http_meth_t: OPTIONS 0, GET 1, HEAD 2), as `show sess all`
+# prints them (`meth=`).
+READ_METHOD_CODES = frozenset({"0", "1", "2"})
+
+
+def parse_sessions_all(text: str) -> list[tuple[Stream, str | None]]:
+    """`show sess all`: a block per stream, its first line "0x...: [date] id=...", then lines of fields; each stream
+    with its request's method number (None: not shown, e.g. no request parsed yet)."""
+    found: list[tuple[Stream, str | None]] = []
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("0x"):
+            blocks.append([line])
+        elif blocks:
+            blocks[-1].append(line)
+    for block in blocks:
+        body = "\n".join(block)
+        fields = {key: match.group(1) for key in ("frontend", "backend", "server", "epoch", "meth", "age")
+                  if (match := re.search(rf"(?<![\w.]){key}=(\S+)", body))}  # fmt: skip
+        if "frontend" not in fields:
+            continue
+        stream = Stream(fields["frontend"], fields.get("backend", ""), fields.get("server", ""),
+                        fields.get("age", ""), id=block[0].split(":", 1)[0], epoch=fields.get("epoch", ""))  # fmt: skip
+        found.append((stream, fields.get("meth")))
+    return found
+
+
 def parse_map(text: str) -> dict[str, str]:
     """`show map FILE`: lines "<ref> <key> <value>"."""
     entries: dict[str, str] = {}
@@ -441,13 +469,14 @@ class FrontDoor:
 
     # --- actions ---
 
-    def hold(self, seconds: float, *, writes_only: bool = False) -> float:
+    def hold(self, seconds: float, *, writes_only: bool = False, host_now: float | None = None) -> float:
         """Hold new requests (they wait in HAProxy, none fails) for at most `seconds` from now on the HAProxy
         host's clock, or until release(); `writes_only`: only those that may write (see holds_writes_only()).
+        `host_now`: that clock's time now, when the caller knows it (else it is asked: one round trip).
         Returns the deadline (host unix seconds). Calling it again moves the deadline."""
         if seconds <= 0:
             raise ValueError("a hold lasts a positive number of seconds")
-        deadline = round(self.host_now() + seconds, 3)
+        deadline = round((self.host_now() if host_now is None else host_now) + seconds, 3)
         self.change(f"set map {self.hold_map} {HOLD_WRITES_KEY if writes_only else HOLD_KEY} {deadline}")
         return deadline
 
@@ -478,6 +507,14 @@ class FrontDoor:
     def at_server(self) -> set[tuple[str, str]]:
         """The requests of this frontend past its rules (at a server or queued for one), as (id, epoch)."""
         return {(s.id, s.epoch) for s in self.streams() if s.frontend == self.frontend and s.backend != "<NONE>"}
+
+    def writes_at_server(self) -> set[tuple[str, str]]:
+        """at_server(), less the requests HAProxy parsed as reads (GET, HEAD, OPTIONS): those a hold of the writes
+        alone need not wait for. A stream whose method is not shown counts as a write."""
+        return {
+            (s.id, s.epoch) for s, method in parse_sessions_all(self.ask("show sess all"))
+            if s.frontend == self.frontend and s.backend != "<NONE>" and method not in READ_METHOD_CODES
+        }  # fmt: skip
 
     def wait_finished(self, requests: set[tuple[str, str]], timeout: float, poll: float = 0.05) -> bool:
         """Wait until these requests (from at_server()) are answered, whatever came after; True if they were."""
