@@ -27,7 +27,7 @@ from ruamel.yaml import YAML
 from orchestrator import exit_codes
 from orchestrator.frontdoor import SOURCE_HOLD
 from orchestrator.lab import haproxy
-from orchestrator.lab.load import REQUESTS_FILE
+from orchestrator.lab.load import REQUESTS_FILE, read_requests
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import VerifyReport, main_verify
 from tests.test_e2e import (
@@ -121,6 +121,22 @@ def no_failed_requests(verify: VerifyReport) -> None:
     assert failed == {"reads": 0, "writes": 0}, verify.requests_failed
 
 
+def stall_bound(load_dir: Path, window: tuple[float, float]) -> float:
+    """The longest a write can stall (first attempt to acknowledgement) when the front door holds it for the window
+    and nothing else: the window, plus the held write's own processing once released, counted twice as slack, at
+    what a request takes here outside the window (p99 of the load's own requests then, which grows with the
+    machine's load like the rest), plus half a second. Measured quantities only: it holds on a slow machine as on a
+    fast one."""
+    start, end = window
+    outside = sorted(
+        float(r["ms"]) / 1000 for r in read_requests(load_dir / REQUESTS_FILE)
+        if float(r["t"]) + float(r["ms"]) / 1000 < start or float(r["t"]) > end
+    )  # fmt: skip
+    assert outside, "no request outside the window to compare with"
+    p99 = outside[min(len(outside) - 1, int(len(outside) * 0.99))]
+    return (end - start) + 2 * p99 + 0.5
+
+
 def proxy_section(state: LabState, side: str, **changes: Any) -> dict[str, Any]:
     data = YAML(typ="safe").load(state.plan_file.read_text())
     proxy = data["proxy"]
@@ -172,7 +188,8 @@ def test_migration_under_load_fails_no_request_and_stalls_no_longer_than_the_win
         f"window {window:.2f} s, longest write stall {verify.longest_write_stall_s} s, latency {verify.latency}, "
         f"failed {verify.requests_failed}"
     )
-    assert verify.longest_write_stall_s is not None and verify.longest_write_stall_s <= window + 1.0
+    bound = stall_bound(load_dir, (float(verify.window["from"]), float(verify.window["to"])))
+    assert verify.longest_write_stall_s is not None and verify.longest_write_stall_s <= bound, bound
     finish = next(e["result"] for e in events(journal) if e.get("event") == "step_completed" and e["step"] == "finish")
     assert finish["forwarded_to"] == f"{state.target.address}:{state.target.app_port}"
     assert isinstance(finish["requests_at_old_address"], int)
