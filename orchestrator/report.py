@@ -174,6 +174,7 @@ def final_pass_trees(outputs: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
             "mode": t.mode,
             "paths_listed": t.listed,
             "files_copied": t.files,
+            "deleted": t.deleted,
             "bytes": t.bytes,
             "seconds": t.seconds,
             "fallback_reason": t.fallback_reason,
@@ -272,7 +273,9 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append("  inside the window: " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in parts.items()))
     for name, tree in (report.get("final_pass_trees") or {}).items():
         if tree.get("mode") == "tracked":
-            lines.append(f"  tree {name}: final pass copied only the {tree.get('paths_listed')} tracked path(s)")
+            deleted = f" ({tree['deleted']} deleted on the target)" if tree.get("deleted") else ""
+            listed = tree.get("paths_listed")
+            lines.append(f"  tree {name}: final pass handled only the {listed} tracked path(s){deleted}")
         elif tree.get("mode"):
             lines.append(f"  tree {name}: final pass scanned the whole tree: {tree.get('fallback_reason')}")
     for check in report.get("checks") or []:

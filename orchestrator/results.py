@@ -57,7 +57,8 @@ class TreeFigures(Contract):
     compared: TreeComparison | None = None
     # files_final: "tracked" (only the changed paths) or "full_scan" (and why).
     mode: str | None = None
-    listed: int | None = None  # paths in the change list the final pass copied
+    listed: int | None = None  # paths in the change list the final pass copied or deleted
+    deleted: int | None = None  # entries the final pass deleted on the target (gone from the source since)
     change_list: str | None = None  # that list, NUL-separated, on the source (verify_target reads the same)
     fallback_reason: str | None = None
     throttled_seconds: float = 0.0  # paused for the source's load (transfer.max_load)

@@ -571,12 +571,15 @@ def test_killed_during_the_cutover_resumes_to_a_clean_target(live_lab: LabState)
 # --- the reverse migration: back to the source after the flip, with the target's writes ---------------------------
 
 
-def start_load(state: LabState, load_dir: Path, duration: float, overwrite_every: int = 0) -> subprocess.Popen[str]:
+def start_load(
+    state: LabState, load_dir: Path, duration: float, overwrite_every: int = 0, delete_every: int = 0
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path),
             "--duration", str(duration), "--rate", "20", "--clients", "4", "--dns-ttl", str(DNS_TTL),
-            "--upload-every", "5", "--overwrite-every", str(overwrite_every), "--out", str(load_dir),
+            "--upload-every", "5", "--overwrite-every", str(overwrite_every), "--delete-every", str(delete_every),
+            "--out", str(load_dir),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

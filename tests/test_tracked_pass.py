@@ -3,14 +3,23 @@ what the report says about where each check ran."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+from orchestrator.plan.model import FileTree
 from orchestrator.report import build_report, checks_where, final_pass_trees
+from orchestrator.results import TreeFigures
+from orchestrator.steps.verify_target import tree_verification
 from orchestrator.tracking import ChangeTracker, tracker_name
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import CommandResult
+from tests.test_transports import minimal_plan
+
+PLAN = minimal_plan()
+TREE = FileTree.model_validate({"name": "uploads", "source": "/srv/uploads", "target": "/srv/uploads"})
+UPLOADS = {"mode": "tracked", "listed": 40, "files": 31, "deleted": 3, "bytes": 9000, "change_list": "/x/l"}
 
 
 class LocalHost:
@@ -66,28 +75,41 @@ def test_tracker_names_differ_per_root_and_stay_plain() -> None:
     assert tracker_name("shop prod/é", "up loads", "/srv/a").replace("-", "").replace("_", "").isalnum()
 
 
+def test_the_in_window_check_covers_the_paths_deleted_since_the_presync() -> None:
+    """The tracked verification reads the same list as the final pass, deletions included (rsync itemizes a listed
+    path gone from the source but still on the target as '*deleting'), and says how many were deleted."""
+    command, scope = tree_verification(PLAN, TREE, TreeFigures.model_validate(UPLOADS))
+    argv = shlex.split(command or "")
+    assert {"--dry-run", "--checksum", "--delete-missing-args", "--files-from=/x/l"} <= set(argv)
+    assert scope == "the 40 path(s) the final pass copied or deleted, 3 of them deleted on the target"
+    stats = rsync.parse_stats("Number of files: 4 (reg: 3, dir: 1)\nNumber of deleted files: 3 (reg: 2, dir: 1)\n")
+    assert stats.deleted == 3
+
+
 def test_the_report_says_how_the_final_pass_worked_and_where_each_check_ran() -> None:
+    uploads = TreeFigures.model_validate(UPLOADS)
     outputs = {
         "files_presync": {"trees": {"uploads": {"entries": 100_100, "compared": {"differing": 12, "seconds": 9.5}}}},
         "files_final": {
             "trees": {
-                "uploads": {"mode": "tracked", "listed": 40, "files": 31, "bytes": 9000, "change_list": "/x/l"},
+                "uploads": UPLOADS,
                 "media": {"mode": "full_scan", "fallback_reason": "the tracker is not running", "entries": 7},
             }
         },
         "verify_target": {
             "health_tries": {"http": 1},
             "trees_differing_items": {"uploads": 0, "media": 0},
-            "trees_verified": {"uploads": "the 40 path(s) the final pass copied", "media": "the whole tree"},
+            "trees_verified": {"uploads": tree_verification(PLAN, TREE, uploads)[1], "media": "the whole tree"},
         },
     }
     trees = final_pass_trees(outputs)
     assert trees["uploads"]["mode"] == "tracked" and trees["uploads"]["paths_listed"] == 40
+    assert trees["uploads"]["deleted"] == 3
     assert trees["media"]["fallback_reason"] == "the tracker is not running"
     where = {c["check"]: c["where"] for c in checks_where(outputs)}
     assert where == {
         "tree uploads: every file's checksum": "before",
-        "tree uploads: checksums of the 40 path(s) the final pass copied": "inside",
+        "tree uploads: checksums of the 40 path(s) the final pass copied or deleted, 3 of them deleted on the target": "inside",
         "tree media: checksums of the whole tree": "inside",
         "health checks": "inside",
     }

@@ -48,7 +48,8 @@ def tree_verification(plan: Plan, tree: FileTree, final: TreeFigures | None) -> 
             tree.source, rsync.target_spec(plan, tree.target), final.change_list,
             ssh=rsync.target_ssh_command(plan), exclude=tree.exclude, chown=tree.owner,
         )  # fmt: skip
-        return command, f"the {final.listed} path(s) the final pass copied"
+        deleted = f", {final.deleted} of them deleted on the target" if final.deleted else ""
+        return command, f"the {final.listed} path(s) the final pass copied or deleted{deleted}"
     command = rsync.compare_command(plan, tree.source, tree.target, exclude=tree.exclude, chown=tree.owner)
     return command, "the whole tree (the final pass scanned it whole)"
 
@@ -78,8 +79,8 @@ class VerifyTarget(Step):
             )  # fmt: skip
         if verify.files:
             lines += [
-                f"rsync --dry-run --checksum of the paths the final pass of tree {t.name} copied (the whole tree if it"
-                " was scanned whole) must list no change"
+                f"rsync --dry-run --checksum of the paths the final pass of tree {t.name} copied or deleted (the whole"
+                " tree if it was scanned whole) must list no change: a deleted path still on the target is one"
                 for t in plan.files
             ]
         return lines
@@ -120,7 +121,8 @@ class VerifyTarget(Step):
         return {"audit_snapshot_at": held.snapshot_at}, []
 
     def trees(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
-        """Every path the final pass handled is equal on both hosts (rsync --dry-run --checksum lists no change).
+        """Every path the final pass handled is equal on both hosts (rsync --dry-run --checksum lists no change):
+        a listed path gone from the source must be gone from the target too (rsync itemizes it '*deleting').
 
         The whole trees were compared before the window (files_presync); here only the final pass's list is read
         (O(changes)), or the whole tree when that pass had to scan it. Bounded by what is left of the budget.
