@@ -19,6 +19,7 @@ from tests.test_transports import minimal_plan
 
 PLAN = minimal_plan()
 TREE = FileTree.model_validate({"name": "uploads", "source": "/srv/uploads", "target": "/srv/uploads"})
+SCOPE = "the 40 path(s) the final pass copied or deleted, 3 of them deleted on the target"
 UPLOADS = {"mode": "tracked", "listed": 40, "files": 31, "deleted": 3, "bytes": 9000, "change_list": "/x/l"}
 
 
@@ -81,7 +82,7 @@ def test_the_in_window_check_covers_the_paths_deleted_since_the_presync() -> Non
     command, scope = tree_verification(PLAN, TREE, TreeFigures.model_validate(UPLOADS))
     argv = shlex.split(command or "")
     assert {"--dry-run", "--checksum", "--delete-missing-args", "--files-from=/x/l"} <= set(argv)
-    assert scope == "the 40 path(s) the final pass copied or deleted, 3 of them deleted on the target"
+    assert scope == SCOPE
     stats = rsync.parse_stats("Number of files: 4 (reg: 3, dir: 1)\nNumber of deleted files: 3 (reg: 2, dir: 1)\n")
     assert stats.deleted == 3
 
@@ -109,7 +110,7 @@ def test_the_report_says_how_the_final_pass_worked_and_where_each_check_ran() ->
     where = {c["check"]: c["where"] for c in checks_where(outputs)}
     assert where == {
         "tree uploads: every file's checksum": "before",
-        "tree uploads: checksums of the 40 path(s) the final pass copied or deleted, 3 of them deleted on the target": "inside",
+        f"tree uploads: checksums of {SCOPE}": "inside",
         "tree media: checksums of the whole tree": "inside",
         "health checks": "inside",
     }
