@@ -63,9 +63,10 @@ def _write_range(root: Path, start: int, stop: int, step: int, seed: int) -> int
 def write_tree(root: Path, count: int, *, seed: int = TREE_SEED, workers: int | None = None) -> int:
     """`count` files under `root` (those already there at their size are kept); returns how many it wrote.
 
-    `workers`: processes writing side by side (default: the core count, one below PARALLEL_FROM files)."""
+    `workers`: processes writing side by side (default: twice the core count, at least 4, since creating a file
+    waits on the filesystem's journal as much as it uses a core; one below PARALLEL_FROM files)."""
     if workers is None:
-        workers = (os.cpu_count() or 1) if count >= PARALLEL_FROM else 1
+        workers = max(4, 2 * (os.cpu_count() or 1)) if count >= PARALLEL_FROM else 1
     if workers <= 1:
         return _write_range(root, 0, count, 1, seed)
     with ProcessPoolExecutor(max_workers=workers) as pool:
