@@ -20,6 +20,7 @@ from orchestrator.results import (
     CatchupResult,
     CutoverResult,
     DbFinalResult,
+    DbPresyncResult,
     DnsFlipResult,
     FilesResult,
     FinishResult,
@@ -111,6 +112,8 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "audit": audit.journal() if "audit" in outputs else None,
         "verification": verify,
         "final_pass_trees": final_pass_trees(outputs),
+        # Shutdown mode: the files the final datadir pass reads, read into each host's page cache before the window.
+        "datadir_cache_warm": DbPresyncResult.of(outputs.get("db_presync")).cache_warm or None,
         "checks": checks_where(outputs),
         "peak_rss_mib": FinishResult.of(outputs.get("finish")).peak_rss_mib,
         "reverse_replication": FinishResult.of(outputs.get("finish")).reverse_replication,

@@ -87,6 +87,9 @@ class DbPresyncResult(Contract):
     converged: bool = False
     predicted_final_seconds: float | None = None
     throttled_seconds: float = 0.0  # paused for the source's load (transfer.max_load)
+    # The files the rounds kept finding changed, read into each host's page cache before the window: "warmed N
+    # bytes in S s", or why not.
+    cache_warm: dict[str, str] = {}
 
     def bytes_moved(self) -> int:
         return sum(r.bytes for r in self.rounds)

@@ -456,6 +456,9 @@ def test_migration_under_load_loses_nothing(live_lab: LabState, tmp_path: Path) 
     report = run_report(state, "course-review-lab")
     assert report["status"] == "completed"
     assert report["cutover"]["mode"] == "shutdown"
+    # The files the final datadir pass reads were read into both hosts' page cache before the window.
+    warm = report["datadir_cache_warm"]
+    assert warm["source"].startswith("warmed ") and warm["target"].startswith("warmed "), warm
     verification = report["verification"]
     assert all(n == 0 for n in verification["trees_differing_items"].values()), verification
     # Nothing inside the window read whole tables: the datadir files the final pass copied were checksummed on both

@@ -1,5 +1,5 @@
 """The tracked final pass's pure parts: rsync's vanished-file exits, itemized paths, the incremental trust scan, and
-what the report says about where each check ran."""
+what the report says about where each check ran; the datadir's warm-up before the window."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from orchestrator.plan.model import FileTree
 from orchestrator.report import build_report, checks_where, final_pass_trees
 from orchestrator.results import TreeFigures
+from orchestrator.steps.db_presync import warm_command, warm_outcome
 from orchestrator.steps.verify_target import tree_verification
 from orchestrator.tracking import ChangeTracker, tracker_name
 from orchestrator.transports import rsync
@@ -137,3 +138,20 @@ def test_peak_rss_is_the_runs_own_not_the_size_of_the_process_that_started_it() 
     )
     done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True, timeout=120)
     assert float(done.stdout.strip()) < 200, done.stdout
+
+
+def test_the_datadir_warm_up_reads_the_listed_files_only_when_they_fit_in_memory(tmp_path: Path) -> None:
+    """The files the final pass will read are read before the window (into the page cache), unless they would take
+    more than the allowed share of the host's available memory; names with spaces are read whole."""
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "hot table.ibd").write_bytes(b"x" * 70_000)
+    (tmp_path / "ib_logfile0").write_bytes(b"y" * 30_000)
+    listing = "db/hot table.ibd\0ib_logfile0\0gone.ibd\0"
+    done = subprocess.run(["sh", "-c", warm_command(str(tmp_path))], input=listing, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.split() == ["warmed=100000"], done
+    assert warm_outcome(done.stdout, 0.25) == "warmed 100000 bytes in 0.2 s"
+    huge = subprocess.run(
+        ["sh", "-c", warm_command(str(tmp_path), share=10**15)], input=listing, capture_output=True, text=True
+    )
+    assert huge.stdout.startswith("skipped=100000 available="), huge
+    assert warm_outcome(huge.stdout, 0.0).startswith("skipped: 100000 bytes, more than 1/4 of ")
