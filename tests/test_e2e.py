@@ -599,6 +599,11 @@ def rewritten_uploads(load_dir: Path) -> set[str]:
     return {name for name, times in seen.items() if times > 1}
 
 
+def deleted_uploads(load_dir: Path) -> set[str]:
+    """Names the load deleted with an acknowledgement (on whichever host answered it)."""
+    return {ack["name"] for ack in read_acks(load_dir / ACKS_FILE) if ack.get("kind") == "upload_deleted"}
+
+
 def a_review(label: str) -> dict[str, Any]:
     return {
         "id": f"{label}-{uuid.uuid4().hex[:8]}",
