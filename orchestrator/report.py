@@ -274,6 +274,10 @@ def render_report(report: dict[str, Any]) -> str:
     parts = report.get("window_parts") or {}
     if parts:
         lines.append("  inside the window: " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in parts.items()))
+    warm = report.get("datadir_cache_warm") or {}
+    if warm:
+        lines.append("  datadir read into the page cache before the window: "
+                     + ", ".join(f"{host} {what}" for host, what in warm.items()))  # fmt: skip
     for name, tree in (report.get("final_pass_trees") or {}).items():
         if tree.get("mode") == "tracked":
             deleted = f" ({tree['deleted']} deleted on the target)" if tree.get("deleted") else ""
