@@ -20,6 +20,7 @@ from orchestrator.results import (
     CatchupResult,
     CutoverResult,
     DbFinalResult,
+    DbPresyncResult,
     DnsFlipResult,
     FilesResult,
     FinishResult,
@@ -111,6 +112,8 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "audit": audit.journal() if "audit" in outputs else None,
         "verification": verify,
         "final_pass_trees": final_pass_trees(outputs),
+        # Shutdown mode: the files the final datadir pass reads, read into each host's page cache before the window.
+        "datadir_cache_warm": DbPresyncResult.of(outputs.get("db_presync")).cache_warm or None,
         "checks": checks_where(outputs),
         "peak_rss_mib": FinishResult.of(outputs.get("finish")).peak_rss_mib,
         "reverse_replication": FinishResult.of(outputs.get("finish")).reverse_replication,
@@ -184,6 +187,7 @@ def final_pass_trees(outputs: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
             "mode": t.mode,
             "paths_listed": t.listed,
             "files_copied": t.files,
+            "deleted": t.deleted,
             "bytes": t.bytes,
             "seconds": t.seconds,
             "fallback_reason": t.fallback_reason,
@@ -280,9 +284,15 @@ def render_report(report: dict[str, Any]) -> str:
     parts = report.get("window_parts") or {}
     if parts:
         lines.append("  inside the window: " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in parts.items()))
+    warm = report.get("datadir_cache_warm") or {}
+    if warm:
+        lines.append("  datadir read into the page cache before the window: "
+                     + ", ".join(f"{host} {what}" for host, what in warm.items()))  # fmt: skip
     for name, tree in (report.get("final_pass_trees") or {}).items():
         if tree.get("mode") == "tracked":
-            lines.append(f"  tree {name}: final pass copied only the {tree.get('paths_listed')} tracked path(s)")
+            deleted = f" ({tree['deleted']} deleted on the target)" if tree.get("deleted") else ""
+            listed = tree.get("paths_listed")
+            lines.append(f"  tree {name}: final pass handled only the {listed} tracked path(s){deleted}")
         elif tree.get("mode"):
             lines.append(f"  tree {name}: final pass scanned the whole tree: {tree.get('fallback_reason')}")
     for check in report.get("checks") or []:

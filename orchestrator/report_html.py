@@ -215,9 +215,8 @@ def read_clients(verify: dict[str, Any] | None) -> ClientsView | None:
         return None
     lost = verify.get("acknowledged_lost")
     if lost is None:
-        lost = sum(
-            int(verify.get(k) or 0) for k in ("reviews_lost", "reviews_altered", "uploads_lost", "upload_rows_lost")
-        )
+        counts = ("reviews_lost", "reviews_altered", "uploads_lost", "upload_rows_lost", "deletes_undone")
+        lost = sum(int(verify.get(k) or 0) for k in counts)
     return ClientsView(
         host=str(verify.get("host") or "target"),
         longest_write_stall_s=_float(verify.get("longest_write_stall_s")),

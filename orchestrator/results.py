@@ -57,7 +57,8 @@ class TreeFigures(Contract):
     compared: TreeComparison | None = None
     # files_final: "tracked" (only the changed paths) or "full_scan" (and why).
     mode: str | None = None
-    listed: int | None = None  # paths in the change list the final pass copied
+    listed: int | None = None  # paths in the change list the final pass copied or deleted
+    deleted: int | None = None  # entries the final pass deleted on the target (gone from the source since)
     change_list: str | None = None  # that list, NUL-separated, on the source (verify_target reads the same)
     fallback_reason: str | None = None
     throttled_seconds: float = 0.0  # paused for the source's load (transfer.max_load)
@@ -86,6 +87,9 @@ class DbPresyncResult(Contract):
     converged: bool = False
     predicted_final_seconds: float | None = None
     throttled_seconds: float = 0.0  # paused for the source's load (transfer.max_load)
+    # The files the rounds kept finding changed, read into each host's page cache before the window: "warmed N
+    # bytes in S s", or why not.
+    cache_warm: dict[str, str] = {}
 
     def bytes_moved(self) -> int:
         return sum(r.bytes for r in self.rounds)

@@ -74,7 +74,10 @@ def _events() -> list[dict[str, Any]]:
     ]
     results = {
         "files_presync": {"bytes": 1000},
-        "db_presync": {"rounds": [{"round": 1, "bytes": 5000}, {"round": 2, "bytes": 100}]},
+        "db_presync": {
+            "rounds": [{"round": 1, "bytes": 5000}, {"round": 2, "bytes": 100}],
+            "cache_warm": {"source": "warmed 2048 bytes in 0.1 s", "target": "warmed 2048 bytes in 0.1 s"},
+        },
         "cutover": {
             "mode": "shutdown",
             "writes_blocked_at": t + 10.0,
@@ -100,6 +103,8 @@ def test_report_gives_durations_bytes_and_the_write_block_window() -> None:
     assert report["write_block_seconds"] == 3.5
     text = render_report(report)
     assert "writes blocked" in text and "3.50 s" in text and "shutdown" in text
+    assert report["datadir_cache_warm"]["source"] == "warmed 2048 bytes in 0.1 s"
+    assert "datadir read into the page cache before the window: source warmed 2048 bytes" in text
 
 
 def test_report_of_an_older_run_is_not_mixed_with_the_newer() -> None:

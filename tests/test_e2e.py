@@ -491,6 +491,9 @@ def test_migration_under_load_loses_nothing(live_lab: LabState, tmp_path: Path) 
     report = run_report(state, "course-review-lab")
     assert report["status"] == "completed"
     assert report["cutover"]["mode"] == "shutdown"
+    # The files the final datadir pass reads were read into both hosts' page cache before the window.
+    warm = report["datadir_cache_warm"]
+    assert warm["source"].startswith("warmed ") and warm["target"].startswith("warmed "), warm
     verification = report["verification"]
     assert all(n == 0 for n in verification["trees_differing_items"].values()), verification
     # Nothing inside the window read whole tables: the datadir files the final pass copied were checksummed on both
@@ -614,12 +617,15 @@ def test_killed_during_the_cutover_resumes_to_a_clean_target(live_lab: LabState)
 # --- the reverse migration: back to the source after the flip, with the target's writes ---------------------------
 
 
-def start_load(state: LabState, load_dir: Path, duration: float, overwrite_every: int = 0) -> subprocess.Popen[str]:
+def start_load(
+    state: LabState, load_dir: Path, duration: float, overwrite_every: int = 0, delete_every: int = 0
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path),
             "--duration", str(duration), "--rate", "20", "--clients", "4", "--dns-ttl", str(DNS_TTL),
-            "--upload-every", "5", "--overwrite-every", str(overwrite_every), "--out", str(load_dir),
+            "--upload-every", "5", "--overwrite-every", str(overwrite_every), "--delete-every", str(delete_every),
+            "--out", str(load_dir),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -634,6 +640,11 @@ def rewritten_uploads(load_dir: Path) -> set[str]:
         if ack.get("kind") == "upload":
             seen[ack["name"]] = seen.get(ack["name"], 0) + 1
     return {name for name, times in seen.items() if times > 1}
+
+
+def deleted_uploads(load_dir: Path) -> set[str]:
+    """Names the load deleted with an acknowledgement (on whichever host answered it)."""
+    return {ack["name"] for ack in read_acks(load_dir / ACKS_FILE) if ack.get("kind") == "upload_deleted"}
 
 
 def a_review(label: str) -> dict[str, Any]:

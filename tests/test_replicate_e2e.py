@@ -305,6 +305,10 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
         ("health checks", "inside"),
     }
     assert {"repl_switch", "files_final", "verify_target", "dns_flip", "switch: fence"} <= set(report["window_parts"])
+    # The uploads moved by rsync as in the shutdown mode: inside the window, the paths their final pass copied or
+    # deleted were compared on both hosts.
+    trees = [c for c in report["checks"] if c["where"] == "inside" and c["check"].startswith("tree uploads")]
+    assert trees and trees[0]["differing"] == 0, report["checks"]
 
     verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
     assert verify.window is not None

@@ -26,6 +26,7 @@ from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify
 from tests.test_e2e import (
     DNS_TTL,
+    deleted_uploads,
     dns_contents,
     migrate_apply,
     outcome,
@@ -84,7 +85,8 @@ def live_big_lab(big_lab: LabState) -> Iterator[LabState]:
 
 
 def migrate_under_load(state: LabState, plan: Path, load_dir: Path) -> tuple[subprocess.CompletedProcess[str], str]:
-    load = start_load(state, load_dir, duration=600, overwrite_every=3)  # new uploads, some rewritten in place
+    # New uploads, some rewritten in place, some deleted: the final pass and its check handle all three.
+    load = start_load(state, load_dir, duration=600, overwrite_every=3, delete_every=4)
     try:
         time.sleep(2)  # writes flowing to the source before the migration begins
         result = migrate_apply(state, plan, timeout=600)
@@ -107,17 +109,20 @@ def assert_nothing_lost(state: LabState, load_dir: Path, report: dict[str, Any])
     verify = main_verify(state, host="target", load_dir=load_dir)
     print(
         f"writes blocked (report) {report['write_block_seconds']} s, longest write stall "
-        f"{verify.longest_write_stall_s} s, uploads acknowledged {verify.uploads_acknowledged}, "
+        f"{verify.longest_write_stall_s} s, uploads acknowledged {verify.uploads_acknowledged}, deleted "
+        f"{verify.uploads_deleted}, "
         f"peak RSS {report['peak_rss_mib']} MiB"
     )
     assert verify.error is None, verify.error
-    assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
+    assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0 and verify.uploads_deleted > 0
     assert verify.acknowledged_lost == 0, verify.lost
     # Every file the source held at the fence is on the target: the 100,000 seeded ones byte for byte, the load's
-    # rewritten ones in their last version (checked by main_verify).
+    # rewritten ones in their last version (checked by main_verify), but those its clients deleted on the target
+    # after the flip (main_verify checked every acknowledged delete is gone from the target).
     source_files, target_files = tree_digests(state.source.uploads), tree_digests(state.target.uploads)
-    assert len(source_files) >= FILES and source_files.keys() <= target_files.keys()
-    differing = {name for name, digest in source_files.items() if target_files[name] != digest}
+    deleted = deleted_uploads(load_dir)
+    assert len(source_files) >= FILES and source_files.keys() - deleted <= target_files.keys()
+    differing = {name for name, digest in source_files.items() if name not in deleted and target_files[name] != digest}
     assert differing <= rewritten_uploads(load_dir), sorted(differing)[:5]
 
 
@@ -141,7 +146,8 @@ def test_a_hundred_thousand_files_cost_only_their_changes_in_the_window(live_big
     where = {check["check"]: check["where"] for check in report["checks"]}
     assert where["tree uploads: every file's checksum"] == "before"
     inside = [c for c in report["checks"] if c["where"] == "inside" and c["check"].startswith("tree uploads")]
-    assert inside and f"the {uploads['paths_listed']} path(s) the final pass copied" in inside[0]["check"], inside
+    scope = f"the {uploads['paths_listed']} path(s) the final pass copied or deleted"
+    assert inside and scope in inside[0]["check"], inside
     assert inside[0]["differing"] == 0
     assert_nothing_lost(state, tmp_path / "load", report)
 

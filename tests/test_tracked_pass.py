@@ -1,16 +1,27 @@
 """The tracked final pass's pure parts: rsync's vanished-file exits, itemized paths, the incremental trust scan, and
-what the report says about where each check ran."""
+what the report says about where each check ran; the datadir's warm-up before the window."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+from orchestrator.plan.model import FileTree
 from orchestrator.report import build_report, checks_where, final_pass_trees
+from orchestrator.results import TreeFigures
+from orchestrator.steps.db_presync import warm_command, warm_outcome
+from orchestrator.steps.verify_target import tree_verification
 from orchestrator.tracking import ChangeTracker, tracker_name
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import CommandResult
+from tests.test_transports import minimal_plan
+
+PLAN = minimal_plan()
+TREE = FileTree.model_validate({"name": "uploads", "source": "/srv/uploads", "target": "/srv/uploads"})
+SCOPE = "the 40 path(s) the final pass copied or deleted, 3 of them deleted on the target"
+UPLOADS = {"mode": "tracked", "listed": 40, "files": 31, "deleted": 3, "bytes": 9000, "change_list": "/x/l"}
 
 
 class LocalHost:
@@ -66,28 +77,41 @@ def test_tracker_names_differ_per_root_and_stay_plain() -> None:
     assert tracker_name("shop prod/é", "up loads", "/srv/a").replace("-", "").replace("_", "").isalnum()
 
 
+def test_the_in_window_check_covers_the_paths_deleted_since_the_presync() -> None:
+    """The tracked verification reads the same list as the final pass, deletions included (rsync itemizes a listed
+    path gone from the source but still on the target as '*deleting'), and says how many were deleted."""
+    command, scope = tree_verification(PLAN, TREE, TreeFigures.model_validate(UPLOADS))
+    argv = shlex.split(command or "")
+    assert {"--dry-run", "--checksum", "--delete-missing-args", "--files-from=/x/l"} <= set(argv)
+    assert scope == SCOPE
+    stats = rsync.parse_stats("Number of files: 4 (reg: 3, dir: 1)\nNumber of deleted files: 3 (reg: 2, dir: 1)\n")
+    assert stats.deleted == 3
+
+
 def test_the_report_says_how_the_final_pass_worked_and_where_each_check_ran() -> None:
+    uploads = TreeFigures.model_validate(UPLOADS)
     outputs = {
         "files_presync": {"trees": {"uploads": {"entries": 100_100, "compared": {"differing": 12, "seconds": 9.5}}}},
         "files_final": {
             "trees": {
-                "uploads": {"mode": "tracked", "listed": 40, "files": 31, "bytes": 9000, "change_list": "/x/l"},
+                "uploads": UPLOADS,
                 "media": {"mode": "full_scan", "fallback_reason": "the tracker is not running", "entries": 7},
             }
         },
         "verify_target": {
             "health_tries": {"http": 1},
             "trees_differing_items": {"uploads": 0, "media": 0},
-            "trees_verified": {"uploads": "the 40 path(s) the final pass copied", "media": "the whole tree"},
+            "trees_verified": {"uploads": tree_verification(PLAN, TREE, uploads)[1], "media": "the whole tree"},
         },
     }
     trees = final_pass_trees(outputs)
     assert trees["uploads"]["mode"] == "tracked" and trees["uploads"]["paths_listed"] == 40
+    assert trees["uploads"]["deleted"] == 3
     assert trees["media"]["fallback_reason"] == "the tracker is not running"
     where = {c["check"]: c["where"] for c in checks_where(outputs)}
     assert where == {
         "tree uploads: every file's checksum": "before",
-        "tree uploads: checksums of the 40 path(s) the final pass copied": "inside",
+        f"tree uploads: checksums of {SCOPE}": "inside",
         "tree media: checksums of the whole tree": "inside",
         "health checks": "inside",
     }
@@ -114,3 +138,20 @@ def test_peak_rss_is_the_runs_own_not_the_size_of_the_process_that_started_it() 
     )
     done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True, timeout=120)
     assert float(done.stdout.strip()) < 200, done.stdout
+
+
+def test_the_datadir_warm_up_reads_the_listed_files_only_when_they_fit_in_memory(tmp_path: Path) -> None:
+    """The files the final pass will read are read before the window (into the page cache), unless they would take
+    more than the allowed share of the host's available memory; names with spaces are read whole."""
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "hot table.ibd").write_bytes(b"x" * 70_000)
+    (tmp_path / "ib_logfile0").write_bytes(b"y" * 30_000)
+    listing = "db/hot table.ibd\0ib_logfile0\0gone.ibd\0"
+    done = subprocess.run(["sh", "-c", warm_command(str(tmp_path))], input=listing, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.split() == ["warmed=100000"], done
+    assert warm_outcome(done.stdout, 0.25) == "warmed 100000 bytes in 0.2 s"
+    huge = subprocess.run(
+        ["sh", "-c", warm_command(str(tmp_path), share=10**15)], input=listing, capture_output=True, text=True
+    )
+    assert huge.stdout.startswith("skipped=100000 available="), huge
+    assert warm_outcome(huge.stdout, 0.0).startswith("skipped: 100000 bytes, more than 1/4 of ")

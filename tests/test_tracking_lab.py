@@ -283,6 +283,36 @@ def test_in_window_verification_sees_a_wrong_listed_file(tree: Tree) -> None:
     assert len(differing) == 1 and differing[0].endswith(str(changed.relative_to(tree.source)))
 
 
+def test_in_window_verification_sees_a_deleted_file_left_on_the_target(tree: Tree) -> None:
+    """Files and a directory deleted on the source since the pre-sync are in the list the verification reads: the
+    final pass deletes them on the target, and one planted back there (a leftover) is a difference."""
+    write_tree(tree.source, 200)
+    tracker = tree.tracker()
+    tracker.start(timeout=60)
+    tree.presync()
+    gone_file = file_path(tree.source, 10)
+    gone_dir = file_path(tree.source, 20).parent
+    if gone_file.parent == gone_dir:
+        gone_dir = file_path(tree.source, 30).parent
+    gone_file.unlink()
+    shutil.rmtree(gone_dir)
+    changes = tracker.changes(timeout=60)
+    rel_file, rel_dir = str(gone_file.relative_to(tree.source)), str(gone_dir.relative_to(tree.source))
+    assert {rel_file, rel_dir} <= set(listed(changes.path))
+    stats = rsync.parse_stats(tree.final_pass(changes.path))
+    assert stats.deleted >= 2 and not (tree.target / rel_file).exists() and not (tree.target / rel_dir).exists()
+    assert tree.verify_listed(changes.path) == []
+    assert tree.differences() == []
+
+    # Leftovers: the deleted file back on the target, and the deleted directory with one file in it.
+    (tree.target / rel_file).write_bytes(b"stale")
+    (tree.target / rel_dir).mkdir()
+    (tree.target / rel_dir / "stale.bin").write_bytes(b"stale")
+    differing = tree.verify_listed(changes.path)
+    assert any(line.startswith("*deleting") and line.endswith(rel_file) for line in differing), differing
+    assert any(line.startswith("*deleting") and f"{rel_dir}/stale.bin" in line for line in differing), differing
+
+
 def test_a_resumed_run_finds_the_running_tracker_and_stop_kills_only_it(tree: Tree) -> None:
     write_tree(tree.source, 50)
     first = tree.tracker()
@@ -408,3 +438,24 @@ def test_the_load_rewrites_uploads_in_place_and_verify_checks_the_last_version(l
     report = main_verify(lab, host="source", load_dir=out)
     assert report.ok, report.lost
     assert report.uploads_acknowledged == len(last)
+
+
+def test_the_load_deletes_uploads_and_verify_sees_a_deleted_one_come_back(lab: LabState, tmp_path: Path) -> None:
+    out = tmp_path / "load"
+    stats = main_load(lab, duration=4, rate=40, clients=2, dns_ttl=1, upload_every=1, out=out, delete_every=2)
+    acks = read_acks(out / ACKS_FILE)
+    deleted = [a["name"] for a in acks if a["kind"] == "upload_deleted"]
+    assert deleted and stats.uploads_deleted == len(deleted)
+    assert all(not (lab.source.uploads / name).exists() for name in deleted)
+    report = main_verify(lab, host="source", load_dir=out)
+    assert report.ok and report.uploads_deleted == len(set(deleted)), report.lost
+    # A deleted upload back on disk (what a final pass that missed the delete would leave) is an acknowledged write
+    # lost.
+    back = lab.source.uploads / deleted[0]
+    back.write_bytes(b"stale")
+    try:
+        report = main_verify(lab, host="source", load_dir=out)
+    finally:
+        back.unlink()
+    assert report.deletes_undone == 1 and report.acknowledged_lost == 1
+    assert report.lost == [f"deleted upload {deleted[0]} is back (file)"]

@@ -13,7 +13,7 @@ cheap and a dead database is noticed at once, never hidden by a pooled connectio
 - every request is one JSON line in HostState.access_log, so operators can watch traffic leave the source.
 
 Endpoints: GET /healthz, POST /reviews, GET /reviews/<id>, GET /reviews?limit=N, PUT /uploads/<name>,
-GET /uploads/<name>.
+GET /uploads/<name>, DELETE /uploads/<name> (file and row; a name already gone answers 200 too: retried deletes).
 """
 
 from __future__ import annotations
@@ -242,6 +242,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self.route({"PUT": self.put})
 
+    def do_DELETE(self) -> None:
+        self.route({"DELETE": self.delete})
+
     def get(self) -> None:
         url = urlsplit(self.path)
         path = url.path
@@ -272,6 +275,15 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(404, {"error": "not found"})
             return
         self.put_upload(unquote(path.removeprefix("/uploads/")))
+
+    def delete(self) -> None:
+        if self.refuse_write_if_fenced():
+            return
+        path = urlsplit(self.path).path
+        if not path.startswith("/uploads/"):
+            self.send_json(404, {"error": "not found"})
+            return
+        self.delete_upload(unquote(path.removeprefix("/uploads/")))
 
     # --- endpoints ------------------------------------------------------------------------------------------
 
@@ -359,6 +371,18 @@ class Handler(BaseHTTPRequestHandler):
             inserted = cur.rowcount == 1
             conn.commit()
         self.send_json(201 if inserted else 200, {"name": name, "size": len(data), "sha256": digest})
+
+    def delete_upload(self, name: str) -> None:
+        """The row first, then the file, both before the answer: an acknowledged delete is gone from disk and
+        database. Deleting a name already gone succeeds (a client retrying a delete whose answer it lost)."""
+        if not SAFE_NAME.match(name) or name.endswith(UPLOAD_TMP_SUFFIX):
+            self.send_json(400, {"error": "bad upload name"})
+            return
+        with self.app.db() as conn, conn.cursor() as cur:
+            cur.execute("DELETE FROM uploads WHERE name = %s", (name,))
+            (self.app.host.uploads / name).unlink(missing_ok=True)
+            conn.commit()
+        self.send_json(200, {"name": name, "status": "deleted"})
 
     def get_upload(self, name: str) -> None:
         if not SAFE_NAME.match(name) or name.endswith(UPLOAD_TMP_SUFFIX):

@@ -126,6 +126,9 @@ def load(
     overwrite_every: int = typer.Option(
         3, "--overwrite-every", help="every Nth upload of a client rewrites its previous one; 0: never"
     ),
+    delete_every: int = typer.Option(
+        0, "--delete-every", help="every Nth upload of a client deletes the one before its previous; 0: never"
+    ),
     out: Path | None = typer.Option(None, help="directory of acks.jsonl and stats.json (default: <lab>/load)"),
     journal: Path | None = typer.Option(
         None, "--journal", help="the migrate journal of the run under this load: latency inside its window"
@@ -145,11 +148,12 @@ def load(
         and dns_ttl >= 0
         and upload_every >= 0
         and overwrite_every >= 0
+        and delete_every >= 0
         and (http_timeout is None or http_timeout > 0)
     ):
         _refuse(
             "lab load: --rate, --clients and --http-timeout must be positive;"
-            " --duration, --dns-ttl, --upload-every, --overwrite-every not negative"
+            " --duration, --dns-ttl, --upload-every, --overwrite-every, --delete-every not negative"
         )
     state = _state(lab_dir)
     load_mod = importlib.import_module("orchestrator.lab.load")
@@ -178,6 +182,7 @@ def load(
                 overwrite_every=overwrite_every,
                 journal=journal,
                 http_timeout=http_timeout,
+                delete_every=delete_every,
             )
     finally:
         with contextlib.suppress(OSError):

@@ -6,9 +6,10 @@ Each client behaves like a real one during a migration:
 - it resolves www.<zone> by asking the Cloudflare API double (zones, then A records) and caches the answer
   for dns_ttl seconds; the first expiry of each client is staggered, so after a DNS flip some clients keep
   talking to the old server for a while, as real resolvers do;
-- it posts reviews with unique ids, uploads a small file every `upload_every` reviews, and reads back its
-  last acknowledged review in between, at its share of the total rate
-  (`rate` counts every request of every client: half reviews, half reads, uploads on top);
+- it posts reviews with unique ids, uploads a small file every `upload_every` reviews (with `overwrite_every`,
+  every Nth upload also rewrites the one before; with `delete_every`, every Nth also deletes the one before that:
+  uploads change and disappear, not only appear), and reads back its last acknowledged review in between, at its
+  share of the total rate (`rate` counts every request of every client: half reviews, half reads, uploads on top);
 - a write that is not acknowledged (503, refused, timeout) is retried with the same id until it is
   acknowledged or the run ends, re-resolving only when its cache expires.
 
@@ -187,6 +188,7 @@ class LoadStats:
     upload_every: int = 0
     writes_acked: int = 0
     uploads_acked: int = 0
+    uploads_deleted: int = 0  # acknowledged deletes (also counted in writes_acked)
     write_attempts_failed: int = 0
     write_failures_by_reason: dict[str, int] = field(default_factory=dict)
     # Writes still unacknowledged when the run ended: never acknowledged, so never counted as lost.
@@ -263,6 +265,8 @@ class Recorder:
             else:
                 self.stats.writes_acked += 1
                 counts.writes_acked += 1
+                if record["kind"] == "upload_deleted":
+                    self.stats.uploads_deleted += 1
             if stall > self.stats.longest_write_stall_s:
                 self.stats.longest_write_stall_s = round(stall, 3)
                 self.stats.longest_write_stall_key = key
@@ -445,6 +449,7 @@ class Client:
         deadline: float,
         stop: threading.Event,
         overwrite_every: int = 0,
+        delete_every: int = 0,
         http_timeout: float = HTTP_TIMEOUT,
     ) -> None:
         self.index = index
@@ -457,6 +462,7 @@ class Client:
         self.clients = clients
         self.upload_every = upload_every
         self.overwrite_every = overwrite_every
+        self.delete_every = delete_every
         self.deadline = deadline
         self.stop = stop
         self.reviews_acked = 0
@@ -484,6 +490,7 @@ class Client:
                 if due_upload and self.reviews_acked > 0 and not self.over():
                     self.write_upload(self.reviews_acked // self.upload_every)
                     self.overwrite_upload(self.reviews_acked // self.upload_every)
+                    self.delete_upload(self.reviews_acked // self.upload_every)
             else:
                 self.read()
             seq += 1
@@ -583,6 +590,29 @@ class Client:
         if self.overwrite_every > 0 and n > 1 and n % self.overwrite_every == 0 and not self.over():
             self.write_upload(n - 1)
 
+    def delete_upload(self, n: int) -> None:
+        """Every `delete_every`-th upload, delete upload n-2 (n-1 may still be rewritten by the next overwrite, n-2
+        never is again): the acknowledged delete is one line in the acks, and `verify` checks the name is gone."""
+        if self.delete_every <= 0 or n <= 2 or n % self.delete_every != 0 or self.over():
+            return
+        name = f"{self.run_tag}-c{self.index}-u{n - 2}.bin"
+        result = self.write_until_acked("DELETE", f"/uploads/{name}", b"")
+        if result is None:
+            return
+        address, first_attempt, attempts, answer = result
+        self.recorder.ack(
+            {
+                "kind": "upload_deleted",
+                "name": name,
+                "server": address,
+                "status": answer.status,
+                "attempts": attempts,
+                "client": self.index,
+                "first_attempt_ts": round(first_attempt, 6),
+                "ack_ts": round(time.time(), 6),
+            }
+        )
+
     def read(self) -> None:
         address = self.resolver.resolve(self.recorder)
         if address is None:
@@ -639,6 +669,7 @@ def main_load(
     overwrite_every: int = 0,
     journal: Path | None = None,
     http_timeout: float | None = None,
+    delete_every: int = 0,
 ) -> LoadStats:
     """Run the load for `duration` seconds (or until `stop` is set); returns the final stats.
 
@@ -688,6 +719,7 @@ def main_load(
             deadline=deadline,
             stop=stop,
             overwrite_every=overwrite_every,
+            delete_every=delete_every,
             http_timeout=http_timeout,
         )
         users.append(client)
@@ -726,6 +758,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--overwrite-every", type=int, default=0, help="every Nth upload rewrites the previous; 0: never"
     )
+    parser.add_argument(
+        "--delete-every", type=int, default=0, help="every Nth upload deletes the one before the previous; 0: never"
+    )
     parser.add_argument("--journal", type=Path, default=None, help="migrate journal: latency inside its window")
     parser.add_argument(
         "--http-timeout",
@@ -753,6 +788,7 @@ def main(argv: list[str] | None = None) -> int:
         overwrite_every=args.overwrite_every,
         journal=args.journal,
         http_timeout=args.http_timeout,
+        delete_every=args.delete_every,
     )
     print(summary(stats))
     return 0

@@ -113,6 +113,7 @@ class FilesFinal(Step):
         figures = TreeFigures(
             bytes=stats.transferred_bytes, files=stats.files_transferred, total_size=stats.total_size,
             seconds=round(time.monotonic() - started, 3), mode=TRACKED, listed=count, change_list=list_file,
+            deleted=stats.deleted,
         )  # fmt: skip
         ctx.log.info("tree_synced", tree=tree.name, **figures.journal())
         return figures

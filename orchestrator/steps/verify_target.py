@@ -1,10 +1,11 @@
 """Verify the target before any traffic moves: health checks, then the data itself, O(changes) only.
 
-Data, shutdown mode: every path the final pass of each file tree handled is equal on both hosts (the whole trees
-were compared before the window), the datadir files the final pass copied were checksummed on both hosts by
-db_final. Row counts and CHECKSUM TABLE read every row, so they are not read here: this step opens a read-only
-consistent snapshot on the still-fenced target (one round trip) and keeps the session open; the `audit` step reads
-it after the commit and compares it with the stopped source (orchestrator/audit.py).
+Data, both modes: every path the final pass of each file tree copied or deleted is equal on both hosts, a deleted
+one absent on both (the whole trees were compared before the window). Replicate mode: the GTID positions. Shutdown
+mode: the datadir files the final pass copied were checksummed on both hosts by db_final. Row counts and CHECKSUM
+TABLE read every row, so they are not read here: this step opens a read-only consistent snapshot on the still-fenced
+target (one round trip) and keeps the session open; the `audit` step reads it after the commit and compares it with
+the stopped source (orchestrator/audit.py).
 
 All of it runs while writes are blocked: every try, query and comparison is bounded by what is left of the
 write-block budget, so a verification that cannot finish in time fails (and the run rolls back) instead of
@@ -48,7 +49,8 @@ def tree_verification(plan: Plan, tree: FileTree, final: TreeFigures | None) -> 
             tree.source, rsync.target_spec(plan, tree.target), final.change_list,
             ssh=rsync.target_ssh_command(plan), exclude=tree.exclude, chown=tree.owner,
         )  # fmt: skip
-        return command, f"the {final.listed} path(s) the final pass copied"
+        deleted = f", {final.deleted} of them deleted on the target" if final.deleted else ""
+        return command, f"the {final.listed} path(s) the final pass copied or deleted{deleted}"
     command = rsync.compare_command(plan, tree.source, tree.target, exclude=tree.exclude, chown=tree.owner)
     return command, "the whole tree (the final pass scanned it whole)"
 
@@ -62,15 +64,22 @@ class VerifyTarget(Step):
         replicate = replicate_run(ctx)
         inside = health.checks_for(plan.health, health.INSIDE, replicate=replicate)
         lines = [f"health check {health.check_label(c)} (up to {plan.health.attempts} tries)" for c in inside]
+        verify = plan.database.verify
+        trees = [
+            f"rsync --dry-run --checksum of the paths the final pass of tree {t.name} copied or deleted (the whole"
+            " tree if it was scanned whole) must list no change: a deleted path still on the target is one"
+            for t in plan.files
+            if verify.files
+        ]
         if replicate:
             if lines:
                 lines = [f"{line} (run by the switch side by side with its wait; here if it did not)" for line in lines]
             return [
                 *lines,
                 "GTID positions: the source still at its final position, the target executed exactly it "
-                "(the data was compared before the window; nothing inside it reads whole tables or trees)",
+                "(the database was compared before the window; nothing inside it reads whole tables)",
+                *trees,
             ]
-        verify = plan.database.verify
         if verify.row_counts or verify.checksum:
             lines.append(
                 "open a read-only consistent snapshot on the fenced target and keep it: the audit after the commit"
@@ -78,13 +87,7 @@ class VerifyTarget(Step):
                                                                   ("CHECKSUM TABLE", verify.checksum)) if on)
                 + " of every table with the stopped source's (nothing inside the window reads whole tables)"
             )  # fmt: skip
-        if verify.files:
-            lines += [
-                f"rsync --dry-run --checksum of the paths the final pass of tree {t.name} copied (the whole tree if it"
-                " was scanned whole) must list no change"
-                for t in plan.files
-            ]
-        return lines
+        return lines + trees
 
     def health(self, ctx: StepContext) -> tuple[dict[str, int], list[str]]:
         """The checks that run inside the window (all of them in the shutdown mode; in the replicate mode those
@@ -122,7 +125,8 @@ class VerifyTarget(Step):
         return {"audit_snapshot_at": held.snapshot_at}, []
 
     def trees(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
-        """Every path the final pass handled is equal on both hosts (rsync --dry-run --checksum lists no change).
+        """Every path the final pass handled is equal on both hosts (rsync --dry-run --checksum lists no change):
+        a listed path gone from the source must be gone from the target too (rsync itemizes it '*deleting').
 
         The whole trees were compared before the window (files_presync); here only the final pass's list is read
         (O(changes)), or the whole tree when that pass had to scan it. Bounded by what is left of the budget.
@@ -189,20 +193,24 @@ class VerifyTarget(Step):
         ctx.window.check("starting the verification")
         if replicate_run(ctx):
             switched = SwitchResult.of(ctx.output(SWITCH_STEP))
-            if switched.health_tries is not None:
-                # The switch ran the in-window checks side by side with its wait and promotion: they passed.
-                tries, problems = switched.health_tries, self.positions(ctx)[1]
-            else:
-                # Side by side, as below: the positions in a thread (carrying the log context), the checks here.
-                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as pool:
-                    positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
+            # Side by side, as below: the positions and the trees' final pass (the file trees move by rsync in
+            # both modes) in threads carrying the log context, the health checks here, unless the switch ran them
+            # side by side with its wait and promotion (they passed then).
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
+                positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
+                trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)
+                if switched.health_tries is not None:
+                    tries, problems = switched.health_tries, []
+                else:
                     tries, problems = self.health(ctx)
-                    problems += positions_future.result()[1]
+                problems += positions_future.result()[1]
+                tree_figures, tree_problems = trees_future.result()
+            problems += tree_problems
             if problems:
                 raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
             ctx.window.check("the verification")
             ctx.log.info("target_verified", gtid=ctx.output(SWITCH_STEP).get("final_gtid"))
-            return VerifyResult(health_tries=tries).journal()
+            return VerifyResult(health_tries=tries, **tree_figures).journal()
         # The three checks are independent and each takes time inside the downtime window: run them side by side
         # (the database and the trees in threads, carrying the log context; the health checks here). Each is
         # bounded by the budget, so leaving the pool (which waits for both threads) is bounded too.

@@ -65,6 +65,7 @@ class Stats:
     transferred_bytes: int = 0
     literal_bytes: int = 0
     files_total: int = 0  # entries in the transfer (files, directories, links)
+    deleted: int = 0  # entries deleted on the target (--delete, --delete-missing-args)
     # With --itemize-changes: the regular files this transfer received on the target ('>f' items).
     received: tuple[str, ...] = ()
 
@@ -298,6 +299,7 @@ def parse_stats(text: str) -> Stats:
         transferred_bytes=_stat(text, "Total transferred file size"),
         literal_bytes=_stat(text, "Literal data"),
         files_total=_stat(text, "Number of files"),
+        deleted=_stat(text, "Number of deleted files"),
         received=tuple(path for line in text.splitlines() if line.startswith(">f") and (path := item_path(line))),
     )
 
