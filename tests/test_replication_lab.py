@@ -12,7 +12,9 @@ on its original datadir. Figures (seed time, the source's write stall, the switc
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -565,6 +567,36 @@ def test_backup_outputs_parse() -> None:
         "backup: [00] 2026-11-23 12:17:27 Finishing BACKUP STAGE BLOCK_COMMIT\n"
     )
     assert stages == [repl.BackupStage("BLOCK_COMMIT", "2026-11-23 12:17:26", "2026-11-23 12:17:27")]
+
+
+def test_a_niced_backup_gets_its_priority_back_once_it_locks_the_source(tmp_path: Path) -> None:
+    """The watcher beside a niced seed, on its own: once the backup's log shows its locking stage, the process
+    named mariadb-backup runs at niceness 0 in the best-effort I/O class (a starved BLOCK_COMMIT would hold every
+    commit of the live site). The process here only logs that line and reports its priority: what is tested is the
+    watcher's shell, which finds it by name among the script's children."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    backup = bin_dir / "mariadb-backup"
+    backup.write_text(
+        "#!/bin/bash\n"
+        f"echo \"$(date '+%F %T') {repl.LOCKING_STAGE}\" >&2\n"
+        "for i in $(seq 200); do [ \"$(ps -o ni= -p $$ | tr -d ' ')\" = 0 ] && break; sleep 0.02; done\n"
+        "echo \"nice $(ps -o ni= -p $$ | tr -d ' ') io $(ionice -p $$)\"\n"
+    )
+    backup.chmod(0o755)
+    script = (
+        "set -o pipefail\nlog=$(mktemp); trap 'rm -f \"$log\"' EXIT\n"
+        + repl._unnice_when_locking(True)
+        + " ".join(repl.NICE)
+        + ' mariadb-backup 2>"$log" | cat\n'
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
+    if os.geteuid() == 0:
+        assert done.stdout.split() == ["nice", "0", "io", "best-effort:", "prio", "4"], done.stdout + done.stderr
+    else:  # lowering a niceness needs root or CAP_SYS_NICE: the backup stays niced, and the script still succeeds
+        assert done.stdout.split()[:2] == ["nice", "19"], done.stdout + done.stderr
+    assert "renice" not in repl.seed_stream_command(repl.SeedSpec("/a", "/b", ("ssh", "t"), nice=False))
 
 
 def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> None:

@@ -4,7 +4,9 @@
 the source→target SSH hop into `mbstream -x` in a staging directory beside the target's datadir; `--prepare` makes
 it consistent there; the prepared copy then takes the datadir's place (the previous datadir is kept beside it for
 undo). The source serves throughout: mariadb-backup blocks its commits only for its BLOCK_COMMIT stage (tens of ms
-with --log-copy-interval=10). The copy's GTID position is journaled: the replica starts from it.
+with --log-copy-interval=10), and gets back the ordinary CPU and I/O priority from its locking stages on (a niced
+process holding BLOCK_COMMIT on a busy host would hold every commit for seconds). The copy's GTID position is
+journaled: the replica starts from it.
 
 Like the pre-syncs, the stream runs under `nocache` where the source has it (`transfer.nocache`): its LD_PRELOAD
 follows mariadb-backup, which then drops from the page cache each data file's pages it brought in (pages the live
