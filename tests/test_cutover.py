@@ -31,7 +31,15 @@ from orchestrator.steps.start_target import StartTarget
 from orchestrator.transports.cloudflare import DnsError
 from orchestrator.transports.mysql import Blocker, mask_query, summarize_blockers
 from orchestrator.window import DowntimeWindow
-from tests.test_e2e import cf_control, dns_client, dns_contents, http, live_lab, plan_copy  # noqa: F401 - a fixture
+from tests.test_e2e import (  # noqa: F401 - a fixture
+    cf_control,
+    dns_client,
+    dns_contents,
+    fail_edits_of_second_record,
+    http,
+    live_lab,
+    plan_copy,
+)
 
 # --- pure logic -------------------------------------------------------------------------------------------------
 
@@ -288,27 +296,15 @@ def test_dns_flip_failing_midway_restores_the_records_it_flipped(
     state = live_lab
     plan_path = plan_copy(state, "flip", {"retry": {"attempts": 2, "max_seconds": 3, "max_wait": 0.2}})
     rt = Runtime(load_plan(plan_path).plan, plan_path)
-    real = rt.dns
-
-    class BreaksAfterFirstEdit:
-        """The real adapter; the API starts failing (5xx on every edit) right after the first record moved."""
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
-        def set_content(self, zone_id: str, record: Any, content: str, **options: Any) -> Any:
-            updated = real.set_content(zone_id, record, content, **options)
-            cf_control(state, "faults", {"mode": "5xx", "count": -1, "methods": ["PATCH", "PUT"]})
-            return updated
-
-    rt._dns = BreaksAfterFirstEdit()  # type: ignore[assignment]
+    # The records are edited side by side: the API fails every edit of the second one (5xx), the first one moves.
+    fail_edits_of_second_record(state)
     journal = Recorder()
     try:
         with pytest.raises(DnsError) as failure:
             DnsFlip().run(journal.context(rt, "dns_flip"))
         assert failure.value.transient
         moved = sorted(dns_contents(state).values())
-        assert moved == [state.source.address, state.target.address], "exactly one record moved before the failure"
+        assert moved == [state.source.address, state.target.address], "exactly one record moved"
         # Each record's old content was journaled before its edit was tried, the failed one's too.
         journaled = {r["name"]: r["content"] for r in journal.saved["old_records"].values()}
         assert journaled == {name: state.source.address for name in state.records}

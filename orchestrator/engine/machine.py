@@ -17,7 +17,8 @@ stopped by a signal.
 Beside: a step marked `runs_beside` may start before the step ahead of it ends, when that step says its
 preconditions hold (`ctx.start_next_beside()`, e.g. once writes are stopped); it then runs in a thread while the
 engine goes on with the steps after it, and is joined (its completion or failure journaled) before any commit point,
-before the run ends, and before a rollback begins: nothing of it is still running when a compensation starts or the
+before a step that names it in its `waits_for` (one that reads what it did), before the run ends, and before a
+rollback begins: nothing of it is still running when a compensation starts or the
 run commits. A failure it raises fails the run like any step's. Its `step_started` is journaled before it starts, so
 a resumed run re-enters it like any step found in flight.
 
@@ -199,7 +200,8 @@ class Engine:
         self.interruptions.finish_forward = state.committed
         for index, step in enumerate(self.steps):
             # A step running beside is joined before a commit point; one that already failed, as soon as seen.
-            failed = self._join_beside(wait=step.commit_point)
+            waited = self._beside is not None and self._beside.step.name in step.waits_for
+            failed = self._join_beside(wait=step.commit_point or waited)
             if failed is not None:
                 return self._on_failure(*failed)
             state = self._require_state()

@@ -107,8 +107,12 @@ class Step(ABC):
     begins_downtime: ClassVar[bool] = False
     # May run beside the steps after it, in a thread of the engine, when the step before it lets it start early
     # (`ctx.start_next_beside()`); it is then done before any commit point and before the run ends. Such a step
-    # must not be one whose output the steps running beside it read (they would see none).
+    # must not be one whose output the steps running beside it read (they would see none), unless they name it in
+    # their `waits_for`.
     runs_beside: ClassVar[bool] = False
+    # Steps that must have ended before this one begins, even when they run beside others: this one reads what they
+    # did (e.g. a check of what a copy beside the switch copied). The engine waits for them first.
+    waits_for: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def describe(self, ctx: StepContext) -> list[str]:

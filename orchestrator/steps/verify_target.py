@@ -58,6 +58,8 @@ def tree_verification(plan: Plan, tree: FileTree, final: TreeFigures | None) -> 
 class VerifyTarget(Step):
     name = "verify_target"
     title = "Verify the target: health checks, the changed files, a snapshot for the audit"
+    # It checks the paths the uploads' final pass copied or deleted: that pass may still run beside (replicate mode).
+    waits_for = ("files_final",)
 
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan

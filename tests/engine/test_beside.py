@@ -6,6 +6,7 @@ the window's time such steps share once."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ class World:
         self.lock = threading.Lock()
         self.beside_started = threading.Event()
         self.release_beside = threading.Event()
+        self.middle_ran = threading.Event()
         self.fail: set[str] = set()
 
     def act(self, line: str) -> None:
@@ -182,3 +184,58 @@ def test_the_windows_parts_count_steps_side_by_side_once_in_the_time_between_ste
     ]
     parts = window_parts(steps, 10.0, 20.0, None)
     assert parts == {"switch": 3.0, "files": 4.0, "verify": 0.5, "flip": 3.5, "between steps": 0.5}
+
+
+class Middle(Plain):
+    """A step after the one beside that does not need it: it runs while that one still works."""
+
+    def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        result = super().run(ctx)
+        self.world.middle_ran.set()
+        return result
+
+
+class SlowBeside(Beside):
+    """Ends only once the step after it has run: a step that reads what it did must wait for it."""
+
+    def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        self.world.act(f"run {self.name}")
+        self.world.beside_started.set()
+        assert self.world.release_beside.wait(WAIT)
+        assert self.world.middle_ran.wait(WAIT), "the step after it did not run while it worked"
+        # Still at work a little longer: an engine that did not wait for it would start the reader meanwhile. (A
+        # correct engine waits however long this takes: nothing here depends on the machine's speed to pass.)
+        time.sleep(0.3)
+        self.world.act(f"{self.name} done")
+        return {"copied": 3}
+
+
+class Reader(Plain):
+    waits_for = ("files",)
+
+
+def test_a_step_that_reads_what_the_step_beside_did_waits_for_it(tmp_path: Path) -> None:
+    world, journal = World(), Journal(tmp_path / "journal.jsonl")
+    steps = [
+        Plain(world, "before"),
+        Opener(world, "switch"),
+        SlowBeside(world, "files"),
+        Middle(world, "start"),
+        Reader(world, "verify"),
+        Plain(world, "flip", commit=True),
+    ]
+    log = structlog.get_logger("test")
+    eng = Engine(
+        steps,
+        journal,
+        config=EngineConfig(plan_path="p.yaml", plan_name="p", plan_sha256="0", plan_text=""),
+        rt=None,
+        hooks=HookRunner(tmp_path / "no-hooks", timeout=5, base_env={}, log=log),
+        confirm=lambda step: True,
+        log=log,
+    )
+    eng.start_run()
+    assert eng.forward() == Outcome.COMPLETED
+    acts = world.actions
+    assert acts.index("run start") < acts.index("files done"), "the step not waiting ran beside"
+    assert acts.index("files done") < acts.index("run verify"), "the reader ran before the copy it reads ended"
