@@ -32,15 +32,18 @@ SECRET_ENV = ("COURSE_REVIEW_DB_PASSWORD", "CLOUDFLARE_API_TOKEN")
 # leaves the other workers idle at the end.
 LONGEST_FIRST = (
     "test_e2e.py",
-    "test_faults.py",
     "test_replicate_e2e.py",
+    "test_faults_kill.py",
+    "test_faults.py",
     "test_scale_e2e.py",
     "test_frontdoor_e2e.py",
     "test_estimates.py",
+    "test_throttle.py",
+    "test_progress.py",
+    "test_report_html.py",
     "test_tracking_lab.py",
     "test_window.py",
     "test_steps_live.py",
-    "test_progress.py",
 )
 
 
