@@ -21,7 +21,7 @@ from typing import Any
 import pymysql
 import pytest
 
-from orchestrator import exit_codes
+from orchestrator import exit_codes, guard
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify
 from tests.test_e2e import (
@@ -143,21 +143,38 @@ def test_writers_bypassing_the_fence_cannot_fail_a_run_nor_lose_a_row(live_lab: 
 # --- 5. a resume re-proves what it relies on -------------------------------------------------------------------------
 
 
+def killed_once_the_source_stops(state: LabState, plan: Path) -> None:
+    """`migrate apply`, killed with SIGKILL once it journaled the source database's shutdown (inside the window)."""
+    journal = journal_path(state, plan)
+    run = popen_apply(state, plan)
+    try:
+        wait_for(lambda: "source_db_stopped" in saved_keys(journal), "the source's shutdown", proc=run)
+        run.kill()
+    finally:
+        if run.poll() is None:
+            run.kill()
+        run.communicate(timeout=30)
+    assert run.returncode == -signal.SIGKILL
+
+
+def guard_restored(trace_file: Path, budget: float) -> tuple[list[str], float]:
+    """Once the guard wrote that it restored the source: its trace, and when it acted (epoch seconds)."""
+    wait_for(
+        lambda: trace_file.exists() and trace_file.read_text().rstrip().endswith(" restored"),
+        "the guard to restore the source",
+        timeout=budget + guard.MARGIN + 120,
+    )
+    trace = trace_file.read_text().splitlines()
+    print("\n".join(trace))
+    return trace, next(float(line.split()[0]) for line in trace if "deadline passed" in line)
+
+
 def test_kill9_during_the_shutdown_under_load_resumes_to_completion(live_lab: LabState, load: Load) -> None:
     state = live_lab
     # What is proven is the resume, not the budget: writes stay blocked while nobody runs and while the new process
     # starts, which on a loaded machine can take most of the lab plan's 60 s.
     plan = plan_copy(state, "kill-shutdown", {"cutover": {"max_write_block": 180}})
-    journal = journal_path(state, plan)
-    first = popen_apply(state, plan)
-    try:
-        wait_for(lambda: "source_db_stopped" in saved_keys(journal), "the source's shutdown", proc=first)
-        first.kill()
-    finally:
-        if first.poll() is None:
-            first.kill()
-        first.wait(timeout=30)
-    assert first.returncode == -signal.SIGKILL
+    killed_once_the_source_stops(state, plan)
     result = migrate_apply(state, plan)
     verify = load.stop("target")
     assert result.returncode == exit_codes.OK, outcome(result)
@@ -169,22 +186,13 @@ def test_kill9_during_the_shutdown_under_load_resumes_to_completion(live_lab: La
 
 
 def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_lab: LabState, load: Load) -> None:
-    from orchestrator import guard
 
     state = live_lab
     budget = 15.0
     plan = plan_copy(
         state, "guard", {"cutover": {"max_write_block": budget, "lock_attempts": 1, "refuse_predicted_overrun": False}}
     )
-    journal = journal_path(state, plan)
-    run = popen_apply(state, plan)
-    try:
-        wait_for(lambda: "source_db_stopped" in saved_keys(journal), "the source's shutdown", proc=run)
-        run.kill()
-    finally:
-        if run.poll() is None:
-            run.kill()
-        run.communicate(timeout=30)
+    killed_once_the_source_stops(state, plan)
     events = journal_events(state, plan)
     saved = {ev["key"]: ev["value"] for ev in events if ev.get("event") == "step_saved"}
     trace_file = Path(saved["guard"]["dir"]) / guard.TRACE
@@ -192,14 +200,7 @@ def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_l
     said = migrate_status(state, plan).stdout
     assert "interrupted" in said and "the guard on the source" in said, said
     # Nobody resumes: the guard alone brings the source back once the budget and its margin have passed.
-    wait_for(
-        lambda: trace_file.exists() and trace_file.read_text().rstrip().endswith(" restored"),
-        "the guard to restore the source",
-        timeout=budget + guard.MARGIN + 120,
-    )
-    trace = trace_file.read_text().splitlines()
-    print("\n".join(trace))
-    acted_at = next(float(line.split()[0]) for line in trace if "deadline passed" in line)
+    trace, acted_at = guard_restored(trace_file, budget)
     restored_at = next(float(line.split()[0]) for line in trace if line.endswith(" restored"))
     blocked_at = float(saved["writes_blocked_at"])
     # The run beat until it was killed (the heartbeat file was touched inside the window), then stopped.
@@ -235,7 +236,6 @@ def test_kill9_in_the_replicate_window_without_resume_the_guard_restores_the_sou
     """The replicate mode's source is read-only and fenced inside its window: killed there (the target promoted, DNS
     not flipped) and never resumed, the guard restarts the source's database (which clears read_only) and lifts the
     fence once the budget and its margin have passed; a later `migrate apply` rolls back; 0 lost."""
-    from orchestrator import guard
 
     state = live
     budget = 10.0
@@ -256,14 +256,7 @@ def test_kill9_in_the_replicate_window_without_resume_the_guard_restores_the_sou
         writable, _ = source_is_plain_and_writable(state)
         assert not writable, "the kill should have left the source read-only"
         trace_file = Path(saved["guard"]["dir"]) / guard.TRACE
-        wait_for(
-            lambda: trace_file.exists() and trace_file.read_text().rstrip().endswith(" restored"),
-            "the guard to restore the source",
-            timeout=budget + guard.MARGIN + 120,
-        )
-        trace = trace_file.read_text().splitlines()
-        print("\n".join(trace))
-        acted_at = next(float(line.split()[0]) for line in trace if "deadline passed" in line)
+        trace, acted_at = guard_restored(trace_file, budget)
         assert acted_at >= float(saved["guard"]["deadline"]) - 1.0, trace
         said = " ".join(trace)
         assert "stop the read-only database" in said and "start the database: done" in said, trace

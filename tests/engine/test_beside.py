@@ -84,8 +84,8 @@ class Beside(Plain):
         return {"copied": 3}
 
 
-def engine(world: World, journal: Journal, tmp_path: Path) -> Engine:
-    steps = [
+def engine(world: World, journal: Journal, tmp_path: Path, steps: list[Step] | None = None) -> Engine:
+    steps = steps or [
         Plain(world, "before"),
         Opener(world, "switch"),
         Beside(world, "files"),
@@ -224,16 +224,7 @@ def test_a_step_that_reads_what_the_step_beside_did_waits_for_it(tmp_path: Path)
         Reader(world, "verify"),
         Plain(world, "flip", commit=True),
     ]
-    log = structlog.get_logger("test")
-    eng = Engine(
-        steps,
-        journal,
-        config=EngineConfig(plan_path="p.yaml", plan_name="p", plan_sha256="0", plan_text=""),
-        rt=None,
-        hooks=HookRunner(tmp_path / "no-hooks", timeout=5, base_env={}, log=log),
-        confirm=lambda step: True,
-        log=log,
-    )
+    eng = engine(world, journal, tmp_path, steps)
     eng.start_run()
     assert eng.forward() == Outcome.COMPLETED
     acts = world.actions
