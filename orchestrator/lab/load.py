@@ -538,19 +538,13 @@ class Client:
         result = self.write_until_acked("POST", "/reviews", json.dumps(review).encode())
         if result is None:
             return
-        address, first_attempt, attempts, answer = result
-        self.recorder.ack(
+        self.ack(
+            result,
             {
                 "kind": "review",
                 "id": review_id,
                 "sha256": digest,
-                "server": address,
-                "status": answer.status,
-                "attempts": attempts,
-                "client": self.index,
-                "first_attempt_ts": round(first_attempt, 6),
-                "ack_ts": round(time.time(), 6),
-            }
+            },
         )
         self.reviews_acked += 1
         self.last_acked = (review_id, digest)
@@ -562,19 +556,29 @@ class Client:
         result = self.write_until_acked("PUT", f"/uploads/{name}", data)
         if result is None:
             return
-        address, first_attempt, attempts, answer = result
+        address, _, _, answer = result
         with contextlib.suppress(ValueError):
             served = json.loads(answer.body).get("sha256")
             if served != digest:
                 # The server stored something else than what we sent: never count that as acknowledged.
                 self.recorder.write_failed(address, "bad_digest")
                 return
-        self.recorder.ack(
+        self.ack(
+            result,
             {
                 "kind": "upload",
                 "name": name,
                 "sha256": digest,
                 "size": len(data),
+            },
+        )
+
+    def ack(self, result: tuple[str, float, int, Answer], fields: dict[str, Any]) -> None:
+        """One acknowledged write in the record, with what every ack carries: where, how, when."""
+        address, first_attempt, attempts, answer = result
+        self.recorder.ack(
+            {
+                **fields,
                 "server": address,
                 "status": answer.status,
                 "attempts": attempts,
@@ -599,18 +603,12 @@ class Client:
         result = self.write_until_acked("DELETE", f"/uploads/{name}", b"")
         if result is None:
             return
-        address, first_attempt, attempts, answer = result
-        self.recorder.ack(
+        self.ack(
+            result,
             {
                 "kind": "upload_deleted",
                 "name": name,
-                "server": address,
-                "status": answer.status,
-                "attempts": attempts,
-                "client": self.index,
-                "first_attempt_ts": round(first_attempt, 6),
-                "ack_ts": round(time.time(), 6),
-            }
+            },
         )
 
     def read(self) -> None:
