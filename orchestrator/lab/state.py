@@ -73,6 +73,12 @@ class HostState:
         return self.path / "sshd"
 
     @property
+    def home(self) -> Path:
+        """The SSH user's home on this host ($HOME of its sessions): each lab host has its own, as two servers
+        would, instead of this machine's account home and its shell startup files."""
+        return self.path / "home"
+
+    @property
     def sshd_pid_file(self) -> Path:
         return self.run_dir / "sshd.pid"
 
