@@ -17,7 +17,7 @@ from orchestrator import secrets
 from orchestrator.engine.step import StepError
 from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
 from orchestrator.retry import call_with_retry
-from orchestrator.transports import mysql, rsync
+from orchestrator.transports import mysql, rsync, rsync_daemon
 from orchestrator.transports.ssh import SshHost
 from orchestrator.window import DowntimeWindow
 
@@ -45,6 +45,8 @@ class Runtime:
         self._lock = threading.Lock()
         # The run's heartbeat for the guard on the source (orchestrator/guard.py), while this process drives it.
         self.heartbeat: Any = None
+        # The window's rsync route (transports/rsync_daemon.py), opened before the window when it can be.
+        self.window_route: rsync_daemon.DaemonRoute | None = None
 
     # --- hosts ---
 
@@ -198,6 +200,9 @@ class Runtime:
         if heartbeat is not None:
             heartbeat.stop()
         source = self._hosts.get("source")
+        route, self.window_route = self.window_route, None
+        if route is not None and source is not None:
+            rsync_daemon.close_route(self.plan, source, route)
         if source is not None and not self.dry_run:
             # The source's shared SSH connection to the target (rsync's) must not outlive the run.
             with contextlib.suppress(Exception):

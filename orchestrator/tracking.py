@@ -278,12 +278,13 @@ def verify_listed_command(
     ssh: str | None = None,
     exclude: Iterable[str] = (),
     chown: str | None = None,
+    extra: Iterable[str] = (),
 ) -> str:
     """A --dry-run --checksum of only the listed paths: every line it prints is a difference (none = equal).
 
     It reads the listed files whole on both sides, and nothing else.
     """
-    options = ["--dry-run", "--checksum", "--itemize-changes"]
+    options = ["--dry-run", "--checksum", "--itemize-changes", *extra]
     return _listed_rsync(options, source_dir, destination, list_file, ssh=ssh, exclude=exclude, chown=chown)
 
 

@@ -17,7 +17,7 @@ from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan, Service
 from orchestrator.results import TreeFigures
 from orchestrator.tracking import ChangeTracker, TrackingError, final_pass_command
-from orchestrator.transports import mysql, rsync
+from orchestrator.transports import mysql, rsync, rsync_daemon
 from orchestrator.transports.ssh import TransportError
 
 # Runtime files of a server that must never travel with its datadir.
@@ -223,6 +223,27 @@ def tracked_prepass(ctx: StepContext, tree: FileTree, presync: TreeFigures | Non
     )  # fmt: skip
     ctx.log.info("prewindow_pass", tree=tree.name, **figures.journal())
     return figures
+
+
+def open_window_route(ctx: StepContext) -> None:
+    """Before the window: the rsync daemon route for the window's passes over the file trees (see
+    transports/rsync_daemon.py). Best effort: without it those passes run over `-e ssh`, and the log says why."""
+    rt = runtime(ctx)
+    if not rt.plan.files or getattr(rt, "window_route", False) is not None:
+        return  # no trees, a route already open, or a runtime that has none (offline tests)
+    started = time.monotonic()
+    try:
+        route = rsync_daemon.open_route(rt.plan, rt.source, rt.target)  # type: ignore[arg-type]
+    except rsync_daemon.RouteUnavailable as exc:
+        ctx.log.warning("window_route_unavailable", reason=str(exc), instead="rsync -e ssh inside the window")
+        return
+    rt.window_route = route  # type: ignore[attr-defined]
+    ctx.log.info("window_route_opened", seconds=round(time.monotonic() - started, 3), modules=len(route.modules))
+
+
+def window_route(ctx: StepContext) -> rsync_daemon.DaemonRoute | None:
+    """The route open_window_route made, if any."""
+    return getattr(runtime(ctx), "window_route", None)
 
 
 def keep_shells(ctx: StepContext) -> None:

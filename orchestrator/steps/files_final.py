@@ -11,19 +11,22 @@ from __future__ import annotations
 import contextvars
 import shlex
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.plan.model import FileTree
+from orchestrator.plan.model import FileTree, Retry
 from orchestrator.results import FilesResult, TreeFigures
-from orchestrator.steps.common import sync_tree
+from orchestrator.steps.common import sync_tree, window_route
 from orchestrator.tracking import ChangeTracker, TrackingError, final_pass_command
 from orchestrator.transports import rsync
+from orchestrator.transports.rsync import Stats
 from orchestrator.transports.ssh import TransportError
 
 TRACKED = "tracked"
+ONE_TRY = Retry(attempts=1)
 FULL_SCAN = "full_scan"
 
 
@@ -90,24 +93,17 @@ class FilesFinal(Step):
     def tracked_copy(self, ctx: StepContext, tree: FileTree, list_file: str, count: int) -> TreeFigures:
         """rsync of the listed paths only: each copied, or deleted on the target when gone from the source."""
         rt = runtime(ctx)
-        plan = rt.plan
         window = ctx.window
         ctx.log.info("final_pass_tracked", tree=tree.name, paths=count)
         started = time.monotonic()
         stats = rsync.Stats()
         if count:
-            command = final_pass_command(
-                tree.source, rsync.target_spec(plan, tree.target), list_file, ssh=rsync.target_ssh_command(plan),
-                exclude=tree.exclude, chown=tree.owner, timeout=plan.transfer.rsync_timeout,
-                whole_file=plan.transfer.whole_file,
-            )  # fmt: skip
             try:
                 if self._targets_made is not None:
                     self._targets_made.result()  # made side by side with the change list (run)
                 else:
                     rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=window.timeout(60.0))
-                stats = rsync.push(rt.source, command, what=f"tracked final pass of tree {tree.name}",  # type: ignore[arg-type]
-                                   retry=window.bounded(plan.retry), timeout=window.timeout(), short=True)  # fmt: skip
+                stats = self._push_listed(ctx, tree, list_file)
             except TransportError as exc:
                 raise StepError(f"copying the changes of tree {tree.name}: {exc}") from None
         figures = TreeFigures(
@@ -117,6 +113,32 @@ class FilesFinal(Step):
         )  # fmt: skip
         ctx.log.info("tree_synced", tree=tree.name, **figures.journal())
         return figures
+
+    def _push_listed(self, ctx: StepContext, tree: FileTree, list_file: str) -> Stats:
+        """The listed paths pushed through the window's rsync route (the daemon opened before the window) when there
+        is one, over `-e ssh` otherwise or when the route fails (said in the log)."""
+        rt = runtime(ctx)
+        plan = rt.plan
+        window = ctx.window
+        what = f"tracked final pass of tree {tree.name}"
+
+        def push(destination: str, *, ssh: str | None = None, extra: Iterable[str] = (), once: bool = False) -> Stats:
+            command = final_pass_command(
+                tree.source, destination, list_file, ssh=ssh, exclude=tree.exclude, chown=tree.owner,
+                timeout=plan.transfer.rsync_timeout, whole_file=plan.transfer.whole_file, extra=extra,
+            )  # fmt: skip
+            retry = ONE_TRY if once else window.bounded(plan.retry)
+            return rsync.push(rt.source, command, what=what, retry=retry, timeout=window.timeout(), short=True)  # type: ignore[arg-type]
+
+        route = window_route(ctx)
+        if route is not None:
+            try:
+                # One try: a route that fails is not retried inside the window, the ssh way below is.
+                return push(route.url(tree), extra=route.options(), once=True)
+            except TransportError as exc:
+                window.check(f"the final copy of tree {tree.name}")
+                ctx.log.warning("window_route_failed", tree=tree.name, error=str(exc), instead="rsync -e ssh")
+        return push(rsync.target_spec(plan, tree.target), ssh=rsync.target_ssh_command(plan))
 
     def full_scan(self, ctx: StepContext, tree: FileTree, presync: TreeFigures | None, reason: str) -> TreeFigures:
         """The whole tree's delta: every file stat'ed on both hosts. Said loudly, with why and what it costs."""

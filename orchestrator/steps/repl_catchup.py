@@ -21,7 +21,7 @@ from orchestrator import health
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CatchupResult, FilesResult
-from orchestrator.steps.common import keep_shells, tracked_prepass
+from orchestrator.steps.common import keep_shells, open_window_route, tracked_prepass
 from orchestrator.steps.repl_common import reverse_over_replica
 from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl
@@ -89,6 +89,7 @@ class ReplCatchup(Step):
             self._files_prepass(ctx, result)
             self._wait_for_lag(ctx, source, target, result)
             keep_shells(ctx)
+            open_window_route(ctx)
         except repl.ReplicationError as exc:
             raise StepError(f"catching up: {exc}") from None
         finally:

@@ -26,10 +26,12 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan
 from orchestrator.results import FilesResult, SwitchResult, TreeFigures, VerifyResult
+from orchestrator.steps.common import window_route
 from orchestrator.steps.repl_common import SWITCH_STEP, replicate_run
 from orchestrator.tracking import verify_listed_command
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports import replication as repl
+from orchestrator.transports.rsync_daemon import DaemonRoute
 from orchestrator.transports.ssh import TransportError
 
 MAX_LISTED = 5
@@ -40,14 +42,20 @@ def _listed(items: list[str]) -> str:
     return ", ".join(items[:MAX_LISTED]) + more
 
 
-def tree_verification(plan: Plan, tree: FileTree, final: TreeFigures | None) -> tuple[str | None, str]:
-    """The in-window comparison of one tree (None: nothing to compare) and what it covers, in words."""
+def tree_verification(
+    plan: Plan, tree: FileTree, final: TreeFigures | None, route: DaemonRoute | None = None
+) -> tuple[str | None, str]:
+    """The in-window comparison of one tree (None: nothing to compare) and what it covers, in words. A tracked pass
+    is checked through the window's rsync route when there is one (`route`), over `-e ssh` otherwise."""
     if final is not None and final.mode == "tracked" and final.change_list:
         if not final.listed:
             return None, "no path changed since the pre-sync"
+        if route is not None:
+            destination, ssh, extra = route.url(tree), None, route.options()
+        else:
+            destination, ssh, extra = rsync.target_spec(plan, tree.target), rsync.target_ssh_command(plan), []
         command = verify_listed_command(
-            tree.source, rsync.target_spec(plan, tree.target), final.change_list,
-            ssh=rsync.target_ssh_command(plan), exclude=tree.exclude, chown=tree.owner,
+            tree.source, destination, final.change_list, ssh=ssh, exclude=tree.exclude, chown=tree.owner, extra=extra
         )  # fmt: skip
         deleted = f", {final.deleted} of them deleted on the target" if final.deleted else ""
         return command, f"the {final.listed} path(s) the final pass copied or deleted{deleted}"
@@ -142,8 +150,10 @@ class VerifyTarget(Step):
         if not plan.database.verify.files:
             return {}, problems
         final = FilesResult.of(ctx.output("files_final"))
+        route = window_route(ctx)
         for tree in plan.files:
-            command, scopes[tree.name] = tree_verification(plan, tree, final.trees.get(tree.name))
+            figures = final.trees.get(tree.name)
+            command, scopes[tree.name] = tree_verification(plan, tree, figures, route)
             doing = f"comparing tree {tree.name} ({scopes[tree.name]})"
             window.check(doing)
             if command is None:
@@ -154,8 +164,19 @@ class VerifyTarget(Step):
                                             timeout=window.timeout())  # fmt: skip
             except TransportError as exc:
                 window.check(doing)  # a comparison cut short by the budget: say so
-                problems.append(f"{doing}: {exc}")
-                continue
+                if route is None:
+                    problems.append(f"{doing}: {exc}")
+                    continue
+                # The route failed, not the comparison: once more over ssh.
+                ctx.log.warning("window_route_failed", tree=tree.name, error=str(exc), instead="rsync -e ssh")
+                command, _ = tree_verification(plan, tree, figures)
+                try:
+                    items = rsync.changed_items(rt.source, command or "true", what=f"compare of tree {tree.name}",
+                                                timeout=window.timeout())  # fmt: skip
+                except TransportError as again:
+                    window.check(doing)
+                    problems.append(f"{doing}: {again}")
+                    continue
             trees[tree.name] = len(items)
             if items:
                 problems.append(f"tree {tree.name} differs: {_listed(items)}")

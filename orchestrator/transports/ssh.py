@@ -209,6 +209,33 @@ class _KeptShell:
             self.proc.close()
 
 
+class Tethered:
+    """A process started by SshHost.start_tethered: it ends at the end of file on its stdin."""
+
+    def __init__(self, proc: Any, sessions: asyncio.Semaphore, ready_line: str) -> None:
+        self._proc = proc
+        self._sessions: asyncio.Semaphore | None = sessions
+        self.ready_line = ready_line
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End of file on its stdin, then wait for it to end (best effort: the host may be gone)."""
+        sessions, self._sessions = self._sessions, None
+        if sessions is None:
+            return
+        proc = self._proc
+
+        async def _stop() -> None:
+            try:
+                proc.stdin.write_eof()
+                await proc.wait(check=False, timeout=timeout)
+            finally:
+                proc.close()
+                sessions.release()
+
+        with contextlib.suppress(Exception):
+            _call(_stop())
+
+
 class SshHost:
     """One server reached over SSH: commands, streamed commands and local port forwards (for MySQL)."""
 
@@ -498,6 +525,45 @@ class SshHost:
     def forward_to_port(self, remote_host: str, remote_port: int) -> tuple[str, int]:
         """A local listener on 127.0.0.1 (free port) tunnelled to remote_host:remote_port on the host."""
         return self._forward(lambda conn: conn.forward_local_port("127.0.0.1", 0, remote_host, remote_port))
+
+    # --- a process tied to our connection ---
+
+    def start_tethered(self, command: str, *, input: str, ready: str, timeout: float) -> Tethered:
+        """Start `command` in a session of its own, write it `input` (a secret may go there: never the command line)
+        and keep its stdin open: the command must end when it reads end of file, which it does when we stop it or
+        when our connection is lost (a kill -9 of this process included). Returns once a line it prints starts
+        with `ready` (the handle keeps that line); raises TransportError if it ends or says nothing in `timeout`."""
+        conn = self.connection()
+        sessions = self._sessions
+
+        async def _start() -> Tethered:
+            assert sessions is not None
+            await sessions.acquire()  # held while the process lives: it is one of the connection's sessions
+            proc = None
+            try:
+                proc = await conn.create_process(command, encoding="utf-8", errors="replace")
+                proc.stdin.write(input)
+                async with asyncio.timeout(timeout):
+                    while True:
+                        line = await proc.stdout.readline()
+                        if not line:
+                            stderr = await proc.stderr.read()
+                            last = (stderr.strip().splitlines() or ["no message"])[-1]
+                            raise CommandFailed(command, proc.exit_status, last)
+                        if line.startswith(ready):
+                            return Tethered(proc, sessions, line.strip())
+            except BaseException:
+                if proc is not None:
+                    proc.close()
+                sessions.release()
+                raise
+
+        try:
+            return _call(_start())
+        except TimeoutError:
+            raise TransportError(f"{self.name}: `{command[:80]}` said nothing in {timeout:g} s", False) from None
+        except (asyncssh.Error, *_TRANSIENT) as exc:
+            raise self._lost(exc, f"starting `{command[:80]}`") from None
 
     def close(self) -> None:
         shell, self._shell = self._shell, None
