@@ -76,13 +76,13 @@ def config_text(trees: list[FileTree]) -> tuple[str, str]:
 
 def target_script(globals_: str, modules: str) -> str:
     """Run on the target in a session of ours: reads the password from its first stdin line, starts the daemon on a
-    free loopback port, prints `port=N`, then waits for the end of its stdin and cleans up."""
+    free loopback port, prints `port=N pid=P dir=D`, then waits for the end of its stdin and cleans up."""
     port_check = (
         # LISTEN (0A) on 127.0.0.1 (0100007F) and our port, in /proc/net/tcp: no `ss` needed. Another's listener on
         # that port cannot pass for ours: the route is proven with our password before it is used.
         'hex=$(printf "0100007F:%04X" "$port"); n=0; '
         'while [ $n -lt 250 ]; do kill -0 "$pid" 2>/dev/null || break; '
-        'if grep -q " $hex 00000000:0000 0A " /proc/net/tcp; then echo "port=$port"; ready=1; break; fi; '
+        'if grep -q " $hex 00000000:0000 0A " /proc/net/tcp; then echo "port=$port pid=$pid dir=$d"; ready=1; break; fi; '
         "sleep 0.02; n=$((n + 1)); done"
     )
     return (
@@ -107,6 +107,11 @@ def target_script(globals_: str, modules: str) -> str:
         'tail -n 3 "$d/log" >&2 2>/dev/null; exit 4; }; '
         "cat >/dev/null"
     )
+
+
+def ready_fields(line: str) -> dict[str, str]:
+    """`port=N pid=P dir=D` (what the target's script prints once the daemon listens) as a dict."""
+    return dict(part.partition("=")[::2] for part in line.split())
 
 
 @dataclass
@@ -149,7 +154,8 @@ def open_route(plan: Plan, source: SshHost, target: SshHost) -> DaemonRoute:
         raise RouteUnavailable(f"starting the rsync daemon on the target: {exc}") from None
     route: DaemonRoute | None = None
     try:
-        remote_port = int(daemon.ready_line.partition("=")[2])
+        said = ready_fields(daemon.ready_line)
+        remote_port = int(said["port"])
         client = source.run(
             'umask 077; d=$(mktemp -d "${TMPDIR:-/tmp}/migrate-rsync.XXXXXX") && cat > "$d/password" && echo "$d"',
             input=secret + "\n", timeout=START_TIMEOUT,
