@@ -192,6 +192,7 @@ def final_pass_trees(outputs: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
             "seconds": t.seconds,
             "fallback_reason": t.fallback_reason,
             "tree_entries": t.entries,
+            "route": t.route,
         }
         for name, t in final.trees.items()
     }
@@ -292,7 +293,8 @@ def render_report(report: dict[str, Any]) -> str:
         if tree.get("mode") == "tracked":
             deleted = f" ({tree['deleted']} deleted on the target)" if tree.get("deleted") else ""
             listed = tree.get("paths_listed")
-            lines.append(f"  tree {name}: final pass handled only the {listed} tracked path(s){deleted}")
+            route = " through the rsync daemon opened before the window" if tree.get("route") == "daemon" else ""
+            lines.append(f"  tree {name}: final pass handled only the {listed} tracked path(s){deleted}{route}")
         elif tree.get("mode"):
             lines.append(f"  tree {name}: final pass scanned the whole tree: {tree.get('fallback_reason')}")
     for check in report.get("checks") or []:

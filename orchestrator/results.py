@@ -62,6 +62,8 @@ class TreeFigures(Contract):
     change_list: str | None = None  # that list, NUL-separated, on the source (verify_target reads the same)
     fallback_reason: str | None = None
     throttled_seconds: float = 0.0  # paused for the source's load (transfer.max_load)
+    # files_final, tracked: how rsync reached the target ("daemon": the window's route; "ssh": -e ssh).
+    route: str | None = None
 
 
 class FilesResult(Contract):

@@ -309,6 +309,8 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
     # deleted were compared on both hosts.
     trees = [c for c in report["checks"] if c["where"] == "inside" and c["check"].startswith("tree uploads")]
     assert trees and trees[0]["differing"] == 0, report["checks"]
+    # Through the rsync daemon opened before the window: no SSH session started on the target inside it.
+    assert report["final_pass_trees"]["uploads"]["route"] == "daemon", report["final_pass_trees"]
 
     verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
     assert verify.window is not None

@@ -96,27 +96,28 @@ class FilesFinal(Step):
         window = ctx.window
         ctx.log.info("final_pass_tracked", tree=tree.name, paths=count)
         started = time.monotonic()
-        stats = rsync.Stats()
+        stats, route = rsync.Stats(), None
         if count:
             try:
                 if self._targets_made is not None:
                     self._targets_made.result()  # made side by side with the change list (run)
                 else:
                     rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=window.timeout(60.0))
-                stats = self._push_listed(ctx, tree, list_file)
+                stats, route = self._push_listed(ctx, tree, list_file)
             except TransportError as exc:
                 raise StepError(f"copying the changes of tree {tree.name}: {exc}") from None
         figures = TreeFigures(
             bytes=stats.transferred_bytes, files=stats.files_transferred, total_size=stats.total_size,
             seconds=round(time.monotonic() - started, 3), mode=TRACKED, listed=count, change_list=list_file,
-            deleted=stats.deleted,
+            deleted=stats.deleted, route=route,
         )  # fmt: skip
         ctx.log.info("tree_synced", tree=tree.name, **figures.journal())
         return figures
 
-    def _push_listed(self, ctx: StepContext, tree: FileTree, list_file: str) -> Stats:
+    def _push_listed(self, ctx: StepContext, tree: FileTree, list_file: str) -> tuple[Stats, str]:
         """The listed paths pushed through the window's rsync route (the daemon opened before the window) when there
-        is one, over `-e ssh` otherwise or when the route fails (said in the log)."""
+        is one, over `-e ssh` otherwise or when the route fails (said in the log). Returns the figures and the way
+        taken ("daemon" or "ssh")."""
         rt = runtime(ctx)
         plan = rt.plan
         window = ctx.window
@@ -134,11 +135,11 @@ class FilesFinal(Step):
         if route is not None:
             try:
                 # One try: a route that fails is not retried inside the window, the ssh way below is.
-                return push(route.url(tree), extra=route.options(), once=True)
+                return push(route.url(tree), extra=route.options(), once=True), "daemon"
             except TransportError as exc:
                 window.check(f"the final copy of tree {tree.name}")
                 ctx.log.warning("window_route_failed", tree=tree.name, error=str(exc), instead="rsync -e ssh")
-        return push(rsync.target_spec(plan, tree.target), ssh=rsync.target_ssh_command(plan))
+        return push(rsync.target_spec(plan, tree.target), ssh=rsync.target_ssh_command(plan)), "ssh"
 
     def full_scan(self, ctx: StepContext, tree: FileTree, presync: TreeFigures | None, reason: str) -> TreeFigures:
         """The whole tree's delta: every file stat'ed on both hosts. Said loudly, with why and what it costs."""

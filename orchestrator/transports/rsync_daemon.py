@@ -82,7 +82,8 @@ def target_script(globals_: str, modules: str) -> str:
         # that port cannot pass for ours: the route is proven with our password before it is used.
         'hex=$(printf "0100007F:%04X" "$port"); n=0; '
         'while [ $n -lt 250 ]; do kill -0 "$pid" 2>/dev/null || break; '
-        'if grep -q " $hex 00000000:0000 0A " /proc/net/tcp; then echo "port=$port pid=$pid dir=$d"; ready=1; break; fi; '
+        'if grep -q " $hex 00000000:0000 0A " /proc/net/tcp; then '
+        'echo "port=$port pid=$pid dir=$d"; ready=1; break; fi; '
         "sleep 0.02; n=$((n + 1)); done"
     )
     return (
