@@ -27,6 +27,7 @@ import os
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ from typing import Any
 import pymysql
 
 from orchestrator.lab import haproxy, hosts, planfile
+from orchestrator.lab.load import REQUESTS_FILE
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report import render_report
@@ -64,6 +66,7 @@ class Outcome:
     write_attempts_failed: int
     bytes_in_window: int | None = None  # what travelled while writes were blocked
     parts: dict[str, float] | None = None  # the report's window_parts: each step's share of the window
+    slowest: str | None = None  # the slowest request the clients sent, and during which step it began
 
     def projected_window(self, link_mbit: float) -> float | None:
         """The clients' window if the bytes moved inside it crossed a real link instead of loopback."""
@@ -162,12 +165,33 @@ def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float, mode:
     report: dict[str, Any] = json.loads(reports[-1].read_text())
     print(render_report(report))
     window, acked, failed = client_window(state, out)
+    slowest = slowest_request(out, report)
     in_window = sum(
         int((report.get("bytes_by_step") or {}).get(step, 0))
         for step in ("cutover", "db_final", "repl_switch", "files_final")
     )
     return Outcome(mode, total, window, report.get("write_block_seconds"), report.get("bytes_moved"),
-                   acked, failed, in_window, report.get("window_parts"))  # fmt: skip
+                   acked, failed, in_window, report.get("window_parts"), slowest)  # fmt: skip
+
+
+def slowest_request(out: Path, report: dict[str, Any]) -> str | None:
+    """The slowest request of a load run, and which step of the run it began in (or before or after the run), so a
+    stall outside the window is seen for what it is."""
+    records = [json.loads(line) for line in (out / REQUESTS_FILE).read_text().splitlines() if line.strip()]
+    if not records:
+        return None
+    worst = max(records, key=lambda r: float(r["ms"]))
+    began = float(worst["t"])
+    step = next(
+        (s["name"] for s in report.get("steps") or []
+         if s.get("started_at") and s.get("ended_at") and s["started_at"] <= began <= s["ended_at"]),
+        None,
+    )  # fmt: skip
+    blocked = (report.get("cutover") or {}).get("writes_blocked_at")
+    when = f", {began - float(blocked):+.2f} s from writes blocked" if blocked else ""
+    where = f"during {step}" if step else "outside the run's steps"
+    answered = "answered" if worst["ok"] else "failed"
+    return f"{float(worst['ms']) / 1000:.2f} s, a {worst['kind']} request ({answered}), began {where}{when}"
 
 
 def naive(state: LabState, work: Path, dns_ttl: float, rate: float) -> Outcome:
@@ -218,14 +242,14 @@ def table(rows: list[tuple[int, Outcome]], link_mbit: float) -> str:
 
     lines = [
         "| database | mode | writes unavailable (clients) | writes blocked → DNS flipped (run) | total | bytes moved |"
-        f" xreplicate (clients) | window over {link_mbit:g} Mbit/s |",
+        f" xreplicate (run's window) | window over {link_mbit:g} Mbit/s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for size, outcome in rows:
-        base = next((o for s, o in rows if s == size and o.name == "replicate"), None)
+        base = median_window(rows, size, "replicate")
         ratio = "n/a"
-        if base is not None and base.client_window_seconds and outcome.client_window_seconds:
-            ratio = f"{outcome.client_window_seconds / base.client_window_seconds:.1f}x"
+        if base and outcome.blocked_seconds:
+            ratio = f"{outcome.blocked_seconds / base:.1f}x"
         mib = "n/a" if outcome.bytes_moved is None else f"{outcome.bytes_moved / 2**20:.1f} MiB"
         lines.append(
             f"| {size} MiB | {outcome.name} | {secs(outcome.client_window_seconds)} | {secs(outcome.blocked_seconds)} |"
@@ -240,28 +264,37 @@ def table(rows: list[tuple[int, Outcome]], link_mbit: float) -> str:
     return "\n".join(lines)
 
 
+def median_window(rows: list[tuple[int, Outcome]], size: int, mode: str) -> float | None:
+    """The median of the run's windows of one mode at one size, over its repetitions (runs that rolled back left
+    out: they have no window)."""
+    windows = [o.blocked_seconds for s, o in rows if s == size and o.name == mode and o.blocked_seconds is not None]
+    return statistics.median(windows) if windows else None
+
+
 def targets(rows: list[tuple[int, Outcome]]) -> list[str]:
-    """The replicate mode's targets, measured: writes blocked ≤ 0.5 s (the run's own window and the clients'),
-    the same at both sizes (larger ≤ 1.2x smaller), ≥ 10x shorter than naive at the larger size."""
-    replicate = [(size, o) for size, o in rows if o.name == "replicate"]
-    if not replicate:
+    """The replicate mode's targets, measured on the run's own window (writes blocked → DNS flipped; the median of
+    the repetitions): ≤ 0.5 s, the same at both sizes (larger ≤ 1.2x smaller), ≥ 10x shorter than naive at the
+    larger size. The clients' column cannot serve here: with the front door holding writes and forwarding them at
+    the commit, the last write the source acknowledged and the first the target did are not the window's ends."""
+    sizes = list(dict.fromkeys(size for size, o in rows if o.name == "replicate"))
+    if not sizes:
         return []
     lines = []
-    for size, o in replicate:
-        run = o.blocked_seconds
-        verdict = "met" if run is not None and run <= 0.5 else "not met"
-        lines.append(
-            f"target replicate ≤ 0.5 s at {size} MiB: run {run} s, clients {o.client_window_seconds} s: {verdict}"
-        )
-    (small, first), (large, last) = replicate[0], replicate[-1]
-    if large != small and first.blocked_seconds and last.blocked_seconds:
-        ratio = last.blocked_seconds / first.blocked_seconds
-        lines.append(f"target replicate {large} MiB ≤ 1.2x {small} MiB (run's window): {ratio:.2f}x: "
+    for size in sizes:
+        runs = [o.blocked_seconds for s, o in rows if s == size and o.name.startswith("replicate")]
+        window = median_window(rows, size, "replicate")
+        verdict = "met" if window is not None and window <= 0.5 else "not met"
+        lines.append(f"target replicate ≤ 0.5 s at {size} MiB: median {window} s of {runs}: {verdict}")
+    small, large = sizes[0], sizes[-1]
+    first, last = median_window(rows, small, "replicate"), median_window(rows, large, "replicate")
+    if large != small and first and last:
+        ratio = last / first
+        lines.append(f"target replicate {large} MiB ≤ 1.2x {small} MiB (medians): {ratio:.2f}x: "
                      f"{'met' if ratio <= 1.2 else 'not met'}")  # fmt: skip
-    naive = next((o for size, o in rows if size == large and o.name == "naive"), None)
-    if naive is not None and naive.client_window_seconds and last.client_window_seconds:
-        ratio = naive.client_window_seconds / last.client_window_seconds
-        lines.append(f"target naive ≥ 10x replicate at {large} MiB (clients' window): {ratio:.1f}x: "
+    naive = median_window(rows, large, "naive")
+    if naive and last:
+        ratio = naive / last
+        lines.append(f"target naive ≥ 10x replicate at {large} MiB (run's windows): {ratio:.1f}x: "
                      f"{'met' if ratio >= 10 else 'not met'}")  # fmt: skip
     return lines
 
@@ -288,9 +321,11 @@ def requests_table(work: Path, sizes: list[int], modes: list[str]) -> str:
     ]
     for size in sizes:
         for mode in modes:
-            out = work / str(size) / f"load-{mode}"
-            if (out / "stats.json").exists():
-                lines.append(f"| {size} MiB " + client_requests(mode, out))
+            # naive's load directory is the size's own; each migrate run's is under its repetition's number.
+            outs = sorted((work / str(size)).glob(f"*/load-{mode}")) or [work / str(size) / f"load-{mode}"]
+            for out in outs:
+                if (out / "stats.json").exists():
+                    lines.append(f"| {size} MiB " + client_requests(mode, out))
     return "\n".join(lines)
 
 
@@ -303,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=40.0, help="load requests per second")
     parser.add_argument("--lab-dir", type=Path, default=None, help="reuse/keep this lab (one size only)")
     parser.add_argument("--link-mbit", type=float, default=1000.0, help="link speed for the projected windows")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each migrate mode per size (medians compared)")
     args = parser.parse_args(argv)
     sizes = [int(size) for size in str(args.db_size_mb).split(",") if size.strip()]
     modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
@@ -321,13 +357,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"lab of {size} MiB up in {time.monotonic() - began:.1f} s: {lab_dir}")
             try:
                 for mode in modes:
-                    source_live(state)
-                    if mode == "naive":
-                        outcome = naive(state, work / str(size), args.dns_ttl, args.rate)
-                    else:
-                        outcome = with_migrate(state, work / str(size), args.dns_ttl, args.rate, mode)
-                    print(f"{size} MiB: {show(outcome)}")
-                    rows.append((size, outcome))
+                    for run in range(1 if mode == "naive" else max(1, args.repeat)):
+                        source_live(state)
+                        if mode == "naive":
+                            outcome = naive(state, work / str(size), args.dns_ttl, args.rate)
+                        else:
+                            outcome = with_migrate(state, work / str(size) / str(run), args.dns_ttl, args.rate, mode)
+                        print(f"{size} MiB: {show(outcome)}")
+                        rows.append((size, outcome))
             finally:
                 planfile.write_plan(state)
                 if args.lab_dir is None:
@@ -338,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
             if outcome.parts:
                 parts = ", ".join(f"{name} {seconds:.3f}" for name, seconds in outcome.parts.items())
                 print(f"  {size} MiB {outcome.name}: {parts}")
+        print("the slowest request of each run:")
+        for size, outcome in rows:
+            if outcome.slowest:
+                print(f"  {size} MiB {outcome.name}: {outcome.slowest}")
         print("what the clients saw (requests of each load run):")
         print(requests_table(work, sizes, modes))
     finally:

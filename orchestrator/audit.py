@@ -174,7 +174,10 @@ def start_isolated(server: IsolatedServer, launch: ServerLaunch, timeout: float 
     """Start the stopped source's server read-only on its private socket; returns once it answers."""
     host, made = server.host, server.directory
     argv = shlex.join(isolated_argv(launch, made))
-    host.run(f"cd / && (setsid nohup {argv} >/dev/null 2>&1 </dev/null &)", timeout=30.0)
+    # The launch's own pid, recorded at once: the server writes its pid file only once it has started its engines,
+    # and a probe that found neither the socket nor that file would take a starting server for an exited one.
+    launched = shlex.quote(f"{made}/{LAUNCHED_PID}")
+    host.run(f"cd / && (setsid nohup {argv} >/dev/null 2>&1 </dev/null & echo $! > {launched})", timeout=30.0)
     deadline = time.monotonic() + timeout
     while True:
         probe = host.run(f"{server.client()} -e 'SELECT 1'", timeout=30.0, check=False)
@@ -189,17 +192,24 @@ def start_isolated(server: IsolatedServer, launch: ServerLaunch, timeout: float 
         time.sleep(POLL)
 
 
+LAUNCHED_PID = "launched.pid"
+
+
+def _pid(directory: str) -> str:
+    """Shell: the isolated server's pid (its own pid file, else the one its launch recorded), in $p."""
+    own, launched = (shlex.quote(f"{directory}/{name}") for name in ("mysqld.pid", LAUNCHED_PID))
+    return f'p=$(cat {own} 2>/dev/null); [ -n "$p" ] || p=$(cat {launched} 2>/dev/null)'
+
+
 def _alive(directory: str) -> str:
-    pid_file = shlex.quote(f"{directory}/mysqld.pid")
-    return f'test -s {pid_file} && kill -0 "$(cat {pid_file})"'
+    return f'{_pid(directory)}; test -n "$p" && kill -0 "$p"'
 
 
 def stop_isolated(server: IsolatedServer, timeout: float = STOP_TIMEOUT) -> None:
     """SIGTERM (a clean shutdown), waited for; then its private directory goes. Raises if it will not stop."""
     d = shlex.quote(server.directory)
-    pid_file = f"{d}/mysqld.pid"
     script = (
-        f'if test -s {pid_file}; then p=$(cat {pid_file}); kill -TERM "$p" 2>/dev/null; i=0; '
+        f'{_pid(server.directory)}; if test -n "$p"; then kill -TERM "$p" 2>/dev/null; i=0; '
         f'while kill -0 "$p" 2>/dev/null; do i=$((i+1)); [ $i -gt {int(timeout * 10)} ] && exit 3; sleep 0.1; done; '
         f"fi; rm -rf {d}"
     )
