@@ -446,6 +446,33 @@ def test_a_kept_shell_runs_commands_as_a_session_would_and_is_dropped_after_a_ti
     assert host.run("echo still usable").stdout == "still usable\n"
 
 
+@pytest.mark.lab
+@pytest.mark.parametrize("way", ["kept shell", "session", "stream"])
+def test_a_command_cut_short_is_ended_before_the_next_command_on_the_host(
+    rt: Runtime, tmp_path: Path, way: str
+) -> None:
+    # A fence cut short by the budget must not land after the rollback lifted it: the next command on the host
+    # starts only once the one cut short is gone. Here the late command would append to the host's log after the
+    # next command did.
+    host, events = rt.source, tmp_path / "events"
+    late = f"sleep 1.5; echo late >> {events}"  # its `timeout` on the host ends it only at 2 s
+    if way == "kept shell":
+        host.keep_shell()
+    with pytest.raises(TransportError, match="timed out"):
+        if way == "stream":
+            host.stream(late, lambda _line: None, timeout=0.5)
+        else:
+            host.run(late, timeout=0.5)
+    # The next command (its input on stdin, through the same wrapper) runs once the other was ended.
+    with structlog.testing.capture_logs() as logs:
+        host.run(f"cat >> {events}", input="next\n", timeout=10)
+    time.sleep(2.5)  # past the late command's own end, had it gone on running
+    assert events.read_text().splitlines()[-1] == "next", "a command cut short landed after the next command"
+    ended = [e for e in logs if e["event"].startswith("ssh.cut_short")]
+    assert [e["command"] for e in ended] == [late[:80]] and ended[0]["host"] == "source"
+    assert host.run("echo still usable", timeout=10).stdout == "still usable\n"
+
+
 DIES_WITH_THE_RUN = """
 import sys, time
 from pathlib import Path
