@@ -23,7 +23,14 @@ from orchestrator.plan.model import Host, Plan, Retry
 from orchestrator.retry import call_with_retry
 from orchestrator.runtime import Runtime
 from orchestrator.transports import mysql, rsync
-from orchestrator.transports.ssh import CommandFailed, SshHost, TransportError
+from orchestrator.transports.ssh import (
+    CommandFailed,
+    SshHost,
+    TransportError,
+    _end_cut_short_script,
+    _in_session,
+    _stopped_at_deadline,
+)
 
 FAST_RETRY = Retry(attempts=3, max_seconds=30, max_wait=0.05)
 
@@ -143,6 +150,90 @@ def test_privileges_come_from_global_grants_only() -> None:
     assert mysql.missing_from_grants(grants, ["RELOAD", "SELECT", "SHUTDOWN"]) == {"SELECT", "SHUTDOWN"}
     assert mysql.missing_from_grants(["GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost`"], ["SHUTDOWN"]) == set()
     assert mysql.major_version("mariadbd  Ver 10.11.6-MariaDB-0+deb12u1 for debian") == "10.11"
+
+
+# --- a command cut short, ended before the next one (the remote side of it, run here by sh) ----------------------
+
+
+def _recorded(command: str, record: Path, timeout: float = 30) -> str:
+    word = shlex.quote(str(record))
+    return _in_session(_stopped_at_deadline(command, timeout, word), word)
+
+
+def _end(*records: Path) -> list[str]:
+    script = _end_cut_short_script([shlex.quote(str(record)) for record in records])
+    done = subprocess.run(script, shell=True, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _started(record: Path) -> int:
+    deadline = time.monotonic() + 30
+    while not (record.exists() and record.read_text().strip()):
+        assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.01)
+    return int(record.read_text())
+
+
+def test_a_recorded_command_runs_as_before_with_its_process_group_recorded_then_removed(tmp_path: Path) -> None:
+    record = tmp_path / "1.pid"
+    # Its stdin (input, environment) reaches it; the record names the command's own process group; status kept.
+    command = f'cat; [ "$(cat {record})" = "$(ps -o pgid= -p $$ | tr -d " ")" ] && echo group; exit 3'
+    done = subprocess.run(["sh", "-c", _recorded(command, record)], input="in\n", capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "in\ngroup\n", "")
+    assert not record.exists(), "a command that ended leaves no record to end"
+    # Noclobber is the record's only: the command itself may overwrite files.
+    target = tmp_path / "overwritten"
+    target.write_text("old")
+    subprocess.run(["sh", "-c", _recorded(f"echo new > {target}", tmp_path / "2.pid")], check=True)
+    assert target.read_text() == "new\n"
+
+
+def test_a_command_ended_before_it_started_never_starts(tmp_path: Path) -> None:
+    record, marker = tmp_path / "1.pid", tmp_path / "ran"
+    assert _end(record) == ["never"]
+    assert record.exists(), "the claim stays: the command may still be on its way"
+    done = subprocess.run(["sh", "-c", _recorded(f"touch {marker}", record)], capture_output=True, text=True)
+    assert done.returncode == 125 and not marker.exists()
+
+
+def test_a_command_cut_short_is_ended_with_its_whole_group_before_the_ending_returns(tmp_path: Path) -> None:
+    record, marker = tmp_path / "1.pid", tmp_path / "landed"
+    # A child left in the background and the command itself: both would land after the ending, were they left.
+    command = f"(sleep 20; touch {marker}) & sleep 20; touch {marker}"
+    run = subprocess.Popen(["sh", "-c", _recorded(command, record)])
+    try:
+        pgid = _started(record)
+        assert _group_alive(pgid)
+        assert _end(record) == ["ended"]
+        assert not _group_alive(pgid), "the ending returned while the command's group was still there"
+        assert run.wait(timeout=30) != 0 and not record.exists()
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert _end(record) == ["never"]  # ended once: nothing left to end, and no later start
+
+
+def test_a_command_that_ignores_term_is_killed_and_one_that_finished_is_left_alone(tmp_path: Path) -> None:
+    stubborn, finished = tmp_path / "1.pid", tmp_path / "2.pid"
+    subprocess.run(["sh", "-c", _stopped_at_deadline("true", 30, shlex.quote(str(finished)))], check=True)
+    run = subprocess.Popen(["sh", "-c", _recorded("trap '' TERM; sleep 60", stubborn)])
+    try:
+        pgid = _started(stubborn)
+        assert _end(stubborn, finished) == ["ended", "finished"]
+        assert not _group_alive(pgid) and not finished.exists()
+        run.wait(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
 
 
 # --- on the lab -------------------------------------------------------------------------------------------------
@@ -353,6 +444,33 @@ def test_a_kept_shell_runs_commands_as_a_session_would_and_is_dropped_after_a_ti
         host.run("sleep 10", timeout=0.5)
     assert host.run("echo $PPID").stdout != first
     assert host.run("echo still usable").stdout == "still usable\n"
+
+
+@pytest.mark.lab
+@pytest.mark.parametrize("way", ["kept shell", "session", "stream"])
+def test_a_command_cut_short_is_ended_before_the_next_command_on_the_host(
+    rt: Runtime, tmp_path: Path, way: str
+) -> None:
+    # A fence cut short by the budget must not land after the rollback lifted it: the next command on the host
+    # starts only once the one cut short is gone. Here the late command would append to the host's log after the
+    # next command did.
+    host, events = rt.source, tmp_path / "events"
+    late = f"sleep 1.5; echo late >> {events}"  # its `timeout` on the host ends it only at 2 s
+    if way == "kept shell":
+        host.keep_shell()
+    with pytest.raises(TransportError, match="timed out"):
+        if way == "stream":
+            host.stream(late, lambda _line: None, timeout=0.5)
+        else:
+            host.run(late, timeout=0.5)
+    # The next command (its input on stdin, through the same wrapper) runs once the other was ended.
+    with structlog.testing.capture_logs() as logs:
+        host.run(f"cat >> {events}", input="next\n", timeout=10)
+    time.sleep(2.5)  # past the late command's own end, had it gone on running
+    assert events.read_text().splitlines()[-1] == "next", "a command cut short landed after the next command"
+    ended = [e for e in logs if e["event"].startswith("ssh.cut_short")]
+    assert [e["command"] for e in ended] == [late[:80]] and ended[0]["host"] == "source"
+    assert host.run("echo still usable", timeout=10).stdout == "still usable\n"
 
 
 DIES_WITH_THE_RUN = """

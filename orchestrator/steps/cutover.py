@@ -169,8 +169,10 @@ class Cutover(Step):
         failures: list[str] = []
         if ctx.saved(SOURCE_DB_STOPPED):
             try:
-                # A stop cut short (by the budget) may still be under way: let it finish first, or the start finds
-                # the server still answering, and the shutdown completes after the rollback, leaving the source down.
+                # A stop cut short (by the budget) is ended on the host before this command starts (the transport
+                # sees to it), but the shutdown it asked for may still be under way in the server: let it finish
+                # first, or the start finds the server still answering, and the shutdown completes after the
+                # rollback, leaving the source down.
                 ctx.log.info("cutover.undo.finish_stop", command=plan.database.source.stop)
                 rt.source.run(plan.database.source.stop, timeout=SOURCE_DB_START_TIMEOUT)
                 ctx.log.info("cutover.undo.start_source_db", command=plan.database.source.start)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import queue
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncssh
+import structlog
 
 from orchestrator.plan.model import Host, Retry
 from orchestrator.retry import call_with_retry
@@ -35,6 +37,9 @@ MAX_SESSIONS_PER_CONNECTION = 8
 SHELL_READY_TIMEOUT = 30.0
 KEEPALIVE_INTERVAL = 15.0
 KEEPALIVE_COUNT_MAX = 3
+# Ending the commands cut short on a host: each gets TERM, then KILL if its group is still there this much later.
+CUT_SHORT_GRACE = 5.0
+CUT_SHORT_TIMEOUT = 30.0  # the session that ends them, plus CUT_SHORT_GRACE + 5 s per command
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -145,15 +150,64 @@ def _env_prefix(env: dict[str, str] | None, data: str | None) -> tuple[str, str 
     return "sh -c " + shlex.quote(prologue) + " sh ", "".join(lines) + "\n" + (data or "")
 
 
-def _stopped_at_deadline(command: str, timeout: float | None) -> str:
+def _stopped_at_deadline(command: str, timeout: float | None, record: str | None = None) -> str:
     """The command, stopped on the host itself shortly after our deadline.
 
     Closing the channel does not stop a remote command that is not writing (sshd's signal requests are not reliable
     either): coreutils `timeout` signals the command's whole process group on the host, and KILLs it 5 s later.
+
+    `record` (a shell word naming a file on the host, see SshHost._record_file): before the command starts, its
+    process group (the `timeout` process, the parent of the `sh` that runs it) is written there, created
+    exclusively: when the file is already there (`_END_CUT_SHORT` claimed it: we gave up on the command before it
+    started), the command never starts (status 125). No process more than before: `echo` is the shell's own.
     """
     if timeout is None:
         return command
+    if record is not None:
+        command = f"set -C; {{ echo $PPID >{record}; }} 2>/dev/null || exit 125; set +C; {command}"
     return f"timeout -k 5 {math.ceil(timeout) + 1} sh -c {shlex.quote(command)}"
+
+
+def _in_session(wrapped: str, record: str | None) -> str:
+    """A recorded command run in a session of its own: its record removed once it ended (a command that ended is
+    not ended again)."""
+    if record is None:
+        return wrapped
+    return "sh -c " + shlex.quote(f"{wrapped}; s=$?; rm -f {record}; exit $s")
+
+
+# Run by `sh` through a new session: one line per record, in order: `never` (claimed before the command started:
+# it never will), `finished` (it had ended by itself), `ended` (signalled, its group gone), `running` (still there
+# after KILL: a process we may not signal). The record is kept only when a claim must stay or the group remains.
+_END_CUT_SHORT = """
+set -C
+alive() { kill -0 "$1" 2>/dev/null || kill -0 -"$1" 2>/dev/null; }
+wait_gone() { i=0; while alive "$1" && [ $i -lt "$2" ]; do sleep 0.05; i=$((i+1)); done; ! alive "$1"; }
+end() {
+  [ -d "${1%/*}" ] || { echo finished; return; }
+  { echo cut >"$1"; } 2>/dev/null && { echo never; return; }
+  i=0; p=$(cat "$1" 2>/dev/null)
+  while [ -z "$p" ] && [ $i -lt 20 ]; do sleep 0.05; i=$((i+1)); p=$(cat "$1" 2>/dev/null); done
+  case $p in ''|*[!0-9]*) echo never; return ;; esac
+  if ! kill -0 "$p" 2>/dev/null; then echo finished; rm -f "$1"; return; fi
+  kill -TERM -"$p" 2>/dev/null
+  if ! wait_gone "$p" GRACE; then kill -KILL -"$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; wait_gone "$p" 100; fi
+  if alive "$p"; then echo running; else echo ended; rm -f "$1"; fi
+}
+"""
+
+
+def _end_cut_short_script(records: list[str]) -> str:
+    steps = "".join(f"end {record}\n" for record in records)
+    return "sh -c " + shlex.quote(_END_CUT_SHORT.replace("GRACE", str(int(CUT_SHORT_GRACE / 0.05))) + steps)
+
+
+@dataclass(frozen=True)
+class _CutShort:
+    """A command we stopped waiting for (its deadline, a lost connection) that may still be running on the host."""
+
+    command: str
+    record: str
 
 
 # --- a shell kept open for short commands ---
@@ -178,17 +232,20 @@ class _KeptShell:
         self.end = f"\n{token}-end ".encode()
         self.busy = threading.Lock()
         self.sessions: asyncio.Semaphore | None = None
+        self.dir = ""  # the shell's directory on the host, known once it is ready
 
     def setup(self) -> bytes:
-        """The shell's own set-up: its directory (removed when it exits), the marker file, a ready line."""
+        """The shell's own set-up: its directory (removed when it exits), the marker file, a ready line naming the
+        directory (the records of its commands go there, see _stopped_at_deadline)."""
         return (
             f'd=$(mktemp -d) && printf "\\n{self.token}-mid\\n" > "$d/mid" && trap \'rm -rf "$d"\' EXIT && n=0 '
-            f"&& echo {self.token}-ready\n"
+            f'&& echo {self.token}-ready "$d"\n'
         ).encode()
 
     async def ready(self) -> None:
         self.proc.stdin.write(self.setup())
-        await self.proc.stdout.readuntil(f"{self.token}-ready\n".encode())
+        await self.proc.stdout.readuntil(f"{self.token}-ready ".encode())
+        self.dir = (await self.proc.stdout.readuntil(b"\n"))[:-1].decode()
 
     async def run(self, command: str) -> CommandResult:
         self.proc.stdin.write(
@@ -250,6 +307,12 @@ class SshHost:
         self._listeners: list[asyncssh.SSHListener] = []
         self._lock = threading.Lock()
         self._shell: _KeptShell | None = None
+        # Commands cut short that may still be running on the host: ended before the next command starts there.
+        self._cut_short: list[_CutShort] = []
+        self._cut_short_lock = threading.Lock()
+        self._ending = threading.Lock()  # one thread ends them; the others wait for it
+        self._records = itertools.count(1)
+        self._token = os.urandom(8).hex()
 
     def __repr__(self) -> str:
         return f"SshHost({self.name}: {self.host.user}@{self.host.address}:{self.host.ssh_port})"
@@ -308,6 +371,69 @@ class SshHost:
         reason = f"{exc.__class__.__name__}: {exc}"
         return TransportError(f"ssh {self.name}: {what}: connection lost ({reason})", True)
 
+    # --- commands cut short ---
+
+    def _record_file(self, shell: _KeptShell | None) -> str:
+        """Where a command with a deadline records its process group on the host (a shell word): the kept shell's
+        own directory, or a name no one else can guess in the host's temporary directory, created exclusively."""
+        number = next(self._records)
+        if shell is not None:
+            return f"{shlex.quote(shell.dir)}/{number}.pid"
+        return f'"${{TMPDIR:-/tmp}}/.migrate-{self._token}-{number}.pid"'
+
+    def _gave_up(self, command: str, record: str | None) -> None:
+        """We stopped waiting for a recorded command: it may still be running on the host."""
+        if record is not None:
+            with self._cut_short_lock:
+                self._cut_short.append(_CutShort(command, record))
+
+    def _end_cut_short(self, conn: asyncssh.SSHClientConnection) -> None:
+        """No command of ours starts on the host while one cut short there may still be running (a fence landing
+        after the rollback lifted it, a stop after the start): each is ended first, its whole process group signalled
+        and waited for, through a session of its own (the kept shell it ran in was dropped). Nothing cut short: no
+        round trip."""
+        if not self._cut_short:
+            return
+        with self._ending:
+            with self._cut_short_lock:
+                pending = list(self._cut_short)
+            if not pending:
+                return
+            sessions = self._sessions
+            script = _end_cut_short_script([cut.record for cut in pending])
+
+            async def _end() -> asyncssh.SSHCompletedProcess:
+                assert sessions is not None
+                async with sessions:
+                    return await conn.run(
+                        script, check=False, timeout=CUT_SHORT_TIMEOUT + (CUT_SHORT_GRACE + 5) * len(pending)
+                    )
+
+            what = f"ending {len(pending)} command(s) cut short"
+            try:
+                done = _call(_end())
+            except (asyncssh.Error, *_TRANSIENT) as exc:
+                raise self._lost(exc, what) from None
+            outcomes = str(done.stdout or "").split()
+            if done.exit_status != 0 or len(outcomes) != len(pending):
+                raise TransportError(f"ssh {self.name}: {what}: status {done.exit_status}: {done.stderr}", True)
+            log = structlog.get_logger("migrate")
+            still: list[_CutShort] = []
+            for cut, outcome in zip(pending, outcomes, strict=True):
+                said = redact(cut.command)[:80]
+                if outcome == "running":
+                    still.append(cut)
+                    log.error("ssh.cut_short.still_running", host=self.name, command=said)
+                elif outcome == "ended":
+                    log.warning("ssh.cut_short.ended", host=self.name, command=said)
+                else:
+                    log.info("ssh.cut_short.settled", host=self.name, command=said, outcome=outcome)
+            with self._cut_short_lock:
+                self._cut_short = [cut for cut in self._cut_short if cut not in pending or cut in still]
+            if still:
+                names = ", ".join(f"`{redact(cut.command)[:80]}`" for cut in still)
+                raise TransportError(f"ssh {self.name}: cut short, still running after KILL: {names}", True)
+
     # --- commands ---
 
     def run(
@@ -319,20 +445,28 @@ class SshHost:
         env: dict[str, str] | None = None,
         input: str | None = None,
     ) -> CommandResult:
-        """Run a shell command on the host and wait for it. Secrets go in `env` or `input`, not `command`."""
+        """Run a shell command on the host and wait for it. Secrets go in `env` or `input`, not `command`.
+
+        With a `timeout`, a command cut short is ended on the host before the next command starts there."""
         conn = self.connection()
+        self._end_cut_short(conn)
         prefix, data = _env_prefix(env, input)
-        full = _stopped_at_deadline(prefix + shlex.quote(command) if prefix else command, timeout)
         shell = self._shell
         # Secrets (env, input) never go through the kept shell; a busy shell (another thread's command) is not
         # waited for: this command takes a session of its own.
         if shell is not None and not prefix and data is None and shell.busy.acquire(blocking=False):
             try:
+                record = self._record_file(shell) if timeout is not None else None
+                full = _stopped_at_deadline(command, timeout, record)
                 # Quoted whole: a command the shell cannot parse fails alone instead of swallowing the protocol.
                 quoted = full if timeout is not None else "sh -c " + shlex.quote(full)
-                return self._run_in_shell(shell, command, quoted, timeout, check)
+                return self._run_in_shell(shell, command, quoted, timeout, check, record)
             finally:
                 shell.busy.release()
+        record = self._record_file(None) if timeout is not None else None
+        full = _in_session(
+            _stopped_at_deadline(prefix + shlex.quote(command) if prefix else command, timeout, record), record
+        )
 
         async def _run() -> asyncssh.SSHCompletedProcess:
             assert self._sessions is not None
@@ -352,6 +486,7 @@ class SshHost:
         try:
             done = _call(_run())
         except (asyncssh.Error, *_TRANSIENT) as exc:
+            self._gave_up(command, record)
             raise self._lost(exc, f"running `{command[:80]}`") from None
         result = CommandResult(done.exit_status, str(done.stdout or ""), str(done.stderr or ""))
         if check and result.exit_status != 0:
@@ -393,18 +528,18 @@ class SshHost:
                     _event_loop().call_soon_threadsafe(shell.sessions.release)
 
     def _run_in_shell(
-        self, shell: _KeptShell, command: str, full: str, timeout: float | None, check: bool
+        self, shell: _KeptShell, command: str, full: str, timeout: float | None, check: bool, record: str | None
     ) -> CommandResult:
         async def _run() -> CommandResult:
             return await asyncio.wait_for(shell.run(full), timeout=timeout)
 
         try:
             result = _call(_run())
-        except (TimeoutError, asyncssh.TimeoutError) as exc:
-            self._drop_shell(shell)  # the command may still be running in it: never reused (its `timeout` ends it)
-            raise self._lost(exc, f"running `{command[:80]}`") from None
         except (asyncssh.Error, ValueError, asyncio.IncompleteReadError, *_TRANSIENT) as exc:
+            # The command may still be running in it: the shell is never reused, the command is ended before the
+            # next one starts on the host.
             self._drop_shell(shell)
+            self._gave_up(command, record)
             raise self._lost(exc, f"running `{command[:80]}`") from None
         if check and result.exit_status != 0:
             raise CommandFailed(command, result.exit_status, result.stderr)
@@ -429,13 +564,15 @@ class SshHost:
         lines are handed over once it ended, instead of a new session streaming them.
         """
         conn = self.connection()
+        self._end_cut_short(conn)
         prefix, data = _env_prefix(env, None)
-        full = _stopped_at_deadline(prefix + shlex.quote(command) if prefix else command, timeout)
         shell = self._shell
         if short and shell is not None and not prefix and shell.busy.acquire(blocking=False):
             try:
+                record = self._record_file(shell) if timeout is not None else None
+                full = _stopped_at_deadline(command, timeout, record)
                 quoted = full if timeout is not None else "sh -c " + shlex.quote(full)
-                done = self._run_in_shell(shell, command, quoted, timeout, False)
+                done = self._run_in_shell(shell, command, quoted, timeout, False, record)
             finally:
                 shell.busy.release()
             kept: list[str] = []
@@ -447,6 +584,10 @@ class SshHost:
             if check and done.exit_status != 0:
                 raise CommandFailed(command, done.exit_status, done.stderr)
             return CommandResult(done.exit_status, "\n".join(kept), done.stderr)
+        record = self._record_file(None) if timeout is not None else None
+        full = _in_session(
+            _stopped_at_deadline(prefix + shlex.quote(command) if prefix else command, timeout, record), record
+        )
         lines: queue.Queue[str | None] = queue.Queue()
 
         async def _stream() -> tuple[int | None, str]:
@@ -492,10 +633,12 @@ class SshHost:
         except BaseException:
             # The caller gave up (its callback failed, or an interrupt): do not leave the command running.
             future.cancel()
+            self._gave_up(command, record)
             raise
         try:
             status, stderr = future.result()
         except (asyncssh.Error, *_TRANSIENT) as exc:
+            self._gave_up(command, record)
             raise self._lost(exc, f"streaming `{command[:80]}`") from None
         result = CommandResult(status, "\n".join(out), stderr)
         if check and status != 0:
