@@ -677,6 +677,7 @@ class SshHost:
         when our connection is lost (a kill -9 of this process included). Returns once a line it prints starts
         with `ready` (the handle keeps that line); raises TransportError if it ends or says nothing in `timeout`."""
         conn = self.connection()
+        self._end_cut_short(conn)
         sessions = self._sessions
 
         async def _start() -> Tethered:
