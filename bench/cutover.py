@@ -10,8 +10,9 @@ load, with the source put back as the live side before each:
 - shutdown: `migrate apply` in cutover.mode shutdown (pre-syncs while live, then lock, clean shutdown, final pass);
 - naive: stop the service and the database, copy everything (datadir and uploads, from scratch), start on the
   target, flip DNS.
-For each: the write-unavailability window seen by the clients (last write acknowledged by the source → first
-acknowledged by the target, from the load's acks), the window from the run report (writes blocked → DNS flipped),
+For each: the write-unavailability window seen by the clients (their longest write stall, from the load's own
+records: a write's first attempt → its acknowledgement, retries and a front door's hold included; the same measure
+for the three procedures), the window from the run report (writes blocked → DNS flipped),
 total time and bytes moved; then the ratios and the replicate mode's targets (≤ 0.5 s, larger size ≤ 1.2x the
 smaller, naive ≥ 10x at the larger size); where each run's window went (the report's window_parts); then, for
 each, the failed requests (reads, writes) and the latency p99 / max the clients saw (the lab's front door
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +61,7 @@ HTTP_TIMEOUT = 90.0
 class Outcome:
     name: str
     total_seconds: float
-    client_window_seconds: float | None  # last source ack → first target ack
+    client_window_seconds: float | None  # the clients' longest write stall: first attempt → acknowledgement
     blocked_seconds: float | None  # writes blocked → DNS flipped (the procedure's own clock)
     bytes_moved: int | None
     writes_acked: int
@@ -136,13 +138,18 @@ def load_running(state: LabState, out: Path, dns_ttl: float, rate: float):  # ty
         load.wait(timeout=60)
 
 
-def client_window(state: LabState, out: Path) -> tuple[float | None, int, int]:
-    acks = [json.loads(line) for line in (out / "acks.jsonl").read_text().splitlines() if line.strip()]
+def client_window(out: Path) -> tuple[float | None, int, int]:
+    """The clients' write unavailability: their longest write stall (a write's first attempt → its acknowledgement,
+    whether it waited in a front door's hold or was refused and retried), the writes acknowledged, the attempts
+    that failed. "Last write acknowledged by the source → first by the target" cannot serve: with a front door that
+    holds writes and forwards them at the commit, the two are not the window's ends (it can come out negative)."""
     stats = json.loads((out / "stats.json").read_text())
-    on_source = [a["ack_ts"] for a in acks if a["server"] == state.source.address]
-    on_target = [a["ack_ts"] for a in acks if a["server"] == state.target.address]
-    window = min(on_target) - max(on_source) if on_source and on_target else None
-    return window, int(stats.get("writes_acked", 0)), int(stats.get("write_attempts_failed", 0))
+    stall = stats.get("longest_write_stall_s")
+    return (
+        (None if stall is None else float(stall)),
+        int(stats.get("writes_acked", 0)),
+        int(stats.get("write_attempts_failed", 0)),
+    )
 
 
 def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float, mode: str) -> Outcome:
@@ -159,12 +166,12 @@ def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float, mode:
     if result.returncode != 0:
         # Said and kept in the table (a run rolled back under load is a result too); the next mode goes on.
         print(f"migrate apply failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
-        window, acked, failed = client_window(state, out)
+        window, acked, failed = client_window(out)
         return Outcome(f"{mode} (rolled back)", total, window, None, None, acked, failed)
     reports = sorted((state.path / ".migrate").glob("*/report-*.json"), key=lambda p: p.stat().st_mtime)
     report: dict[str, Any] = json.loads(reports[-1].read_text())
     print(render_report(report))
-    window, acked, failed = client_window(state, out)
+    window, acked, failed = client_window(out)
     slowest = slowest_request(out, report)
     in_window = sum(
         int((report.get("bytes_by_step") or {}).get(step, 0))
@@ -218,7 +225,7 @@ def naive(state: LabState, work: Path, dns_ttl: float, rate: float) -> Outcome:
         point_dns(state, state.target.address)
         flipped_at = time.time()
         total = time.monotonic() - began
-    window, acked, failed = client_window(state, out)
+    window, acked, failed = client_window(out)
     return Outcome("naive", total, window, flipped_at - stopped_at, moved, acked, failed, moved)
 
 
@@ -228,7 +235,7 @@ def show(outcome: Outcome) -> str:
 
     mib = "n/a" if outcome.bytes_moved is None else f"{outcome.bytes_moved / 2**20:.1f} MiB"
     return (
-        f"{outcome.name:<24} writes unavailable (clients) {secs(outcome.client_window_seconds):>9}, "
+        f"{outcome.name:<24} longest write stall (clients) {secs(outcome.client_window_seconds):>9}, "
         f"blocked → DNS flipped {secs(outcome.blocked_seconds):>9}, total {secs(outcome.total_seconds):>9}, "
         f"moved {mib:>10}, writes acked {outcome.writes_acked}, failed attempts {outcome.write_attempts_failed}"
     )
@@ -241,7 +248,7 @@ def table(rows: list[tuple[int, Outcome]], link_mbit: float) -> str:
         return "n/a" if value is None else f"{value:.2f} s"
 
     lines = [
-        "| database | mode | writes unavailable (clients) | writes blocked → DNS flipped (run) | total | bytes moved |"
+        "| database | mode | longest write stall (clients) | writes blocked → DNS flipped (run) | total | bytes moved |"
         f" xreplicate (run's window) | window over {link_mbit:g} Mbit/s |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -255,47 +262,59 @@ def table(rows: list[tuple[int, Outcome]], link_mbit: float) -> str:
             f"| {size} MiB | {outcome.name} | {secs(outcome.client_window_seconds)} | {secs(outcome.blocked_seconds)} |"
             f" {secs(outcome.total_seconds)} | {mib} | {ratio} | {secs(outcome.projected_window(link_mbit))} |"
         )
+    sizes = list(dict.fromkeys(size for size, _ in rows))
     for mode in dict.fromkeys(o.name for _, o in rows):
-        windows = [(s, o.client_window_seconds) for s, o in rows if o.name == mode and o.client_window_seconds]
-        if len(windows) >= 2:
-            (small, first), (large, last) = windows[0], windows[-1]
-            lines.append(f"{mode}: the clients' window at {large} MiB is {last / first:.2f}x the one at {small} MiB")
+        stalls = [median_window(rows, size, mode, MEASURES[1][1]) for size in (sizes[0], sizes[-1])]
+        if len(sizes) >= 2 and stalls[0] and stalls[1]:
+            lines.append(f"{mode}: the clients' longest write stall at {sizes[-1]} MiB is {stalls[1] / stalls[0]:.2f}x "
+                         f"the one at {sizes[0]} MiB (medians)")  # fmt: skip
     lines += targets(rows)
     return "\n".join(lines)
 
 
-def median_window(rows: list[tuple[int, Outcome]], size: int, mode: str) -> float | None:
-    """The median of the run's windows of one mode at one size, over its repetitions (runs that rolled back left
-    out: they have no window)."""
-    windows = [o.blocked_seconds for s, o in rows if s == size and o.name == mode and o.blocked_seconds is not None]
+Measure = Callable[[Outcome], "float | None"]
+MEASURES: list[tuple[str, Measure]] = [
+    ("the run's window", lambda o: o.blocked_seconds),
+    ("the clients' longest write stall", lambda o: o.client_window_seconds),
+]
+
+
+def median_window(
+    rows: list[tuple[int, Outcome]], size: int, mode: str, measure: Measure = MEASURES[0][1]
+) -> float | None:
+    """The median of one measure of one mode at one size, over its repetitions (runs that rolled back left out:
+    they have no window)."""
+    windows = [value for s, o in rows if s == size and o.name == mode and (value := measure(o)) is not None]
     return statistics.median(windows) if windows else None
 
 
 def targets(rows: list[tuple[int, Outcome]]) -> list[str]:
-    """The replicate mode's targets, measured on the run's own window (writes blocked → DNS flipped; the median of
-    the repetitions): ≤ 0.5 s, the same at both sizes (larger ≤ 1.2x smaller), ≥ 10x shorter than naive at the
-    larger size. The clients' column cannot serve here: with the front door holding writes and forwarding them at
-    the commit, the last write the source acknowledged and the first the target did are not the window's ends."""
+    """The replicate mode's targets (the medians of the repetitions): ≤ 0.5 s, the same at both sizes (larger ≤ 1.2x
+    smaller), ≥ 10x shorter than naive at the larger size; judged on the run's own window (writes blocked → DNS
+    flipped) and on the clients' longest write stall (which adds what one request takes on this machine)."""
     sizes = list(dict.fromkeys(size for size, o in rows if o.name == "replicate"))
     if not sizes:
         return []
     lines = []
-    for size in sizes:
-        runs = [o.blocked_seconds for s, o in rows if s == size and o.name.startswith("replicate")]
-        window = median_window(rows, size, "replicate")
-        verdict = "met" if window is not None and window <= 0.5 else "not met"
-        lines.append(f"target replicate ≤ 0.5 s at {size} MiB: median {window} s of {runs}: {verdict}")
-    small, large = sizes[0], sizes[-1]
-    first, last = median_window(rows, small, "replicate"), median_window(rows, large, "replicate")
-    if large != small and first and last:
-        ratio = last / first
-        lines.append(f"target replicate {large} MiB ≤ 1.2x {small} MiB (medians): {ratio:.2f}x: "
-                     f"{'met' if ratio <= 1.2 else 'not met'}")  # fmt: skip
-    naive = median_window(rows, large, "naive")
-    if naive and last:
-        ratio = naive / last
-        lines.append(f"target naive ≥ 10x replicate at {large} MiB (run's windows): {ratio:.1f}x: "
-                     f"{'met' if ratio >= 10 else 'not met'}")  # fmt: skip
+    for label, measure in MEASURES:
+        for size in sizes:
+            runs = [measure(o) for s, o in rows if s == size and o.name.startswith("replicate")]
+            window = median_window(rows, size, "replicate", measure)
+            verdict = "met" if window is not None and window <= 0.5 else "not met"
+            shown = "n/a" if window is None else f"{window:.3f} s"
+            each = ", ".join("n/a" if run is None else f"{run:.3f}" for run in runs)
+            lines.append(f"target replicate ≤ 0.5 s at {size} MiB, {label}: median {shown} of [{each}]: {verdict}")
+        small, large = sizes[0], sizes[-1]
+        first, last = median_window(rows, small, "replicate", measure), median_window(rows, large, "replicate", measure)
+        if large != small and first and last:
+            ratio = last / first
+            lines.append(f"target replicate {large} MiB ≤ 1.2x {small} MiB, {label} (medians): {ratio:.2f}x: "
+                         f"{'met' if ratio <= 1.2 else 'not met'}")  # fmt: skip
+        naive = median_window(rows, large, "naive", measure)
+        if naive and last:
+            ratio = naive / last
+            lines.append(f"target naive ≥ 10x replicate at {large} MiB, {label}: {ratio:.1f}x: "
+                         f"{'met' if ratio >= 10 else 'not met'}")  # fmt: skip
     return lines
 
 
@@ -346,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not modes or not sizes or (args.lab_dir is not None and len(sizes) > 1):
         parser.error("--modes takes replicate, shutdown, naive; --lab-dir takes one --db-size-mb")
 
+    # A SIGTERM (the bench stopped by hand) unwinds like an exception: the labs' servers are stopped, nothing is left.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="migrate-bench-"))
     rows: list[tuple[int, Outcome]] = []
     try:
