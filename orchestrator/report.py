@@ -24,6 +24,7 @@ from orchestrator.results import (
     DnsFlipResult,
     FilesResult,
     FinishResult,
+    SeedResult,
     SwitchResult,
     VerifyResult,
     result_of,
@@ -91,6 +92,7 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "bytes_moved": sum(bytes_by_step.values()),
         "bytes_by_step": bytes_by_step,
         "replicate": switch.journal() if "repl_switch" in outputs else None,
+        "seed": seed_report(outputs),
         "cutover": {
             "mode": cutover.mode,
             "mode_reason": cutover.mode_reason,
@@ -159,6 +161,20 @@ def window_parts(
             if value is not None:
                 parts[name] = value
     return parts
+
+
+def seed_report(outputs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The replicate mode's seed: what its hot backup cost the live source (commits and DDL held back)."""
+    if "repl_seed" not in outputs:
+        return None
+    seed = SeedResult.of(outputs["repl_seed"])
+    return {
+        "bytes": seed.bytes,
+        "stream_seconds": seed.stream_seconds,
+        "commits_blocked_seconds": seed.commits_blocked_seconds,
+        "ddl_blocked_seconds": seed.ddl_blocked_seconds,
+        "backup_stages": seed.backup_stages,
+    }
 
 
 def dns_report(events: list[dict[str, Any]], state: RunState) -> dict[str, Any] | None:
@@ -281,6 +297,13 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append(
             f"  writes blocked {_when(cut.get('writes_blocked_at'))} → DNS flipped "
             f"{_when(report.get('dns_flipped_at'))}: {report['write_block_seconds']:.2f} s"
+        )
+    seed = report.get("seed") or {}
+    if seed.get("commits_blocked_seconds") is not None:
+        lines.append(
+            f"  seed: the backup held the source's commits {seed['commits_blocked_seconds']:.3f} s (BLOCK_COMMIT until "
+            f"unlocked) and its DDL {seed.get('ddl_blocked_seconds') or 0:.3f} s; its copy took "
+            f"{seed.get('stream_seconds')} s while the source served"
         )
     parts = report.get("window_parts") or {}
     if parts:

@@ -161,6 +161,10 @@ class SeedResult(Contract):
     stream_seconds: float | None = None
     prepare_seconds: float | None = None
     backup_stages: dict[str, str] = {}
+    # What the backup cost the live source (its stamped log, to the millisecond): its commits held back, from the
+    # BLOCK_COMMIT stage's start until every lock was released; DDL, from BLOCK_DDL's start.
+    commits_blocked_seconds: float | None = None
+    ddl_blocked_seconds: float | None = None
     gtid: str | None = None
     binlog_file: str | None = None
     binlog_position: int | None = None

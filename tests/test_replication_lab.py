@@ -138,6 +138,7 @@ class Pair:
     seed_seconds: float
     seed_stall: float
     backup_stages: list[repl.BackupStage]
+    backup_locks: repl.BackupLocks
     secrets: dict[str, str] = field(repr=False)
 
     def app_password(self) -> str:
@@ -236,6 +237,7 @@ def pair(lab: LabState) -> Iterator[Pair]:
             seed_seconds=finished - started,
             seed_stall=writer.longest_commit(started, finished),
             backup_stages=repl.parse_backup_stages(streamed.stdout),
+            backup_locks=repl.parse_backup_locks(streamed.stdout),
             secrets=secrets,
         )
     finally:
@@ -269,6 +271,11 @@ def test_seed_streams_the_live_source_and_the_target_replicates_through_the_tunn
     assert pair.seed_bytes > 0 and pair.progress == sorted(pair.progress)
     assert pair.backup.gtid and pair.backup.file.startswith("binlog.")
     assert {s.stage for s in pair.backup_stages} >= {"START", "BLOCK_COMMIT", "END"}
+    # How long it held the live source's commits and DDL back, measured on its stamped log: both ends seen, the
+    # commits' hold inside the DDL's, inside the seed.
+    locks = pair.backup_locks
+    assert locks.commits_blocked is not None and locks.ddl_blocked is not None, locks
+    assert 0 <= locks.commits_blocked <= locks.ddl_blocked <= pair.seed_seconds, locks
     # The target replicates with GTIDs from 127.0.0.1:<tunnel port>, a port only the tunnel listens on.
     pid = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel)).stdout)
     assert pid is not None
@@ -293,7 +300,8 @@ def test_seed_streams_the_live_source_and_the_target_replicates_through_the_tunn
     assert on_target >= len(accepted)
     print(
         f"\nseed: {pair.seed_bytes / 2**20:.1f} MiB streamed (estimate {pair.seed_estimate / 2**20:.1f} MiB) in "
-        f"{pair.seed_seconds:.2f} s; longest source commit during it {pair.seed_stall * 1000:.0f} ms; "
+        f"{pair.seed_seconds:.2f} s; commits held {pair.backup_locks.commits_blocked} s, DDL "
+        f"{pair.backup_locks.ddl_blocked} s; longest source commit during it {pair.seed_stall * 1000:.0f} ms; "
         f"stages {[(s.stage, s.started[-8:], s.finished[-8:]) for s in pair.backup_stages]}"
     )
 
@@ -567,35 +575,65 @@ def test_backup_outputs_parse() -> None:
         "backup: [00] 2026-11-23 12:17:27 Finishing BACKUP STAGE BLOCK_COMMIT\n"
     )
     assert stages == [repl.BackupStage("BLOCK_COMMIT", "2026-11-23 12:17:26", "2026-11-23 12:17:27")]
+    # The stamped log (each line after the moment it was written): the locks to the millisecond, whatever the
+    # locale's decimal point; a log without its stamps or its end gives no figure rather than a wrong one.
+    stamped = (
+        "backup: 1764158245.100000 [00] 2026-11-26 12:17:25 Started BACKUP STAGE BLOCK_DDL\n"
+        "backup: 1764158245.290500 [00] 2026-11-26 12:17:25 Finished BACKUP STAGE BLOCK_DDL\n"
+        "backup: 1764158245,300000 [00] 2026-11-26 12:17:25 Starting BACKUP STAGE BLOCK_COMMIT\n"
+        "backup: 1764158245.301000 [00] 2026-11-26 12:17:25 Acquired locks for BACKUP STAGE BLOCK_COMMIT\n"
+        "backup: 1764158245.330000 [00] 2026-11-26 12:17:25 Executing BACKUP STAGE END\n"
+        "backup: 1764158245.342000 [00] 2026-11-26 12:17:25 All tables unlocked\n"
+    )
+    assert repl.parse_backup_locks(stamped) == repl.BackupLocks(commits_blocked=0.042, ddl_blocked=0.242)
+    assert [s.stage for s in repl.parse_backup_stages(stamped)] == ["BLOCK_DDL", "END"]
+    unstamped = "backup: [00] 2026-11-26 12:17:25 Starting BACKUP STAGE BLOCK_COMMIT\n"
+    assert repl.parse_backup_locks(unstamped) == repl.BackupLocks(None, None)
+    cut = stamped.rsplit("backup:", 1)[0]  # no "All tables unlocked"
+    assert repl.parse_backup_locks(cut) == repl.BackupLocks(None, None)
 
 
-def test_a_niced_backup_gets_its_priority_back_once_it_locks_the_source(tmp_path: Path) -> None:
-    """The watcher beside a niced seed, on its own: once the backup's log shows its locking stage, the process
+def test_a_niced_backup_gets_its_priority_back_once_it_locks_the_source_and_its_log_is_stamped(
+    tmp_path: Path,
+) -> None:
+    """The reader of a niced seed's log, on its own: once the backup's log shows its locking stage, the process
     named mariadb-backup runs at niceness 0 in the best-effort I/O class (a starved BLOCK_COMMIT would hold every
-    commit of the live site). The process here only logs that line and reports its priority: what is tested is the
-    watcher's shell, which finds it by name among the script's children."""
+    commit of the live site); every line of its log is kept with the moment it was written, and the script finds
+    them all once the backup is over. The process here only logs that line and reports its priority: what is tested
+    is the reader's shell, which finds it by name among the script's children."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     backup = bin_dir / "mariadb-backup"
     backup.write_text(
         "#!/bin/bash\n"
-        f"echo \"$(date '+%F %T') {repl.LOCKING_STAGE}\" >&2\n"
+        f"echo \"[00] $(date '+%F %T') {repl.LOCKING_STAGE}\" >&2\n"
         "for i in $(seq 200); do [ \"$(ps -o ni= -p $$ | tr -d ' ')\" = 0 ] && break; sleep 0.02; done\n"
         "echo \"nice $(ps -o ni= -p $$ | tr -d ' ') io $(ionice -p $$)\"\n"
+        "echo \"[00] $(date '+%F %T') All tables unlocked\" >&2\n"
     )
     backup.chmod(0o755)
+    log = tmp_path / "backup.log"
     script = (
-        "set -o pipefail\nlog=$(mktemp); trap 'rm -f \"$log\"' EXIT\n"
-        + repl._unnice_when_locking(True)
+        f"set -o pipefail\nlog={log}\n"
+        + repl.stamp_log(True)
+        + "\n"
         + " ".join(repl.NICE)
-        + ' mariadb-backup 2>"$log" | cat\n'
+        + " mariadb-backup 2>&5 5>&- | cat\n"
+        + repl.stamp_log_end()
+        + '\ncat "$log" >&2\n'
     )
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    before = time.time()
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
     if os.geteuid() == 0:
         assert done.stdout.split() == ["nice", "0", "io", "best-effort:", "prio", "4"], done.stdout + done.stderr
     else:  # lowering a niceness needs root or CAP_SYS_NICE: the backup stays niced, and the script still succeeds
         assert done.stdout.split()[:2] == ["nice", "19"], done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[-1] == repl.STAMPED_END, done.stderr
+    stamps = [float(line.split()[0]) for line in lines[:-1]]
+    assert len(stamps) == 2 and before <= stamps[0] <= stamps[1] <= time.time(), done.stderr
+    assert repl.LOCKING_STAGE in lines[0] and "All tables unlocked" in lines[1]
     assert "renice" not in repl.seed_stream_command(repl.SeedSpec("/a", "/b", ("ssh", "t"), nice=False))
 
 

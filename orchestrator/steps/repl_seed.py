@@ -179,6 +179,9 @@ class ReplSeed(Step):
         result.stream_seconds = round(time.monotonic() - started, 3)
         stages = repl.parse_backup_stages(streamed.stdout)
         result.backup_stages = {s.stage: f"{s.started[-8:]}-{s.finished[-8:]}" for s in stages}
+        locks = repl.parse_backup_locks(streamed.stdout)
+        result.commits_blocked_seconds, result.ddl_blocked_seconds = locks.commits_blocked, locks.ddl_blocked
+        ctx.log.info("repl.seed.source_locks", commits_blocked_s=locks.commits_blocked, ddl_blocked_s=locks.ddl_blocked)
 
     def _throttled(
         self,

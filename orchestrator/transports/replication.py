@@ -153,9 +153,10 @@ def seed_stream_command(spec: SeedSpec, *, log_path: str | None = None) -> str:
     """Run on the source: stream a hot backup into the target's staging directory (replaced if it exists).
 
     stdout carries `dd status=progress` lines ('123456 bytes (…) copied, 2 s, 61 MB/s', split on \\r) and, at the
-    end, mariadb-backup's stage lines prefixed 'backup: ' (its locks and the binlog position it recorded). On
-    failure the tail of mariadb-backup's log goes to stderr. `log_path`: where mariadb-backup's log is kept while
-    it runs (a throttle reads its stages there), removed at the end like the temporary one.
+    end, mariadb-backup's stage lines prefixed 'backup: ' (its locks and the binlog position it recorded), each with
+    the moment it was written (`stamp_log`). On failure the tail of mariadb-backup's log goes to stderr. `log_path`:
+    where mariadb-backup's log is kept while it runs (a throttle reads its stages there), removed at the end like the
+    temporary one.
     """
     backup = [*NICE] if spec.nice else []
     backup += ["mariadb-backup"]
@@ -176,10 +177,12 @@ def seed_stream_command(spec: SeedSpec, *, log_path: str | None = None) -> str:
     script = f"""set -o pipefail
 log={shlex.quote(log_path) if log_path else "$(mktemp)"}; trap 'rm -f "$log"' EXIT
 exec 4>&1
-{_unnice_when_locking(spec.nice)}{password}{shlex.join(backup)} 2>"$log" | dd bs=1M status=progress 2>&4 | \
-  {_ssh_remote(spec.ssh_to_target, receive)}
+{stamp_log(spec.nice)}
+{password}{shlex.join(backup)} 2>&5 5>&- | dd bs=1M status=progress 2>&4 5>&- | \
+  {_ssh_remote(spec.ssh_to_target, receive)} 5>&-
 rc=$?
-grep -E 'BACKUP STAGE|binlog position|completed OK' "$log" | sed 's/^/backup: /'
+{stamp_log_end()}
+grep -E 'BACKUP STAGE|All tables unlocked|binlog position|completed OK' "$log" | sed 's/^/backup: /'
 if [ $rc -ne 0 ]; then tail -n 15 "$log" >&2; fi
 exit $rc"""
     return _bash(script)
@@ -188,21 +191,45 @@ exit $rc"""
 # The first of mariadb-backup's stages that take locks on the live server: from here on (FLUSH, BLOCK_DDL, then
 # BLOCK_COMMIT, which holds every commit until the end) a paused backup would hold them over the pause.
 LOCKING_STAGE = "Starting BACKUP STAGE FLUSH"
+# What a stamped log ends with once every line of mariadb-backup's is in it.
+STAMPED_END = "stamped: end"
+# How long the script waits for that end after the backup exited (its last lines are being written): a bound that
+# only the lock figures depend on, never the copy.
+STAMPED_END_WAIT_S = 5
 
 
-def _unnice_when_locking(niced: bool) -> str:
-    """A watcher started beside a niced backup: once it reaches its locking stages, the backup gets the ordinary
-    CPU and I/O priority back. nice -n19 and the idle I/O class suit its long InnoDB copy, which blocks nobody; but
-    a starved process holding BLOCK_COMMIT holds every commit of the live site for as long as the machine keeps it
-    waiting (a priority inversion: seconds on a busy host instead of milliseconds). Lowering a niceness needs root
-    or CAP_SYS_NICE; without them the backup stays niced, and the watcher says nothing."""
-    if not niced:
-        return ""
-    stage = shlex.quote(LOCKING_STAGE)
+def stamp_log(niced: bool) -> str:
+    """Opens fd 5 for mariadb-backup's log: a reader (a process substitution) writes each line to "$log" after the
+    moment it was written, seconds since the epoch to the microsecond (bash's $EPOCHREALTIME, `date` where bash is
+    older than 5), so the report says how long the backup blocked the live site's commits to the millisecond where
+    mariadb-backup's own log says it to the second.
+
+    Beside a niced backup, the same reader gives it the ordinary CPU and I/O priority back on its first locking
+    stage's line: nice -n19 and the idle I/O class suit its long InnoDB copy, which blocks nobody; but a starved
+    process holding BLOCK_COMMIT holds every commit of the live site for as long as the machine keeps it waiting (a
+    priority inversion: seconds on a busy host instead of milliseconds). Lowering a niceness needs root or
+    CAP_SYS_NICE; without them the backup stays niced, and the reader says nothing. The reader acts on the line as
+    it arrives: nothing polls the log."""
+    unnice = ""
+    if niced:
+        unnice = (
+            f'if [ -z "$unniced" ] && [[ $line == *{shlex.quote(LOCKING_STAGE)}* ]]; then unniced=1; '
+            "for pid in $(pgrep -P $$ -x mariadb-backup); do renice -n 0 -p $pid; ionice -c2 -n4 -p $pid; done "
+            ">/dev/null 2>&1; fi; "
+        )
     return (
-        f'( while ! grep -qF {stage} "$log" 2>/dev/null; do sleep 0.02; done; '
-        "for pid in $(pgrep -P $$ -x mariadb-backup); do renice -n 0 -p $pid; ionice -c2 -n4 -p $pid; done "
-        ") >/dev/null 2>&1 &\nwatcher=$!; trap 'kill $watcher 2>/dev/null; rm -f \"$log\"' EXIT\n"
+        "exec 5> >(unniced=; while IFS= read -r line; do "
+        'printf "%s %s\\n" "${EPOCHREALTIME:-$(date +%s.%N)}" "$line"; '
+        f'{unnice}done > "$log"; echo {shlex.quote(STAMPED_END)} >> "$log")'
+    )
+
+
+def stamp_log_end() -> str:
+    """After the backup: fd 5 closed, then a bounded wait for the reader's last lines."""
+    tries = STAMPED_END_WAIT_S * 100
+    return (
+        f'exec 5>&-; n=0; until grep -qxF {shlex.quote(STAMPED_END)} "$log" 2>/dev/null || [ $n -ge {tries} ]; '
+        "do sleep 0.01; n=$((n + 1)); done"
     )
 
 
@@ -260,6 +287,40 @@ def parse_backup_stages(stdout: str) -> list[BackupStage]:
         elif verb.startswith("Finish") or verb == "Executing":
             stages.append(BackupStage(stage, started.get(stage, stamp), stamp))
     return stages
+
+
+@dataclass(frozen=True)
+class BackupLocks:
+    """How long the backup blocked the live source, from its stamped log (seconds, to the millisecond): its commits
+    from the BLOCK_COMMIT stage's start (a pending BLOCK_COMMIT already holds new commits back) until every lock was
+    released, and DDL from BLOCK_DDL's start until then. None where the log does not show both ends."""
+
+    commits_blocked: float | None
+    ddl_blocked: float | None
+
+
+_STAMP = re.compile(r"^(?:backup: )?(\d+[.,]\d+) ")
+
+
+def parse_backup_locks(stdout: str) -> BackupLocks:
+    begun: dict[str, float] = {}
+    unlocked: float | None = None
+    for line in stdout.splitlines():
+        match = _STAMP.match(line)
+        if not match:
+            continue
+        stamp = float(match.group(1).replace(",", "."))  # $EPOCHREALTIME follows the locale's decimal point
+        if line.rstrip().endswith("Starting BACKUP STAGE BLOCK_COMMIT"):
+            begun.setdefault("commit", stamp)
+        elif line.rstrip().endswith("Started BACKUP STAGE BLOCK_DDL"):
+            begun.setdefault("ddl", stamp)
+        elif line.rstrip().endswith("All tables unlocked"):
+            unlocked = stamp
+
+    def span(what: str) -> float | None:
+        return round(unlocked - begun[what], 3) if unlocked is not None and what in begun else None
+
+    return BackupLocks(span("commit"), span("ddl"))
 
 
 def seed_size_command(spec: SeedSpec) -> str:
