@@ -96,7 +96,8 @@ class ReplSeed(Step):
         return [
             f"on the source: mariadb-backup --backup --stream ({nice}--log-copy-interval=10{throttle}) of "
             f"{plan.database.source.datadir} | ssh {plan.target.address} mbstream -x into "
-            f"{plan.database.target.datadir}.seed (the source keeps serving)",
+            f"{plan.database.target.datadir}.seed (the source keeps serving; its commits wait only during the "
+            "backup's BLOCK_COMMIT stage, measured to the millisecond and reported)",
             f"on the target (database stopped): mariadb-backup --prepare, then the copy replaces "
             f"{plan.database.target.datadir} (the old one kept as {plan.database.target.datadir}.before-seed)",
             "journal the copy's GTID position (the replica starts there)",
