@@ -196,6 +196,12 @@ def slowest_request(out: Path, report: dict[str, Any]) -> str | None:
     )  # fmt: skip
     blocked = (report.get("cutover") or {}).get("writes_blocked_at")
     when = f", {began - float(blocked):+.2f} s from writes blocked" if blocked else ""
+    seed = report.get("seed") or {}
+    if step == "repl_seed" and seed.get("commits_blocked_at"):
+        # The lab's hosts share one clock: the backup's own hold on commits, against the request's wait.
+        held = float(seed["commits_blocked_at"])
+        when += (f", {began - held:+.3f} s from the backup's hold on commits "
+                 f"({float(seed.get('commits_blocked_seconds') or 0):.3f} s)")  # fmt: skip
     where = f"during {step}" if step else "outside the run's steps"
     answered = "answered" if worst["ok"] else "failed"
     return f"{float(worst['ms']) / 1000:.2f} s, a {worst['kind']} request ({answered}), began {where}{when}"

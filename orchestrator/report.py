@@ -172,6 +172,7 @@ def seed_report(outputs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         "bytes": seed.bytes,
         "stream_seconds": seed.stream_seconds,
         "commits_blocked_seconds": seed.commits_blocked_seconds,
+        "commits_blocked_at": seed.commits_blocked_at,
         "ddl_blocked_seconds": seed.ddl_blocked_seconds,
         "backup_stages": seed.backup_stages,
     }

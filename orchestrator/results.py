@@ -164,6 +164,7 @@ class SeedResult(Contract):
     # What the backup cost the live source (its stamped log, to the millisecond): its commits held back, from the
     # BLOCK_COMMIT stage's start until every lock was released; DDL, from BLOCK_DDL's start.
     commits_blocked_seconds: float | None = None
+    commits_blocked_at: float | None = None  # on the source's clock
     ddl_blocked_seconds: float | None = None
     gtid: str | None = None
     binlog_file: str | None = None

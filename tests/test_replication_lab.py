@@ -585,7 +585,7 @@ def test_backup_outputs_parse() -> None:
         "backup: 1764158245.330000 [00] 2026-11-26 12:17:25 Executing BACKUP STAGE END\n"
         "backup: 1764158245.342000 [00] 2026-11-26 12:17:25 All tables unlocked\n"
     )
-    assert repl.parse_backup_locks(stamped) == repl.BackupLocks(commits_blocked=0.042, ddl_blocked=0.242)
+    assert repl.parse_backup_locks(stamped) == repl.BackupLocks(0.042, 0.242, commits_blocked_from=1764158245.3)
     assert [s.stage for s in repl.parse_backup_stages(stamped)] == ["BLOCK_DDL", "END"]
     unstamped = "backup: [00] 2026-11-26 12:17:25 Starting BACKUP STAGE BLOCK_COMMIT\n"
     assert repl.parse_backup_locks(unstamped) == repl.BackupLocks(None, None)

@@ -182,6 +182,7 @@ class ReplSeed(Step):
         result.backup_stages = {s.stage: f"{s.started[-8:]}-{s.finished[-8:]}" for s in stages}
         locks = repl.parse_backup_locks(streamed.stdout)
         result.commits_blocked_seconds, result.ddl_blocked_seconds = locks.commits_blocked, locks.ddl_blocked
+        result.commits_blocked_at = locks.commits_blocked_from
         ctx.log.info("repl.seed.source_locks", commits_blocked_s=locks.commits_blocked, ddl_blocked_s=locks.ddl_blocked)
 
     def _throttled(

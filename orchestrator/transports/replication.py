@@ -297,6 +297,7 @@ class BackupLocks:
 
     commits_blocked: float | None
     ddl_blocked: float | None
+    commits_blocked_from: float | None = None  # when, on the source's clock (seconds since the epoch)
 
 
 _STAMP = re.compile(r"^(?:backup: )?(\d+[.,]\d+) ")
@@ -320,7 +321,7 @@ def parse_backup_locks(stdout: str) -> BackupLocks:
     def span(what: str) -> float | None:
         return round(unlocked - begun[what], 3) if unlocked is not None and what in begun else None
 
-    return BackupLocks(span("commit"), span("ddl"))
+    return BackupLocks(span("commit"), span("ddl"), begun.get("commit") if span("commit") is not None else None)
 
 
 def seed_size_command(spec: SeedSpec) -> str:
