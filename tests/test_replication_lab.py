@@ -637,6 +637,27 @@ def test_a_niced_backup_gets_its_priority_back_once_it_locks_the_source_and_its_
     assert "renice" not in repl.seed_stream_command(repl.SeedSpec("/a", "/b", ("ssh", "t"), nice=False))
 
 
+def test_a_failing_backup_ends_the_seeds_stderr_in_its_own_words(tmp_path: Path) -> None:
+    """The seed's command around a backup that fails: it exits non-zero and its stderr ends with the backup's own
+    last line as written (no stamp, not the log reader's end marker): an error message shows that line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    backup = bin_dir / "mariadb-backup"
+    backup.write_text(
+        "#!/bin/bash\n"
+        "echo '[00] 2026-11-26 12:00:00 Connecting to server host: localhost' >&2\n"
+        "echo '[00] 2026-11-26 12:00:00 Error: failed to connect to the server' >&2\n"
+        "exit 1\n"
+    )
+    backup.chmod(0o755)
+    command = repl.seed_stream_command(repl.SeedSpec("/a", "/b", ("sh", "-c", "cat >/dev/null"), nice=False))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1, done
+    last = done.stderr.splitlines()[-1]
+    assert last == "[00] 2026-11-26 12:00:00 Error: failed to connect to the server", done.stderr
+
+
 def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> None:
     hop = ("ssh", "-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/migrate-ssh-%C", "-p", "22", "root@t")
     seed = repl.SeedSpec("/var/lib/mysql", "/var/lib/mysql", hop, source_user="migrate", password_env="DB_PW")

@@ -183,7 +183,7 @@ exec 4>&1
 rc=$?
 {stamp_log_end()}
 grep -E 'BACKUP STAGE|All tables unlocked|binlog position|completed OK' "$log" | sed 's/^/backup: /'
-if [ $rc -ne 0 ]; then tail -n 15 "$log" >&2; fi
+if [ $rc -ne 0 ]; then {stamped_tail(15)} >&2; fi
 exit $rc"""
     return _bash(script)
 
@@ -222,6 +222,12 @@ def stamp_log(niced: bool) -> str:
         'printf "%s %s\\n" "${EPOCHREALTIME:-$(date +%s.%N)}" "$line"; '
         f'{unnice}done > "$log"; echo {shlex.quote(STAMPED_END)} >> "$log")'
     )
+
+
+def stamped_tail(lines: int) -> str:
+    """The last lines of mariadb-backup's own log as it wrote them (the stamps and the reader's end left out): the
+    failure's own words end the command's stderr, which is what an error message shows."""
+    return f"grep -vxF {shlex.quote(STAMPED_END)} \"$log\" | tail -n {lines} | sed -E 's/^[0-9]+[.,][0-9]+ //'"
 
 
 def stamp_log_end() -> str:
