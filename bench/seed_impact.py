@@ -8,6 +8,8 @@ invocation, side by side:
 - the seed: the replicate mode's own command (mariadb-backup --backup --stream under nice/ionice and its stamped log,
   dd, the SSH hop, `mbstream -x` into the target's staging directory), then `mariadb-backup --prepare` on the
   target: what `repl_seed` does before it installs the copy;
+- the backup over SSH: the same command, the copy dropped on the target (`cat >/dev/null` there): the hop's
+  encryption on both hosts, no writes on the target;
 - the backup alone: the same command with the copy discarded on the source (`cat >/dev/null` in place of the SSH
   hop): what mariadb-backup itself costs the source;
 - the load alone, for as long as the seed took: the baseline.
@@ -97,13 +99,16 @@ def measure(state: LabState, work: Path, rate: float) -> list[Variant]:
             rt.target.run(f"rm -rf {shlex.quote(spec.staging_dir)}", timeout=600)
             return repl.parse_backup_locks(streamed.stdout).commits_blocked
 
-        def backup_alone() -> float | None:
-            alone = dataclasses.replace(spec, ssh_to_target=DISCARD)
-            streamed = rt.source.stream(repl.seed_stream_command(alone), lambda _line: None, timeout=3600, env=env)
+        def backup_to(ssh_to_target: tuple[str, ...]) -> float | None:
+            variant = dataclasses.replace(spec, ssh_to_target=ssh_to_target)
+            streamed = rt.source.stream(repl.seed_stream_command(variant), lambda _line: None, timeout=3600, env=env)
             return repl.parse_backup_locks(streamed.stdout).commits_blocked
 
+        # The hop's remote command becomes `cat >/dev/null; exit 0 # <the receiving command>`.
+        over_ssh = (*spec.ssh_to_target, "cat >/dev/null;", "exit", "0", "#")
         variants = [run_variant("the seed", state, work, rate, seed)]
-        variants.append(run_variant("the backup alone", state, work, rate, backup_alone))
+        variants.append(run_variant("the backup over SSH", state, work, rate, lambda: backup_to(over_ssh)))
+        variants.append(run_variant("the backup alone", state, work, rate, lambda: backup_to(DISCARD)))
         duration = variants[0].seconds
         variants.append(run_variant("the load alone", state, work, rate, lambda: time.sleep(duration)))
     return variants
@@ -124,7 +129,7 @@ def table(rows: list[tuple[int, Variant]]) -> str:
     for size in dict.fromkeys(size for size, _ in rows):
         by_name = {v.name: v for s, v in rows if s == size}
         base = by_name.get("the load alone")
-        for name in ("the seed", "the backup alone"):
+        for name in ("the seed", "the backup over SSH", "the backup alone"):
             v = by_name.get(name)
             if v and base and v.longest_write_s and base.longest_write_s:
                 lines.append(f"{size} MiB: {name}: longest write {v.longest_write_s / base.longest_write_s:.1f}x the "
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows))
         if args.repeat > 1:
             for size in sizes:
-                for name in ("the seed", "the backup alone", "the load alone"):
+                for name in ("the seed", "the backup over SSH", "the backup alone", "the load alone"):
                     longest = [v.longest_write_s for s, v in rows if s == size and v.name == name and v.longest_write_s]
                     if longest:
                         print(f"{size} MiB, {name}: median longest write {statistics.median(longest):.3f} s")
