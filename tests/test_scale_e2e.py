@@ -23,8 +23,9 @@ import pytest
 
 from orchestrator import exit_codes
 from orchestrator.lab import hosts
+from orchestrator.lab.load import ACKS_FILE
 from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify
+from orchestrator.lab.verify import main_verify, read_acks
 from tests.test_e2e import (
     deleted_uploads,
     dns_contents,
@@ -91,7 +92,9 @@ def migrate_under_load(state: LabState, plan: Path, load_dir: Path) -> tuple[sub
     # New uploads, some rewritten in place, some deleted: the final pass and its check handle all three.
     load = start_load(state, load_dir, duration=600, overwrite_every=3, delete_every=4)
     try:
-        time.sleep(2)  # writes flowing to the source before the migration begins
+        # Writes, rewrites and deletes flowing to the source before the migration begins: the load's first
+        # acknowledged delete (each client's fourth upload), however short the run that follows turns out.
+        wait_for_a_delete(load_dir)
         result = migrate_apply(state, plan, timeout=600)
         if result.returncode == exit_codes.OK:  # clients with a cached answer move to the target
             wait_for_load_acks_on(load_dir, state.target.address, since=time.time())
@@ -99,6 +102,16 @@ def migrate_under_load(state: LabState, plan: Path, load_dir: Path) -> tuple[sub
         load.send_signal(signal.SIGTERM)
         load_output, _ = load.communicate(timeout=60)
     return result, load_output
+
+
+def wait_for_a_delete(load_dir: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    acks = load_dir / ACKS_FILE
+    while time.monotonic() < deadline:
+        if acks.exists() and any(ack.get("kind") == "upload_deleted" for ack in read_acks(acks)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the load acknowledged no delete within {timeout:g} s")
 
 
 def tree_digests(root: Path) -> dict[str, str]:
