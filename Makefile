@@ -22,8 +22,8 @@ lint: venv
 	$(BIN)/ruff format --check orchestrator tests bench
 
 # The lab tests mostly wait on real servers, so several pytest-xdist workers (each with a lab of its own, whole
-# test files per worker) share the 2 cores; measured, 3 and 5 workers both took 17 minutes (5 only made each lab
-# test twice as slow), so 3, the lighter load. TEST_WORKERS=0 runs everything in one process.
+# test files per worker) share the 2 cores; measured, 3 and 5 workers took as long (5 only made each lab test twice
+# as slow), so 3, the lighter load: about 7 minutes. TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 3
 
 test: venv system-packages lint
