@@ -287,6 +287,16 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
             f"{len(rounds)} round(s); last moved {_size(int(last.get('bytes') or 0))} in {last.get('seconds')} s",
             ended("db_presync"),
         )
+    seed = report.get("seed") or {}
+    if seed.get("commits_blocked_seconds") is not None:
+        add(
+            "the seed's hot backup, the source serving throughout",
+            "repl_seed",
+            True,
+            f"it held the source's commits {float(seed['commits_blocked_seconds']):.3f} s (BLOCK_COMMIT until "
+            f"unlocked) and its DDL {float(seed.get('ddl_blocked_seconds') or 0):.3f} s",
+            _float(seed.get("commits_blocked_at")) or ended("repl_seed"),
+        )
     cutover = report.get("cutover") or {}
     if cutover.get("lock_attempts") is not None:
         add(

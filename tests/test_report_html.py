@@ -22,6 +22,8 @@ from orchestrator.report_html import (
     ReportError,
     markdown_summary,
     read_journal,
+    read_run,
+    render_html,
     report_command,
     write_html,
 )
@@ -344,3 +346,23 @@ def test_page_of_a_lab_run_under_load(lab: Any, tmp_path: Path) -> None:
 
 def load_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
+
+
+def test_the_seeds_hold_on_the_sources_commits_is_a_check_before_the_window() -> None:
+    """What the replicate mode's hot backup cost the live source (from the report's `seed`): a passed check placed
+    before the window, saying how long its commits and DDL were held."""
+    report = {
+        "run_id": "r1", "status": "completed", "started_at": 100.0, "ended_at": 200.0, "duration": 100.0,
+        "steps": [
+            {"name": "repl_seed", "state": "done", "started_at": 110.0, "ended_at": 130.0, "duration": 20.0},
+            {"name": "repl_switch", "state": "done", "started_at": 150.0, "ended_at": 150.1, "duration": 0.1},
+        ],
+        "cutover": {"writes_blocked_at": 150.0}, "dns_flipped_at": 150.2, "write_block_seconds": 0.2,
+        "seed": {"commits_blocked_seconds": 0.012, "ddl_blocked_seconds": 0.02, "commits_blocked_at": 128.5},
+    }  # fmt: skip
+    view = read_run(report)
+    held = [c for c in view.checks if c.step == "repl_seed"]
+    assert len(held) == 1 and held[0].passed, view.checks
+    assert "commits 0.012 s" in held[0].detail and "DDL 0.020 s" in held[0].detail
+    assert view.phase_of(view.steps[0]) == "before" and held[0].phase == "before"
+    assert "hot backup, the source serving throughout" in render_html(view)
