@@ -637,6 +637,38 @@ def test_a_niced_backup_gets_its_priority_back_once_it_locks_the_source_and_its_
     assert "renice" not in repl.seed_stream_command(repl.SeedSpec("/a", "/b", ("ssh", "t"), nice=False))
 
 
+def test_the_logs_stamps_wait_for_no_priority_change_and_a_last_line_without_newline_is_kept(tmp_path: Path) -> None:
+    """The reader of the seed's log stamps the locking stages' lines as they arrive, even when giving the backup its
+    priority back is slow (a `renice` taking 2 s here, done beside the reading): the hold on commits it measures is
+    the backup's own (1 s here), not shortened by that wait. A last line without its newline (a crash's message)
+    is kept."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "renice").write_text("#!/bin/bash\nsleep 2\n")
+    backup = bin_dir / "mariadb-backup"
+    backup.write_text(
+        "#!/bin/bash\n"
+        f"echo '[00] 2026-11-26 12:00:00 {repl.LOCKING_STAGE}' >&2\n"
+        "echo '[00] 2026-11-26 12:00:00 Starting BACKUP STAGE BLOCK_COMMIT' >&2\n"
+        "sleep 1\n"
+        "echo '[00] 2026-11-26 12:00:01 All tables unlocked' >&2\n"
+        "printf 'fatal: the last words' >&2\n"
+    )
+    for tool in (backup, bin_dir / "renice"):
+        tool.chmod(0o755)
+    log = tmp_path / "backup.log"
+    script = (
+        f"set -o pipefail\nlog={log}\n{repl.stamp_log(True)}\n{' '.join(repl.NICE)} mariadb-backup 2>&5 5>&- | cat\n"
+        f"{repl.stamp_log_end()}\n"
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
+    lines = log.read_text().splitlines()
+    locks = repl.parse_backup_locks("\n".join(lines))
+    assert locks.commits_blocked is not None and locks.commits_blocked >= 0.5, lines
+    assert lines[-2].split(" ", 1)[1] == "fatal: the last words" and lines[-1] == repl.STAMPED_END, lines
+
+
 def test_a_failing_backup_ends_the_seeds_stderr_in_its_own_words(tmp_path: Path) -> None:
     """The seed's command around a backup that fails: it exits non-zero and its stderr ends with the backup's own
     last line as written (no stamp, not the log reader's end marker): an error message shows that line."""

@@ -212,15 +212,19 @@ def stamp_log(niced: bool) -> str:
     it arrives: nothing polls the log."""
     unnice = ""
     if niced:
+        # In the background: the lines that follow (the locking stages' own) are stamped as they arrive, not after it.
         unnice = (
             f'if [ -z "$unniced" ] && [[ $line == *{shlex.quote(LOCKING_STAGE)}* ]]; then unniced=1; '
-            "for pid in $(pgrep -P $$ -x mariadb-backup); do renice -n 0 -p $pid; ionice -c2 -n4 -p $pid; done "
-            ">/dev/null 2>&1; fi; "
+            "{ for pid in $(pgrep -P $$ -x mariadb-backup); do renice -n 0 -p $pid; ionice -c2 -n4 -p $pid; done; } "
+            "</dev/null >/dev/null 2>&1 4>&- 6>&- & fi; "
         )
+    # The log on an fd of its own (6), not the loop's redirected stdout: bash would keep a copy of the session's
+    # stdout for the loop, which the job above would inherit and hold open. `|| [ -n "$line" ]`: a last line
+    # without its newline (a crash's message) is kept too.
     return (
-        "exec 5> >(unniced=; while IFS= read -r line; do "
-        'printf "%s %s\\n" "${EPOCHREALTIME:-$(date +%s.%N)}" "$line"; '
-        f'{unnice}done > "$log"; echo {shlex.quote(STAMPED_END)} >> "$log")'
+        'exec 5> >(exec 6>"$log"; unniced=; while IFS= read -r line || [ -n "$line" ]; do '
+        'printf "%s %s\\n" "${EPOCHREALTIME:-$(date +%s.%N)}" "$line" >&6; '
+        f"{unnice}done; echo {shlex.quote(STAMPED_END)} >&6)"
     )
 
 
@@ -231,11 +235,10 @@ def stamped_tail(lines: int) -> str:
 
 
 def stamp_log_end() -> str:
-    """After the backup: fd 5 closed, then a bounded wait for the reader's last lines."""
-    tries = STAMPED_END_WAIT_S * 100
+    """After the backup: fd 5 closed, then a wait for the reader's last lines, bounded in time (bash's $SECONDS)."""
     return (
-        f'exec 5>&-; n=0; until grep -qxF {shlex.quote(STAMPED_END)} "$log" 2>/dev/null || [ $n -ge {tries} ]; '
-        "do sleep 0.01; n=$((n + 1)); done"
+        f'exec 5>&-; waited=$SECONDS; until grep -qxF {shlex.quote(STAMPED_END)} "$log" 2>/dev/null || '
+        f"[ $((SECONDS - waited)) -ge {STAMPED_END_WAIT_S} ]; do sleep 0.01; done"
     )
 
 
