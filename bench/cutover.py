@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -375,6 +375,34 @@ def requests_table(work: Path, sizes: list[int], modes: list[str]) -> str:
     return "\n".join(lines)
 
 
+@contextmanager
+def lab_of_size(work: Path, size: int, lab_dir: Path | None, uploads_size_mb: int) -> Iterator[LabState]:
+    """A lab whose source database holds about `size` MiB, up for the block; stopped and removed after it unless
+    `lab_dir` (kept) was given. Its plan is put back to the lab's default."""
+    directory = lab_dir or work / f"lab-{size}"
+    began = time.monotonic()
+    state = hosts.up(directory, db_size_mb=size, uploads_size_mb=uploads_size_mb, default_ports=False, say=print)
+    print(f"lab of {size} MiB up in {time.monotonic() - began:.1f} s: {directory}", flush=True)
+    try:
+        yield state
+    finally:
+        planfile.write_plan(state)
+        if lab_dir is None:
+            hosts.down(directory, purge=True)
+
+
+@contextmanager
+def bench_work(prefix: str) -> Iterator[Path]:
+    """A scratch directory for a bench's labs and load records, removed at the end. A SIGTERM (the bench stopped by
+    hand) unwinds like an exception: the labs' servers are stopped, nothing is left."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db-size-mb", default="200", help="one size or several, comma-separated (e.g. 64,512)")
@@ -392,18 +420,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not modes or not sizes or (args.lab_dir is not None and len(sizes) > 1):
         parser.error("--modes takes replicate, shutdown, naive; --lab-dir takes one --db-size-mb")
 
-    # A SIGTERM (the bench stopped by hand) unwinds like an exception: the labs' servers are stopped, nothing is left.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    work = Path(tempfile.mkdtemp(prefix="migrate-bench-"))
     rows: list[tuple[int, Outcome]] = []
-    try:
+    with bench_work("migrate-bench-") as work:
         for size in sizes:
-            lab_dir = args.lab_dir or work / f"lab-{size}"
-            began = time.monotonic()
-            state = hosts.up(lab_dir, db_size_mb=size, uploads_size_mb=args.uploads_size_mb,
-                             default_ports=False, say=print)  # fmt: skip
-            print(f"lab of {size} MiB up in {time.monotonic() - began:.1f} s: {lab_dir}")
-            try:
+            with lab_of_size(work, size, args.lab_dir, args.uploads_size_mb) as state:
                 for mode in modes:
                     for run in range(1 if mode == "naive" else max(1, args.repeat)):
                         source_live(state)
@@ -413,10 +433,6 @@ def main(argv: list[str] | None = None) -> int:
                             outcome = with_migrate(state, work / str(size) / str(run), args.dns_ttl, args.rate, mode)
                         print(f"{size} MiB: {show(outcome)}")
                         rows.append((size, outcome))
-            finally:
-                planfile.write_plan(state)
-                if args.lab_dir is None:
-                    hosts.down(lab_dir, purge=True)
         print(table(rows, args.link_mbit))
         print("where each run's window went (the report's window_parts, seconds):")
         for size, outcome in rows:
@@ -429,8 +445,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {size} MiB {outcome.name}: {outcome.slowest}")
         print("what the clients saw (requests of each load run):")
         print(requests_table(work, sizes, modes))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -27,18 +27,15 @@ import dataclasses
 import json
 import os
 import shlex
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cutover import load_running, source_live
+from cutover import bench_work, lab_of_size, load_running, source_live
 
-from orchestrator.lab import hosts, planfile
+from orchestrator.lab import planfile
 from orchestrator.lab.load import REQUESTS_FILE
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
@@ -148,26 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(size) for size in str(args.db_size_mb).split(",") if size.strip()]
     if not sizes or (args.lab_dir is not None and len(sizes) > 1):
         parser.error("--lab-dir takes one --db-size-mb")
-    # A SIGTERM (the bench stopped by hand) unwinds like an exception: the labs' servers are stopped, nothing is left.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    work = Path(tempfile.mkdtemp(prefix="migrate-bench-seed-"))
     rows: list[tuple[int, Variant]] = []
-    try:
+    with bench_work("migrate-bench-seed-") as work:
         for size in sizes:
-            lab_dir = args.lab_dir or work / f"lab-{size}"
-            state = hosts.up(lab_dir, db_size_mb=size, uploads_size_mb=args.uploads_size_mb,
-                             default_ports=False, say=print)  # fmt: skip
-            try:
+            with lab_of_size(work, size, args.lab_dir, args.uploads_size_mb) as state:
                 planfile.write_plan(state, "replicate")
                 for round_ in range(max(1, args.repeat)):
                     source_live(state)
                     for variant in measure(state, work / str(size) / str(round_), args.rate):
                         print(f"{size} MiB, round {round_ + 1}: {variant}", flush=True)
                         rows.append((size, variant))
-            finally:
-                planfile.write_plan(state)
-                if args.lab_dir is None:
-                    hosts.down(lab_dir, purge=True)
         print(table(rows))
         if args.repeat > 1:
             for size in sizes:
@@ -175,8 +162,6 @@ def main(argv: list[str] | None = None) -> int:
                     longest = [v.longest_write_s for s, v in rows if s == size and v.name == name and v.longest_write_s]
                     if longest:
                         print(f"{size} MiB, {name}: median longest write {statistics.median(longest):.3f} s")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
