@@ -178,6 +178,16 @@ def seed_report(outputs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+def seed_hold_text(seed: dict[str, Any]) -> str | None:
+    """What the seed's hot backup held back on the live source, in words (the text report and the run's page)."""
+    if seed.get("commits_blocked_seconds") is None:
+        return None
+    return (
+        f"the backup held the source's commits {float(seed['commits_blocked_seconds']):.3f} s (BLOCK_COMMIT until "
+        f"unlocked) and its DDL {float(seed.get('ddl_blocked_seconds') or 0):.3f} s"
+    )
+
+
 def dns_report(events: list[dict[str, Any]], state: RunState) -> dict[str, Any] | None:
     """Where every record pointed at the run's last journaled reading (its end reading, when it made one), and
     whether that is a problem (split, or at the host that does not serve)."""
@@ -300,12 +310,9 @@ def render_report(report: dict[str, Any]) -> str:
             f"{_when(report.get('dns_flipped_at'))}: {report['write_block_seconds']:.2f} s"
         )
     seed = report.get("seed") or {}
-    if seed.get("commits_blocked_seconds") is not None:
-        lines.append(
-            f"  seed: the backup held the source's commits {seed['commits_blocked_seconds']:.3f} s (BLOCK_COMMIT until "
-            f"unlocked) and its DDL {seed.get('ddl_blocked_seconds') or 0:.3f} s; its copy took "
-            f"{seed.get('stream_seconds')} s while the source served"
-        )
+    held = seed_hold_text(seed)
+    if held:
+        lines.append(f"  seed: {held}; its copy took {seed.get('stream_seconds')} s while the source served")
     parts = report.get("window_parts") or {}
     if parts:
         lines.append("  inside the window: " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in parts.items()))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.report import build_report, run_events, write_report
+from orchestrator.report import build_report, run_events, seed_hold_text, write_report
 from orchestrator.secrets import redact_obj
 
 JOURNAL_FILE = "journal.jsonl"
@@ -288,15 +288,10 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
             ended("db_presync"),
         )
     seed = report.get("seed") or {}
-    if seed.get("commits_blocked_seconds") is not None:
-        add(
-            "the seed's hot backup, the source serving throughout",
-            "repl_seed",
-            True,
-            f"it held the source's commits {float(seed['commits_blocked_seconds']):.3f} s (BLOCK_COMMIT until "
-            f"unlocked) and its DDL {float(seed.get('ddl_blocked_seconds') or 0):.3f} s",
-            _float(seed.get("commits_blocked_at")) or ended("repl_seed"),
-        )
+    held = seed_hold_text(seed)
+    if held:
+        at = _float(seed.get("commits_blocked_at")) or ended("repl_seed")
+        add("the seed's hot backup, the source serving throughout", "repl_seed", True, held, at)
     cutover = report.get("cutover") or {}
     if cutover.get("lock_attempts") is not None:
         add(

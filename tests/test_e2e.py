@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -449,18 +449,25 @@ def tree_files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def wait_for_load_acks_on(load_dir: Path, address: str, since: float, timeout: float = 240.0) -> None:
-    """Until the load has a write acknowledged by `address` after `since` (time.time()): its clients' DNS caches
-    expired and they moved. An order of events, not a fixed sleep: a slow machine only waits longer."""
+def wait_for_load_ack(load_dir: Path, wanted: Callable[[dict[str, Any]], bool], what: str, timeout: float) -> None:
+    """Until the load has acknowledged a write `wanted` says is the one: an order of events, not a fixed sleep (a
+    slow machine only waits longer)."""
     deadline = time.monotonic() + timeout
     acks = load_dir / ACKS_FILE
     while time.monotonic() < deadline:
-        if acks.exists() and any(
-            ack.get("server") == address and float(ack.get("ack_ts", 0)) > since for ack in read_acks(acks)
-        ):
+        if acks.exists() and any(wanted(ack) for ack in read_acks(acks)):
             return
-        time.sleep(0.5)
-    raise AssertionError(f"no write acknowledged by {address} within {timeout:g} s of the run's end")
+        time.sleep(0.2)
+    raise AssertionError(f"{what} within {timeout:g} s")
+
+
+def wait_for_load_acks_on(load_dir: Path, address: str, since: float, timeout: float = 240.0) -> None:
+    """Until the load has a write acknowledged by `address` after `since` (time.time()): its clients' DNS caches
+    expired and they moved."""
+    wait_for_load_ack(
+        load_dir, lambda ack: ack.get("server") == address and float(ack.get("ack_ts", 0)) > since,
+        f"no write acknowledged by {address} after the run's end", timeout,
+    )  # fmt: skip
 
 
 def test_migration_under_load_loses_nothing(live_lab: LabState, tmp_path: Path) -> None:

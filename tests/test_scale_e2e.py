@@ -23,9 +23,8 @@ import pytest
 
 from orchestrator import exit_codes
 from orchestrator.lab import hosts
-from orchestrator.lab.load import ACKS_FILE
 from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify, read_acks
+from orchestrator.lab.verify import main_verify
 from tests.test_e2e import (
     deleted_uploads,
     dns_contents,
@@ -38,6 +37,7 @@ from tests.test_e2e import (
     rewritten_uploads,
     run_report,
     start_load,
+    wait_for_load_ack,
     wait_for_load_acks_on,
 )
 
@@ -94,7 +94,7 @@ def migrate_under_load(state: LabState, plan: Path, load_dir: Path) -> tuple[sub
     try:
         # Writes, rewrites and deletes flowing to the source before the migration begins: the load's first
         # acknowledged delete (each client's fourth upload), however short the run that follows turns out.
-        wait_for_a_delete(load_dir)
+        wait_for_load_ack(load_dir, lambda ack: ack.get("kind") == "upload_deleted", "no delete acknowledged", 120)
         result = migrate_apply(state, plan, timeout=600)
         if result.returncode == exit_codes.OK:  # clients with a cached answer move to the target
             wait_for_load_acks_on(load_dir, state.target.address, since=time.time())
@@ -102,16 +102,6 @@ def migrate_under_load(state: LabState, plan: Path, load_dir: Path) -> tuple[sub
         load.send_signal(signal.SIGTERM)
         load_output, _ = load.communicate(timeout=60)
     return result, load_output
-
-
-def wait_for_a_delete(load_dir: Path, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    acks = load_dir / ACKS_FILE
-    while time.monotonic() < deadline:
-        if acks.exists() and any(ack.get("kind") == "upload_deleted" for ack in read_acks(acks)):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the load acknowledged no delete within {timeout:g} s")
 
 
 def tree_digests(root: Path) -> dict[str, str]:

@@ -330,7 +330,8 @@ def parse_backup_locks(stdout: str) -> BackupLocks:
     def span(what: str) -> float | None:
         return round(unlocked - begun[what], 3) if unlocked is not None and what in begun else None
 
-    return BackupLocks(span("commit"), span("ddl"), begun.get("commit") if span("commit") is not None else None)
+    commits = span("commit")
+    return BackupLocks(commits, span("ddl"), begun["commit"] if commits is not None else None)
 
 
 def seed_size_command(spec: SeedSpec) -> str:
