@@ -26,6 +26,7 @@ from orchestrator.results import (
     FinishResult,
     SeedResult,
     SwitchResult,
+    SwitchTrafficResult,
     VerifyResult,
     result_of,
 )
@@ -75,8 +76,11 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
     final_pass = DbFinalResult.of(outputs.get("db_final"))
     flip = DnsFlipResult.of(outputs.get("dns_flip"))
     switch = SwitchResult.of(outputs.get("repl_switch"))
+    door = SwitchTrafficResult.of(outputs.get("switch_traffic"))
     blocked_at = cutover.writes_blocked_at or switch.writes_blocked_at
     flipped_at = flip.flipped_at
+    # The window ends at the commit: the front door's switch (writes flow through it), else the DNS flip.
+    window_end = door.writes_flow_at or flipped_at
     verify = VerifyResult.of(outputs.get("verify_target")).journal() if "verify_target" in outputs else {}
     audit = AuditResult.of(outputs.get("audit"))
     report: dict[str, Any] = {
@@ -106,9 +110,11 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
             "binlog": cutover.binlog.journal() if cutover.binlog else None,
         },
         "dns_flipped_at": flipped_at,
-        # Writes were refused from the fence until clients could reach the target through DNS.
-        "write_block_seconds": round(flipped_at - blocked_at, 3) if blocked_at and flipped_at else None,
-        "window_parts": window_parts(steps, blocked_at, flipped_at, switch if "repl_switch" in outputs else None),
+        "committed_at_door": door.writes_flow_at,
+        # Writes were held from the fence until clients could reach the target: through the source's front door
+        # once it forwards (the DNS flip comes after), else through DNS.
+        "write_block_seconds": round(window_end - blocked_at, 3) if blocked_at and window_end else None,
+        "window_parts": window_parts(steps, blocked_at, window_end, switch if "repl_switch" in outputs else None),
         # The source's row counts as the after-commit audit read them (older journals: under the cut-over's lock).
         "row_counts": audit.row_counts if audit.row_counts is not None else cutover.row_counts,
         "audit": audit.journal() if "audit" in outputs else None,
@@ -305,10 +311,13 @@ def render_report(report: dict[str, Any]) -> str:
             f"final datadir pass {cut.get('final_pass_seconds')} s ({_size(cut.get('final_pass_bytes') or 0)})"
         )
     if report.get("write_block_seconds") is not None:
-        lines.append(
-            f"  writes blocked {_when(cut.get('writes_blocked_at'))} → DNS flipped "
-            f"{_when(report.get('dns_flipped_at'))}: {report['write_block_seconds']:.2f} s"
-        )
+        door = report.get("committed_at_door")
+        flipped = report.get("dns_flipped_at")
+        end = f"committed at the front door {_when(door)}" if door else f"DNS flipped {_when(flipped)}"
+        blocked = _when(cut.get("writes_blocked_at"))
+        lines.append(f"  writes blocked {blocked} → {end}: {report['write_block_seconds']:.2f} s")
+        if door:
+            lines.append("  DNS flipped after the window: " + (f"{_when(flipped)}" if flipped else "not yet (pending)"))
     seed = report.get("seed") or {}
     held = seed_hold_text(seed)
     if held:

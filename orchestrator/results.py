@@ -313,6 +313,15 @@ class DnsFlipResult(Contract):
     write_block_seconds: float | None = None
 
 
+class SwitchTrafficResult(Contract):
+    """The commit at the front door: when the run committed, and when writes flowed again (the door forwarding)."""
+
+    committed_at: float | None = None
+    writes_flow_at: float | None = None
+    target_fence_lifted: bool = False
+    write_block_seconds: float | None = None
+
+
 class FinishResult(Contract):
     source: str | None = None
     source_services_stopped: list[str] = []
@@ -349,6 +358,7 @@ RESULTS: dict[str, type[Contract]] = {
     "files_final": FilesResult,
     "start_target": StartTargetResult,
     "verify_target": VerifyResult,
+    "switch_traffic": SwitchTrafficResult,
     "dns_flip": DnsFlipResult,
     "audit": AuditResult,
     "finish": FinishResult,
