@@ -115,6 +115,7 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         # once it forwards (the DNS flip comes after), else through DNS.
         "write_block_seconds": round(window_end - blocked_at, 3) if blocked_at and window_end else None,
         "window_parts": window_parts(steps, blocked_at, window_end, switch if "repl_switch" in outputs else None),
+        "window_round_trips": window_round_trips(steps, blocked_at, window_end, outputs),
         # The source's row counts as the after-commit audit read them (older journals: under the cut-over's lock).
         "row_counts": audit.row_counts if audit.row_counts is not None else cutover.row_counts,
         "audit": audit.journal() if "audit" in outputs else None,
@@ -129,6 +130,23 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "rollback_reserve": reserve_report(run_events(events)),
     }
     return redact_obj(report)  # type: ignore[return-value]
+
+
+def window_round_trips(
+    steps: list[dict[str, Any]], blocked_at: float | None, window_end: float | None, outputs: dict[str, Any]
+) -> dict[str, dict[str, int]]:
+    """The round trips each step inside the window made, by kind (what finish journaled: the counts of the
+    process that finished the run; a step that ran before a crash and resume is not counted)."""
+    counted = FinishResult.of(outputs.get("finish")).round_trips or {}
+    if not (blocked_at and window_end):
+        return {}
+    inside = [
+        s["name"]
+        for s in steps
+        if s.get("started_at") is not None and s.get("ended_at") is not None
+        and s["ended_at"] > blocked_at and s["started_at"] < window_end
+    ]  # fmt: skip
+    return {name: counted[name] for name in inside if counted.get(name)}
 
 
 def window_parts(
@@ -325,6 +343,15 @@ def render_report(report: dict[str, Any]) -> str:
     parts = report.get("window_parts") or {}
     if parts:
         lines.append("  inside the window: " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in parts.items()))
+    trips = report.get("window_round_trips") or {}
+    if trips:
+        lines.append(
+            "  round trips inside the window: "
+            + "; ".join(
+                f"{step} " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+                for step, kinds in trips.items()
+            )
+        )
     warm = report.get("datadir_cache_warm") or {}
     if warm:
         lines.append("  datadir read into the page cache before the window: "
