@@ -578,9 +578,7 @@ def test_batch_through_the_sdk_applies_deletes_patches_puts_posts_in_order(api: 
         assert [(r.id, r.content, r.comment) for r in result.patches or []] == [
             (patched.id, "10.0.14.20", "kept by a patch")
         ]
-        assert [(r.id, r.content, r.ttl, r.comment) for r in result.puts or []] == [
-            (put.id, "10.0.14.30", 300, None)
-        ]
+        assert [(r.id, r.content, r.ttl, r.comment) for r in result.puts or []] == [(put.id, "10.0.14.30", 300, None)]
         [posted] = result.posts or []
         assert posted.id != gone.id and posted.content == "10.0.14.1"
         with pytest.raises(cloudflare.NotFoundError):
@@ -598,8 +596,11 @@ def test_batch_is_all_or_nothing(api: Double, zone_id: str) -> None:
     with api.sdk() as client:
         for batch in (
             # The last operation is refused: a bad address.
-            {"deletes": [{"id": first.id}], "patches": [{"id": second.id, "content": "10.0.15.20"}],
-             "posts": [{"name": f"atomic-c.{ZONE}", "type": "A", "content": "not-an-address", "ttl": 60}]},
+            {
+                "deletes": [{"id": first.id}],
+                "patches": [{"id": second.id, "content": "10.0.15.20"}],
+                "posts": [{"name": f"atomic-c.{ZONE}", "type": "A", "content": "not-an-address", "ttl": 60}],
+            },
             # An unknown record, after an edit that would have succeeded.
             {"patches": [{"id": second.id, "content": "10.0.15.21"}, {"id": "f" * 32, "content": "10.0.15.22"}]},
             # A field the double does not implement.
