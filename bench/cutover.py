@@ -17,6 +17,13 @@ total time and bytes moved; then the ratios and the replicate mode's targets (�
 smaller, naive ≥ 10x at the larger size); where each run's window went (the report's window_parts); then, for
 each, the failed requests (reads, writes) and the latency p99 / max the clients saw (the lab's front door
 holds requests during migrate's window instead of refusing them).
+With --latency MS and/or --api-latency MS, each migrate run is made twice under the same load, one right after the
+other on the same lab: with no distance, then with that one-way delay between migrate and the hosts / the Cloudflare
+double (the lab's latency relay, `lab up --latency --api-latency`); the run's window, the clients' stall and each
+part of the window are printed side by side, with their ratios:
+
+    .venv/bin/python bench/cutover.py --db-size-mb 16 --modes replicate --latency 20 --api-latency 250
+
 Run by hand; not part of CI.
 """
 
@@ -41,7 +48,7 @@ from typing import Any
 
 import pymysql
 
-from orchestrator.lab import haproxy, hosts, planfile
+from orchestrator.lab import haproxy, hosts, planfile, relay
 from orchestrator.lab.load import REQUESTS_FILE
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
@@ -70,6 +77,7 @@ class Outcome:
     parts: dict[str, float] | None = None  # the report's window_parts: each step's share of the window
     slowest: str | None = None  # the slowest request the clients sent, and during which step it began
     window_stall_seconds: float | None = None  # the clients' longest write stall among writes that met the window
+    distance: tuple[float, float] = (0.0, 0.0)  # one-way ms between migrate and the hosts, and the API
 
     def projected_window(self, link_mbit: float) -> float | None:
         """The clients' window if the bytes moved inside it crossed a real link instead of loopback."""
@@ -153,8 +161,12 @@ def client_window(out: Path) -> tuple[float | None, int, int]:
     )
 
 
-def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float, mode: str) -> Outcome:
-    out = work / f"load-{mode}"
+def with_migrate(
+    state: LabState, work: Path, dns_ttl: float, rate: float, mode: str, distance: Distance = (0.0, 0.0)
+) -> Outcome:
+    """One `migrate apply` under load, at this distance between migrate and the lab (the relay; none at 0/0)."""
+    relay.set_distance(state, *distance)
+    out = work / f"load-{mode}" if distance == NEAR else work / f"load-{mode}-far"
     planfile.write_plan(state, mode)
     started = time.monotonic()
     with load_running(state, out, dns_ttl, rate):
@@ -168,7 +180,8 @@ def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float, mode:
         # Said and kept in the table (a run rolled back under load is a result too); the next mode goes on.
         print(f"migrate apply failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
         window, acked, failed = client_window(out)
-        return Outcome(f"{mode} (rolled back)", total, window, None, None, acked, failed)
+        name = with_distance(f"{mode} (rolled back)", distance)
+        return Outcome(name, total, window, None, None, acked, failed, distance=distance)
     reports = sorted((state.path / ".migrate").glob("*/report-*.json"), key=lambda p: p.stat().st_mtime)
     report: dict[str, Any] = json.loads(reports[-1].read_text())
     print(render_report(report))
@@ -181,8 +194,9 @@ def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float, mode:
         int((report.get("bytes_by_step") or {}).get(step, 0))
         for step in ("cutover", "db_final", "repl_switch", "files_final")
     )
-    return Outcome(mode, total, window, report.get("write_block_seconds"), report.get("bytes_moved"),
-                   acked, failed, in_window, report.get("window_parts"), slowest, met)  # fmt: skip
+    return Outcome(with_distance(mode, distance), total, window, report.get("write_block_seconds"),
+                   report.get("bytes_moved"), acked, failed, in_window, report.get("window_parts"), slowest, met,
+                   distance)  # fmt: skip
 
 
 def window_stall(out: Path, began: float, ended: float) -> float | None:
@@ -225,7 +239,8 @@ def slowest_request(out: Path, report: dict[str, Any]) -> str | None:
 
 
 def naive(state: LabState, work: Path, dns_ttl: float, rate: float) -> Outcome:
-    """Stop everything, copy everything from scratch, start on the target, flip DNS."""
+    """Stop everything, copy everything from scratch, start on the target, flip DNS (with no distance)."""
+    relay.set_distance(state, *NEAR)
     plan = load_plan(state.plan_file).plan
     for key, value in state.secrets().items():
         os.environ.setdefault(key, value)
@@ -345,6 +360,55 @@ def targets(rows: list[tuple[int, Outcome]]) -> list[str]:
     return lines
 
 
+Distance = tuple[float, float]
+NEAR: Distance = (0.0, 0.0)
+
+
+def distance_label(distance: Distance) -> str:
+    return f"hosts {distance[0]:g} ms / API {distance[1]:g} ms"
+
+
+def with_distance(name: str, distance: Distance) -> str:
+    """A run's name: its mode, and its distance when it has one (the ratios and targets read the near runs)."""
+    return name if distance == NEAR else f"{name} @{distance[0]:g}/{distance[1]:g} ms"
+
+
+def distance_table(rows: list[tuple[int, Outcome]], far: Distance) -> str:
+    """Each mode's window and its parts with no distance and at `far`, side by side, with the ratio far / near
+    (medians of the repetitions; runs that rolled back left out)."""
+
+    def median(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
+    def cell(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f} s"
+
+    def ratio(near: float | None, away: float | None) -> str:
+        return f"{away / near:.1f}x" if near and away is not None else "n/a"
+
+    lines = [
+        f"| database | mode | measure | {distance_label(NEAR)} | {distance_label(far)} | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for size in dict.fromkeys(size for size, _ in rows):
+        modes = dict.fromkeys(o.name for s, o in rows if s == size and o.distance == NEAR and o.parts is not None)
+        for mode in modes:
+            near = [o for s, o in rows if s == size and o.name == mode and o.distance == NEAR and o.parts is not None]
+            away = [o for s, o in rows if s == size and o.distance == far and o.parts is not None
+                    and o.name == with_distance(mode, far)]  # fmt: skip
+            measures: list[tuple[str, Callable[[Outcome], float | None]]] = [
+                ("window (writes blocked → DNS flipped)", lambda o: o.blocked_seconds),
+                ("clients' longest write stall meeting it", lambda o: o.window_stall_seconds),
+            ]
+            parts = dict.fromkeys(p for o in near + away for p in (o.parts or {}))
+            measures += [(f"part: {p}", lambda o, p=p: (o.parts or {}).get(p)) for p in parts]
+            for label, measure in measures:
+                a, b = median([measure(o) for o in near]), median([measure(o) for o in away])
+                lines.append(f"| {size} MiB | {mode} | {label} | {cell(a)} | {cell(b)} | {ratio(a, b)} |")
+    return "\n".join(lines)
+
+
 def client_requests(name: str, out: Path) -> str:
     """What the clients saw of one procedure: failed requests (reads, writes) and their latency p99 / max."""
     stats = json.loads((out / "stats.json").read_text())
@@ -383,9 +447,11 @@ def lab_of_size(work: Path, size: int, lab_dir: Path | None, uploads_size_mb: in
     began = time.monotonic()
     state = hosts.up(directory, db_size_mb=size, uploads_size_mb=uploads_size_mb, default_ports=False, say=print)
     print(f"lab of {size} MiB up in {time.monotonic() - began:.1f} s: {directory}", flush=True)
+    distance = (state.latency_ms, state.api_latency_ms)
     try:
         yield state
     finally:
+        relay.set_distance(state, *distance)  # the lab's own distance back (none for a lab made here)
         planfile.write_plan(state)
         if lab_dir is None:
             hosts.down(directory, purge=True)
@@ -413,12 +479,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lab-dir", type=Path, default=None, help="reuse/keep this lab (one size only)")
     parser.add_argument("--link-mbit", type=float, default=1000.0, help="link speed for the projected windows")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each migrate mode per size (medians compared)")
+    parser.add_argument(
+        "--latency",
+        type=float,
+        default=0.0,
+        help="also run each migrate mode at this one-way delay (ms) between migrate and the hosts",
+    )
+    parser.add_argument("--api-latency", type=float, default=0.0,
+                        help="... and this one between migrate and the Cloudflare double (ms)")  # fmt: skip
     args = parser.parse_args(argv)
     sizes = [int(size) for size in str(args.db_size_mb).split(",") if size.strip()]
     modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
     unknown = [mode for mode in modes if mode not in ("replicate", "shutdown", "naive")]
     if unknown or not modes or not sizes or (args.lab_dir is not None and len(sizes) > 1):
         parser.error("--modes takes replicate, shutdown, naive; --lab-dir takes one --db-size-mb")
+    far: Distance = (args.latency, args.api_latency)
+    try:
+        relay.check_latency("--latency", far[0])
+        relay.check_latency("--api-latency", far[1])
+    except ValueError as exc:
+        parser.error(str(exc))
+    distances = [NEAR] if far == NEAR else [NEAR, far]
 
     rows: list[tuple[int, Outcome]] = []
     with bench_work("migrate-bench-") as work:
@@ -426,14 +507,19 @@ def main(argv: list[str] | None = None) -> int:
             with lab_of_size(work, size, args.lab_dir, args.uploads_size_mb) as state:
                 for mode in modes:
                     for run in range(1 if mode == "naive" else max(1, args.repeat)):
-                        source_live(state)
-                        if mode == "naive":
-                            outcome = naive(state, work / str(size), args.dns_ttl, args.rate)
-                        else:
-                            outcome = with_migrate(state, work / str(size) / str(run), args.dns_ttl, args.rate, mode)
-                        print(f"{size} MiB: {show(outcome)}")
-                        rows.append((size, outcome))
-        print(table(rows, args.link_mbit))
+                        for distance in [NEAR] if mode == "naive" else distances:
+                            source_live(state)
+                            if mode == "naive":
+                                outcome = naive(state, work / str(size), args.dns_ttl, args.rate)
+                            else:
+                                outcome = with_migrate(state, work / str(size) / str(run), args.dns_ttl, args.rate,
+                                                       mode, distance)  # fmt: skip
+                            print(f"{size} MiB: {show(outcome)}")
+                            rows.append((size, outcome))
+        print(table([(size, o) for size, o in rows if o.distance == NEAR], args.link_mbit))
+        if far != NEAR:
+            print(f"the window at a distance ({distance_label(far)}, one way) against none, the same lab and load:")
+            print(distance_table(rows, far))
         print("where each run's window went (the report's window_parts, seconds):")
         for size, outcome in rows:
             if outcome.parts:
