@@ -451,6 +451,8 @@ def test_up_refuses_root_home_system_and_foreign_directories(tmp_path: Path) -> 
         ["up", "--dir", "{new}", "--source-address", "127.0.0.9", "--target-address", "127.0.0.9"],
         ["up", "--dir", "{new}", "--db-size", "0"],
         ["up", "--dir", "{new}", "--uploads-size", "-4"],
+        ["up", "--dir", "{new}", "--latency", "-20"],
+        ["up", "--dir", "{new}", "--api-latency", "10001"],
         ["verify", "--dir", "{new}", "--host", "nowhere"],
         ["verify", "--dir", "{new}"],
         ["load", "--dir", "{new}", "--rate", "0"],
