@@ -431,11 +431,15 @@ def requests_table(work: Path, sizes: list[int], modes: list[str]) -> str:
     ]
     for size in sizes:
         for mode in modes:
-            # naive's load directory is the size's own; each migrate run's is under its repetition's number.
-            outs = sorted((work / str(size)).glob(f"*/load-{mode}")) or [work / str(size) / f"load-{mode}"]
-            for out in outs:
-                if (out / "stats.json").exists():
-                    lines.append(f"| {size} MiB " + client_requests(mode, out))
+            # naive's load directory is the size's own; each migrate run's is under its repetition's number (with
+            # "-far" at a distance).
+            for suffix, name in (("", mode), ("-far", f"{mode} at a distance")):
+                outs = sorted((work / str(size)).glob(f"*/load-{mode}{suffix}")) or [
+                    work / str(size) / f"load-{mode}{suffix}"
+                ]
+                for out in outs:
+                    if (out / "stats.json").exists():
+                        lines.append(f"| {size} MiB " + client_requests(name, out))
     return "\n".join(lines)
 
 
