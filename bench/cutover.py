@@ -20,9 +20,10 @@ holds requests during migrate's window instead of refusing them).
 With --latency MS and/or --api-latency MS, each migrate run is made twice under the same load, one right after the
 other on the same lab: with no distance, then with that one-way delay between migrate and the hosts / the Cloudflare
 double (the lab's latency relay, `lab up --latency --api-latency`); the run's window, the clients' stall and each
-part of the window are printed side by side, with their ratios:
+part of the window are printed side by side, with their ratios. Several values (comma-separated) make a run at each
+pair (here 20/0 and 20/250 beside 0/0):
 
-    .venv/bin/python bench/cutover.py --db-size-mb 16 --modes replicate --latency 20 --api-latency 250
+    .venv/bin/python bench/cutover.py --db-size-mb 16 --modes replicate --latency 20 --api-latency 0,250
 
 Run by hand; not part of CI.
 """
@@ -166,7 +167,7 @@ def with_migrate(
 ) -> Outcome:
     """One `migrate apply` under load, at this distance between migrate and the lab (the relay; none at 0/0)."""
     relay.set_distance(state, *distance)
-    out = work / f"load-{mode}" if distance == NEAR else work / f"load-{mode}-far"
+    out = work / f"load-{mode}" if distance == NEAR else work / f"load-{mode}-far-{distance[0]:g}-{distance[1]:g}"
     planfile.write_plan(state, mode)
     started = time.monotonic()
     with load_running(state, out, dns_ttl, rate):
@@ -373,9 +374,9 @@ def with_distance(name: str, distance: Distance) -> str:
     return name if distance == NEAR else f"{name} @{distance[0]:g}/{distance[1]:g} ms"
 
 
-def distance_table(rows: list[tuple[int, Outcome]], far: Distance) -> str:
-    """Each mode's window and its parts with no distance and at `far`, side by side, with the ratio far / near
-    (medians of the repetitions; runs that rolled back left out)."""
+def distance_table(rows: list[tuple[int, Outcome]], fars: list[Distance]) -> str:
+    """Each mode's window and its parts with no distance and at each of `fars`, side by side, each with its ratio
+    far / near (medians of the repetitions; runs that rolled back left out)."""
 
     def median(values: list[float | None]) -> float | None:
         present = [v for v in values if v is not None]
@@ -387,25 +388,33 @@ def distance_table(rows: list[tuple[int, Outcome]], far: Distance) -> str:
     def ratio(near: float | None, away: float | None) -> str:
         return f"{away / near:.1f}x" if near and away is not None else "n/a"
 
+    head = "".join(f" {distance_label(far)} | ratio |" for far in fars)
     lines = [
-        f"| database | mode | measure | {distance_label(NEAR)} | {distance_label(far)} | ratio |",
-        "|---|---|---|---|---|---|",
+        f"| database | mode | measure | {distance_label(NEAR)} |{head}",
+        "|---|---|---|---|" + "---|---|" * len(fars),
     ]
     for size in dict.fromkeys(size for size, _ in rows):
         modes = dict.fromkeys(o.name for s, o in rows if s == size and o.distance == NEAR and o.parts is not None)
         for mode in modes:
-            near = [o for s, o in rows if s == size and o.name == mode and o.distance == NEAR and o.parts is not None]
-            away = [o for s, o in rows if s == size and o.distance == far and o.parts is not None
-                    and o.name == with_distance(mode, far)]  # fmt: skip
+
+            def runs(distance: Distance, mode: str = mode, size: int = size) -> list[Outcome]:
+                return [o for s, o in rows if s == size and o.distance == distance and o.parts is not None
+                        and o.name == with_distance(mode, distance)]  # fmt: skip
+
+            near, aways = runs(NEAR), [runs(far) for far in fars]
             measures: list[tuple[str, Callable[[Outcome], float | None]]] = [
-                ("window (writes blocked → DNS flipped)", lambda o: o.blocked_seconds),
+                ("window (writes blocked → commit)", lambda o: o.blocked_seconds),
                 ("clients' longest write stall meeting it", lambda o: o.window_stall_seconds),
             ]
-            parts = dict.fromkeys(p for o in near + away for p in (o.parts or {}))
+            parts = dict.fromkeys(p for o in near + [o for a in aways for o in a] for p in (o.parts or {}))
             measures += [(f"part: {p}", lambda o, p=p: (o.parts or {}).get(p)) for p in parts]
             for label, measure in measures:
-                a, b = median([measure(o) for o in near]), median([measure(o) for o in away])
-                lines.append(f"| {size} MiB | {mode} | {label} | {cell(a)} | {cell(b)} | {ratio(a, b)} |")
+                base = median([measure(o) for o in near])
+                cells = ""
+                for away in aways:
+                    value = median([measure(o) for o in away])
+                    cells += f" {cell(value)} | {ratio(base, value)} |"
+                lines.append(f"| {size} MiB | {mode} | {label} | {cell(base)} |{cells}")
     return "\n".join(lines)
 
 
@@ -433,7 +442,7 @@ def requests_table(work: Path, sizes: list[int], modes: list[str]) -> str:
         for mode in modes:
             # naive's load directory is the size's own; each migrate run's is under its repetition's number (with
             # "-far" at a distance).
-            for suffix, name in (("", mode), ("-far", f"{mode} at a distance")):
+            for suffix, name in (("", mode), ("-far-*", f"{mode} at a distance")):
                 outs = sorted((work / str(size)).glob(f"*/load-{mode}{suffix}")) or [
                     work / str(size) / f"load-{mode}{suffix}"
                 ]
@@ -485,25 +494,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each migrate mode per size (medians compared)")
     parser.add_argument(
         "--latency",
-        type=float,
-        default=0.0,
-        help="also run each migrate mode at this one-way delay (ms) between migrate and the hosts",
+        default="0",
+        help="also run each migrate mode at this one-way delay (ms) between migrate and the hosts (several: a,b)",
     )
-    parser.add_argument("--api-latency", type=float, default=0.0,
-                        help="... and this one between migrate and the Cloudflare double (ms)")  # fmt: skip
+    parser.add_argument("--api-latency", default="0",
+                        help="... and this one between migrate and the Cloudflare double (ms; several: a,b; each "
+                        "--latency with each --api-latency)")  # fmt: skip
     args = parser.parse_args(argv)
     sizes = [int(size) for size in str(args.db_size_mb).split(",") if size.strip()]
     modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
     unknown = [mode for mode in modes if mode not in ("replicate", "shutdown", "naive")]
     if unknown or not modes or not sizes or (args.lab_dir is not None and len(sizes) > 1):
         parser.error("--modes takes replicate, shutdown, naive; --lab-dir takes one --db-size-mb")
-    far: Distance = (args.latency, args.api_latency)
     try:
-        relay.check_latency("--latency", far[0])
-        relay.check_latency("--api-latency", far[1])
+        latencies = [float(v) for v in str(args.latency).split(",") if v.strip()] or [0.0]
+        api_latencies = [float(v) for v in str(args.api_latency).split(",") if v.strip()] or [0.0]
+        for value in latencies:
+            relay.check_latency("--latency", value)
+        for value in api_latencies:
+            relay.check_latency("--api-latency", value)
     except ValueError as exc:
         parser.error(str(exc))
-    distances = [NEAR] if far == NEAR else [NEAR, far]
+    fars: list[Distance] = [(h, a) for h in latencies for a in api_latencies if (h, a) != NEAR]
+    distances = [NEAR, *fars]
 
     rows: list[tuple[int, Outcome]] = []
     with bench_work("migrate-bench-") as work:
@@ -521,9 +534,9 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"{size} MiB: {show(outcome)}")
                             rows.append((size, outcome))
         print(table([(size, o) for size, o in rows if o.distance == NEAR], args.link_mbit))
-        if far != NEAR:
-            print(f"the window at a distance ({distance_label(far)}, one way) against none, the same lab and load:")
-            print(distance_table(rows, far))
+        if fars:
+            print("the window at a distance (one way) against none, the same lab and load, one run after the other:")
+            print(distance_table(rows, fars))
         print("where each run's window went (the report's window_parts, seconds):")
         for size, outcome in rows:
             if outcome.parts:
