@@ -442,13 +442,14 @@ def requests_table(work: Path, sizes: list[int], modes: list[str]) -> str:
         for mode in modes:
             # naive's load directory is the size's own; each migrate run's is under its repetition's number (with
             # "-far" at a distance).
-            for suffix, name in (("", mode), ("-far-*", f"{mode} at a distance")):
+            for suffix, name in (("", mode), ("-far-*", mode)):
                 outs = sorted((work / str(size)).glob(f"*/load-{mode}{suffix}")) or [
                     work / str(size) / f"load-{mode}{suffix}"
                 ]
                 for out in outs:
                     if (out / "stats.json").exists():
-                        lines.append(f"| {size} MiB " + client_requests(name, out))
+                        far = out.name.partition("-far-")[2].replace("-", "/")
+                        lines.append(f"| {size} MiB " + client_requests(f"{mode} @{far} ms" if far else name, out))
     return "\n".join(lines)
 
 
