@@ -182,12 +182,13 @@ class Preflight(Step):
     def _app_users(self, ctx: StepContext) -> list[str]:
         """Accounts that write through read_only would keep writing on the source inside the window: READ_ONLY ADMIN
         (as MariaDB 10.11 spells it), SUPER (which holds it before 11.0.1) or ALL PRIVILEGES on *.*, held directly
-        or through a role (granted, default or nested), read from SHOW GRANTS. One problem per account and way."""
+        or through a role (granted, default or nested), read from SHOW GRANTS. One problem names them all, each account with its privilege and roles."""
         rt = runtime(ctx)
         settings = rt.plan.replication
         if settings is None or not settings.app_users:
             return []
-        problems: list[str] = []
+        missing: list[str] = []
+        held: list[str] = []
         try:
             conn = rt.db("source")
         except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
@@ -197,23 +198,28 @@ class Preflight(Step):
             for user in settings.app_users:
                 accounts = grants.accounts_named(conn, user)
                 if not accounts:
-                    problems.append(
-                        f"replicate mode: replication.app_users names {user}, but the source has no account of that"
-                        " name: fix the name (read_only must be proven to stop every writer)"
-                    )
+                    missing.append(user)
                 for name, host in accounts:
-                    for found in grants.held(show, name, host, WRITES_THROUGH_READ_ONLY):
-                        problems.append(
-                            f"replicate mode: the application account {found.text()}: it would write through"
-                            " read_only inside the window; REVOKE it"
-                        )
+                    held += [found.text() for found in grants.held(show, name, host, WRITES_THROUGH_READ_ONLY)]
         except pymysql.MySQLError as exc:
-            problems.append(
+            return [
                 f"replicate mode: {mysql.db_error('the grants of replication.app_users', exc)} (SHOW GRANTS FOR each"
-                " account of replication.app_users needs SELECT on the mysql schema)"
-            )
+                " of its accounts needs SELECT on the mysql schema)"
+            ]
         finally:
             rt.release(conn)
+        problems: list[str] = []
+        if held:
+            problems.append(
+                "replicate mode: application accounts would write through read_only inside the window: "
+                + "; ".join(held)
+                + ": REVOKE it"
+            )
+        if missing:
+            problems.append(
+                f"replicate mode: replication.app_users names {', '.join(missing)}, but the source has no account of"
+                " that name: fix the name (read_only must be proven to stop every writer)"
+            )
         return problems
 
     def _ssh(self, ctx: StepContext, which: Which, problems: Problems) -> bool:
