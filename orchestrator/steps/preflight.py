@@ -182,7 +182,8 @@ class Preflight(Step):
     def _app_users(self, ctx: StepContext) -> list[str]:
         """Accounts that write through read_only would keep writing on the source inside the window: READ_ONLY ADMIN
         (as MariaDB 10.11 spells it), SUPER (which holds it before 11.0.1) or ALL PRIVILEGES on *.*, held directly
-        or through a role (granted, default or nested), read from SHOW GRANTS. One problem names them all, each account with its privilege and roles."""
+        or through a role (granted, default or nested), read from SHOW GRANTS. One problem names them all, each
+        account with its privilege and roles."""
         rt = runtime(ctx)
         settings = rt.plan.replication
         if settings is None or not settings.app_users:
