@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,9 +73,8 @@ def unlink_datadirs(state: LabState) -> None:
 
 @pytest.fixture
 def linked(lab: LabState) -> Iterator[LabState]:
-    restore(lab)
     try:
-        link_datadirs(lab)
+        link_datadirs(lab)  # both databases stopped, then started again by restore()
         restore(lab)
         yield lab
     finally:
@@ -153,10 +153,11 @@ def test_a_symlinked_datadir_migrates_in_both_modes_configured_by_either_path(li
     # Replicate: the target's server configured by the real directory, the source's by the link.
     configure(state, target, by_real=True)
     plan = replicate_plan(state, "linked-repl", mode="replicate")
-    with app_writer(state, "linked-repl") as acked:
+    prefix = f"linked-repl-{uuid.uuid4().hex[:8]}"  # the lab's source keeps the rows of earlier runs
+    with app_writer(state, prefix) as acked:
         result = migrate_apply(state, plan, timeout=TIMEOUT)
     assert result.returncode == exit_codes.OK, outcome(result)
-    datadir, rows = on_target(state, "linked-repl")
+    datadir, rows = on_target(state, prefix)
     assert Path(datadir) == real_dir(target)
     assert acked and set(acked) <= rows, f"{len(set(acked) - rows)} acknowledged row(s) lost"
     assert_links_stand(state)
@@ -166,16 +167,17 @@ def test_a_symlinked_datadir_migrates_in_both_modes_configured_by_either_path(li
     assert not real_dir(target).with_name("mysql.seed").exists()
     assert not Path(f"{target.datadir}.before-seed").exists() and not Path(f"{target.datadir}.seed").exists()
 
-    # Shutdown: the target's server configured by the link, the source's by the real directory.
-    restore(state)
+    # Shutdown: the target's server configured by the link, the source's by the real directory (a restart also
+    # ends the read_only the replicate run left on the source).
     configure(state, target, by_real=False)
     configure(state, state.source, by_real=True)
     restore(state)
     plan = plan_copy(state, "linked-shutdown", {})
-    with app_writer(state, "linked-shutdown") as acked:
+    prefix = f"linked-shutdown-{uuid.uuid4().hex[:8]}"
+    with app_writer(state, prefix) as acked:
         result = migrate_apply(state, plan, timeout=TIMEOUT)
     assert result.returncode == exit_codes.OK, outcome(result)
-    datadir, rows = on_target(state, "linked-shutdown")
+    datadir, rows = on_target(state, prefix)
     assert Path(datadir) == target.datadir  # the link, as its configuration names it: the data is in the real dir
     assert acked and set(acked) <= rows, f"{len(set(acked) - rows)} acknowledged row(s) lost"
     assert_links_stand(state)
