@@ -52,6 +52,8 @@ def link_datadirs(state: LabState) -> None:
         real.parent.mkdir(parents=True)
         host.datadir.rename(real)
         host.datadir.symlink_to(real)
+        for leftover in (".seed", ".before-seed"):  # an earlier replicate run's, beside the plain datadir
+            shutil.rmtree(f"{host.datadir}{leftover}", ignore_errors=True)
     (real_dir(state.target) / MARKER).write_text("the target's datadir before the migration\n")
 
 
