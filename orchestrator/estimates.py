@@ -601,8 +601,9 @@ def with_rehearsal(units: UnitCosts, rehearsed: dict[str, Any] | None) -> UnitCo
 
 # What preflight does, counted as for the window (bench/window_profile.py on the lab): commands on each host in
 # sequence (new sessions: nothing is kept open yet), SQL statements, DNS API calls, and the storage preflight's
-# fsync samples, one host after the other, each at most preflight.fsync_seconds.
-PREFLIGHT = {"ssh_source": 20, "ssh_target": 16, "sql": 30}
+# fsync samples, one host after the other, each at most preflight.fsync_seconds. (+1 command per host since: the
+# paths resolved; +2 statements: the lab's app account read with SHOW GRANTS on each of its two hosts' rows.)
+PREFLIGHT = {"ssh_source": 21, "ssh_target": 17, "sql": 32}
 PREFLIGHT_DNS = 2  # the zone, then each record
 
 

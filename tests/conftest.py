@@ -37,6 +37,7 @@ LONGEST_FIRST = (
     "test_faults.py",
     "test_scale_e2e.py",
     "test_frontdoor_e2e.py",
+    "test_symlinked_datadir.py",
     "test_estimates.py",
     "test_throttle.py",
     "test_progress.py",

@@ -203,7 +203,7 @@ replication:
   lag_wait: 120
   compare: true
   chunk_rows: 2000
-  app_users: [{s(state.app_user)}]   # must not hold READ ONLY ADMIN or SUPER: read_only must stop them
+  app_users: [{s(state.app_user)}]   # must not hold READ_ONLY ADMIN or SUPER: read_only must stop them
   keep_reverse: 0
 
 {_proxy(src, tgt)}

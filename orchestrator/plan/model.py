@@ -596,8 +596,9 @@ class Replication(Strict):
     app_users: list[UserName] = Field(
         default_factory=list,
         max_length=100,
-        description="the accounts the application writes with: preflight checks "
-        "that none holds READ ONLY ADMIN or SUPER (they would write through the source's read_only)",
+        description="the accounts the application writes with: preflight checks that each exists and none holds "
+        "READ_ONLY ADMIN, SUPER or ALL PRIVILEGES, directly or through a role (they would write through the "
+        "source's read_only)",
     )
     keep_reverse: float = _seconds(
         0,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from orchestrator import probes
 from orchestrator.contracts import Host, Which, runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan, Service
@@ -24,6 +25,23 @@ from orchestrator.transports.ssh import TransportError
 DATADIR_EXCLUDES = ("*.sock", "*.sock.lock", "*.pid", "mysql.sock*")
 COMMAND_TIMEOUT = 300.0
 DB_POLL_INTERVAL = 0.5
+
+
+# Preflight's figure: each host's datadir as that host resolves it ({"source": path, "target": path}).
+RESOLVED_DATADIRS = "datadirs"
+
+
+def resolved_datadir(ctx: StepContext, which: Which) -> str:
+    """`which`'s datadir as preflight resolved it on its host, every symbolic link followed: a /var/lib/mysql that
+    links to another disk is that disk's directory, the one every copy, rename and checksum must act on (renaming
+    the link would leave the real directory stale, and the server, configured by either name, would not find the new
+    data). A journal from before preflight resolved it: resolved now, once more."""
+    rt = runtime(ctx)
+    resolved = (ctx.output("preflight") or {}).get(RESOLVED_DATADIRS) or {}
+    if resolved.get(which):
+        return str(resolved[which])
+    endpoint = rt.plan.database.source if which == "source" else rt.plan.database.target
+    return probes.ask(rt.host(which), probes.resolve([endpoint.datadir]), timeout=60)[0].real
 
 
 def presync_began(ctx: StepContext) -> float | None:

@@ -276,13 +276,15 @@ def ssh_to_target(plan: Plan) -> tuple[str, ...]:
     return (*shlex.split(target_ssh_command(plan, control="no")), login)
 
 
-def seed_spec(plan: Plan) -> repl.SeedSpec:
+def seed_spec(plan: Plan, *, source_datadir: str | None = None, target_datadir: str | None = None) -> repl.SeedSpec:
+    """The seed's spec; a run passes each datadir as its host resolved it (steps.common.resolved_datadir): the
+    staging copy, the install's renames and the kept `.before-seed` act on the real directory, beside it."""
     settings = plan.replication
     assert settings is not None
     db = plan.database
     return repl.SeedSpec(
-        source_datadir=db.source.datadir,
-        target_datadir=db.target.datadir,
+        source_datadir=source_datadir or db.source.datadir,
+        target_datadir=target_datadir or db.target.datadir,
         ssh_to_target=ssh_to_target(plan),
         source_socket=db.source.socket,
         source_user=db.user,
