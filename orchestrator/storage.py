@@ -2,7 +2,7 @@
 
 Pure logic over facts the probes gathered (`probes.MountFacts`, `probes.FsyncSample`, the database's durability
 settings): no host is contacted here, so every rule is tested offline. Each finding names the failure it protects
-against, taken from the post-mortems this project started from (README: storage preflight).
+against, taken from the post-mortems this project started from (docs/plan.md: storage preflight).
 
 Kinds of finding and what they do:
 - `slow`: the target's synchronous writes are much slower than the source's (the database would get slower);

@@ -26,8 +26,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import AliasEvent
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from orchestrator.plan.checks import cross_field_problems
-from orchestrator.plan.model import DEFER_CROSS_CHECKS, Plan, SecretRef
+from orchestrator.plan.model import DEFER_CROSS_CHECKS, Plan, SecretRef, cross_field_problems
 
 MAX_PLAN_BYTES = 1024 * 1024
 # A real plan has a few hundred values, nested six deep, a few KB of text. Aliases can make a small file expand
