@@ -223,8 +223,8 @@ def _checked_directory(value: str, info: ValidationInfo, *, datadir: bool) -> st
 
 _ALLOW_PROTECTED = Field(
     default=False,
-    description="allow a protected system directory here (docs/plan.md: protected directories); never '/', the top of a "
-    "system tree, /proc, /sys or /dev",
+    description="allow a protected system directory here (docs/plan.md: protected directories); never '/', the top "
+    "of a system tree, /proc, /sys or /dev",
 )
 
 
@@ -667,7 +667,8 @@ class Transfer(Strict):
 
 
 class Preflight(Strict):
-    """The storage preflight: what it measures on both hosts, and what a finding does (docs/plan.md: storage preflight)."""
+    """The storage preflight: what it measures on both hosts, and what a finding does (docs/plan.md: storage
+    preflight)."""
 
     storage: Literal["warn", "refuse"] = Field(
         default="warn",
