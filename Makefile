@@ -18,8 +18,8 @@ system-packages:
 	@./scripts/system-packages.sh $(SYSTEM_PACKAGES)
 
 lint: venv
-	$(BIN)/ruff check orchestrator tests bench
-	$(BIN)/ruff format --check orchestrator tests bench
+	$(BIN)/ruff check orchestrator tests bench scripts
+	$(BIN)/ruff format --check orchestrator tests bench scripts
 	$(BIN)/mypy
 
 # The documentation site (docs/ + the README as its home page + the plan reference generated from the JSON Schema),

@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if is_usage_error(exc):
             if type(exc).__name__ != "NoArgsIsHelpError":  # the help was printed: that is the message
-                err.print(f"error: {exc.format_message()} (see --help)")  # type: ignore[attr-defined]
+                err.print(f"error: {exc.format_message()} (see --help)")  # type: ignore[attr-defined]  # click's, see is_usage_error
             sys.exit(exit_codes.BAD_INPUT)
         mlog.record_defect(exc)
         detail = redact(" ".join(str(exc).split()))[:300] or type(exc).__name__

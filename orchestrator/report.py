@@ -120,7 +120,7 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "dns": dns_report(run_events(events), state),
         "rollback_reserve": reserve_report(run_events(events)),
     }
-    return redact_obj(report)  # type: ignore[return-value]
+    return redact_obj(report)
 
 
 def window_parts(

@@ -1039,7 +1039,7 @@ def write_html(report_path: Path, clients: dict[str, Any] | None = None) -> Path
     if not isinstance(report, dict) or not report.get("run_id"):
         raise ReportError(f"{report_path}: not a run report")
     events = read_journal(report_path.parent / JOURNAL_FILE)
-    view = read_run(report, events, redact_obj(clients) if clients else None)  # type: ignore[arg-type]
+    view = read_run(report, events, redact_obj(clients) if clients else None)
     page = render_html(view)
     out = report_path.with_suffix(".html")
     tmp = out.with_name(out.name + ".tmp")

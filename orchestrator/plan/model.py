@@ -211,8 +211,9 @@ SchemaName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_
 
 def _seconds(low: float, high: float, *, zero: bool = False, description: str, default: float) -> Any:
     """A duration in seconds: finite, above `low` (or equal to it with `zero`), at most `high`."""
-    bounds: dict[str, float] = {"ge": low} if zero else {"gt": low}
-    return Field(default=default, le=high, description=f"{description} (seconds)", **bounds)
+    if zero:
+        return Field(default=default, ge=low, le=high, description=f"{description} (seconds)")
+    return Field(default=default, gt=low, le=high, description=f"{description} (seconds)")
 
 
 def _checked_directory(value: str, info: ValidationInfo, *, datadir: bool) -> str:

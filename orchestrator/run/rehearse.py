@@ -258,7 +258,7 @@ def rehearse_for_real(
     datadir = shlex.quote(plan.database.target.datadir.rstrip("/"))
     warm = shlex.quote(plan.database.target.datadir.rstrip("/") + WARM_SUFFIX)
     started_target = prepared = stopped = False
-    mode = plan.cutover.mode
+    mode: str = plan.cutover.mode
     try:
         mode, _reason = resolve_mode(rt)
         for step in (Preflight(), PrepareTarget()):
