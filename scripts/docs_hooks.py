@@ -79,7 +79,7 @@ def _default(spec: dict[str, Any], required: bool) -> str:
     if required:
         return "**required**"
     if "default" not in spec:
-        return ""
+        return "optional"  # a section made from its own defaults
     value = spec["default"]
     if value is None:
         return "none"
