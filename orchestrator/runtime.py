@@ -155,7 +155,7 @@ class Runtime:
             except Exception:  # gone since it was opened: the next one, or a new connection
                 self.release(conn)
                 continue
-            conn._read_timeout = conn._write_timeout = read_timeout
+            conn._read_timeout = conn._write_timeout = read_timeout  # type: ignore[attr-defined]  # pymysql has no public setter; its stubs leave these out
             return conn
 
     def db_source(self) -> pymysql.Connection:

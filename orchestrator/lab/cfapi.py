@@ -205,7 +205,7 @@ class Store:
                 "status": "active",
                 "type": "full",
             }
-            self.zones[zone["id"]] = zone
+            self.zones[str(zone["id"])] = zone
             self.save()
             return zone
 

@@ -534,6 +534,7 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
             raise LabRefused(f"{lab_dir} is {reason}: not deleted")
     problems: list[str] = []
 
+    pid: int | None
     for pid in load_pids(state):
         procs.stop_pid(pid, timeout=15)
         stopped.append(Stopped("load", pid))

@@ -26,8 +26,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import AliasEvent
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from orchestrator.plan.checks import cross_field_problems
-from orchestrator.plan.model import DEFER_CROSS_CHECKS, Plan, SecretRef
+from orchestrator.plan.model import DEFER_CROSS_CHECKS, Plan, SecretRef, cross_field_problems
 
 MAX_PLAN_BYTES = 1024 * 1024
 # A real plan has a few hundred values, nested six deep, a few KB of text. Aliases can make a small file expand
@@ -234,7 +233,8 @@ def _yaml_error(shown: str, exc: YAMLError, text: str) -> PlanError:
         # ruamel's own message repeats both values, which may be secrets: name the key only.
         problem = str(getattr(exc, "problem", "") or "")
         key = problem.split('"')[1] if problem.count('"') >= 2 else "?"
-        return PlanError([f"{shown}:{mark.line + 1}:{mark.column + 1}: duplicate key '{key}'"])
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        return PlanError([f"{shown}{at}: duplicate key '{key}'"])
     if isinstance(exc, MarkedYAMLError) and mark is not None:
         problem = exc.problem or exc.context or "syntax error"
         return PlanError([f"{shown}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}"])

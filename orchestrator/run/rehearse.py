@@ -259,7 +259,7 @@ def rehearse_for_real(
     window: list[estimates.WindowPart] = []
     datadir = warm = ""
     started_target = prepared = stopped = False
-    mode = plan.cutover.mode
+    mode: str = plan.cutover.mode
     try:
         mode, _reason = resolve_mode(rt)
         figures = _timed(stages, "preflight", lambda: Preflight().run(_context(rt, Preflight()))) or {}

@@ -205,7 +205,7 @@ class Cutover(Step):
         """
         window = ctx.window
         if window.blocked_now:
-            return float(window.intervals()[-1][0])  # type: ignore[arg-type]
+            return float(window.intervals()[-1][0])  # type: ignore[arg-type]  # an interval always has its start; only its end may be open
         rt = runtime(ctx)
         fence = rt.plan.services.fence.enable
         blocked_at = time.time()

@@ -78,7 +78,7 @@ class DbFinal(Step):
         one_try = plan.retry.model_copy(update={"attempts": 1})
         stats = call_with_retry(
             lambda: rsync.push(
-                rt.source,  # type: ignore[arg-type]
+                rt.source,
                 command,
                 what="final datadir pass",
                 retry=one_try,

@@ -478,8 +478,8 @@ def survey_storage(rt: StepRuntime) -> storage.StorageReport:
     roles = {"datadir": (plan.database.source.datadir, plan.database.target.datadir)}
     roles.update({f"tree {tree.name}": (tree.source, tree.target) for tree in plan.files})
     sides: dict[Which, storage.SideFacts] = {}
-    which: Which
-    for index, which in enumerate(("source", "target")):
+    both: tuple[Which, Which] = ("source", "target")
+    for index, which in enumerate(both):
         host = rt.host(which)
         facts = storage.SideFacts()
         for role, paths in roles.items():
@@ -497,7 +497,7 @@ def survey_storage(rt: StepRuntime) -> storage.StorageReport:
     # The fsync samples alternate between the hosts, twice, and each side keeps its faster one: a neighbour's burst
     # only ever adds latency, and alternating spreads it over both sides instead of one.
     for _round in range(FSYNC_ROUNDS):
-        for index, which in enumerate(("source", "target")):
+        for index, which in enumerate(both):
             sample = probes.fsync_latency(roles["datadir"][index], count=options.fsync_writes,
                                           seconds=options.fsync_seconds)  # fmt: skip
             taken = probes.ask(rt.host(which), sample, timeout=options.fsync_seconds * 3 + COMMAND_TIMEOUT)

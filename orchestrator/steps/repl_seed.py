@@ -177,7 +177,7 @@ class ReplSeed(Step):
                 pct = round(100 * streamed / result.estimate_bytes, 1) if result.estimate_bytes else None
                 ctx.log.info("seed_progress", bytes=streamed, pct=pct)
 
-        password = runtime(ctx).db_password()  # type: ignore[attr-defined]
+        password = runtime(ctx).db_password()
         env = {DB_PASSWORD_ENV: password} if password and spec.password_env else None
         ctx.save(STREAMING, True)
         started = time.monotonic()
@@ -222,7 +222,7 @@ class ReplSeed(Step):
                 guard = RedoGuard(lambda: repl.redo_lsn(conn), repl.redo_capacity(conn))
             except pymysql.MySQLError as exc:
                 raise StepError(f"seeding the target: {mysql.db_error('the source redo log size', exc)}") from None
-            throttle = Throttle(rt.source, marker, thresholds, what="seed",  # type: ignore[arg-type]
+            throttle = Throttle(rt.source, marker, thresholds, what="seed",
                                 may_not_stop=repl.seed_locking_command(log_path), on_pause=guard.pause_began,
                                 must_resume=guard.must_resume, paused_check_interval=PAUSED_CHECK_SECONDS)  # fmt: skip
             with throttle:

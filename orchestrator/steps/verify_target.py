@@ -22,7 +22,7 @@ from typing import Any
 import pymysql
 
 from orchestrator import audit, health
-from orchestrator.contracts import runtime
+from orchestrator.contracts import Which, runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan
 from orchestrator.results import FilesResult, SwitchResult, TreeFigures, VerifyResult
@@ -192,10 +192,10 @@ class VerifyTarget(Step):
         final = repl.GtidPosition.parse(str(final_text))
         timeout = ctx.window.timeout(rt.plan.database.read_timeout)
 
-        def _read(which: str) -> str | None:
+        def _read(which: Which) -> str | None:
             """The problem with that side's position, or None (each side in its own thread: two connections)."""
             try:
-                conn = rt.db(which, read_timeout=timeout)  # type: ignore[arg-type]
+                conn = rt.db(which, read_timeout=timeout)
                 try:
                     now = repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
                 finally:
@@ -223,7 +223,7 @@ class VerifyTarget(Step):
                 positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
                 trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)
                 if switched.health_tries is not None:
-                    tries, problems = switched.health_tries, []
+                    tries, problems = switched.health_tries, list[str]()
                 else:
                     tries, problems = self.health(ctx)
                 problems += positions_future.result()[1]
