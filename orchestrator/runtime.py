@@ -247,9 +247,10 @@ def _metered(conn: pymysql.Connection, meter: RoundTrips) -> None:
         meter.add("sql")
         return query(sql, unbuffered)
 
-    def counted_ping(reconnect: bool = True) -> None:
+    def counted_ping(*args: Any, **kwargs: Any) -> None:
         meter.add("sql")
-        ping(reconnect)
+        ping(*args, **kwargs)
 
-    conn.query = counted_query  # type: ignore[method-assign]  # per connection: pymysql has no hook for this
-    conn.ping = counted_ping  # type: ignore[method-assign]
+    # Per connection: pymysql has no hook for counting what it sends.
+    conn.query = counted_query  # type: ignore[method-assign]  # see above
+    conn.ping = counted_ping  # type: ignore[method-assign]  # see above

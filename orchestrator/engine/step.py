@@ -108,7 +108,8 @@ class StepContext:
 
 class Step(ABC):
     name: ClassVar[str]
-    title: ClassVar[str]
+    # A plain attribute, like commit_point: a step's constructor may word it for the plan it runs in.
+    title: str
     # Completing this step commits the migration: failures after it are not rolled back automatically. A plain
     # attribute: a step may be the commit point in one plan and not in another (set by its constructor).
     commit_point: bool = False

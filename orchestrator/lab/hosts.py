@@ -460,10 +460,11 @@ def up(
     if state.latency_ms > 0 or state.api_latency_ms > 0:
         relay.ensure_addresses(state)
     state.save()
-    pid = relay.start(state)
+    relay_pid = relay.start(state)
     sshd.write_known_hosts(state)
-    if pid is not None:
-        say(f"latency relay (pid {pid}): hosts +{state.latency_ms:g} ms, API +{state.api_latency_ms:g} ms one way")
+    if relay_pid is not None:
+        distance = f"hosts +{state.latency_ms:g} ms, API +{state.api_latency_ms:g} ms one way"
+        say(f"latency relay (pid {relay_pid}): {distance}")
 
     (state.path / "hooks").mkdir(exist_ok=True)
     planfile.write_plan(state)

@@ -135,7 +135,8 @@ class Preflight(Step):
         if reachable["source"]:
             self._source_to_target(ctx, problems)
             self._trees(ctx, problems)
-        for which in ("source", "target"):
+        sides: tuple[Which, Which] = ("source", "target")
+        for which in sides:
             if reachable[which]:
                 self._rsync(ctx, which, problems)
         source_version = self._source_db(ctx, problems, figures)
@@ -258,10 +259,10 @@ class Preflight(Step):
                 problems.add(f"{label} {path} is {resolved.real} on the {which} (symbolic links followed): {problem}")
             elif problem is not None:  # validation judged the same text: only a plan edited since could get here
                 problems.add(f"{label} {path}: {problem}")
-        datadir = found[0]
-        figures.setdefault(RESOLVED_DATADIRS, {})[which] = datadir.real
-        if datadir.real != endpoint.datadir:
-            ctx.log.info("preflight.datadir_resolved", side=which, datadir=endpoint.datadir, real=datadir.real)
+        real_datadir = found[0].real
+        figures.setdefault(RESOLVED_DATADIRS, {})[which] = real_datadir
+        if real_datadir != endpoint.datadir:
+            ctx.log.info("preflight.datadir_resolved", side=which, datadir=endpoint.datadir, real=real_datadir)
 
     def _source_to_target(self, ctx: StepContext, problems: Problems) -> None:
         plan = runtime(ctx).plan
