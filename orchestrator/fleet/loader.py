@@ -64,13 +64,14 @@ def load_fleet(path: Path) -> LoadedFleet:
     """Read and check a fleet file and every plan it names; raises PlanError (str(): the first line)."""
     path = Path(path)
     fleet, text, positions = load_model(path, Fleet, FLEET_KEYS)
-    lines: list[str] = []
+    found: list[tuple[tuple[int, int], list[str]]] = []  # sorted by where they are written
 
-    def blame(field_path: tuple[str | int, ...], message: str) -> str:
+    def blame(field_path: tuple[str | int, ...], message: str, *more: str) -> None:
         line, col = position_of(positions, field_path)
-        return f"{path}:{line}:{col}: {dotted(field_path)}: {message}"
+        found.append(((line, col), [f"{path}:{line}:{col}: {dotted(field_path)}: {message}", *more]))
 
-    lines += [blame(where, message) for where, message in fleet_problems(fleet)]
+    for where, message in fleet_problems(fleet):
+        blame(where, message)
     members: list[FleetMember] = []
     runs: dict[Path, str] = {}
     for index, entry in enumerate(fleet.plans):
@@ -78,20 +79,19 @@ def load_fleet(path: Path) -> LoadedFleet:
         try:
             loaded = load_plan(plan_path)
         except PlanError as exc:
-            lines.append(blame(("plans", index, "plan"), f"the plan does not load: {exc.lines[0]}"))
-            lines += exc.lines[1:]
+            blame(("plans", index, "plan"), f"the plan does not load: {exc.lines[0]}", *exc.lines[1:])
             continue
         env_file = _beside(path, entry.env_file) if entry.env_file else None
         if env_file is not None and not env_file.is_file():
-            lines.append(blame(("plans", index, "env_file"), f"no such file: {env_file}"))
+            blame(("plans", index, "env_file"), f"no such file: {env_file}")
         member = FleetMember(plan_name(entry), entry, plan_path, loaded, env_file)
         other = runs.get(member.state_dir)
         if other is not None:
-            lines.append(blame(("plans", index), f"the same run as '{other}' ({member.state_dir}): one plan, once"))
+            blame(("plans", index), f"the same run as '{other}' ({member.state_dir}): one plan, once")
         runs[member.state_dir] = member.name
         members.append(member)
-    if lines:
-        raise PlanError(lines)
+    if found:
+        raise PlanError([line for _, lines in sorted(found, key=lambda item: item[0]) for line in lines])
     return LoadedFleet(fleet, path, text, members)
 
 
