@@ -36,8 +36,11 @@ async def run_plan_activity(plan: PlanSpec) -> PlanEnd:
     from orchestrator.fleet.planrun import run_plan
 
     info = activity.info()
-    activity.logger.info("plan %s: attempt %d", plan.name, info.attempt)
-    return await run_plan(plan, progress=lambda details: activity.heartbeat(details))
+    # On the worker's output: which worker took which plan, and which attempt resumes one a dead worker left.
+    print(f"plan {plan.name}: attempt {info.attempt} (workflow {info.workflow_id})", flush=True)
+    end = await run_plan(plan, progress=lambda details: activity.heartbeat(details))
+    print(f"plan {plan.name}: exit {end.exit_code} ({end.status})", flush=True)
+    return end
 
 
 async def connect(address: str) -> Client:
