@@ -26,6 +26,7 @@ from orchestrator import exit_codes
 from orchestrator.engine.journal import RunStatus
 from orchestrator.engine.lock import is_locked
 from orchestrator.fleet.loader import load_fleet
+from orchestrator.fleet.planrun import journal_state
 from orchestrator.lab import fleet as lab_fleet
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify
@@ -70,6 +71,11 @@ def clean_env() -> dict[str, str]:
 
 def journal_of(state: LabState, plan_name: str = "course-review-lab") -> Path:
     return state.path / ".migrate" / plan_name / "journal.jsonl"
+
+
+def run_status(journal: Path) -> RunStatus | None:
+    state = journal_state(journal)
+    return state.status if state else None
 
 
 def step_started(journal: Path, steps: tuple[str, ...]) -> bool:
@@ -172,7 +178,7 @@ def test_killed_mid_wave_the_fleet_resumes_every_plan_under_load(
             fleet.wait()
         # Its `migrate apply` processes died with it: no plan is left running unsupervised.
         wait_until(lambda: all(is_locked(journal_of(s).parent / "lock") is None for s in states), "locks free", 15)
-        unfinished = [s for s in states if Journal_status(journal_of(s)) != RunStatus.COMPLETED]
+        unfinished = [s for s in states if run_status(journal_of(s)) != RunStatus.COMPLETED]
         assert unfinished, "the kill came after every plan had ended"
         result = run_fleet("apply", str(path), "--yes")
         assert result.returncode == exit_codes.OK, result.stdout + result.stderr
@@ -203,13 +209,6 @@ def test_killed_mid_wave_the_fleet_resumes_every_plan_under_load(
     for state in states:
         assert f'id="plan-{state.path.name}"' in html
     assert html.count("0 acknowledged write(s) lost") == 3 and html.count("Writes blocked") == 3
-
-
-def Journal_status(journal: Path) -> RunStatus | None:
-    from orchestrator.fleet.planrun import journal_state
-
-    state = journal_state(journal)
-    return state.status if state else None
 
 
 def free_port() -> int:
