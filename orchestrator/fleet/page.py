@@ -29,6 +29,7 @@ from orchestrator.secrets import redact_obj
 
 PAGE_FILE = "fleet.html"
 FLEET_CSS = """
+main{max-width:none;margin:0 16px}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:16px}
 .card{border:1px solid #e5e7eb;border-radius:8px;padding:12px}
 .card h2{margin-top:0}
