@@ -118,12 +118,20 @@ async def _apply_once(spec: PlanSpec, output: Path, journal_path: Path, progress
             preexec_fn=_die_with_parent,
             env={**os.environ, "NO_COLOR": "1"},
         )
-        while True:
-            try:
-                return await asyncio.wait_for(proc.wait(), POLL_SECONDS)
-            except TimeoutError:
-                if progress is not None:
-                    progress(progress_of(journal_state(journal_path)))
+        try:
+            while True:
+                try:
+                    return await asyncio.wait_for(proc.wait(), POLL_SECONDS)
+                except TimeoutError:
+                    if progress is not None:
+                        progress(progress_of(journal_state(journal_path)))
+        except asyncio.CancelledError:
+            # Cancelled (a Temporal cancellation of the plan's activity): what SIGTERM means to `migrate apply` —
+            # roll back at its next safe point before the commit, finish forward after it. Its end is waited for.
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.shield(proc.wait())
+            raise
 
 
 def _last_line(path: Path) -> str:
