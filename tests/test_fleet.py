@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from orchestrator.fleet.loader import load_fleet
 from orchestrator.fleet.schedule import FleetSpec, PlanEnd, PlanSpec, drive, startable, stop_reason
 from orchestrator.plan.loader import PlanError
 from tests.conftest import migrate
+from tests.engine.world import Result
 
 EXAMPLE_PLAN = Path(__file__).resolve().parents[1] / "plans" / "example.yaml"
 
@@ -66,13 +68,13 @@ def test_the_same_run_twice_and_an_unknown_storage_limit_are_refused(tmp_path: P
     assert any(":5:24: limits.per_storage.nfs: no plan reads from storage 'nfs'" in line for line in lines), lines
 
 
-def test_the_cli_validates_and_prints_the_schema(tmp_path: Path) -> None:
+def test_the_cli_validates_and_prints_the_schema(tmp_path: Path, migrate_here: Callable[..., Result]) -> None:
     path = write(tmp_path, "name: f\nplans: [{plan: a.yaml}]\nmax_paralel: 2\n")
-    result = migrate("fleet", "validate", str(path))
+    result = migrate_here("fleet", "validate", str(path))
     assert result.returncode == 2, result
     assert result.stderr.strip() == f"{path}:3:1: max_paralel: unknown key 'max_paralel' (did you mean 'max_parallel'?)"
     assert "Traceback" not in result.stderr
-    schema = json.loads(migrate("fleet", "schema").stdout)
+    schema = json.loads(migrate_here("fleet", "schema").stdout)
     assert schema["title"] == "migrate fleet" and "max_parallel" in schema["properties"]
 
 
@@ -137,3 +139,21 @@ def test_a_resumed_fleet_never_runs_an_ended_plan_again() -> None:
 
     result = asyncio.run(drive(fleet, start, {"a": PlanEnd("a", 0), "c": PlanEnd("c", 0)}))
     assert sorted(started) == ["b", "d"] and result.ok
+
+
+def test_without_a_terminal_the_windows_need_yes_and_nothing_starts(
+    tmp_path: Path, migrate_here: Callable[..., Result]
+) -> None:
+    path = write(tmp_path, "name: f\nplans: [{plan: a.yaml}]\n")
+    result = migrate_here("fleet", "apply", str(path))
+    assert result.returncode == 3, result
+    assert result.stderr.strip() == "the fleet's windows need a confirmation: --yes when not at a terminal"
+    assert not (tmp_path / ".migrate-fleet").exists() and not (tmp_path / ".migrate").exists()
+
+
+def test_an_unreachable_temporal_server_is_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: f\nplans: [{plan: a.yaml}]\n")
+    result = migrate("fleet", "apply", str(path), "--yes", "--temporal", "127.0.0.1:1")
+    assert result.returncode == 1, result
+    assert result.stderr.startswith("cannot reach Temporal at 127.0.0.1:1: ") and result.stderr.count("\n") == 1
+    assert not (tmp_path / ".migrate").exists()

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -78,19 +80,18 @@ def apply(
         if not confirmed_all:
             raise RunError(exit_codes.REFUSED, "not confirmed: nothing was started")
     if temporal:
-        from orchestrator.fleet.temporal import TemporalError, run_fleet
+        from orchestrator.fleet.temporal import run_fleet
 
-        ended = embedded.FleetRecord(loaded.state_dir).ended(loaded)
-        try:
-            result = asyncio.run(
-                run_fleet(temporal, embedded.spec_of(loaded), ended, confirmed_all=confirmed_all, say=_say)
-            )
-        except TemporalError as exc:
-            raise RunError(exit_codes.FAILED, str(exc)) from None
-        record = embedded.FleetRecord(loaded.state_dir)
-        for end in result.ended.values():
-            record.append("plan_ended", plan=end.name, exit_code=end.exit_code, run_id=end.run_id, status=end.status)
-        raise typer.Exit(_ended(result, embedded.exit_code(result)))
+        def on_temporal() -> int:
+            record = embedded.FleetRecord(loaded.state_dir)
+            spec = embedded.spec_of(loaded)
+            result = asyncio.run(run_fleet(temporal, spec, record.ended(loaded), confirmed_all=confirmed_all, say=_say))
+            for end in result.ended.values():
+                record.append("plan_ended", plan=end.name, exit_code=end.exit_code, run_id=end.run_id,
+                              status=end.status)  # fmt: skip
+            return _ended(result, embedded.exit_code(result))
+
+        _leave_after_temporal(on_temporal)
     confirm = None
     if not confirmed_all:  # confirm: each, at a terminal
         if not at_terminal:
@@ -164,22 +165,50 @@ def confirm(
         raise RunError(exit_codes.BAD_INPUT, f"{fleet_path}: no plan named '{plan}'")
     if not temporal:
         raise RunError(exit_codes.BAD_INPUT, "confirm is for a fleet on Temporal: give --temporal HOST:PORT")
-    from orchestrator.fleet.temporal import TemporalError, confirm_plan
+    from orchestrator.fleet.temporal import confirm_plan
 
-    try:
+    def on_temporal() -> int:
         asyncio.run(confirm_plan(temporal, loaded.fleet.name, plan))
-    except TemporalError as exc:
-        raise RunError(exit_codes.FAILED, str(exc)) from None
-    _say(f"plan '{plan}' confirmed")
+        _say(f"plan '{plan}' confirmed")
+        return exit_codes.OK
+
+    _leave_after_temporal(on_temporal)
 
 
 def worker(
     temporal: Annotated[str, typer.Option("--temporal", metavar="HOST:PORT", help="the Temporal server's frontend")],
 ) -> None:
     """Run fleets' plans for a Temporal server: the fleet workflow and the plan activity (each a `migrate apply`)."""
-    from orchestrator.fleet.temporal import TemporalError, serve
+    from orchestrator.fleet.temporal import serve
 
-    try:
+    def on_temporal() -> int:
         asyncio.run(serve(temporal, say=_say))
+        return exit_codes.OK
+
+    _leave_after_temporal(on_temporal)
+
+
+def _leave_after_temporal(work: Callable[[], int]) -> NoReturn:
+    """Run `work` (which talks to Temporal), print its error as one line, and end the process at once.
+
+    The SDK's Rust core keeps threads that may call into Python while the interpreter finalizes, which aborts the
+    process (SIGABRT, "PyGILState_Release") after a failed connection: so no finalization — output flushed, then
+    `os._exit` with the command's exit code."""
+    from orchestrator.fleet.temporal import TemporalError
+
+    code = exit_codes.INTERNAL
+    try:
+        code = work()
     except TemporalError as exc:
-        raise RunError(exit_codes.FAILED, str(exc)) from None
+        typer.echo(str(exc), err=True)
+        code = exit_codes.FAILED
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        code = exit_codes.INTERRUPTED
+    except Exception as exc:
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        typer.echo(f"internal error ({type(exc).__name__}): {detail}", err=True)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -47,7 +47,8 @@ async def connect(address: str) -> Client:
     try:
         return await Client.connect(address)
     except (RPCError, RuntimeError, OSError) as exc:
-        raise TemporalError(f"cannot reach Temporal at {address}: {exc}") from None
+        detail = " ".join(str(exc).split())[:240]  # the SDK's message may span lines
+        raise TemporalError(f"cannot reach Temporal at {address}: {detail}") from None
 
 
 async def serve(address: str, say: callable = print) -> None:  # type: ignore[valid-type]
