@@ -157,3 +157,23 @@ def test_an_unreachable_temporal_server_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 1, result
     assert result.stderr.startswith("cannot reach Temporal at 127.0.0.1:1: ") and result.stderr.count("\n") == 1
     assert not (tmp_path / ".migrate").exists()
+
+
+def test_a_plan_fixed_by_hand_after_the_fleet_stopped_counts_as_completed(tmp_path: Path) -> None:
+    from orchestrator.fleet.embedded import FleetRecord
+
+    loaded = load_fleet(write(tmp_path, "name: f\nplans: [{plan: a.yaml}]\n"))
+    member = loaded.members[0]
+    record = FleetRecord(loaded.state_dir)
+    record.append("plan_ended", plan="a", exit_code=1, run_id="r1", status="rolled_back")
+
+    def journal(run_id: str, last: str) -> None:
+        member.journal_path.parent.mkdir(parents=True, exist_ok=True)
+        events = [{"seq": 1, "event": "run_started", "run_id": run_id, "plan_sha256": "x", "plan_path": "a.yaml",
+                   "ts": 1.0}, {"seq": 2, "event": last, "ts": 2.0}]  # fmt: skip
+        member.journal_path.write_text("".join(json.dumps(ev) + "\n" for ev in events))
+
+    journal("r1", "rollback_completed")
+    assert record.ended(loaded)["a"].exit_code == 1  # the fleet's rollback: it stays ended, and stops the fleet
+    journal("r2", "run_completed")  # `migrate apply a.yaml` by hand, since
+    assert record.ended(loaded)["a"].ok
