@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from orchestrator.engine.step import StepContext
     from orchestrator.plan.model import DatabaseEndpoint, Plan
+    from orchestrator.transports.meter import RoundTrips
     from orchestrator.transports.ssh import CommandResult
     from orchestrator.window import DowntimeWindow
 
@@ -53,6 +54,7 @@ class StepRuntime(Protocol):
     plan: Plan
     plan_path: Path
     window: DowntimeWindow
+    round_trips: RoundTrips
 
     def host(self, which: Which) -> Host: ...
 
