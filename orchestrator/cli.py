@@ -241,6 +241,10 @@ def _mount_lab() -> None:
 
 
 _mount_lab()
+from orchestrator.fleet.cli import fleet_app, worker  # noqa: E402 (the fleet's commands, in their own module)
+
+app.add_typer(fleet_app, name="fleet", help="many plans in waves: embedded, or on Temporal with --temporal")
+app.command()(worker)
 
 
 def main(argv: list[str] | None = None) -> None:
