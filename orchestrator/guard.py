@@ -9,7 +9,8 @@ of the orchestrator. It lives in a directory named after the run (`guard_dir`) a
 - `heartbeat`: touched every HEARTBEAT_INTERVAL s by the live run (`Heartbeat`, over its own SSH connection), from
   the window's start until the run's process ends; a resumed run (or `migrate rollback`) touches it again.
 The guard acts only when both hold: its deadline has passed (when writes were first blocked, plus
-cutover.max_write_block, plus every backoff between lock tries, plus MARGIN, on the source's clock) AND the heartbeat
+cutover.max_write_block, plus MARGIN, on the source's clock; the backoffs between lock tries do not move it: a run
+lets writes in between its tries, and a dead run has no tries left to make) AND the heartbeat
 is older than HEARTBEAT_STALE s (mtime against the source's own clock: no clock offset matters). A live run that is
 slow (a long rollback) keeps its heartbeat and is never raced; a dead one stops it before its budget ends, so the
 guard acts by its deadline: within budget + margin. It then restores the source with the plan's own commands (a
@@ -36,6 +37,10 @@ from orchestrator.transports.ssh import TransportError
 
 # Seconds past the budget before the guard acts: a run that is alive ends its window well within its budget.
 MARGIN = 10.0
+# Seconds a front door keeps holding requests past the guard's deadline: the guard's restore (a read-only database
+# restarted, a stopped one started, the fence lifted) has that long before held requests reach the source. A hold
+# that ran out before the guard acted would turn held requests into refusals while nobody decides.
+RESTORE_ALLOWANCE = 5.0
 POLL = 0.5
 # The live run touches the heartbeat this often; the guard takes the run for dead once it is older than
 # HEARTBEAT_STALE (several beats missed, a slow SSH round trip is not death). Below MARGIN: a run killed inside its
