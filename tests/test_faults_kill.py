@@ -11,6 +11,7 @@ lost). The helpers are test_faults.py's.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import threading
@@ -189,12 +190,17 @@ def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_l
 
     state = live_lab
     budget = 15.0
-    plan = plan_copy(
-        state, "guard", {"cutover": {"max_write_block": budget, "lock_attempts": 1, "refuse_predicted_overrun": False}}
-    )
+    # Lock tries with backoffs between them (5 tries, 4 + 8 + 16 + 32 s): the guard's bound must not grow with them.
+    cutover = {"max_write_block": budget, "lock_attempts": 5, "lock_retry_backoff": 4}
+    cutover["refuse_predicted_overrun"] = False
+    plan = plan_copy(state, "guard", {"cutover": cutover})
     killed_once_the_source_stops(state, plan)
     events = journal_events(state, plan)
     saved = {ev["key"]: ev["value"] for ev in events if ev.get("event") == "step_saved"}
+    # The documented bound, as the guard was given it: writes first blocked + the budget + the margin (the lab's
+    # hosts share one clock; the deadline is rounded up to a whole second in the guard).
+    bound = float(saved["writes_blocked_at"]) + budget + guard.MARGIN
+    assert float(saved["guard"]["deadline"]) <= bound, (saved["guard"], bound)
     trace_file = Path(saved["guard"]["dir"]) / guard.TRACE
     # `status` says the run is interrupted and what the guard will do (read before it is due).
     said = migrate_status(state, plan).stdout
@@ -214,6 +220,9 @@ def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_l
     )
     # Never before its deadline: until then the run could have been resumed and committed.
     assert acted_at >= float(saved["guard"]["deadline"]) - 1.0, trace  # the deadline is rounded up to whole seconds
+    # Acted at the bound: the guard's own trace says which deadline it kept (a whole second, rounded up).
+    kept = next(line for line in trace if "acts after" in line).split("acts after ")[1].split()[0]
+    assert float(kept) <= math.ceil(bound), (kept, bound, trace)
     assert "start the database: done" in " ".join(trace) and "lift the fence: done" in " ".join(trace), trace
     assert_source_serves_and_dns_unchanged(state)
     # `status` says where every record points (read live): at the source.
@@ -276,3 +285,51 @@ def test_kill9_in_the_replicate_window_without_resume_the_guard_restores_the_sou
     assert_source_serves_and_dns_unchanged(state)
     verify = main_verify(state, host="source", load_dir=load_dir)
     assert_nothing_lost(verify)
+
+
+# --- 7. SIGTERM while the target's database starts ------------------------------------------------------------------
+
+
+def target_db_running(state: LabState) -> bool:
+    """The target's mariadbd answers on its socket, or its pid file names a live process."""
+    try:
+        pymysql.connect(unix_socket=str(state.target.db_socket), user="root", connect_timeout=2).close()
+        return True
+    except pymysql.MySQLError:
+        pass
+    try:
+        os.kill(int(state.target.db_pid_file.read_text().strip()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def test_sigterm_while_the_target_database_starts_leaves_it_stopped(live_lab: LabState, tmp_path: Path) -> None:
+    """SIGTERM lands while the target's start command runs (it is slow to begin: the server is not up yet when the
+    rollback's stop runs). The undo waits for that command to end, stops the database and checks it stopped: no
+    database runs on the target once the run has rolled back, even after the start command has finished."""
+    state = live_lab
+    began, ended = tmp_path / "start-command-began", tmp_path / "start-command-ended"
+    endpoint = {
+        "socket": str(state.target.db_socket),
+        "datadir": str(state.target.datadir),
+        # The command says when it runs; it is slow to begin, so the interruption, sent once it runs, always lands
+        # before the server is started.
+        "start": f"touch {began}; sleep 1; {state.target.bin_dir / 'db-start'}; rc=$?; touch {ended}; exit $rc",
+        "stop": str(state.target.bin_dir / "db-stop"),
+    }
+    plan = plan_copy(state, "sigterm-start", {"database": {"target": endpoint}})
+    run = popen_apply(state, plan)
+    try:
+        wait_for(began.exists, "the target's database start command to run", proc=run)
+        run.send_signal(signal.SIGTERM)
+        stdout, stderr = run.communicate(timeout=240)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == exit_codes.FAILED, (run.returncode, stdout[-2000:], stderr[-3000:])
+    assert "interrupted by SIGTERM" in stdout + stderr, stderr[-3000:]
+    # The start command has ended (whether the rollback waited for it or not): only then is "not running" a verdict.
+    wait_for(ended.exists, "the target's start command to end")
+    assert not target_db_running(state), "the rollback left the target's database running"
+    assert_source_serves_and_dns_unchanged(state)

@@ -202,7 +202,7 @@ def pair(lab: LabState) -> Iterator[Pair]:
         streamed = source_ssh.stream(
             repl.seed_stream_command(seed),
             on_line,
-            env={lab.db_password_env: secrets[lab.db_password_env]},
+            input=secrets[lab.db_password_env] + "\n",
             timeout=1800,
         )
         finished = time.monotonic()
@@ -694,7 +694,9 @@ def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> 
     hop = ("ssh", "-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/migrate-ssh-%C", "-p", "22", "root@t")
     seed = repl.SeedSpec("/var/lib/mysql", "/var/lib/mysql", hop, source_user="migrate", password_env="DB_PW")
     command = repl.seed_stream_command(seed)
-    assert "${DB_PW}" in command and "--password" not in command
+    # The password: stdin's first line, kept in an unexported variable and given to mariadb-backup alone.
+    assert 'MYSQL_PWD="$password" nice' in command and "--password" not in command and "DB_PW" not in command
+    assert "export" not in command
     assert "--throttle" not in command and "nice -n19 ionice -c3 mariadb-backup" in command
     assert "--throttle=20" in repl.seed_stream_command(repl.SeedSpec("/a", "/b", hop, throttle=20))
     tunnel = repl.TunnelSpec("fwd", "remote", hop, 40000, "127.0.0.1", 3306)

@@ -1,8 +1,9 @@
 """The guard on the source as the steps that block its writes use it: the cut-over (shutdown mode) and the switch
 (replicate mode). orchestrator/guard.py is the guard itself; this module is what a step does with it.
 
-- `start` before the window: the guard's deadline (the budget and a margin from now, on the source's clock: the
-  backoffs between lock tries do not count, writes are let in between them), journaled under `guard` before the guard exists, then its pid; the run's heartbeat begins.
+- `start` before the window: the guard's deadline (the budget and a margin from the first block, on the source's
+  clock: the backoffs between lock tries do not count, writes are let in between them), journaled under `guard`
+  before the guard exists, then its pid; the run's heartbeat begins.
 - `refuse_if_restored` on a re-entered step: a guard that restored the source means the source took writes since,
   so the run must not block it again (it rolls back).
 - `reattach` in a new process taking over the run: the heartbeat again, so a live run is never raced.
