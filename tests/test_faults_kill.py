@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
+import subprocess
 import threading
 import uuid
 from pathlib import Path
@@ -22,10 +24,11 @@ from typing import Any
 import pymysql
 import pytest
 
-from orchestrator import exit_codes, guard
+from orchestrator import exit_codes, guard, owned
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify
 from tests.test_e2e import (
+    MIGRATE,
     a_review,
     assert_source_serves_and_dns_unchanged,
     dns_contents,
@@ -34,6 +37,7 @@ from tests.test_e2e import (
     migrate_apply,
     outcome,
     plan_copy,
+    plan_name,
     restore_source_live,
     start_load,
 )
@@ -49,7 +53,14 @@ from tests.test_faults import (
     wait_for,
 )
 from tests.test_replicate_e2e import journal_events as replicate_journal
-from tests.test_replicate_e2e import live, on_step, replicate_plan, source_is_plain_and_writable
+from tests.test_replicate_e2e import (
+    live,
+    on_step,
+    replicate_plan,
+    source_is_plain_and_writable,
+    tunnel,
+    tunnel_running,
+)
 
 pytestmark = pytest.mark.lab
 __all__ = ["live", "live_lab", "load"]
@@ -333,3 +344,85 @@ def test_sigterm_while_the_target_database_starts_leaves_it_stopped(live_lab: La
     wait_for(ended.exists, "the target's start command to end")
     assert not target_db_running(state), "the rollback left the target's database running"
     assert_source_serves_and_dns_unchanged(state)
+
+
+# --- 4, 5, 8. what a run leaves on the hosts is its own, and ends with it ------------------------------------------
+
+
+def owned_on_hosts(key: str) -> list[str]:
+    """Every tunnel socket, rsync password directory or daemon directory of the plan `key` (both lab hosts share
+    /tmp), and every process whose command line names one of them."""
+    found = [
+        str(path)
+        for pattern in (
+            f"{owned.TUNNEL_PREFIX}{key}-*",
+            f"{owned.RSYNC_CLIENT_PREFIX}{key}-*",
+            f"{owned.RSYNC_DAEMON_PREFIX}{key}-*",
+        )
+        for path in Path(owned.RUN_DIR).glob(pattern)
+    ]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if key in cmdline:
+                found.append(f"pid {proc.name}: {cmdline[:200]}")
+    return found
+
+
+def test_a_killed_runs_tunnel_neither_breaks_the_next_run_nor_outlives_a_rollback(live: LabState) -> None:
+    """A run killed (kill -9) with its replication tunnel up, whose state is then removed: its tunnel is an orphan,
+    and `status` lists it. The next run ends it at its preflight and replicates through a tunnel of its own (an old
+    tunnel answering on a socket of the plan's name was taken for the new run's: its replica then failed with error
+    2003). That run killed in its window, then `migrate rollback`: no tunnel, rsync password file or daemon of
+    either run is left on either host."""
+    state = live
+    hooks = state.path / "hooks-leftovers"
+    plan = replicate_plan(
+        state, "leftovers", {"before-step": on_step("repl_catchup", "kill -9 $PPID\n")}, compare=False
+    )
+    key = owned.plan_key(plan_name(plan), plan)
+    killed = migrate_apply(state, plan, timeout=400)
+    assert killed.returncode == -signal.SIGKILL, outcome(killed)
+    assert tunnel_running(tunnel(plan, "fwd")), "the killed run's tunnel should still run"
+    shutil.rmtree(journal_path(state, plan).parent)  # nobody resumes: the run's state goes
+    doc = json.loads(migrate_status(state, plan, "--json").stdout)
+    orphans = doc["left_by_other_runs"]
+    assert any(line.startswith("tunnel of run") and line.endswith(": running") for line in orphans), orphans
+
+    # The next run: killed inside its window (the target promoted through its own tunnel), then rolled back.
+    (hooks / "before-step").write_text("#!/bin/bash\nset -u\n" + on_step("start_target", "kill -9 $PPID\n"))
+    killed = migrate_apply(state, plan, timeout=400)
+    assert killed.returncode == -signal.SIGKILL, outcome(killed)
+    saved = {ev["key"]: ev["value"] for ev in replicate_journal(state, plan) if ev.get("event") == "step_saved"}
+    assert "promoted" in saved, sorted(saved)  # its replica caught up through its own tunnel
+    sockets = [path.name for path in Path(owned.RUN_DIR).glob(f"{owned.TUNNEL_PREFIX}{key}-*.ctl")]
+    assert sockets == [f"{owned.TUNNEL_PREFIX}{saved['forward_tunnel']['name']}.ctl"], sockets  # the first one ended
+    assert list(Path(owned.RUN_DIR).glob(f"{owned.RSYNC_CLIENT_PREFIX}{key}-*")), "the window's route was not open"
+    (hooks / "before-step").unlink()
+    rolled = subprocess.run(
+        [str(MIGRATE), "rollback", str(plan), "--yes", "--env-file", str(state.env_file)],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert rolled.returncode == exit_codes.OK, outcome(rolled)
+    assert owned_on_hosts(key) == []
+    assert_source_serves_and_dns_unchanged(state)
+    # A dry-run's read-only look at the hosts (its estimate's rsync --dry-run passes included) leaves nothing
+    # running either: no shared SSH connection from the source to the target outlives it.
+    assert not shared_connection_to_target(state), "the rollback should have closed the shared connection"
+    dry = subprocess.run(
+        [str(MIGRATE), "apply", str(plan), "--dry-run", "--env-file", str(state.env_file)],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert dry.returncode == exit_codes.OK and "not measured" not in dry.stdout, outcome(dry)
+    assert not shared_connection_to_target(state), "the dry-run left a shared SSH connection to the target"
+    assert owned_on_hosts(key) == []
+
+
+def shared_connection_to_target(state: LabState) -> bool:
+    """rsync's shared SSH connection from the source to the target answers (its socket's name is a hash of the
+    hop: ssh computes it again)."""
+    argv = ["ssh", "-o", "ControlPath=/tmp/migrate-ssh-%C", "-O", "check", "-p", str(state.target.ssh_port)]
+    return subprocess.run([*argv, f"root@{state.target.address}"], capture_output=True, timeout=30).returncode == 0

@@ -687,6 +687,17 @@ def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_repl
         assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
     for kind in ("fwd", "rev"):
         assert not tunnel_running(tunnel(plan, kind))
+    # `status` after the way back: the source serves, in both views (the forward run's and the reverse run's), and
+    # each host is named as the forward plan names it (the old source is "source", never the reverse plan's
+    # "target"); nothing of either run is left on the hosts.
+    for view in ((), ("--reverse",)):
+        shown = migrate(state, "status", str(plan), "--json", "--env-file", str(state.env_file), *view)
+        assert shown.returncode == exit_codes.OK, outcome(shown)
+        doc = json.loads(shown.stdout)
+        assert doc["dns_problem"] is None, (view, doc["dns_problem"])
+        where = {n: [r["points_at"] for r in rs] for n, rs in doc["dns"]["records"].items()}
+        assert where == {n: ["source"] for n in state.records}, (view, where)
+        assert doc["left_by_other_runs"] == [], (view, doc["left_by_other_runs"])
     # The detached `migrate finish --when-due` the forward apply started sees the way back and exits.
     finisher = state.path / ".migrate" / name / "reverse-finish.log"
     deadline = time.monotonic() + 30

@@ -706,3 +706,24 @@ def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> 
     assert "-R 127.0.0.1:40000:127.0.0.1:3306" in up
     probe = repl.tunnel_probe_command(40000, "repl", "REPL_PW")
     assert "${REPL_PW}" in probe and "-p" not in probe.split()
+
+
+def test_the_seeds_database_password_reaches_mariadb_backup_alone(tmp_path: Path) -> None:
+    """Given on the seed script's stdin, the password is in the environment of mariadb-backup and of nothing else
+    the script runs (the hop to the target, dd, the log's reader), and never on a command line."""
+    password = "seed-pw-" + os.urandom(6).hex()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    backup = bin_dir / "mariadb-backup"
+    backup.write_text(f'#!/bin/bash\n[ "$MYSQL_PWD" = {password} ] && echo given > {tmp_path}/backup.env\necho data\n')
+    backup.chmod(0o755)
+    hop = ("sh", "-c", f'tr "\\0" "\\n" </proc/$$/environ > {tmp_path}/hop.env; cat >/dev/null')
+    spec = repl.SeedSpec("/a", "/b", hop, source_user="migrate", password_env="DB_PW", nice=False)
+    command = repl.seed_stream_command(spec)
+    assert password not in command
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", command], env=env, input=password + "\n", capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+    assert done.returncode == 0, done
+    assert (tmp_path / "backup.env").read_text().strip() == "given"
+    assert password not in (tmp_path / "hop.env").read_text()

@@ -177,7 +177,7 @@ def seed_stream_command(spec: SeedSpec, *, log_path: str | None = None) -> str:
     receive = f"rm -rf {staging} && mkdir -p {staging} && mbstream -x -C {staging}"
     password = 'MYSQL_PWD="$password" ' if spec.password_env else ""
     # The password: the first line of stdin, in a variable the script never exports; stdin is then closed.
-    read_password = 'IFS= read -r password || true; exec </dev/null\n' if spec.password_env else ""
+    read_password = "IFS= read -r password || true; exec </dev/null\n" if spec.password_env else ""
     script = f"""set -o pipefail
 {read_password}log={shlex.quote(log_path) if log_path else "$(mktemp)"}; trap 'rm -f "$log"' EXIT
 exec 4>&1
