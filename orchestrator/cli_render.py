@@ -89,7 +89,7 @@ def status_lines(report: run.StatusReport) -> list[Text]:
         lines.append(Text(report.audit, "bold red" if report.audit.startswith("AUDIT") else "yellow"))
     for leftover in report.leftovers:
         # The next run of this plan (its preflight), or a rollback, ends them.
-        lines.append(Text(f"left by another run of this plan: {leftover}", "yellow"))
+        lines.append(Text(leftover, "yellow"))
     lines.append(Text(f"next: {report.next_action}"))
     return lines
 

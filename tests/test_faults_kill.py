@@ -390,7 +390,8 @@ def test_a_killed_runs_tunnel_neither_breaks_the_next_run_nor_outlives_a_rollbac
     shutil.rmtree(journal_path(state, plan).parent)  # nobody resumes: the run's state goes
     doc = json.loads(migrate_status(state, plan, "--json").stdout)
     orphans = doc["left_by_other_runs"]
-    assert any(line.startswith("tunnel of run") and line.endswith(": running") for line in orphans), orphans
+    found = "left by another run of this plan: tunnel of run"
+    assert any(line.startswith(found) and line.endswith(": running") for line in orphans), orphans
 
     # The next run: killed inside its window (the target promoted through its own tunnel), then rolled back.
     (hooks / "before-step").write_text("#!/bin/bash\nset -u\n" + on_step("start_target", "kill -9 $PPID\n"))

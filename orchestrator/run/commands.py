@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -469,20 +470,34 @@ def _leftovers(subj: Subject, state: RunState | None) -> list[str]:
     )
     keep = (owned.run_tag(state.run_id),) if ongoing and state is not None else ()
     key = owned.plan_key(subj.plan.name, subj.plan_path)
-    rt = compose.runtime_factory(subj.plan, subj.plan_path, True)
-    lines: list[str] = []
-    try:
-        for which in ("source", "target"):
+    # Both hosts at once, each connection bounded: a host out of reach costs `status` seconds, not a retry loop.
+    plan = subj.plan.model_copy(
+        update={
+            side: getattr(subj.plan, side).model_copy(
+                update={"connect_timeout": min(getattr(subj.plan, side).connect_timeout, LEFTOVERS_CONNECT_TIMEOUT)}
+            )
+            for side in ("source", "target")
+        }
+    )
+    rt = compose.runtime_factory(plan, subj.plan_path, True)
+
+    def ask(which: str) -> list[str]:
+        try:
             result = rt.host(which).run(owned.sweep_command(key, keep, end=False), timeout=15, check=False)
-            lines += [found.line(which) for found in owned.parse_sweep(result.stdout)]
-    except Exception as exc:  # a host out of reach: status still says everything else
-        lines.append(f"not checked on the hosts ({' '.join(str(exc).split())[:200]})")
+        except Exception as exc:  # a host out of reach: status still says everything else
+            return [f"what other runs left on the {which} was not checked: {' '.join(str(exc).split())[:200]}"]
+        return [f"left by another run of this plan: {found.line(which)}" for found in owned.parse_sweep(result.stdout)]
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            return [line for lines in pool.map(ask, ("source", "target")) for line in lines]
     finally:
         compose.close_runtime(rt)
-    return lines
 
 
 REPLICA_STEPS = ("repl_replica", "repl_catchup", "repl_switch")
+# How long `status` waits for each host's SSH connection when it looks for what other runs left there.
+LEFTOVERS_CONNECT_TIMEOUT = 5.0
 
 
 def _replication_status(subj: Subject, state: RunState | None) -> str | None:
