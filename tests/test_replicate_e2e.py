@@ -99,7 +99,7 @@ def tunnels_down(state: LabState, names: list[str]) -> None:
 def tunnel(plan: Path, kind: str) -> str:
     """What the tunnels of `kind` ("fwd" or "rev") of every run of the plan file `plan` are named after: the plan's
     key and the direction (each run's tag between them)."""
-    return f"{owned.plan_key(plan_name(plan), plan)}-*-{kind}"
+    return f"{owned.plan_key(plan_name(plan), plan)}*-{kind}"
 
 
 def tunnel_sockets(name: str) -> list[Path]:
