@@ -49,6 +49,8 @@ HEARTBEAT_INTERVAL = 1.0
 HEARTBEAT_STALE = 8
 COMMITTED, RELEASED, DB_STOPPED, READ_ONLY, TRACE = "committed", "released", "db_stopped", "read_only", "trace"
 HEARTBEAT = "heartbeat"
+PID = "pid"  # the guard's own pid, written as it starts (a later run tells a waiting guard from one that is gone)
+GUARD_PREFIX = "migrate-guard-"
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,10 @@ class GuardPlan:
     stale: int = HEARTBEAT_STALE  # seconds without a heartbeat before the run is taken for dead
 
 
-def guard_dir(run_id: str, base: str = "/tmp") -> str:
-    return f"{base.rstrip('/')}/migrate-guard-{run_id}"
+def guard_dir(owner: str, base: str = "/tmp") -> str:
+    """The guard's directory, named after its owner (orchestrator/owned.py: the plan and the run), so a later run of
+    the plan finds a guard an earlier one left waiting."""
+    return f"{base.rstrip('/')}/{GUARD_PREFIX}{owner}"
 
 
 def deadline(blocked_at: float, budget: float, source_clock_offset: float | None) -> float:
@@ -84,6 +88,7 @@ def script(guard: GuardPlan) -> str:
         )
 
     return f"""#!/bin/sh
+echo $$ > {d}/{PID}
 note() {{ echo "$(date +%s.%N) $1" >> {d}/{TRACE}; }}
 deadline={math.ceil(guard.deadline)}
 stale={int(guard.stale)}

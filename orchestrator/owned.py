@@ -16,6 +16,10 @@ random part of the run's id. So:
 - `migrate status` lists them (`sweep_command(..., end=False)`), a new run ends them before it starts anything
   (preflight), and a rollback ends this run's and theirs once every compensation ran.
 
+A guard (orchestrator/guard.py, `/tmp/migrate-guard-<owner>`) is listed too but never ended: one still waiting is
+what restores the source of a run that died in its window. A new run refuses to start beside another run's waiting
+guard (it would restore the source in the middle of the new run's window); one that acted is only listed.
+
 The same names are parsed back here (`parse_sweep`): one line per thing found.
 """
 
@@ -31,6 +35,9 @@ RUN_DIR = "/tmp"
 TUNNEL_PREFIX = "migrate-tunnel-"
 RSYNC_CLIENT_PREFIX = "migrate-rsync."
 RSYNC_DAEMON_PREFIX = "migrate-rsyncd."
+# The guard on the source (orchestrator/guard.py): listed, never ended here. One still waiting is the safety net of
+# a run that died in its window; one that acted keeps its directory (its trace) for the operator.
+GUARD_PREFIX = "migrate-guard-"
 
 
 def plan_key(plan_name: str, plan_path: Path | str) -> str:
@@ -52,8 +59,9 @@ def owner(plan_name: str, plan_path: Path | str, run_id: str) -> str:
 
 @dataclass(frozen=True)
 class Leftover:
-    """One thing of this plan found on a host: its kind ('tunnel', 'rsync-password', 'rsync-daemon'), the run tag
-    it belongs to, its path there, and what became of it ('running', 'stale': found; 'ended': ended now)."""
+    """One thing of this plan found on a host: its kind ('tunnel', 'rsync-password', 'rsync-daemon', 'guard'), the
+    run tag it belongs to, its path there, and what became of it ('running', 'stale': found; 'ended': ended now; a
+    guard: 'waiting' to restore the source, 'acted', or 'gone' without acting)."""
 
     kind: str
     tag: str
@@ -94,6 +102,14 @@ def sweep_command(key: str, keep: tuple[str, ...] = (), *, end: bool) -> str:
             'if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then say rsync-daemon "$f" running; '
             'else say rsync-daemon "$f" stale; fi'
         )
+    guard_glob = f"{RUN_DIR}/{GUARD_PREFIX}{key}-*"
+    # A guard is waiting while the pid it wrote runs its own script; it acted once its trace says 'restored'.
+    guard_act = (
+        'pid=$(cat "$f/pid" 2>/dev/null); '
+        'if grep -q " restored$" "$f/trace" 2>/dev/null; then say guard "$f" acted; '
+        'elif [ -n "$pid" ] && tr "\\0" " " <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$f/guard.sh"; then '
+        'say guard "$f" waiting; else say guard "$f" gone; fi'
+    )
     script = f"""shopt -s nullglob
 keep=" {keep_words} "
 say() {{ echo "$1 $tag $2 $3"; }}
@@ -113,6 +129,10 @@ for f in {daemon_glob}; do
   tag=$(tag_of "$f" {RSYNC_DAEMON_PREFIX}); case "$keep" in *" $tag "*) continue;; esac
   {daemon_act}
 done
+for f in {guard_glob}; do
+  tag=$(tag_of "$f" {GUARD_PREFIX}); case "$keep" in *" $tag "*) continue;; esac
+  {guard_act}
+done
 true"""
     return "bash -c " + shlex.quote(script)
 
@@ -121,7 +141,7 @@ def parse_sweep(stdout: str) -> list[Leftover]:
     found: list[Leftover] = []
     for line in stdout.splitlines():
         parts = line.split(" ")
-        if len(parts) >= 4 and parts[0] in ("tunnel", "rsync-password", "rsync-daemon"):
+        if len(parts) >= 4 and parts[0] in ("tunnel", "rsync-password", "rsync-daemon", "guard"):
             found.append(Leftover(parts[0], parts[1], " ".join(parts[2:-1]), parts[-1]))
     return found
 

@@ -408,6 +408,8 @@ def test_a_killed_runs_tunnel_neither_breaks_the_next_run_nor_outlives_a_rollbac
         capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert rolled.returncode == exit_codes.OK, outcome(rolled)
+    # The rollback released the run's guard: it leaves (within its poll), taking its directory with it.
+    wait_for(lambda: not list(Path(owned.RUN_DIR).glob(f"{owned.GUARD_PREFIX}{key}-*")), "the guard to leave")
     assert owned_on_hosts(key) == []
     assert_source_serves_and_dns_unchanged(state)
     # A dry-run's read-only look at the hosts (its estimate's rsync --dry-run passes included) leaves nothing

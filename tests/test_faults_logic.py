@@ -520,3 +520,41 @@ def test_an_undo_waits_for_the_start_command_it_undoes(tmp_path: Path) -> None:
     finally:
         start.kill()
         start.wait()
+
+
+def test_another_runs_waiting_guard_is_listed_never_ended_and_a_new_run_refuses_beside_it() -> None:
+    import uuid
+
+    from orchestrator import owned
+    from orchestrator.steps.run_owned import waiting_guards
+
+    key = uuid.uuid4().hex[:10]
+    waiting = Path(guard.guard_dir(f"{key}-aaa111"))
+    acted = Path(guard.guard_dir(f"{key}-bbb222"))
+    for directory in (waiting, acted):
+        directory.mkdir()
+    (waiting / "guard.sh").write_text("sleep 60\n")
+    (acted / guard.TRACE).write_text("1.0 guarding\n2.0 lift the fence: done\n3.0 restored\n")
+    proc = subprocess.Popen(["sh", str(waiting / "guard.sh")])
+    try:
+        (waiting / guard.PID).write_text(f"{proc.pid}\n")
+        done = subprocess.run(owned.sweep_command(key, ("ccc333",), end=True), shell=True, capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        found = owned.parse_sweep(done.stdout)
+        assert sorted((f.kind, f.tag, f.state) for f in found) == [("guard", "aaa111", "waiting"),
+                                                                   ("guard", "bbb222", "acted")]  # fmt: skip
+        assert proc.poll() is None and waiting.exists() and acted.exists()  # a guard is never ended by the sweep
+        (problem,) = waiting_guards(found)
+        assert "run …aaa111 waits on the source to restore it" in problem and str(waiting) in problem
+        proc.kill()
+        proc.wait()
+        found = owned.parse_sweep(
+            subprocess.run(owned.sweep_command(key, end=False), shell=True, capture_output=True, text=True).stdout
+        )
+        assert ("guard", "aaa111", "gone") in [(f.kind, f.tag, f.state) for f in found] and not waiting_guards(found)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for directory in (waiting, acted):
+            subprocess.run(["rm", "-rf", str(directory)], check=False)

@@ -24,7 +24,7 @@ from orchestrator.steps.repl_common import (
     replicate_run,
     reverse_over_replica,
 )
-from orchestrator.steps.run_owned import end_left_by_runs
+from orchestrator.steps.run_owned import end_left_by_runs, waiting_guards
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -123,7 +123,8 @@ class Preflight(Step):
         figures: dict[str, Any] = {}
         # What earlier runs of this plan left (a killed run nobody resumed, a kept tunnel whose journal went) is
         # ended before this run starts anything: none of it is ever taken for this run's.
-        end_left_by_runs(ctx, keep_this_run=True)
+        for problem in waiting_guards(end_left_by_runs(ctx, keep_this_run=True)):
+            problems.add(problem)
         reachable = {which: self._ssh(ctx, which, problems) for which in ("source", "target")}
         if reachable["source"]:
             self._source_to_target(ctx, problems)

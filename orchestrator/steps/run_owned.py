@@ -30,6 +30,18 @@ def end_left_by_runs(ctx: StepContext, *, keep_this_run: bool) -> list[owned.Lef
             ctx.log.warning("leftovers_not_checked", host=which, error=str(exc))
             continue
         for found in owned.parse_sweep(result.stdout):
-            ctx.log.warning("leftover_ended", host=which, kind=found.kind, run_tag=found.tag, path=found.path)
+            what = "leftover_ended" if found.state == "ended" else "leftover_found"
+            ctx.log.warning(what, host=which, kind=found.kind, run_tag=found.tag, path=found.path, state=found.state)
             ended.append(found)
     return ended
+
+
+def waiting_guards(found: list[owned.Leftover]) -> list[str]:
+    """Why this run must not start: another run's guard waits on the source to restore it (its run died in its
+    window, and nobody resumed it); starting now, this run's window could meet that restore."""
+    return [
+        f"a guard left by run …{leftover.tag} waits on the source to restore it ({leftover.path}/trace says when): "
+        "let it act, then run again"
+        for leftover in found
+        if leftover.kind == "guard" and leftover.state == "waiting"
+    ]
