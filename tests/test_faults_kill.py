@@ -330,20 +330,27 @@ def test_sigterm_while_the_target_database_starts_leaves_it_stopped(live_lab: La
         "stop": str(state.target.bin_dir / "db-stop"),
     }
     plan = plan_copy(state, "sigterm-start", {"database": {"target": endpoint}})
-    run = popen_apply(state, plan)
-    try:
-        wait_for(began.exists, "the target's database start command to run", proc=run)
-        run.send_signal(signal.SIGTERM)
-        stdout, stderr = run.communicate(timeout=240)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == exit_codes.FAILED, (run.returncode, stdout[-2000:], stderr[-3000:])
-    assert "interrupted by SIGTERM" in stdout + stderr, stderr[-3000:]
-    # The start command has ended (whether the rollback waited for it or not): only then is "not running" a verdict.
-    wait_for(ended.exists, "the target's start command to end")
-    assert not target_db_running(state), "the rollback left the target's database running"
-    assert_source_serves_and_dns_unchanged(state)
+    for attempt in range(START_SIGTERM_RUNS):
+        began.unlink(missing_ok=True)
+        ended.unlink(missing_ok=True)
+        run = popen_apply(state, plan)
+        try:
+            wait_for(began.exists, "the target's database start command to run", proc=run)
+            run.send_signal(signal.SIGTERM)
+            stdout, stderr = run.communicate(timeout=240)
+        finally:
+            if run.poll() is None:
+                run.kill()
+        assert run.returncode == exit_codes.FAILED, (attempt, run.returncode, stdout[-2000:], stderr[-3000:])
+        assert "interrupted by SIGTERM" in stdout + stderr, stderr[-3000:]
+        # The start command has ended (whether the rollback waited for it or not): only then is "not running" a
+        # verdict.
+        wait_for(ended.exists, "the target's start command to end")
+        assert not target_db_running(state), f"try {attempt + 1}: the rollback left the target's database running"
+        assert_source_serves_and_dns_unchanged(state)
+
+
+START_SIGTERM_RUNS = int(os.environ.get("MIGRATE_START_SIGTERM_RUNS", "1"))
 
 
 # --- 4, 5, 8. what a run leaves on the hosts is its own, and ends with it ------------------------------------------
