@@ -558,3 +558,15 @@ def test_another_runs_waiting_guard_is_listed_never_ended_and_a_new_run_refuses_
             proc.wait()
         for directory in (waiting, acted):
             subprocess.run(["rm", "-rf", str(directory)], check=False)
+
+
+def test_a_front_doors_hold_outlives_the_guards_deadline_and_restore() -> None:
+    """Nobody left to decide (the run died in its window): the source's front door must still hold requests when
+    the guard restores the source, never release them onto the fence to be refused in between."""
+    from orchestrator import frontdoor
+
+    blocked_at, budget = 1000.0, 60.0
+    hold_ends = blocked_at + budget + frontdoor.HOLD_MARGIN  # what is left of the budget + the margin, from the block
+    assert hold_ends >= guard.deadline(blocked_at, budget, None) + guard.RESTORE_ALLOWANCE
+    # The guard's bound is the documented one: the budget and the margin, whatever the lock tries' backoffs.
+    assert guard.deadline(blocked_at, budget, None) == blocked_at + budget + guard.MARGIN

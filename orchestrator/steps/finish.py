@@ -242,7 +242,7 @@ class Finish(Step):
         tunnels: list[str] = []
         try:
             ended = end_tunnels(rt.target, plan.reverse_of, rt.plan_path)  # started on the old source
-            tunnels = [found.path for found in ended]
+            tunnels = [found.path for found in ended if found.kind == "tunnel"]
         except TransportError as exc:
             failures.append(f"tunnels: {exc}")
         if failures:
