@@ -517,6 +517,10 @@ def test_an_undo_waits_for_the_start_command_it_undoes(tmp_path: Path) -> None:
         subprocess.run(["sh", "-c", wait_for_start_command(str(lock), 30)], check=True, timeout=60)
         assert ended.exists()  # the wait returned only once the start command had ended
         assert not lock.exists()
+        assert start.wait(timeout=10) == 0
+        # A start command that ended removes its lock itself, and keeps its exit status.
+        failing = subprocess.run(["sh", "-c", held_while_running(str(lock), "exit 3")], timeout=30)
+        assert failing.returncode == 3 and not lock.exists()
     finally:
         start.kill()
         start.wait()

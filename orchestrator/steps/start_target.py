@@ -35,11 +35,12 @@ def start_lock_path(run_id: str) -> str:
 
 def held_while_running(lock: str, command: str) -> str:
     """`command` run under an exclusive lock on `lock`, held by flock itself (-o: the database the command starts
-    in the background does not inherit it) until the command ends; without flock on the host, the command alone."""
+    in the background does not inherit it) until the command ends, the lock file then removed; without flock on the
+    host, the command alone. Its exit status is the command's."""
     quoted = shlex.quote(lock)
     return (
-        f"if command -v flock >/dev/null 2>&1; then flock -o {quoted} sh -c {shlex.quote(command)}; "
-        f"else sh -c {shlex.quote(command)}; fi"
+        f"if command -v flock >/dev/null 2>&1; then flock -o {quoted} sh -c {shlex.quote(command)}; rc=$?; "
+        f"rm -f {quoted}; exit $rc; else sh -c {shlex.quote(command)}; fi"
     )
 
 
