@@ -82,6 +82,7 @@ class OfflineRuntime:
 
     def __init__(self, plan: Plan, *, source: RecordingHost | None = None, target: RecordingHost | None = None):
         self.plan = plan
+        self.plan_path = Path("plan.yaml")
         self.window = DowntimeWindow(plan.cutover.max_write_block)
         self.source = source or RecordingHost()
         self.target = target or RecordingHost()

@@ -234,7 +234,7 @@ def open_window_route(ctx: StepContext) -> None:
         return  # no trees, a route already open, or a runtime that has none (offline tests)
     started = time.monotonic()
     try:
-        owner = owned.owner(rt.plan.name, rt.plan_path, ctx.run_id)  # type: ignore[attr-defined]
+        owner = owned.owner(rt.plan.name, rt.plan_path, ctx.run_id)
         route = rsync_daemon.open_route(rt.plan, rt.source, rt.target, owner)  # type: ignore[arg-type]
     except rsync_daemon.RouteUnavailable as exc:
         ctx.log.warning("window_route_unavailable", reason=str(exc), instead="rsync -e ssh inside the window")

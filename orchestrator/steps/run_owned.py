@@ -20,7 +20,7 @@ def end_left_by_runs(ctx: StepContext, *, keep_this_run: bool) -> list[owned.Lef
     (and this run's too unless `keep_this_run`), each through what it recorded there; logs one line each. A host out
     of reach is skipped (preflight reports it; a rollback says it in the log)."""
     rt = runtime(ctx)
-    key = owned.plan_key(rt.plan.name, rt.plan_path)  # type: ignore[attr-defined]
+    key = owned.plan_key(rt.plan.name, rt.plan_path)
     keep = (owned.run_tag(ctx.run_id),) if keep_this_run else ()
     ended: list[owned.Leftover] = []
     for which in ("source", "target"):
