@@ -32,6 +32,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator import owned
 from orchestrator.contracts import Host
 from orchestrator.transports.ssh import TransportError
 
@@ -50,7 +51,6 @@ HEARTBEAT_STALE = 8
 COMMITTED, RELEASED, DB_STOPPED, READ_ONLY, TRACE = "committed", "released", "db_stopped", "read_only", "trace"
 HEARTBEAT = "heartbeat"
 PID = "pid"  # the guard's own pid, written as it starts (a later run tells a waiting guard from one that is gone)
-GUARD_PREFIX = "migrate-guard-"
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class GuardPlan:
 def guard_dir(owner: str, base: str = "/tmp") -> str:
     """The guard's directory, named after its owner (orchestrator/owned.py: the plan and the run), so a later run of
     the plan finds a guard an earlier one left waiting."""
-    return f"{base.rstrip('/')}/{GUARD_PREFIX}{owner}"
+    return f"{base.rstrip('/')}/{owned.GUARD_PREFIX}{owner}"
 
 
 def deadline(blocked_at: float, budget: float, source_clock_offset: float | None) -> float:
