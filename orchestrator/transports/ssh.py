@@ -569,19 +569,21 @@ class SshHost:
         env: dict[str, str] | None = None,
         keep: Callable[[str], bool] | None = None,
         short: bool = False,
+        input: str | None = None,
     ) -> CommandResult:
         """Run a command, calling `on_line` (in this thread) for each stdout line split on \\r or \\n.
 
         The full stdout is also returned (without empty lines), e.g. for rsync's --stats block; `keep` limits it to
         the lines worth keeping (rsync prints a progress line per file: a million of them must not pile up here).
         `short`: the caller knows the output is small (O(changes)): with a kept shell the command runs there and its
-        lines are handed over once it ended, instead of a new session streaming them.
+        lines are handed over once it ended, instead of a new session streaming them. `input`: the command's stdin
+        (a secret goes there, or in `env`, never in `command`).
         """
         conn = self.connection()
         self._end_cut_short(conn)
-        prefix, data = _env_prefix(env, None)
+        prefix, data = _env_prefix(env, input)
         shell = self._shell
-        if short and shell is not None and not prefix and shell.busy.acquire(blocking=False):
+        if short and shell is not None and data is None and shell.busy.acquire(blocking=False):
             try:
                 self.meter.add("ssh")
                 record = self._record_file(shell) if timeout is not None else None
