@@ -75,6 +75,7 @@ def up(
         False, "--random-ports", help="random free ports instead of the defaults (for labs side by side)"
     ),
     files: int = typer.Option(0, "--files", help="also N small uploads (1-16 KiB) in hashed directories, seeded"),
+    app: str = typer.Option("demo", "--app", help="what serves: demo (the Python app) or wordpress (nginx, php-fpm)"),
 ) -> None:
     """Make the lab (or finish / repair it): sshd, MariaDB and the app per host, the Cloudflare double, plan.yaml.
 
@@ -88,6 +89,7 @@ def up(
             target_address=target_address,
             default_ports=not random_ports,
             files=files,
+            app=app,
             say=typer.echo,
         )
     typer.echo(f"lab is up in {state.dir}; secrets in {state.env_file}; plan in {state.plan_file}")

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from orchestrator.lab import binscripts, haproxy, mariadb, planfile, procs, setup, sshd, uploads_tree
+from orchestrator.lab import binscripts, haproxy, mariadb, planfile, procs, setup, sshd, uploads_tree, wordpress
 from orchestrator.lab.state import STATE_FILE, HostState, LabState
 from orchestrator.transports.haproxy import HaproxyError
 
 SOURCE_ADDRESS = "127.0.0.2"
+APPS = ("demo", wordpress.APP_NAME)
 TARGET_ADDRESS = "127.0.0.3"
 # The ports `lab up` prefers (and docker-compose.test.yml publishes); any taken one is replaced by a free one.
 DEFAULT_SSH_PORT = 2222
@@ -355,6 +356,7 @@ def up(
     target_address: str = TARGET_ADDRESS,
     default_ports: bool = True,
     files: int = 0,
+    app: str = "demo",
     say: Say = _quiet,
 ) -> LabState:
     """Bring the lab up (or finish / repair it) and return its state, saved in <dir>/lab.json.
@@ -370,6 +372,8 @@ def up(
         raise LabRefused("the database and uploads sizes are whole megabytes, at least 1")
     if files < 0:
         raise LabRefused("--files is a number of files, not negative")
+    if app not in APPS:
+        raise LabRefused(f"--app must be one of {', '.join(APPS)}, not {app!r}")
     check_dir_for_up(lab_dir)
     installed = setup.ensure_system_tools()
     if installed:
@@ -377,6 +381,9 @@ def up(
     lab_dir = lab_dir.expanduser().absolute()
     lab_dir.mkdir(parents=True, exist_ok=True)
     state = _load_or_new(lab_dir, source_address, target_address, default_ports)
+    if (lab_dir / STATE_FILE).exists() and state.app != app:
+        raise LabRefused(f"the lab in {lab_dir} runs the {state.app} app, not {app}: `lab down --purge` it first")
+    state.app = app
     longest_socket = max(len(str(p)) for h in (state.source, state.target) for p in (h.db_socket, h.haproxy_socket))
     if longest_socket > MAX_SOCKET_PATH:
         raise LabError(f"the lab directory {lab_dir} is too deep: unix socket paths would pass {MAX_SOCKET_PATH} bytes")
@@ -405,6 +412,8 @@ def up(
     # MariaDB: both datadirs installed; the source runs with users, schema and data; the target stays stopped.
     for host in (state.source, state.target):
         binscripts.write_scripts(state, host)
+        if state.app == wordpress.APP_NAME:
+            wordpress.write_host(state, host)
         if mariadb.install_datadir(host):
             say(f"{host.name}: datadir installed in {host.datadir}")
     run_script(state.source, "db-start")
@@ -413,6 +422,8 @@ def up(
     say(f"source: mariadb on {state.source.address}:{state.source.db_port}, {added} seed rows added")
     written = seed_uploads(state, uploads_size_mb)
     say(f"source: uploads in {state.source.uploads} ({written} files written)")
+    if state.app == wordpress.APP_NAME and wordpress.install(state, state.source):
+        say(f"source: WordPress installed (admin {wordpress.ADMIN_USER}, application password in {state.env_file})")
     if files:
         written = uploads_tree.write_tree(state.source.uploads, files)
         say(f"source: {files} small uploads in hashed directories ({written} written)")
@@ -428,7 +439,8 @@ def up(
 
     # The demo app serves on the source, behind its front door.
     run_script(state.source, "app-start", timeout=60)
-    if app_pid(state, state.source) is None and _optional_module(binscripts.APP_MODULE) is not None:
+    demo = state.app != wordpress.APP_NAME
+    if demo and app_pid(state, state.source) is None and _optional_module(binscripts.APP_MODULE) is not None:
         raise LabError(f"the app of the source did not start; see {state.source.log_dir / 'app.out'}")
     say(f"source: app on http://{state.source.address}:{state.source.app_listen_port} behind its front door")
 
@@ -448,6 +460,18 @@ def up(
 
 
 # --- down ----------------------------------------------------------------------------------------------------
+
+
+def _stop_wordpress(host: HostState, problems: list[str]) -> list[Stopped]:
+    """nginx and php-fpm of a WordPress lab host, stopped by its own app-stop script."""
+    running = {name: pid for name, pid in wordpress.stack_pids(host).items() if pid is not None}
+    if not running:
+        return []
+    try:
+        run_script(host, "app-stop", timeout=60)
+    except (LabError, OSError) as exc:
+        problems.append(str(exc))
+    return [Stopped(f"{host.name} {name}", pid) for name, pid in running.items()]
 
 
 @dataclass
@@ -525,6 +549,8 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
         if pid is not None:
             procs.stop_pid(pid, timeout=15)
             stopped.append(Stopped(f"{host.name} app", pid))
+        if state.app == wordpress.APP_NAME:
+            stopped += _stop_wordpress(host, problems)
     cf = cf_module()
     pid = cf_pid(state)
     if cf is not None:
@@ -548,6 +574,7 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
     if problems:
         raise LabError("; ".join(problems))
     if purge:
+        wordpress.remove_host_configs(state)
         shutil.rmtree(lab_dir)
         say(f"removed {lab_dir}")
     return stopped
@@ -580,6 +607,11 @@ def components(state: LabState) -> list[Component]:
             Component(f"{host.name} mariadb", db_pid(host), f"{host.address}:{host.db_port}"),
             Component(f"{host.name} app", app_pid(state, host), f"{host.address}:{host.app_listen_port}"),
         ]
+        if state.app == wordpress.APP_NAME:
+            found = found[:-1] + [
+                Component(f"{host.name} {name}", pid, f"{host.address}:{host.app_internal_port}")
+                for name, pid in wordpress.stack_pids(host).items()
+            ]
         if host.has_front_door:
             found.append(
                 Component(f"{host.name} haproxy", haproxy.running_pid(host), f"{host.address}:{host.app_port}")

@@ -144,6 +144,8 @@ class LabState:
     db_password_env: str = "MIGRATE_DB_PASSWORD"
     app_password_env: str = "LAB_APP_DB_PASSWORD"
     repl_password_env: str = "MIGRATE_REPL_PASSWORD"
+    # What serves on the hosts: "demo" (the lab's Python app) or "wordpress" (nginx + php-fpm + WordPress).
+    app: str = "demo"
 
     @property
     def path(self) -> Path:
