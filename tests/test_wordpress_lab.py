@@ -1,0 +1,146 @@
+"""WordPress on nginx + php8.2-fpm (Debian's packages), moved by `migrate` under its own REST clients.
+
+One WordPress lab for both cut-over modes: under `lab load` (posts, comments, multipart media through the REST API
+with an application password), `migrate apply` moves it to the target in the replicate mode, then `migrate apply
+--reverse` brings it back in the shutdown mode. After each: nothing acknowledged is lost on the serving host (rows,
+and the media files byte for byte), no request failed, the site serves from that host's front door (`/wp-json/`
+and a media URL), the run's report shows its window.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import exit_codes
+from orchestrator.lab import hosts, planfile, wordpress
+from orchestrator.lab.state import HostState, LabState
+from orchestrator.lab.verify import read_acks
+from orchestrator.lab.wp_verify import WpVerifyReport, main_verify
+from tests.test_e2e import dns_contents, migrate_apply, outcome, plan_name, run_report, wait_for_load_acks_on
+from tests.test_frontdoor_e2e import CLIENT_HTTP_TIMEOUT, no_failed_requests
+
+pytestmark = pytest.mark.lab
+
+CLIENT_DNS_CACHE = 2.0
+TIMEOUT = 300.0
+
+
+@pytest.fixture(scope="module")
+def wp_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
+    lab_dir = tmp_path_factory.mktemp("wplab")
+    try:
+        yield hosts.up(lab_dir, default_ports=False, app="wordpress", db_size_mb=1, uploads_size_mb=1)
+    finally:
+        hosts.down(lab_dir)
+        wordpress.remove_host_configs(LabState.load(lab_dir))
+
+
+def start_load(state: LabState, load_dir: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path), "--duration", "400",
+            "--rate", "8", "--clients", "3", "--dns-ttl", str(CLIENT_DNS_CACHE), "--upload-every", "2",
+            "--out", str(load_dir), "--http-timeout", str(CLIENT_HTTP_TIMEOUT),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+
+
+def get(host: HostState, path: str) -> tuple[int, bytes]:
+    """A GET through the host's front door (HAProxy), as a client whose DNS points there."""
+    with urllib.request.urlopen(f"http://{host.address}:{host.app_port}{path}", timeout=30) as answer:
+        return answer.status, answer.read()
+
+
+def assert_serves(state: LabState, host: HostState, media: dict[str, Any]) -> None:
+    """WordPress answers its REST index and a media URL (a file uploaded through the REST API) from `host`."""
+    status, body = get(host, "/wp-json/?_fields=name,namespaces")
+    assert status == 200 and "wp/v2" in json.loads(body)["namespaces"], body[:200]
+    status, data = get(host, media["url_path"])
+    assert status == 200 and len(data) == media["size"], (status, len(data))
+    # The front door forwarded nothing: nginx of this very host served it (its access log has the request).
+    assert media["url_path"] in (host.log_dir / "nginx-access.log").read_text()
+
+
+def assert_nothing_lost(verify: WpVerifyReport) -> None:
+    assert verify.error is None, verify.error
+    assert verify.posts_acknowledged > 0 and verify.comments_acknowledged > 0 and verify.media_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    no_failed_requests(verify)
+
+
+def journal(state: LabState, name: str) -> Path:
+    return state.path / ".migrate" / name / "journal.jsonl"
+
+
+def steps_of(report: dict[str, Any]) -> list[str]:
+    return [step["name"] for step in report["steps"]]
+
+
+def test_wordpress_under_load_moves_there_in_the_replicate_mode_and_back_in_the_shutdown_mode(
+    wp_lab: LabState, tmp_path: Path
+) -> None:
+    state = wp_lab
+    planfile.write_plan(state, "replicate")
+    name = plan_name(state.plan_file)
+    load_dir = tmp_path / "load"
+    acks = load_dir / "acks.jsonl"
+    load = start_load(state, load_dir)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (acks.exists() and '"media"' in acks.read_text()):
+            time.sleep(0.1)  # posts, comments and media flowing to the source before the migration begins
+        forward = migrate_apply(state, state.plan_file, timeout=TIMEOUT)
+        assert forward.returncode == exit_codes.OK, outcome(forward)
+        wait_for_load_acks_on(load_dir, state.target.address, since=time.time())
+        there = main_verify(state, host="target", load_dir=load_dir, journal=journal(state, name), trees=False)
+        media_before = next(a for a in read_acks(acks) if a["kind"] == "media" and a["server"] == state.source.address)
+        assert_serves(state, state.target, media_before)
+
+        back = migrate_apply(state, state.plan_file, "--reverse", timeout=TIMEOUT)
+        assert back.returncode == exit_codes.OK, outcome(back)
+        wait_for_load_acks_on(load_dir, state.source.address, since=time.time())
+    finally:
+        load.send_signal(signal.SIGTERM)
+        output, _ = load.communicate(timeout=CLIENT_HTTP_TIMEOUT + 30)
+    print(output)
+
+    # There, in the replicate mode: every post, comment and media item acknowledged so far is on the target.
+    forward_report = run_report(state, name)
+    assert forward_report["status"] == "completed"
+    assert "repl_switch" in steps_of(forward_report) and "cutover" not in steps_of(forward_report)
+    assert_nothing_lost(there)
+    assert there.window is not None and forward_report["write_block_seconds"] > 0
+    assert {"repl_switch", "verify_target", "dns_flip"} <= set(forward_report["window_parts"])
+
+    # Back, in the shutdown mode: everything acknowledged during the whole load is on the source, served there.
+    reverse_report = run_report(state, f"{name}-reverse")
+    assert reverse_report["status"] == "completed"
+    assert "cutover" in steps_of(reverse_report) and "repl_switch" not in steps_of(reverse_report)
+    assert reverse_report["write_block_seconds"] > 0 and "dns_flip" in reverse_report["window_parts"]
+    home = main_verify(state, host="source", load_dir=load_dir, journal=journal(state, f"{name}-reverse"))
+    assert_nothing_lost(home)
+    assert set(home.per_server) == {state.source.address, state.target.address}, home.per_server
+    assert dns_contents(state) == {record: state.source.address for record in state.records}
+    assert_serves(state, state.source, media_before)
+    media_on_target = next(a for a in read_acks(acks) if a["kind"] == "media" and a["server"] == state.target.address)
+    assert_serves(state, state.source, media_on_target)
+    print(
+        f"wordpress: replicate window {forward_report['write_block_seconds']} s {forward_report['window_parts']}; "
+        f"shutdown window {reverse_report['write_block_seconds']} s {reverse_report['window_parts']}; "
+        f"acknowledged {home.posts_acknowledged} posts, {home.comments_acknowledged} comments, "
+        f"{home.media_acknowledged} media; longest write stall {home.longest_write_stall_s} s; "
+        f"failed {home.requests_failed}; latency {home.latency}"
+    )
