@@ -9,25 +9,29 @@ and a media URL), the run's report shows its window.
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
 from orchestrator.lab import hosts, planfile, wordpress
+from orchestrator.lab.app import db_connect
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import read_acks
 from orchestrator.lab.wp_verify import WpVerifyReport, main_verify
 from tests.test_e2e import dns_contents, migrate_apply, outcome, plan_name, run_report, wait_for_load_acks_on
-from tests.test_frontdoor_e2e import CLIENT_HTTP_TIMEOUT, no_failed_requests
+from tests.test_frontdoor_e2e import CLIENT_HTTP_TIMEOUT, no_failed_requests, one_clear_line
 
 pytestmark = pytest.mark.lab
 
@@ -87,6 +91,88 @@ def journal(state: LabState, name: str) -> Path:
 
 def steps_of(report: dict[str, Any]) -> list[str]:
     return [step["name"] for step in report["steps"]]
+
+
+def post_through_nginx(state: LabState, host: HostState, title: str) -> tuple[int, bytes]:
+    """A REST write sent to the host's nginx itself (not its front door, which may hold it during a run)."""
+    user, password = wordpress.credentials(state)
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request = urllib.request.Request(
+        f"http://{host.address}:{host.app_internal_port}/wp-json/wp/v2/posts?_fields=id",
+        data=json.dumps({"title": title, "status": "publish"}).encode(),
+        method="POST",
+        headers={"Authorization": f"Basic {auth}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
+
+
+def posts_titled(state: LabState, host: HostState, title: str) -> int:
+    conn = db_connect(state, host, state.secrets()[state.app_password_env])
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM wp_posts WHERE post_title = %s", (title,))
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_nginx_answers_writes_503_while_the_fence_file_exists_and_reads_go_on(wp_lab: LabState) -> None:
+    state = wp_lab
+    subprocess.run([str(state.source.bin_dir / "fence-on")], check=True, timeout=30)
+    try:
+        status, body = post_through_nginx(state, state.source, "written-while-fenced")
+        assert status == 503 and b"fenced" in body, (status, body[:200])
+        assert get(state.source, "/wp-json/?_fields=name")[0] == 200
+    finally:
+        subprocess.run([str(state.source.bin_dir / "fence-off")], check=True, timeout=30)
+    assert posts_titled(state, state.source, "written-while-fenced") == 0
+    status, body = post_through_nginx(state, state.source, "written-after-the-fence")
+    assert status == 201, (status, body[:200])
+    assert posts_titled(state, state.source, "written-after-the-fence") == 1
+
+
+def test_a_stopped_php_fpm_on_the_target_is_one_line_and_a_rollback_with_the_source_serving(
+    wp_lab: LabState,
+) -> None:
+    state = wp_lab
+    planfile.write_plan(state, "replicate")
+    stop_fpm = (
+        f'[ "$MIGRATE_STEP" = repl_catchup ] || exit 0\n'
+        f"pid=$(cat {wordpress.fpm_pid_file(state.target)}) || exit 1\n"
+        'kill -QUIT "$pid"\n'
+        'while [ -e "/proc/$pid" ]; do sleep 0.1; done\n'
+    )
+    plan = plan_with_hook(state, "nofpm", "before-step", stop_fpm)
+    result = migrate_apply(state, plan, timeout=TIMEOUT)
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    one_clear_line(result, "health check php-fpm ping failed", "status 502")
+    assert dns_contents(state) == {record: state.source.address for record in state.records}
+    status, body = post_through_nginx(state, state.source, "written-after-the-rollback")
+    assert status == 201, (status, body[:200])
+    assert not state.source.fence_file.exists()
+
+
+def plan_with_hook(state: LabState, suffix: str, event: str, body: str) -> Path:
+    """A copy of the lab's plan under its own name, with one hook and few health-check attempts."""
+    yaml = YAML()
+    data = yaml.load(state.plan_file.read_text())
+    data["name"] = f"{data['name']}-{suffix}"
+    data["health"]["attempts"] = 3
+    data["health"]["interval"] = 0.2
+    hooks_dir = state.path / f"hooks-{suffix}"
+    hooks_dir.mkdir(exist_ok=True)
+    hook = hooks_dir / event
+    hook.write_text("#!/bin/bash\nset -u\n" + body)
+    hook.chmod(0o755)
+    data["hooks"] = {"dir": str(hooks_dir)}
+    path = state.path / f"plan-{suffix}.yaml"
+    with path.open("w") as out:
+        yaml.dump(data, out)
+    return path
 
 
 def test_wordpress_under_load_moves_there_in_the_replicate_mode_and_back_in_the_shutdown_mode(

@@ -1,0 +1,75 @@
+"""The WordPress example plan (plans/wordpress.yaml) and the WordPress lab's configuration, without a lab."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.lab import hosts, planfile, wordpress
+from orchestrator.lab.state import LabState
+from orchestrator.plan.loader import load_plan
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "plans" / "wordpress.yaml"
+MIGRATE = Path(sys.executable).with_name("migrate")
+
+
+def test_the_wordpress_example_validates_with_real_health_checks() -> None:
+    result = subprocess.run([str(MIGRATE), "validate", str(EXAMPLE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    plan = load_plan(EXAMPLE).plan
+    urls = [check.url for check in plan.health.checks if check.kind == "http"]
+    assert any("/wp-json/" in url for url in urls) and any(url.endswith("/fpm-ping") for url in urls), urls
+    queries = [check.query for check in plan.health.checks if check.kind == "sql"]
+    assert any("wp_posts" in query for query in queries), queries
+    assert {service.name for service in plan.services.target} == {"nginx", "php-fpm"}
+    assert [tree.source for tree in plan.files] == ["/var/lib/wordpress/wp-content/uploads"]
+
+
+def test_the_example_fences_with_the_flag_file_its_nginx_snippet_checks() -> None:
+    text = EXAMPLE.read_text()
+    plan = load_plan(EXAMPLE).plan
+    checked = re.findall(r"if \(-f (\S+)\)", text)
+    assert checked, "the plan's comments show no nginx fence"
+    for fence in (plan.services.fence, plan.services.target_fence):
+        assert fence is not None
+        assert fence.enable == f"touch {checked[0]}" and fence.disable == f"rm -f {checked[0]}"
+
+
+def a_lab_state(tmp_path: Path) -> LabState:
+    state = hosts.new_state(tmp_path, hosts.SOURCE_ADDRESS, hosts.TARGET_ADDRESS, default_ports=False)
+    state.app = wordpress.APP_NAME
+    state.cf_port = 8443
+    state.save()
+    state.env_file.write_text(f"{state.app_password_env}=not-a-real-one\n")
+    return state
+
+
+def test_the_wordpress_lab_plan_checks_wordpress_php_fpm_and_the_database(tmp_path: Path) -> None:
+    state = a_lab_state(tmp_path)
+    plan = load_plan(planfile.write_plan(state)).plan
+    assert plan.name == "wordpress-lab"
+    urls = [check.url for check in plan.health.checks if check.kind == "http"]
+    target = f"http://{state.target.address}:{state.target.app_port}"
+    assert urls == [f"{target}/wp-json/?_fields=name,namespaces", f"{target}{wordpress.FPM_PING}"]
+    assert [check.query for check in plan.health.checks if check.kind == "sql"] == [
+        f"SELECT EXISTS(SELECT 1 FROM {state.db_name}.wp_posts)"
+    ]
+
+
+def test_each_lab_host_gets_its_own_nginx_php_fpm_and_wordpress_config(tmp_path: Path) -> None:
+    state = a_lab_state(tmp_path)
+    source, target = (wordpress.nginx_text(state, h) for h in (state.source, state.target))
+    # Both serve the same site name: the config is chosen by a fastcgi_param, never by the Host header.
+    names = {wordpress.config_name(state, h) for h in (state.source, state.target)}
+    assert len(names) == 2 and all(re.fullmatch(r"[a-zA-Z0-9-]+", name) for name in names)
+    for text, host in ((source, state.source), (target, state.target)):
+        assert f"fastcgi_param WORDPRESS_CONFIG {wordpress.config_name(state, host)};" in text
+        assert f"listen {host.address}:{host.app_internal_port};" in text
+        assert f"if (-f {host.fence_file})" in text and "return 503" in text
+        fpm = wordpress.fpm_text(host)
+        assert str(wordpress.fpm_socket(host)) in fpm and str(wordpress.fpm_pid_file(host)) in fpm
+        config = wordpress.wp_config_text(state, host, {"AUTH_KEY": "k"})
+        assert f"'{host.address}:{host.db_port}'" in config and str(wordpress.content_dir(host)) in config
