@@ -34,7 +34,7 @@ test-fast: venv
 	$(BIN)/pytest -q -m "not lab" -n 2
 
 demo: venv system-packages
-	$(BIN)/python -m orchestrator.lab.demo
+	$(BIN)/python -m orchestrator.lab.demo $(if $(APP),--app $(APP))
 
 clean:
 	-$(BIN)/migrate lab down
