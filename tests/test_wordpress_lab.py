@@ -25,7 +25,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
-from orchestrator.lab import hosts, planfile, wordpress
+from orchestrator.lab import bastion, hosts, planfile, sshd, wordpress
 from orchestrator.lab.app import db_connect
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import read_acks
@@ -43,7 +43,9 @@ TIMEOUT = 300.0
 def wp_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
     lab_dir = tmp_path_factory.mktemp("wplab")
     try:
-        yield hosts.up(lab_dir, default_ports=False, app="wordpress", db_size_mb=1, uploads_size_mb=1)
+        yield hosts.up(
+            lab_dir, default_ports=False, app="wordpress", with_bastion=True, db_size_mb=1, uploads_size_mb=1
+        )
     finally:
         hosts.down(lab_dir)
         wordpress.remove_host_configs(LabState.load(lab_dir))
@@ -156,6 +158,39 @@ def test_a_stopped_php_fpm_on_the_target_is_one_line_and_a_rollback_with_the_sou
     assert not state.source.fence_file.exists()
 
 
+def logins_through_the_bastion(state: LabState) -> int:
+    return bastion.log_file(state).read_text().count("Accepted publickey")
+
+
+def test_a_wrong_jump_host_key_is_one_line_and_nothing_changes(wp_lab: LabState, tmp_path: Path) -> None:
+    state = wp_lab
+    planfile.write_plan(state, "replicate")
+    # A known_hosts that names the bastion's address with another key (the source's): a man in the middle.
+    wrong = tmp_path / "known_hosts"
+    bastion_host = bastion.host_state(state)
+    key = sshd.host_key(state.source).with_suffix(".pub").read_text().split()[:2]
+    wrong.write_text(f"[{bastion_host.address}]:{bastion_host.ssh_port} {key[0]} {key[1]}\n")
+    yaml = YAML()
+    data = yaml.load(state.plan_file.read_text())
+    data["name"] = f"{data['name']}-wrongjump"
+    for side in ("source", "target"):
+        data[side]["jump"]["known_hosts"] = str(wrong)
+    plan = state.path / "plan-wrongjump.yaml"
+    with plan.open("w") as out:
+        yaml.dump(data, out)
+    logins = logins_through_the_bastion(state)
+    result = migrate_apply(state, plan, timeout=TIMEOUT)
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    one_clear_line(result, "(jump host of source): host key not verifiable against", str(wrong))
+    assert logins_through_the_bastion(state) == logins  # no login: the key was refused before authenticating
+    assert dns_contents(state) == {record: state.source.address for record in state.records}
+    assert not state.source.fence_file.exists()
+    steps = run_report(state, plan_name(plan))["steps"]
+    assert steps[0]["name"] == "preflight" and {step["state"] for step in steps[1:]} == {"pending"}, steps
+    status, body = post_through_nginx(state, state.source, "written-after-the-refused-jump")
+    assert status == 201, (status, body[:200])
+
+
 def plan_with_hook(state: LabState, suffix: str, event: str, body: str) -> Path:
     """A copy of the lab's plan under its own name, with one hook and few health-check attempts."""
     yaml = YAML()
@@ -183,6 +218,7 @@ def test_wordpress_under_load_moves_there_in_the_replicate_mode_and_back_in_the_
     name = plan_name(state.plan_file)
     load_dir = tmp_path / "load"
     acks = load_dir / "acks.jsonl"
+    logins = logins_through_the_bastion(state)
     load = start_load(state, load_dir)
     try:
         deadline = time.monotonic() + 120
@@ -208,6 +244,8 @@ def test_wordpress_under_load_moves_there_in_the_replicate_mode_and_back_in_the_
     assert forward_report["status"] == "completed"
     assert "repl_switch" in steps_of(forward_report) and "cutover" not in steps_of(forward_report)
     assert_nothing_lost(there)
+    # The orchestrator reached both hosts through the bastion (the plan's `jump:`), at every run.
+    assert logins_through_the_bastion(state) >= logins + 2
     assert there.window is not None and forward_report["write_block_seconds"] > 0
     assert {"repl_switch", "verify_target", "dns_flip"} <= set(forward_report["window_parts"])
 

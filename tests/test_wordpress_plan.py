@@ -73,3 +73,35 @@ def test_each_lab_host_gets_its_own_nginx_php_fpm_and_wordpress_config(tmp_path:
         assert str(wordpress.fpm_socket(host)) in fpm and str(wordpress.fpm_pid_file(host)) in fpm
         config = wordpress.wp_config_text(state, host, {"AUTH_KEY": "k"})
         assert f"'{host.address}:{host.db_port}'" in config and str(wordpress.content_dir(host)) in config
+
+
+def test_a_host_may_name_a_jump_host_with_its_own_key_and_known_hosts(tmp_path: Path) -> None:
+    text = EXAMPLE.read_text().replace(
+        "  known_hosts: ~/.ssh/known_hosts\ntarget:",
+        "  known_hosts: ~/.ssh/known_hosts\n  jump:\n    address: 198.51.100.7\n    user: ops\n"
+        "    key: ~/.ssh/bastion\n    known_hosts: ~/.ssh/bastion_known_hosts\ntarget:",
+        1,
+    )
+    path = tmp_path / "jump.yaml"
+    path.write_text(text)
+    plan = load_plan(path).plan
+    assert plan.source.jump is not None and plan.target.jump is None
+    assert (plan.source.jump.address, plan.source.jump.user, plan.source.jump.ssh_port) == ("198.51.100.7", "ops", 22)
+    assert plan.source.jump.known_hosts == "~/.ssh/bastion_known_hosts"
+    # The reverse run reaches each server the same way: the jump goes with its host.
+    reversed_plan = plan.reversed()
+    assert reversed_plan.target.jump == plan.source.jump and reversed_plan.source.jump is None
+
+
+def test_an_unknown_key_under_jump_is_one_line_naming_it(tmp_path: Path) -> None:
+    text = EXAMPLE.read_text().replace(
+        "  known_hosts: ~/.ssh/known_hosts\ntarget:",
+        "  known_hosts: ~/.ssh/known_hosts\n  jump:\n    address: 198.51.100.7\n    hostkey: x\ntarget:",
+        1,
+    )
+    path = tmp_path / "jump.yaml"
+    path.write_text(text)
+    result = subprocess.run([str(MIGRATE), "validate", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "source.jump.hostkey" in lines[0] and f"{path}:" in lines[0], result.stderr

@@ -79,6 +79,9 @@ def up(
     ),
     files: int = typer.Option(0, "--files", help="also N small uploads (1-16 KiB) in hashed directories, seeded"),
     app: str = typer.Option("demo", "--app", help="what serves: demo (the Python app) or wordpress (nginx, php-fpm)"),
+    with_bastion: bool = typer.Option(
+        False, "--bastion", help="also a bastion sshd (127.0.0.4): the plan reaches both hosts through it (jump:)"
+    ),
 ) -> None:
     """Make the lab (or finish / repair it): sshd, MariaDB and the app per host, the Cloudflare double, plan.yaml.
 
@@ -93,6 +96,7 @@ def up(
             default_ports=not random_ports,
             files=files,
             app=app,
+            with_bastion=with_bastion,
             say=typer.echo,
         )
     typer.echo(f"lab is up in {state.dir}; secrets in {state.env_file}; plan in {state.plan_file}")

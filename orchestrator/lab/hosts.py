@@ -22,7 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from orchestrator.lab import binscripts, haproxy, mariadb, planfile, procs, setup, sshd, uploads_tree, wordpress
+from orchestrator.lab import (
+    bastion,
+    binscripts,
+    haproxy,
+    mariadb,
+    planfile,
+    procs,
+    setup,
+    sshd,
+    uploads_tree,
+    wordpress,
+)
 from orchestrator.lab.state import STATE_FILE, HostState, LabState
 from orchestrator.transports.haproxy import HaproxyError
 
@@ -357,6 +368,7 @@ def up(
     default_ports: bool = True,
     files: int = 0,
     app: str = "demo",
+    with_bastion: bool = False,
     say: Say = _quiet,
 ) -> LabState:
     """Bring the lab up (or finish / repair it) and return its state, saved in <dir>/lab.json.
@@ -384,6 +396,8 @@ def up(
     if (lab_dir / STATE_FILE).exists() and state.app != app:
         raise LabRefused(f"the lab in {lab_dir} runs the {state.app} app, not {app}: `lab down --purge` it first")
     state.app = app
+    if with_bastion and not state.bastion_address:
+        state.bastion_address = bastion.BASTION_ADDRESS
     longest_socket = max(len(str(p)) for h in (state.source, state.target) for p in (h.db_socket, h.haproxy_socket))
     if longest_socket > MAX_SOCKET_PATH:
         raise LabError(f"the lab directory {lab_dir} is too deep: unix socket paths would pass {MAX_SOCKET_PATH} bytes")
@@ -407,6 +421,9 @@ def up(
     for host in (state.source, state.target):
         sshd.verify_login(state, host)
     sshd.verify_source_to_target(state)
+    if state.bastion_address:
+        pid = bastion.up(state)
+        say(f"bastion: sshd on {state.bastion_address}:{state.source.ssh_port} (pid {pid}); the plan's hosts via it")
     say("ssh: both hosts answer with verified host keys; the source reaches the target")
 
     # MariaDB: both datadirs installed; the source runs with users, schema and data; the target stays stopped.
@@ -569,6 +586,10 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
         pid = sshd.stop(host)
         if pid is not None:
             stopped.append(Stopped(f"{host.name} sshd", pid))
+    if state.bastion_address:
+        pid = bastion.stop(state)
+        if pid is not None:
+            stopped.append(Stopped("bastion sshd", pid))
     for item in stopped:
         say(f"stopped {item.component} (pid {item.pid})")
     if problems:

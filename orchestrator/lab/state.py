@@ -146,6 +146,8 @@ class LabState:
     repl_password_env: str = "MIGRATE_REPL_PASSWORD"
     # What serves on the hosts: "demo" (the lab's Python app) or "wordpress" (nginx + php-fpm + WordPress).
     app: str = "demo"
+    # The bastion's address when `lab up --bastion` made one (the plan's hosts are reached through it), else "".
+    bastion_address: str = ""
 
     @property
     def path(self) -> Path:

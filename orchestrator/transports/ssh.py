@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import asyncssh
 import structlog
 
-from orchestrator.plan.model import Host, Retry
+from orchestrator.plan.model import Host, JumpHost, Retry
 from orchestrator.retry import call_with_retry
 from orchestrator.secrets import redact
 
@@ -111,7 +111,7 @@ def _call(coro: Coroutine[Any, Any, T]) -> T:
 _TRANSIENT = (OSError, asyncio.TimeoutError, asyncssh.ConnectionLost, asyncssh.ChannelOpenError, EOFError)
 
 
-def _connect_error(name: str, host: Host, known_hosts: Path, exc: BaseException) -> TransportError:
+def _connect_error(name: str, host: Host | JumpHost, known_hosts: Path, exc: BaseException) -> TransportError:
     where = f"ssh {host.user}@{host.address}:{host.ssh_port} ({name})"
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
         return TransportError(
@@ -313,6 +313,7 @@ class SshHost:
         self._ending = threading.Lock()  # one thread ends them; the others wait for it
         self._records = itertools.count(1)
         self._token = os.urandom(8).hex()
+        self._bastions: list[asyncssh.SSHClientConnection] = []  # connections to the jump host (plan `jump:`)
 
     def __repr__(self) -> str:
         return f"SshHost({self.name}: {self.host.user}@{self.host.address}:{self.host.ssh_port})"
@@ -327,27 +328,50 @@ class SshHost:
 
     # --- connection ---
 
-    async def _open(self) -> asyncssh.SSHClientConnection:
+    def _options(self, host: Host | JumpHost, known_hosts: Path) -> dict[str, Any]:
         options: dict[str, Any] = {
-            "port": self.host.ssh_port,
-            "username": self.host.user,
-            "known_hosts": str(self.known_hosts),
+            "port": host.ssh_port,
+            "username": host.user,
+            "known_hosts": str(known_hosts),
             "keepalive_interval": KEEPALIVE_INTERVAL,
             "keepalive_count_max": KEEPALIVE_COUNT_MAX,
-            "connect_timeout": self.host.connect_timeout,
-            "agent_forwarding": self.forward_agent,
+            "connect_timeout": host.connect_timeout,
             # Only what the plan says: no surprise from ~/.ssh/config.
             "config": [],
         }
-        if self.host.key is not None:
-            options["client_keys"] = [str(self._path(self.host.key))]
-            if not self.host.agent:
+        if host.key is not None:
+            options["client_keys"] = [str(self._path(host.key))]
+            if not host.agent:
                 options["agent_path"] = None
-        return await asyncssh.connect(self.host.address, **options)
+        return options
+
+    async def _open(self) -> asyncssh.SSHClientConnection:
+        options = self._options(self.host, self.known_hosts)
+        options["agent_forwarding"] = self.forward_agent
+        jump = self.host.jump
+        if jump is None:
+            return await asyncssh.connect(self.host.address, **options)
+        # Through the bastion: its own key verified against its own known_hosts first, then the host's through it.
+        jump_known_hosts = self._path(jump.known_hosts)
+        try:
+            bastion = await asyncssh.connect(jump.address, **self._options(jump, jump_known_hosts))
+        except Exception as exc:
+            raise _connect_error(f"jump host of {self.name}", jump, jump_known_hosts, exc) from None
+        try:
+            conn = await asyncssh.connect(self.host.address, tunnel=bastion, **options)
+        except BaseException:
+            bastion.close()
+            raise
+        self._bastions.append(bastion)
+        return conn
 
     def _connect_once(self) -> asyncssh.SSHClientConnection:
         if not self.known_hosts.is_file():
             raise TransportError(f"ssh {self.name}: known_hosts file {self.known_hosts} is missing", False)
+        jump = self.host.jump
+        if jump is not None and not self._path(jump.known_hosts).is_file():
+            missing = self._path(jump.known_hosts)
+            raise TransportError(f"ssh {self.name}: the jump host's known_hosts file {missing} is missing", False)
         try:
             return _call(self._open())
         except TransportError:
@@ -716,6 +740,7 @@ class SshHost:
         with self._lock:
             conn, self._conn = self._conn, None
             listeners, self._listeners = self._listeners, []
+            bastions, self._bastions = self._bastions, []
 
         async def _close() -> None:
             for listener in listeners:
@@ -723,8 +748,11 @@ class SshHost:
             if conn is not None:
                 conn.close()
                 await conn.wait_closed()
+            for bastion in bastions:
+                bastion.close()
+                await bastion.wait_closed()
 
-        if conn is not None or listeners:
+        if conn is not None or listeners or bastions:
             # Closing is best effort: the peer may already be gone.
             with contextlib.suppress(Exception):
                 _submit(_close()).result(timeout=10)
