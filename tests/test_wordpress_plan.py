@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ruamel.yaml import YAML
+
 from orchestrator.lab import hosts, planfile, wordpress
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
@@ -105,3 +107,24 @@ def test_an_unknown_key_under_jump_is_one_line_naming_it(tmp_path: Path) -> None
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "source.jump.hostkey" in lines[0] and f"{path}:" in lines[0], result.stderr
+
+
+WORDPRESS_PACKAGES = ("nginx", "php8.2-fpm", "php8.2-mysql", "wordpress")
+
+
+def test_the_compose_file_describes_the_wordpress_stack_on_both_hosts() -> None:
+    compose = YAML(typ="safe").load((REPO / "docker-compose.test.yml").read_text())
+    for name in ("source", "target"):
+        service = compose["services"][name]
+        # One switch for both hosts: `LAB_APP=wordpress docker compose ... up` runs the WordPress stack.
+        assert service["environment"]["LAB_APP"] == "${LAB_APP:-demo}", service
+        assert (REPO / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
+    dockerfile = (REPO / "docker" / "host.Dockerfile").read_text()
+    installed = set(" ".join(re.findall(r"apt-get install[^&]*", dockerfile, flags=re.S)).replace("\\", " ").split())
+    makefile = (REPO / "Makefile").read_text()
+    system_packages = set(re.search(r"^SYSTEM_PACKAGES := (.*)$", makefile, flags=re.M).group(1).split())
+    for package in WORDPRESS_PACKAGES:
+        assert package in installed, f"{package} is not installed in docker/host.Dockerfile"
+        assert package in system_packages, f"{package} is not in the Makefile's SYSTEM_PACKAGES"
+    entry = (REPO / "docker" / "lab_host.py").read_text()
+    assert 'os.environ.get("LAB_APP"' in entry and "wordpress.install(state, host)" in entry

@@ -118,7 +118,7 @@ http {{
   scgi_temp_path {tmp}/scgi;
   client_max_body_size {UPLOAD_MAX};
   server {{
-    listen {host.address}:{host.app_internal_port};
+    listen {host.address}:{host.app_listen_port};
     server_name _;
     root {WP_ROOT};
     index index.php;
@@ -289,7 +289,7 @@ def _running_sh(name: str, pid_file: Path, marker: Path) -> str:
 
 
 def start_script(state: LabState, host: HostState) -> str:
-    ping = f"http://{host.address}:{host.app_internal_port}{FPM_PING}"
+    ping = f"http://{host.address}:{host.app_listen_port}{FPM_PING}"
     return f"""#!/bin/bash
 # Starts php-fpm and nginx of {host.name} unless they run; returns once php-fpm answers its ping through nginx.
 set -uo pipefail
