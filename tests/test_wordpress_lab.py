@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -25,7 +26,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
-from orchestrator.lab import bastion, hosts, planfile, sshd, wordpress
+from orchestrator.lab import bastion, hosts, operator, planfile, sshd, wordpress
 from orchestrator.lab.app import db_connect
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import read_acks
@@ -40,15 +41,17 @@ TIMEOUT = 300.0
 
 
 @pytest.fixture(scope="module")
-def wp_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabState]:
-    lab_dir = tmp_path_factory.mktemp("wplab")
+def wp_lab() -> Iterator[LabState]:
+    """The WordPress lab, its plan logging in as an unprivileged operator (root through sudo) through a bastion. Made
+    in a directory of its own under /tmp: the operator must be able to enter it (pytest's are private to root)."""
+    lab_dir = Path(tempfile.mkdtemp(prefix="migrate-wplab-", dir="/tmp"))
     try:
         yield hosts.up(
-            lab_dir, default_ports=False, app="wordpress", with_bastion=True, db_size_mb=1, uploads_size_mb=1
-        )
+            lab_dir, default_ports=False, app="wordpress", with_bastion=True, with_operator=True, db_size_mb=1,
+            uploads_size_mb=1,
+        )  # fmt: skip
     finally:
-        hosts.down(lab_dir)
-        wordpress.remove_host_configs(LabState.load(lab_dir))
+        hosts.down(lab_dir, purge=True)  # also the operator account and the configs in /etc/wordpress
 
 
 def start_load(state: LabState, load_dir: Path) -> subprocess.Popen[str]:
@@ -191,6 +194,25 @@ def test_a_wrong_jump_host_key_is_one_line_and_nothing_changes(wp_lab: LabState,
     assert status == 201, (status, body[:200])
 
 
+def test_a_sudo_refusal_is_one_line_at_preflight_naming_the_command_and_nothing_changes(wp_lab: LabState) -> None:
+    state = wp_lab
+    planfile.write_plan(state, "replicate")
+    sudoers = operator.sudoers_file(state)
+    allowed = sudoers.read_text()
+    sudoers.write_text(allowed.replace("/usr/bin/sh, ", ""))  # rsync only: the commands' shell is refused
+    try:
+        result = migrate_apply(state, plan_with_hook(state, "nosudo", "before-step", "exit 0\n"), timeout=TIMEOUT)
+    finally:
+        sudoers.write_text(allowed)
+    assert result.returncode == exit_codes.FAILED, outcome(result)
+    one_clear_line(result, "source ssh", "sudo refused `sudo -n -- sh -c", f"for {state.operator}@")
+    steps = run_report(state, f"{plan_name(state.plan_file)}-nosudo")["steps"]
+    assert steps[0]["name"] == "preflight" and {step["state"] for step in steps[1:]} == {"pending"}, steps
+    assert dns_contents(state) == {record: state.source.address for record in state.records}
+    status, body = post_through_nginx(state, state.source, "written-after-the-sudo-refusal")
+    assert status == 201, (status, body[:200])
+
+
 def plan_with_hook(state: LabState, suffix: str, event: str, body: str) -> Path:
     """A copy of the lab's plan under its own name, with one hook and few health-check attempts."""
     yaml = YAML()
@@ -244,8 +266,10 @@ def test_wordpress_under_load_moves_there_in_the_replicate_mode_and_back_in_the_
     assert forward_report["status"] == "completed"
     assert "repl_switch" in steps_of(forward_report) and "cutover" not in steps_of(forward_report)
     assert_nothing_lost(there)
-    # The orchestrator reached both hosts through the bastion (the plan's `jump:`), at every run.
+    # The orchestrator reached both hosts through the bastion (the plan's `jump:`), at every run, as the operator.
     assert logins_through_the_bastion(state) >= logins + 2
+    for host in (state.source, state.target):
+        assert f"Accepted publickey for {state.operator} " in (host.log_dir / "sshd.log").read_text()
     assert there.window is not None and forward_report["write_block_seconds"] > 0
     assert {"repl_switch", "verify_target", "dns_flip"} <= set(forward_report["window_parts"])
 

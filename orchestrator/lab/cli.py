@@ -82,6 +82,9 @@ def up(
     with_bastion: bool = typer.Option(
         False, "--bastion", help="also a bastion sshd (127.0.0.4): the plan reaches both hosts through it (jump:)"
     ),
+    with_operator: bool = typer.Option(
+        False, "--operator", help="the plan logs in as an unprivileged account of this machine, root through sudo"
+    ),
 ) -> None:
     """Make the lab (or finish / repair it): sshd, MariaDB and the app per host, the Cloudflare double, plan.yaml.
 
@@ -97,6 +100,7 @@ def up(
             files=files,
             app=app,
             with_bastion=with_bastion,
+            with_operator=with_operator,
             say=typer.echo,
         )
     typer.echo(f"lab is up in {state.dir}; secrets in {state.env_file}; plan in {state.plan_file}")

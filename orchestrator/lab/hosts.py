@@ -27,6 +27,7 @@ from orchestrator.lab import (
     binscripts,
     haproxy,
     mariadb,
+    operator,
     planfile,
     procs,
     setup,
@@ -369,6 +370,7 @@ def up(
     files: int = 0,
     app: str = "demo",
     with_bastion: bool = False,
+    with_operator: bool = False,
     say: Say = _quiet,
 ) -> LabState:
     """Bring the lab up (or finish / repair it) and return its state, saved in <dir>/lab.json.
@@ -398,6 +400,11 @@ def up(
     state.app = app
     if with_bastion and not state.bastion_address:
         state.bastion_address = bastion.BASTION_ADDRESS
+    if with_operator or state.operator:
+        state.operator = operator.ensure(state)
+        for host in (state.source, state.target):
+            host.admin_gid = operator.gid(state)
+        say(f"operator: {state.operator} logs in on both hosts, root through passwordless sudo")
     longest_socket = max(len(str(p)) for h in (state.source, state.target) for p in (h.db_socket, h.haproxy_socket))
     if longest_socket > MAX_SOCKET_PATH:
         raise LabError(f"the lab directory {lab_dir} is too deep: unix socket paths would pass {MAX_SOCKET_PATH} bytes")
@@ -596,6 +603,7 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
         raise LabError("; ".join(problems))
     if purge:
         wordpress.remove_host_configs(state)
+        operator.remove(state)
         shutil.rmtree(lab_dir)
         say(f"removed {lab_dir}")
     return stopped

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
-from orchestrator.lab import bastion, haproxy, wordpress
+from orchestrator.lab import bastion, haproxy, operator, wordpress
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
 
@@ -222,6 +222,8 @@ def write_plan(state: LabState, mode: str = "auto") -> Path:
         text = wordpress.plan_text(text, state)
     if state.bastion_address:
         text = bastion.plan_text(text, state)
+    if state.operator:
+        text = operator.plan_text(text, state)
     validate_text(text)
     (state.path / "hooks").mkdir(parents=True, exist_ok=True)
     tmp = state.plan_file.with_suffix(".tmp")

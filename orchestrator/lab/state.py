@@ -33,6 +33,8 @@ class HostState:
     # Where the app itself listens, behind the host's front door (HAProxy on app_port); 0 in labs made before the
     # front door existed: the app listens on app_port and no HAProxy runs.
     app_internal_port: int = 0
+    # The group whose members may use the front door's admin socket (the lab's operator), 0: root only.
+    admin_gid: int = 0
 
     @property
     def app_listen_port(self) -> int:
@@ -148,6 +150,8 @@ class LabState:
     app: str = "demo"
     # The bastion's address when `lab up --bastion` made one (the plan's hosts are reached through it), else "".
     bastion_address: str = ""
+    # The unprivileged account the plan logs in as (`lab up --operator`, root through sudo), else "" (root).
+    operator: str = ""
 
     @property
     def path(self) -> Path:

@@ -297,6 +297,11 @@ class Host(Strict):
         description="address the DNS records point at for this host (defaults to 'address')",
     )
     connect_timeout: float = _seconds(0, 300, default=10.0, description="SSH connection timeout")
+    become: Literal["sudo"] | None = Field(
+        default=None,
+        description="how a non-root `user` gains root for the migration's commands: 'sudo' (passwordless, sudo -n); "
+        "also on the source → target hop (rsync's remote end, the seed's receiver)",
+    )
     jump: JumpHost | None = Field(
         default=None,
         description="a bastion the orchestrator's connections to this host go through (the source → target hop "

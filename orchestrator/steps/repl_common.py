@@ -291,6 +291,7 @@ def seed_spec(plan: Plan) -> repl.SeedSpec:
         throttle=settings.seed_throttle,
         nice=settings.seed_nice,
         no_defaults=False,
+        target_sudo=plan.target.become == "sudo",
     )
 
 

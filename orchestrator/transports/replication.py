@@ -128,6 +128,8 @@ class SeedSpec:
     throttle: int | None = None
     nice: bool = True
     no_defaults: bool = False
+    # The target's plan says `become: sudo`: the hop logs in as a non-root user, the receiver runs through sudo.
+    target_sudo: bool = False
     parallel: int = 1
     log_copy_interval_ms: int = 10
 
@@ -173,6 +175,8 @@ def seed_stream_command(spec: SeedSpec, *, log_path: str | None = None) -> str:
         backup.append(f"--throttle={spec.throttle}")
     staging = shlex.quote(spec.staging_dir)
     receive = f"rm -rf {staging} && mkdir -p {staging} && mbstream -x -C {staging}"
+    if spec.target_sudo:
+        receive = shlex.join(["sudo", "-n", "--", "sh", "-c", receive])
     password = f'MYSQL_PWD="${{{spec.password_env}}}" ' if spec.password_env else ""
     script = f"""set -o pipefail
 log={shlex.quote(log_path) if log_path else "$(mktemp)"}; trap 'rm -f "$log"' EXIT

@@ -111,6 +111,18 @@ def _call(coro: Coroutine[Any, Any, T]) -> T:
 _TRANSIENT = (OSError, asyncio.TimeoutError, asyncssh.ConnectionLost, asyncssh.ChannelOpenError, EOFError)
 
 
+# How a host whose plan says `become: sudo` runs every command of the migration: as root, never asking for a password.
+SUDO = ("sudo", "-n", "--")
+
+
+def as_root(host: Host, command: str) -> str:
+    """The command as the host runs it: unchanged, or through passwordless sudo (`become: sudo`) in a shell of its
+    own, so pipes, redirections and `cd` of the command all happen as root."""
+    if host.become != "sudo":
+        return command
+    return shlex.join([*SUDO, "sh", "-c", command])
+
+
 def _connect_error(name: str, host: Host | JumpHost, known_hosts: Path, exc: BaseException) -> TransportError:
     where = f"ssh {host.user}@{host.address}:{host.ssh_port} ({name})"
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
@@ -314,6 +326,7 @@ class SshHost:
         self._records = itertools.count(1)
         self._token = os.urandom(8).hex()
         self._bastions: list[asyncssh.SSHClientConnection] = []  # connections to the jump host (plan `jump:`)
+        self._sudo_checked = False
 
     def __repr__(self) -> str:
         return f"SshHost({self.name}: {self.host.user}@{self.host.address}:{self.host.ssh_port})"
@@ -383,9 +396,37 @@ class SshHost:
         """The host's connection, opened (with retries of transient failures) on first use or after a loss."""
         with self._lock:
             if self._conn is None or self._conn.is_closed():
-                self._conn = call_with_retry(self._connect_once, self.retry, what=f"ssh {self.name}")
+                conn = call_with_retry(self._connect_once, self.retry, what=f"ssh {self.name}")
+                if not self._sudo_checked:
+                    self._check_sudo(conn)
+                self._conn = conn
                 self._sessions = asyncio.Semaphore(MAX_SESSIONS_PER_CONNECTION)
             return self._conn
+
+    def _check_sudo(self, conn: asyncssh.SSHClientConnection) -> None:
+        """With `become: sudo`, the very command every other one goes through, once: a refusal (a password asked,
+        the command not allowed) is one line naming it and the account, before anything is changed."""
+        if self.host.become != "sudo":
+            return
+        probe = as_root(self.host, "true")
+
+        async def _probe() -> asyncssh.SSHCompletedProcess:
+            return await conn.run(probe, check=False, timeout=self.host.connect_timeout + 20)
+
+        try:
+            done = _call(_probe())
+        except (asyncssh.Error, *_TRANSIENT) as exc:
+            conn.close()
+            raise TransportError(f"ssh {self.name}: checking sudo: {exc.__class__.__name__}: {exc}", True) from None
+        if done.exit_status != 0:
+            conn.close()
+            said = " ".join(str(done.stderr or "").split())[:300] or f"exit {done.exit_status}"
+            raise TransportError(
+                f"ssh {self.name}: sudo refused `{shlex.join([*SUDO, 'sh', '-c', '…'])}` for {self.host.user}@"
+                f"{self.host.address} (become: sudo needs it passwordless): {said}",
+                False,
+            )
+        self._sudo_checked = True
 
     def _lost(self, exc: BaseException, what: str) -> TransportError:
         if isinstance(exc, asyncssh.TimeoutError | asyncio.TimeoutError):
@@ -430,7 +471,9 @@ class SshHost:
                 assert sessions is not None
                 async with sessions:
                     return await conn.run(
-                        script, check=False, timeout=CUT_SHORT_TIMEOUT + (CUT_SHORT_GRACE + 5) * len(pending)
+                        as_root(self.host, script),
+                        check=False,
+                        timeout=CUT_SHORT_TIMEOUT + (CUT_SHORT_GRACE + 5) * len(pending),
                     )
 
             what = f"ending {len(pending)} command(s) cut short"
@@ -495,7 +538,7 @@ class SshHost:
         async def _run() -> asyncssh.SSHCompletedProcess:
             assert self._sessions is not None
             async with self._sessions:
-                proc = await conn.create_process(full, input=data, errors="replace")
+                proc = await conn.create_process(as_root(self.host, full), input=data, errors="replace")
                 try:
                     return await proc.wait(check=False, timeout=timeout)
                 except asyncssh.TimeoutError:
@@ -529,7 +572,7 @@ class SshHost:
             assert sessions is not None
             await sessions.acquire()  # held while the shell lives: it is one of the connection's sessions
             try:
-                proc = await conn.create_process("sh", encoding=None)
+                proc = await conn.create_process(as_root(self.host, "sh"), encoding=None)
                 shell = _KeptShell(proc, f"__migrate_{os.urandom(8).hex()}")
                 shell.sessions = sessions
                 await asyncio.wait_for(shell.ready(), SHELL_READY_TIMEOUT)
@@ -617,7 +660,7 @@ class SshHost:
         async def _stream() -> tuple[int | None, str]:
             assert self._sessions is not None
             async with self._sessions:
-                proc = await conn.create_process(full, errors="replace")
+                proc = await conn.create_process(as_root(self.host, full), errors="replace")
                 try:
                     if data is not None:
                         proc.stdin.write(data)
@@ -709,7 +752,7 @@ class SshHost:
             await sessions.acquire()  # held while the process lives: it is one of the connection's sessions
             proc = None
             try:
-                proc = await conn.create_process(command, encoding="utf-8", errors="replace")
+                proc = await conn.create_process(as_root(self.host, command), encoding="utf-8", errors="replace")
                 proc.stdin.write(input)
                 async with asyncio.timeout(timeout):
                     while True:
