@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from ruamel.yaml import YAML
 from orchestrator.lab import hosts, planfile, wordpress
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
+from orchestrator.transports import replication as repl
+from orchestrator.transports import rsync, ssh
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "plans" / "wordpress.yaml"
@@ -128,3 +131,47 @@ def test_the_compose_file_describes_the_wordpress_stack_on_both_hosts() -> None:
         assert package in system_packages, f"{package} is not in the Makefile's SYSTEM_PACKAGES"
     entry = (REPO / "docker" / "lab_host.py").read_text()
     assert 'os.environ.get("LAB_APP"' in entry and "wordpress.install(state, host)" in entry
+
+
+def plan_as_operator(tmp_path: Path, become: str = "sudo") -> Path:
+    text = EXAMPLE.read_text().replace("  user: root\n", f"  user: ops\n  become: {become}\n")
+    path = tmp_path / "operator.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_become_sudo_runs_every_command_through_passwordless_sudo(tmp_path: Path) -> None:
+    plan = load_plan(plan_as_operator(tmp_path)).plan
+    assert (plan.source.user, plan.source.become, plan.target.become) == ("ops", "sudo", "sudo")
+    command = "cd /var/lib/mysql && ls | wc -l > /tmp/x"
+    wrapped = ssh.as_root(plan.source, command)
+    assert shlex.split(wrapped) == ["sudo", "-n", "--", "sh", "-c", command]
+    root = load_plan(EXAMPLE).plan
+    assert root.source.become is None and ssh.as_root(root.source, command) == command
+
+
+def test_rsyncs_remote_end_and_the_seeds_receiver_run_through_sudo_on_a_become_target(tmp_path: Path) -> None:
+    plan = load_plan(plan_as_operator(tmp_path)).plan
+    push = shlex.split(rsync.push_command(plan, "/a", "/b", live=True))
+    assert "--rsync-path=" + shlex.join([*rsync.NICE, "sudo", "-n", "--", "rsync"]) in push
+    assert "--rsync-path=sudo -n -- rsync" in shlex.split(rsync.push_command(plan, "/a", "/b", live=False))
+    assert "--rsync-path=sudo -n -- rsync" in shlex.split(rsync.compare_command(plan, "/a", "/b"))
+    root = load_plan(EXAMPLE).plan
+    assert not [a for a in shlex.split(rsync.push_command(root, "/a", "/b", live=False)) if "rsync-path" in a]
+    spec = repl.SeedSpec("/var/lib/mysql", "/var/lib/mysql", ("ssh", "ops@t"), target_sudo=True)
+    script = shlex.split(repl.seed_stream_command(spec))[-1]  # bash -c SCRIPT
+    assert "ssh ops@t 'sudo -n -- sh -c '\"'\"'rm -rf" in script, script
+    plain = repl.SeedSpec("/var/lib/mysql", "/var/lib/mysql", ("ssh", "t"))
+    assert "sudo" not in shlex.split(repl.seed_stream_command(plain))[-1]
+
+
+def test_become_is_sudo_or_nothing(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(MIGRATE), "validate", str(plan_as_operator(tmp_path, "su"))], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        "source.become: must be 'sudo', got 'su'",
+        "target.become: must be 'sudo', got 'su'",
+    ], result.stderr
