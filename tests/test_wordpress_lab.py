@@ -285,6 +285,20 @@ def test_wordpress_under_load_moves_there_in_the_replicate_mode_and_back_in_the_
     assert_serves(state, state.source, media_before)
     media_on_target = next(a for a in read_acks(acks) if a["kind"] == "media" and a["server"] == state.target.address)
     assert_serves(state, state.source, media_on_target)
+    # The proof can fail: a media file altered and a comment deleted on the source are each reported lost.
+    altered = state.source.uploads / media_on_target["file"]
+    altered.write_bytes(altered.read_bytes() + b"changed")
+    comment = next(a for a in read_acks(acks) if a["kind"] == "comment")
+    conn = db_connect(state, state.source, state.secrets()[state.app_password_env])
+    try:
+        with conn.cursor() as cur:
+            cur.execute("DELETE FROM wp_comments WHERE comment_ID = %s", (comment["id"],))
+        conn.commit()
+    finally:
+        conn.close()
+    broken = main_verify(state, host="source", load_dir=load_dir, out=tmp_path / "broken.json", trees=False)
+    assert (broken.media_files_lost, broken.comments_lost, broken.posts_lost) == (1, 1, 0), broken.lost
+    assert broken.exit_code == 1
     print(
         f"wordpress: replicate window {forward_report['write_block_seconds']} s {forward_report['window_parts']}; "
         f"shutdown window {reverse_report['write_block_seconds']} s {reverse_report['window_parts']}; "

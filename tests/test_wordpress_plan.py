@@ -175,3 +175,16 @@ def test_become_is_sudo_or_nothing(tmp_path: Path) -> None:
         "source.become: must be 'sudo', got 'su'",
         "target.become: must be 'sudo', got 'su'",
     ], result.stderr
+
+
+def test_lab_load_of_another_app_than_the_labs_is_refused_in_one_line(tmp_path: Path) -> None:
+    state = a_lab_state(tmp_path)
+    result = subprocess.run(
+        [str(MIGRATE), "lab", "load", "--dir", str(state.path), "--app", "demo", "--duration", "1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result
+    assert result.stderr.strip() == (
+        f"lab load: the lab in {state.dir} runs the wordpress app, not demo (`lab up --app demo` makes one)"
+    )
+    assert not state.load_dir.exists()

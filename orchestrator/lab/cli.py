@@ -78,7 +78,9 @@ def up(
         False, "--random-ports", help="random free ports instead of the defaults (for labs side by side)"
     ),
     files: int = typer.Option(0, "--files", help="also N small uploads (1-16 KiB) in hashed directories, seeded"),
-    app: str = typer.Option("demo", "--app", help="what serves: demo (the Python app) or wordpress (nginx, php-fpm)"),
+    app: str | None = typer.Option(
+        None, "--app", help="what serves: demo (the Python app, a new lab's default) or wordpress (nginx, php-fpm)"
+    ),
     with_bastion: bool = typer.Option(
         False, "--bastion", help="also a bastion sshd (127.0.0.4): the plan reaches both hosts through it (jump:)"
     ),
@@ -146,6 +148,9 @@ def load(
     journal: Path | None = typer.Option(
         None, "--journal", help="the migrate journal of the run under this load: latency inside its window"
     ),
+    app: str | None = typer.Option(
+        None, "--app", help="the lab's app (demo or wordpress); default: the one the lab was made with"
+    ),
     http_timeout: float | None = typer.Option(
         None,
         "--http-timeout",
@@ -169,6 +174,10 @@ def load(
             " --duration, --dns-ttl, --upload-every, --overwrite-every, --delete-every not negative"
         )
     state = _state(lab_dir)
+    if app is not None and app != state.app:
+        _refuse(
+            f"lab load: the lab in {state.dir} runs the {state.app} app, not {app} (`lab up --app {app}` makes one)"
+        )
     load_mod = importlib.import_module("orchestrator.lab.load")
     stop = threading.Event()
 

@@ -191,8 +191,8 @@ def repair_ports(state: LabState) -> bool:
     kinds: dict[str, Callable[[HostState], bool]] = {
         "ssh_port": lambda h: sshd.running_pid(h) is not None,
         "db_port": lambda h: db_pid(h) is not None,
-        "app_port": lambda h: (haproxy.running_pid(h) if h.has_front_door else app_pid(state, h)) is not None,
-        "app_internal_port": lambda h: app_pid(state, h) is not None,
+        "app_port": lambda h: haproxy.running_pid(h) is not None if h.has_front_door else app_running(state, h),
+        "app_internal_port": lambda h: app_running(state, h),
     }
     if not state.source.has_front_door:
         del kinds["app_internal_port"]
@@ -252,6 +252,13 @@ def add_front_door(state: LabState) -> bool:
 
 def app_pid(state: LabState, host: HostState) -> int | None:
     return procs.running_pid(host.app_pid_file, binscripts.app_marker(state, host))
+
+
+def app_running(state: LabState, host: HostState) -> bool:
+    """The host's app runs: the demo app, or WordPress's nginx or php-fpm."""
+    if state.app == wordpress.APP_NAME:
+        return any(pid is not None for pid in wordpress.stack_pids(host).values())
+    return app_pid(state, host) is not None
 
 
 def load_pids(state: LabState) -> list[int]:
@@ -368,7 +375,7 @@ def up(
     target_address: str = TARGET_ADDRESS,
     default_ports: bool = True,
     files: int = 0,
-    app: str = "demo",
+    app: str | None = None,
     with_bastion: bool = False,
     with_operator: bool = False,
     say: Say = _quiet,
@@ -386,7 +393,7 @@ def up(
         raise LabRefused("the database and uploads sizes are whole megabytes, at least 1")
     if files < 0:
         raise LabRefused("--files is a number of files, not negative")
-    if app not in APPS:
+    if app is not None and app not in APPS:
         raise LabRefused(f"--app must be one of {', '.join(APPS)}, not {app!r}")
     check_dir_for_up(lab_dir)
     installed = setup.ensure_system_tools()
@@ -395,9 +402,9 @@ def up(
     lab_dir = lab_dir.expanduser().absolute()
     lab_dir.mkdir(parents=True, exist_ok=True)
     state = _load_or_new(lab_dir, source_address, target_address, default_ports)
-    if (lab_dir / STATE_FILE).exists() and state.app != app:
+    if app is not None and (lab_dir / STATE_FILE).exists() and state.app != app:
         raise LabRefused(f"the lab in {lab_dir} runs the {state.app} app, not {app}: `lab down --purge` it first")
-    state.app = app
+    state.app = app or state.app  # a new lab's default: the demo app; an existing lab keeps its own
     if with_bastion and not state.bastion_address:
         state.bastion_address = bastion.BASTION_ADDRESS
     if with_operator or state.operator:
@@ -645,6 +652,10 @@ def components(state: LabState) -> list[Component]:
             found.append(
                 Component(f"{host.name} haproxy", haproxy.running_pid(host), f"{host.address}:{host.app_port}")
             )
+    if state.bastion_address:
+        found.append(
+            Component("bastion sshd", bastion.running_pid(state), f"{state.bastion_address}:{state.source.ssh_port}")
+        )
     found.append(Component("cloudflare double", cf_pid(state), f"{state.cf_address}:{state.cf_port}"))
     for pid in load_pids(state):
         found.append(Component("load", pid, "-"))
