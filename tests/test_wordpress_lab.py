@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,7 +52,10 @@ def wp_lab() -> Iterator[LabState]:
             uploads_size_mb=1,
         )  # fmt: skip
     finally:
-        hosts.down(lab_dir, purge=True)  # also the operator account and the configs in /etc/wordpress
+        try:
+            hosts.down(lab_dir, purge=True)  # also the operator account and the configs in /etc/wordpress
+        except hosts.LabRefused:
+            shutil.rmtree(lab_dir, ignore_errors=True)  # `lab up` failed before the lab was one
 
 
 def start_load(state: LabState, load_dir: Path) -> subprocess.Popen[str]:
