@@ -226,7 +226,7 @@ def tracked_prepass(ctx: StepContext, tree: FileTree, presync: TreeFigures | Non
             command = final_pass_command(
                 tree.source, rsync.target_spec(plan, tree.target), changes.path, ssh=rsync.target_ssh_command(plan),
                 exclude=tree.exclude, chown=tree.owner, timeout=plan.transfer.rsync_timeout,
-                whole_file=plan.transfer.whole_file,
+                whole_file=plan.transfer.whole_file, extra=rsync.remote_rsync(plan),
             )  # fmt: skip
             stats, _ = rsync.push_live(rt.source, plan, command, what=f"pre-window pass of tree {tree.name}",
                                        retry=plan.retry)  # fmt: skip

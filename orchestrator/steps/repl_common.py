@@ -294,6 +294,7 @@ def seed_spec(plan: Plan, *, source_datadir: str | None = None, target_datadir: 
         throttle=settings.seed_throttle,
         nice=settings.seed_nice,
         no_defaults=False,
+        target_sudo=plan.target.become == "sudo",
     )
 
 

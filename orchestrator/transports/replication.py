@@ -130,6 +130,8 @@ class SeedSpec:
     throttle: int | None = None
     nice: bool = True
     no_defaults: bool = False
+    # The target's plan says `become: sudo`: the hop logs in as a non-root user, the receiver runs through sudo.
+    target_sudo: bool = False
     parallel: int = 1
     log_copy_interval_ms: int = 10
 
@@ -175,6 +177,8 @@ def seed_stream_command(spec: SeedSpec, *, log_path: str | None = None) -> str:
         backup.append(f"--throttle={spec.throttle}")
     staging = shlex.quote(spec.staging_dir)
     receive = f"rm -rf {staging} && mkdir -p {staging} && mbstream -x -C {staging}"
+    if spec.target_sudo:
+        receive = shlex.join(["sudo", "-n", "--", "sh", "-c", receive])
     password = 'MYSQL_PWD="$password" ' if spec.password_env else ""
     # The password: the first line of stdin, in a variable the script never exports; stdin is then closed.
     read_password = "IFS= read -r password || true; exec </dev/null\n" if spec.password_env else ""
