@@ -20,10 +20,9 @@ import pymysql
 import typer
 
 from orchestrator.lab import hosts
-from orchestrator.lab.state import STATE_FILE, LabState
+from orchestrator.lab.state import APP_VERIFY_MODULES, STATE_FILE, LabState
 
 # The proof of `lab verify` for each app a lab can run (the demo app's is the default).
-VERIFY_MODULES = {"wordpress": "orchestrator.lab.wp_verify"}
 
 lab_app = typer.Typer(help="The local lab: two hosts on loopback addresses, a Cloudflare double, a demo app.")
 
@@ -240,7 +239,7 @@ def verify(
     if host not in ("source", "target"):
         _refuse(f"lab verify: --host must be source or target, not {host!r}")
     state = _state(lab_dir)
-    verify_mod = importlib.import_module(VERIFY_MODULES.get(state.app, "orchestrator.lab.verify"))
+    verify_mod = importlib.import_module(APP_VERIFY_MODULES.get(state.app, "orchestrator.lab.verify"))
     with _one_line_errors("verify"):
         report = verify_mod.main_verify(state, host=host, load_dir=load_dir, out=json_out, journal=journal)
     typer.echo(verify_mod.render(report))

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import hashlib
 import http.client
+import importlib
 import itertools
 import json
 import math
@@ -47,7 +48,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from orchestrator.lab.app import review_digest
-from orchestrator.lab.state import LabState
+from orchestrator.lab.state import APP_LOAD_MODULES, LabState
 from orchestrator.plan.model import Cutover
 
 ACKS_FILE = "acks.jsonl"
@@ -658,11 +659,11 @@ def dns_record_name(state: LabState) -> str:
 
 def app_clients(state: LabState) -> tuple[type[Client], dict[str, Any]]:
     """The clients of the lab's app: the demo app's, or WordPress's REST clients (a lab made with --app wordpress)."""
-    if state.app == "wordpress":
-        from orchestrator.lab import wp_load  # the WordPress clients build on this module's
-
-        return wp_load.WpClient, wp_load.client_options(state)
-    return Client, {}
+    module = APP_LOAD_MODULES.get(state.app)
+    if module is None:
+        return Client, {}
+    clients: tuple[type[Client], dict[str, Any]] = importlib.import_module(module).clients(state)
+    return clients
 
 
 def main_load(

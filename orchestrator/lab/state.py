@@ -20,6 +20,11 @@ from pathlib import Path
 
 STATE_FILE = "lab.json"
 ENV_FILE = "lab.env"
+# The modules of the lab's apps other than the demo app, by `app`: their load clients (`clients(state)` → the client
+# class and its options) and their verify (`main_verify`, `render`). Looked up by name, as steps are: the generic
+# load and verify build on nothing of theirs, and they build on the generic ones.
+APP_LOAD_MODULES = {"wordpress": "orchestrator.lab.wp_load"}
+APP_VERIFY_MODULES = {"wordpress": "orchestrator.lab.wp_verify"}
 
 
 @dataclass

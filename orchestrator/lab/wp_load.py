@@ -226,6 +226,11 @@ class WpClient(load.Client):
         self.recorder.read(address, ok=same, missing=answer.status == 404 or (answer.status == 200 and not same))
 
 
+def clients(state: LabState) -> tuple[type[WpClient], dict[str, Any]]:
+    """The lab's load clients for a WordPress lab (orchestrator/lab/load.py looks this module up by the lab's app)."""
+    return WpClient, client_options(state)
+
+
 def client_options(state: LabState) -> dict[str, Any]:
     """What main_load passes to every WordPress client: the Basic auth of the lab's application password."""
     user, password = wordpress.credentials(state)
