@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:
     import pymysql
 
+    from orchestrator.audit import Held
     from orchestrator.engine.step import StepContext
     from orchestrator.plan.model import DatabaseEndpoint, Plan
     from orchestrator.transports.ssh import CommandResult
@@ -53,6 +54,7 @@ class StepRuntime(Protocol):
     plan: Plan
     plan_path: Path
     window: DowntimeWindow
+    audit_hold: Held
 
     def host(self, which: Which) -> Host: ...
 

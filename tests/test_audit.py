@@ -31,16 +31,14 @@ def test_verify_target_reads_no_row_inside_the_window_and_holds_a_snapshot_for_t
     rt = OfflineRuntime(_no_checks())
     rt.window.begin(time.time() - 1)
     ctx = context(rt, "verify_target", outputs={"cutover": {"tables": ["app.reviews", "app.users"]}})
-    try:
-        result = VerifyTarget().run(ctx)
-        assert result is not None and result["audit_snapshot_at"] > 0
-        statements = rt.session.statements
-        assert statements[0] == "START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT"
-        assert not [s for s in statements if "COUNT(" in s.upper() or "CHECKSUM" in s.upper()], statements
-        held = audit.held("offline")
-        assert held.snapshot is rt.session, "the session stays open until the audit, after the commit"
-    finally:
-        audit.forget("offline")
+    result = VerifyTarget().run(ctx)
+    assert result is not None and result["audit_snapshot_at"] > 0
+    statements = rt.session.statements
+    assert statements[0] == "START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT"
+    assert not [s for s in statements if "COUNT(" in s.upper() or "CHECKSUM" in s.upper()], statements
+    held = audit.held(rt)
+    assert held.snapshot is rt.session, "the session stays open until the audit, after the commit"
+    assert audit.forget(rt) is held and audit.held(rt).snapshot is None, "handed over once, held by the run's runtime"
 
 
 def test_the_isolated_source_keeps_its_own_options_and_cannot_take_a_write() -> None:
@@ -93,7 +91,6 @@ def test_the_audit_names_each_differing_table_and_asks_for_attention() -> None:
 
 def test_the_audit_without_the_snapshot_says_it_did_not_run_and_why() -> None:
     rt = OfflineRuntime(plan())
-    audit.forget("offline")
     result = Audit().run(context(rt, "audit", outputs={"cutover": {"tables": ["app.reviews"]}}))
     assert result is not None and result["status"] == "not_run" and "resumed" in result["reason"]
 

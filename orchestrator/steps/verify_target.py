@@ -5,7 +5,10 @@ one absent on both (the whole trees were compared before the window). Replicate 
 mode: the datadir files the final pass copied were checksummed on both hosts by db_final. Row counts and CHECKSUM
 TABLE read every row, so they are not read here: this step opens a read-only consistent snapshot on the still-fenced
 target (one round trip) and keeps the session open; the `audit` step reads it after the commit and compares it with
-the stopped source (orchestrator/audit.py).
+the stopped source (orchestrator/audit.py). Replicate mode: the same snapshot of the promoted, still fenced target,
+opened beside the GTID positions' reads (one statement on a connection the switch opened before the window: no round
+trip added to the window's path), compared after the commit in chunks with the frozen source
+(orchestrator/replica_audit.py).
 
 All of it runs while writes are blocked: every try, query and comparison is bounded by what is left of the
 write-block budget, so a verification that cannot finish in time fails (and the run rolls back) instead of
@@ -21,7 +24,7 @@ from typing import Any
 
 import pymysql
 
-from orchestrator import audit, health
+from orchestrator import audit, health, replica_audit
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan
@@ -84,10 +87,16 @@ class VerifyTarget(Step):
         if replicate:
             if lines:
                 lines = [f"{line} (run by the switch side by side with its wait; here if it did not)" for line in lines]
+            snapshot = (
+                ["beside them, open a read-only consistent snapshot on the promoted, still fenced target and keep it: "
+                 "the audit after the commit compares it in chunks with the read-only source"]
+                if verify.row_counts or verify.checksum else []
+            )  # fmt: skip
             return [
                 *lines,
                 "GTID positions: the source still at its final position, the target executed exactly it "
                 "(the database was compared before the window; nothing inside it reads whole tables)",
+                *snapshot,
                 *trees,
             ]
         if verify.row_counts or verify.checksum:
@@ -118,20 +127,26 @@ class VerifyTarget(Step):
         doing = "opening the target's snapshot for the audit"
         window.check(doing)
         conn = None
+        replicate = replicate_run(ctx)
         try:
             conn = rt.db("target", read_timeout=window.timeout(plan.database.read_timeout))
             with mysql.read_timeout(conn, window.timeout(plan.database.read_timeout)):
-                engines = audit.open_snapshot(conn, plan.database.schemas)
+                if replicate:
+                    # One statement: the tables and their engines are read on the frozen source after the commit.
+                    replica_audit.open_target_snapshot(conn)
+                    engines: dict[str, str] = {}
+                else:
+                    engines = audit.open_snapshot(conn, plan.database.schemas)
         except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
             if conn is not None:
                 rt.release(conn)
             window.check(doing)  # cut short by the budget: say so
             return {}, [f"{doing}: {exc}"]
-        held = audit.held(ctx.run_id)
+        held = audit.held(rt)
         if held.snapshot is not None:  # a re-run of this step in the same process: the newer one stands
             rt.release(held.snapshot)
         held.snapshot, held.snapshot_at, held.engines = conn, time.time(), engines
-        ctx.log.info("audit_snapshot_opened", tables=len(engines))
+        ctx.log.info("audit_snapshot_opened", tables=None if replicate else len(engines))
         return {"audit_snapshot_at": held.snapshot_at}, []
 
     def trees(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
@@ -219,21 +234,25 @@ class VerifyTarget(Step):
             # Side by side, as below: the positions and the trees' final pass (the file trees move by rsync in
             # both modes) in threads carrying the log context, the health checks here, unless the switch ran them
             # side by side with its wait and promotion (they passed then).
-            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
+            # The audit's snapshot of the target beside them: after the promotion (the switch has returned), before
+            # the commit (the DNS flip lifts the target's fence after this step).
+            with ThreadPoolExecutor(max_workers=3, thread_name_prefix="verify") as pool:
                 positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
                 trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)
+                snapshot_future = pool.submit(contextvars.copy_context().run, self.snapshot, ctx)
                 if switched.health_tries is not None:
                     tries, problems = switched.health_tries, []
                 else:
                     tries, problems = self.health(ctx)
                 problems += positions_future.result()[1]
                 tree_figures, tree_problems = trees_future.result()
-            problems += tree_problems
+                snapshot_figures, snapshot_problems = snapshot_future.result()
+            problems += tree_problems + snapshot_problems
             if problems:
                 raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
             ctx.window.check("the verification")
             ctx.log.info("target_verified", gtid=ctx.output(SWITCH_STEP).get("final_gtid"))
-            return VerifyResult(health_tries=tries, **tree_figures).journal()
+            return VerifyResult(health_tries=tries, **snapshot_figures, **tree_figures).journal()
         # The three checks are independent and each takes time inside the downtime window: run them side by side
         # (the database and the trees in threads, carrying the log context; the health checks here). Each is
         # bounded by the budget, so leaving the pool (which waits for both threads) is bounded too.
