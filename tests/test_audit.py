@@ -6,12 +6,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator import audit, exit_codes
+from orchestrator import audit, exit_codes, replica_audit
 from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
 from orchestrator.results import AuditResult
 from orchestrator.run.watch import outcome_code
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.verify_target import VerifyTarget
+from orchestrator.transports import replication as repl
 from tests.test_steps_offline import OfflineRuntime, context, plan
 
 
@@ -105,3 +106,57 @@ def test_a_completed_run_whose_audit_found_a_difference_exits_needs_attention() 
     assert outcome_code(_run({"status": "incomplete", "reason": "x"}), []) == exit_codes.NEEDS_ATTENTION
     assert outcome_code(_run({"status": "equal", "tables": 2}), []) == exit_codes.OK
     assert outcome_code(_run({"status": "not_run", "reason": "resumed"}), []) == exit_codes.OK
+
+
+# --- the replicate mode's audit ---------------------------------------------------------------------------------
+
+REPLICATE_STEPS = [{"event": "run_started", "steps": ["repl_switch", "verify_target", "dns_flip", "audit"]}]
+
+
+def test_replicate_verify_opens_the_audit_snapshot_in_one_statement_and_holds_it_on_the_runtime() -> None:
+    rt = OfflineRuntime(_no_checks())
+    rt.window.begin(time.time() - 1)
+    ctx = context(rt, "verify_target", history=REPLICATE_STEPS)
+    figures, problems = VerifyTarget().snapshot(ctx)
+    assert not problems and figures["audit_snapshot_at"] > 0
+    # Inside the window: the snapshot's statement only (the tables are read on the frozen source after the commit).
+    assert rt.session.statements == [replica_audit.SNAPSHOT_STATEMENT]
+    assert audit.held(rt).snapshot is rt.session
+    described = " ".join(VerifyTarget().describe(ctx))
+    assert "consistent snapshot on the promoted, still fenced target" in described
+
+
+def test_a_resumed_replicate_run_does_not_audit_a_target_that_took_writes_and_says_why() -> None:
+    # The process that held the snapshot died (kill -9 between verify_target and the audit): the resumed run's
+    # runtime holds nothing, and the target has taken writes since the commit.
+    rt = OfflineRuntime(plan())
+    ctx = context(rt, "audit", history=REPLICATE_STEPS, outputs={"repl_switch": {"final_gtid": "0-1-42"}})
+    result = AuditResult.of(Audit().run(ctx))
+    assert result.status == "not_run" and result.method == "chunks"
+    assert "resumed" in (result.reason or "") and "not compared" in (result.reason or "")
+    assert not hasattr(rt, "session"), "no connection opened to either side"
+    assert not result.needs_attention and "audit not run" in (result.summary() or "")
+
+
+def test_the_replicate_audit_names_the_table_and_the_chunk_and_its_cost() -> None:
+    chunk = repl.Chunk(0, None, ("r-000051",))
+    differing = repl.ChunkDiff("app.reviews", chunk, ("id",), repl.ChunkSum(50, 1), repl.ChunkSum(50, 2))
+    log_diff = repl.ChunkDiff("app.log", repl.Chunk(0, None, None), (), repl.ChunkSum(3, 1), repl.ChunkSum(4, 1))
+    found = replica_audit.ChunkedAudit(differences=[differing, log_diff], missing=["app.users"], tables=3, chunks=4,
+                                       rows=153, seconds=0.5)  # fmt: skip
+    engines = {"app.reviews": "innodb", "app.users": "innodb", "app.log": "aria"}
+    result = Audit._compare_chunks(found, engines, repl.GtidPosition.parse("0-1-42"))
+    assert result.status == "differs" and result.needs_attention
+    assert result.differences == [
+        "app.reviews chunk 0 (id from the start to before 'r-000051'): 50 rows on both, contents differ",
+        "app.users: missing on the target",
+    ]
+    assert result.live_differences and result.live_differences[0].startswith("app.log chunk 0")
+    assert "app.reviews chunk 0" in (result.summary() or "") and "datadir" not in (result.summary() or "")
+    cost = result.model_copy(update={"seconds": 0.5}).cost()
+    assert cost == "3 table(s), 153 row(s) in 4 chunk(s) in 0.5 s, after the commit (outside the window)"
+    unread = replica_audit.ChunkedAudit(unread={"app.x": "on the target: error 1412"}, tables=1)
+    verdict = Audit._compare_chunks(unread, {}, repl.GtidPosition.parse("0-1-42"))
+    assert verdict.status == "incomplete" and "app.x" in (verdict.reason or "")
+    assert Audit._compare_chunks(replica_audit.ChunkedAudit(tables=2, chunks=2, rows=9), {},
+                                 repl.GtidPosition.parse("0-1-42")).status == "equal"  # fmt: skip
