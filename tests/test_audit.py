@@ -10,6 +10,7 @@ from orchestrator import audit, exit_codes, replica_audit
 from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
 from orchestrator.results import AuditResult
 from orchestrator.run.watch import outcome_code
+from orchestrator.steps import CUTOVER_MODES, REVERSE_OVER_REPLICA, step_class, step_order
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.verify_target import VerifyTarget
 from orchestrator.transports import replication as repl
@@ -160,3 +161,14 @@ def test_the_replicate_audit_names_the_table_and_the_chunk_and_its_cost() -> Non
     assert verdict.status == "incomplete" and "app.x" in (verdict.reason or "")
     assert Audit._compare_chunks(replica_audit.ChunkedAudit(tables=2, chunks=2, rows=9), {},
                                  repl.GtidPosition.parse("0-1-42")).status == "equal"  # fmt: skip
+
+
+def test_the_audit_snapshot_is_opened_after_the_promotion_and_before_the_commit_in_every_mode() -> None:
+    # verify_target opens the snapshot: it must run after the step that promotes (repl_switch) or starts the target,
+    # and before the commit point (the step that lifts the target's fence), or the snapshot could hold the
+    # application's writes (a false difference) or miss the promotion.
+    for steps in (*(step_order(mode) for mode in CUTOVER_MODES), REVERSE_OVER_REPLICA):
+        commit = next(i for i, name in enumerate(steps) if step_class(name).commit_point)
+        assert steps.index("verify_target") < commit < steps.index("audit"), steps
+        before = "repl_switch" if "repl_switch" in steps else "start_target"
+        assert steps.index(before) < steps.index("verify_target"), steps
