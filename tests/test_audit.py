@@ -125,6 +125,11 @@ def test_replicate_verify_opens_the_audit_snapshot_in_one_statement_and_holds_it
     assert audit.held(rt).snapshot is rt.session
     described = " ".join(VerifyTarget().describe(ctx))
     assert "consistent snapshot on the promoted, still fenced target" in described
+    # A run that rolls back (the flip failed) closes it at once: nothing keeps the target's purge back meanwhile.
+    released: list[object] = []
+    rt.release = released.append  # type: ignore[method-assign]
+    VerifyTarget().undo(ctx)
+    assert released == [rt.session] and audit.held(rt).snapshot is None
 
 
 def test_a_resumed_replicate_run_does_not_audit_a_target_that_took_writes_and_says_why() -> None:

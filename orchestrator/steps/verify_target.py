@@ -149,6 +149,15 @@ class VerifyTarget(Step):
         ctx.log.info("audit_snapshot_opened", tables=None if replicate else len(engines))
         return {"audit_snapshot_at": held.snapshot_at}, []
 
+    def undo(self, ctx: StepContext) -> None:
+        """The run will not commit: the audit's snapshot is closed now rather than when the run ends (an open
+        transaction on the target holds its purge back while the rollback runs)."""
+        rt = runtime(ctx)
+        held = audit.forget(rt)
+        if held.snapshot is not None:
+            rt.release(held.snapshot)
+            ctx.log.info("audit_snapshot_closed", why="rolling back")
+
     def trees(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
         """Every path the final pass handled is equal on both hosts (rsync --dry-run --checksum lists no change):
         a listed path gone from the source must be gone from the target too (rsync itemizes it '*deleting').
