@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from orchestrator.audit import Held
     from orchestrator.engine.step import StepContext
     from orchestrator.plan.model import DatabaseEndpoint, Plan
+    from orchestrator.transports.meter import RoundTrips
     from orchestrator.transports.ssh import CommandResult
     from orchestrator.window import DowntimeWindow
 
@@ -55,6 +56,7 @@ class StepRuntime(Protocol):
     plan_path: Path
     window: DowntimeWindow
     audit_hold: Held
+    round_trips: RoundTrips
 
     def host(self, which: Which) -> Host: ...
 

@@ -261,6 +261,9 @@ SHUTDOWN_CUTOVER = {"ssh_source": 3, "sql": 8, "haproxy": 10}  # + the fence; th
 DB_FINAL = {"ssh_source": 1, "ssh_target": 1, "ssh_both": 1}  # changed-file list, mtimes, checksums on both sides
 FILES_FINAL_TRACKED = {"ssh_source": 2}  # per tree: the change list, its trust probe; then the rsync
 FLIP = {"dns_per_record": 5, "haproxy": 11}  # find, edit, read back, two converging reads; + the target's fence lift
+# The commit at the source's front door (switch_traffic): its hold checked, the guard told, the target's fence lifted,
+# the door pointed at the target's and released (the target's door released beside it). No DNS call: it comes after.
+DOOR_COMMIT = {"ssh_source": 1, "haproxy": 6}
 SWITCH = {"sql": 9, "haproxy": 7}  # + the fence; + the drain of the writes in flight
 VERIFY_SQL = 3
 DRAIN_POLL = 0.05  # frontdoor's poll while writes in flight drain
@@ -315,6 +318,11 @@ def predict_window(transfers: list[TransferEstimate], units: UnitCosts, *, plan_
     dns_calls = FLIP["dns_per_record"] * shape.records
     dns = WindowPart("DNS flip", round(flip_seconds + dns_calls * units.dns, 3),
                      f"measured: {dns_calls} DNS API calls and {flip_basis}", "dns_flip")  # fmt: skip
+    if shape.front_door:
+        # The commit is made at the source's front door; DNS moves after the window.
+        commit_seconds, commit_basis = _ssh_part("commit", {**DOOR_COMMIT, "ssh_target": fence_target}, units)
+        dns = WindowPart("commit at the front door", round(commit_seconds, 3),
+                         f"measured: {commit_basis}; DNS flips after the window", "switch_traffic")  # fmt: skip
     health = f"measured: the health checks once ({units.health_basis})"
     if mode == "replicate":
         switch_count = {"ssh_source": fence_source, **{k: v * (haproxy_scale if k == "haproxy" else 1)

@@ -33,8 +33,6 @@ get its refusal, as without a front door) until `migrate apply` or `migrate roll
 from __future__ import annotations
 
 import contextvars
-import csv
-import io
 import time
 import weakref
 from collections.abc import Callable
@@ -55,6 +53,7 @@ from orchestrator.transports.haproxy import (
     HaproxyError,
     over_ssh,
     parse_info,
+    requests_of,
 )
 
 Side = Literal["source", "target"]
@@ -263,7 +262,7 @@ def check_source_hold(ctx: StepContext) -> None:
     front = door(ctx, "source")
     assert front is not None
     try:
-        pid, until = _pid(front), front.held_until(_hold_key(held))
+        pid, until = front.pid_and_hold(_hold_key(held))
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "checking its hold", exc) from None
     if pid != held.get("pid"):
@@ -418,11 +417,14 @@ def _forward_source_door(ctx: StepContext) -> bool:
     if front is None or config is None:
         return True
     to = config.forward_to
+    before = _saved_by(ctx, None, FORWARDED)
     try:
-        before = _saved_by(ctx, None, FORWARDED) or {"to": f"{to.address}:{to.port}", "requests": _requests(front)}
-        ctx.save(FORWARDED, before)  # before: undo and finish know the door may forward
-        front.repoint(to.address, to.port)
-        front.release()
+        if before is None:
+            # Before: undo and finish know the door may forward (the request count comes with the switch itself).
+            ctx.save(FORWARDED, {"to": f"{to.address}:{to.port}", "requests": None})
+        requests = front.forward(to.address, to.port)  # repointed and released in one round trip
+        if before is None or before.get("requests") is None:
+            ctx.save(FORWARDED, {"to": f"{to.address}:{to.port}", "requests": requests})
     except (HaproxyError, ValueError) as exc:
         ctx.log.error("frontdoor.forward_failed", error=_said(ctx, "source", exc))
         return False
@@ -467,13 +469,7 @@ def release_target(ctx: StepContext) -> None:
 
 def _requests(front: FrontDoor) -> int:
     """HTTP requests the frontend received since HAProxy started (`show stat` req_tot)."""
-    lines = [line for line in front.ask("show stat").splitlines() if line.strip()]
-    if not lines or not lines[0].startswith("# "):
-        raise ValueError("not a `show stat` answer")
-    for row in csv.DictReader(io.StringIO("\n".join([lines[0][2:], *lines[1:]]))):
-        if row.get("pxname") == front.frontend and row.get("svname") == "FRONTEND":
-            return int(row.get("req_tot") or 0)
-    raise ValueError(f"no frontend {front.frontend} in `show stat`")
+    return requests_of(front.ask("show stat"), front.frontend)
 
 
 def forwarding_until(ctx: StepContext) -> float | None:
@@ -514,7 +510,8 @@ def forwarding_report(ctx: StepContext, *, sleep: Callable[[float], None] = time
         report["requests_after_ttl"] = max(_count(ctx, front) - at_ttl, 0)
         report["forwarding_waited"] = True
     now = _count(ctx, front)
-    report["requests_at_old_address"] = max(now - int(since.get("requests", now)), 0)
+    counted = since.get("requests")
+    report["requests_at_old_address"] = max(now - int(now if counted is None else counted), 0)
     ctx.log.info(
         "frontdoor.requests_at_old_address",
         requests=report["requests_at_old_address"],

@@ -101,6 +101,8 @@ def _command(ctx: StepContext, check: CommandCheck, timeout: float) -> None:
 def run_check(ctx: StepContext, check: HealthCheck) -> None:
     """One try of a check, its own timeout bounded by what is left of the downtime window."""
     window = ctx.window
+    if isinstance(check, HttpCheck | TcpCheck):
+        runtime(ctx).round_trips.add("http")
     if isinstance(check, HttpCheck):
         _http(check, window.timeout(check.timeout) or check.timeout)
     elif isinstance(check, TcpCheck):

@@ -9,8 +9,9 @@ side is read in the consistent snapshot verify_target opened on the promoted, st
 run's runtime, orchestrator/audit.py), so the target's writes since the commit are outside it.
 
 Why that snapshot holds the target exactly as migrated: it is opened after the promotion (verify_target runs after
-the switch has returned) and before the commit (the DNS flip lifts the target's fence after verify_target has
-returned): no write of the application can be in it. A write made by another hand meanwhile is in it, and differs
+the switch has returned) and before the commit (the commit point, switch_traffic with a front door on the source or
+else the DNS flip, lifts the target's fence after verify_target has returned): no write of the application can be
+in it. A write made by another hand meanwhile is in it, and differs
 from the source: that is what the audit is for. The session's isolation level is checked afterwards (a snapshot
 under READ COMMITTED would see the writes since the commit): a session not in REPEATABLE READ is reported, not
 compared. The source's side is proven frozen too: its own snapshot's binary-log position must be the final GTID

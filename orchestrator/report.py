@@ -26,6 +26,7 @@ from orchestrator.results import (
     FinishResult,
     SeedResult,
     SwitchResult,
+    SwitchTrafficResult,
     VerifyResult,
     result_of,
 )
@@ -75,8 +76,11 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
     final_pass = DbFinalResult.of(outputs.get("db_final"))
     flip = DnsFlipResult.of(outputs.get("dns_flip"))
     switch = SwitchResult.of(outputs.get("repl_switch"))
+    door = SwitchTrafficResult.of(outputs.get("switch_traffic"))
     blocked_at = cutover.writes_blocked_at or switch.writes_blocked_at
     flipped_at = flip.flipped_at
+    # The window ends at the commit: the front door's switch (writes flow through it), else the DNS flip.
+    window_end = door.writes_flow_at or flipped_at
     verify = VerifyResult.of(outputs.get("verify_target")).journal() if "verify_target" in outputs else {}
     audit = AuditResult.of(outputs.get("audit"))
     report: dict[str, Any] = {
@@ -106,9 +110,12 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
             "binlog": cutover.binlog.journal() if cutover.binlog else None,
         },
         "dns_flipped_at": flipped_at,
-        # Writes were refused from the fence until clients could reach the target through DNS.
-        "write_block_seconds": round(flipped_at - blocked_at, 3) if blocked_at and flipped_at else None,
-        "window_parts": window_parts(steps, blocked_at, flipped_at, switch if "repl_switch" in outputs else None),
+        "committed_at_door": door.writes_flow_at,
+        # Writes were held from the fence until clients could reach the target: through the source's front door
+        # once it forwards (the DNS flip comes after), else through DNS.
+        "write_block_seconds": round(window_end - blocked_at, 3) if blocked_at and window_end else None,
+        "window_parts": window_parts(steps, blocked_at, window_end, switch if "repl_switch" in outputs else None),
+        "window_round_trips": window_round_trips(steps, blocked_at, window_end, outputs),
         # The source's row counts as the after-commit audit read them (older journals: under the cut-over's lock).
         "row_counts": audit.row_counts if audit.row_counts is not None else cutover.row_counts,
         "audit": audit.journal() if "audit" in outputs else None,
@@ -123,6 +130,23 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "rollback_reserve": reserve_report(run_events(events)),
     }
     return redact_obj(report)  # type: ignore[return-value]
+
+
+def window_round_trips(
+    steps: list[dict[str, Any]], blocked_at: float | None, window_end: float | None, outputs: dict[str, Any]
+) -> dict[str, dict[str, int]]:
+    """The round trips each step inside the window made, by kind (what finish journaled: the counts of the
+    process that finished the run; a step that ran before a crash and resume is not counted)."""
+    counted = FinishResult.of(outputs.get("finish")).round_trips or {}
+    if not (blocked_at and window_end):
+        return {}
+    inside = [
+        s["name"]
+        for s in steps
+        if s.get("started_at") is not None and s.get("ended_at") is not None
+        and s["ended_at"] > blocked_at and s["started_at"] < window_end
+    ]  # fmt: skip
+    return {name: counted[name] for name in inside if counted.get(name)}
 
 
 def window_parts(
@@ -311,10 +335,13 @@ def render_report(report: dict[str, Any]) -> str:
             f"final datadir pass {cut.get('final_pass_seconds')} s ({_size(cut.get('final_pass_bytes') or 0)})"
         )
     if report.get("write_block_seconds") is not None:
-        lines.append(
-            f"  writes blocked {_when(cut.get('writes_blocked_at'))} → DNS flipped "
-            f"{_when(report.get('dns_flipped_at'))}: {report['write_block_seconds']:.2f} s"
-        )
+        door = report.get("committed_at_door")
+        flipped = report.get("dns_flipped_at")
+        end = f"committed at the front door {_when(door)}" if door else f"DNS flipped {_when(flipped)}"
+        blocked = _when(cut.get("writes_blocked_at"))
+        lines.append(f"  writes blocked {blocked} → {end}: {report['write_block_seconds']:.2f} s")
+        if door:
+            lines.append("  DNS flipped after the window: " + (f"{_when(flipped)}" if flipped else "not yet (pending)"))
     seed = report.get("seed") or {}
     held = seed_hold_text(seed)
     if held:
@@ -322,6 +349,15 @@ def render_report(report: dict[str, Any]) -> str:
     parts = report.get("window_parts") or {}
     if parts:
         lines.append("  inside the window: " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in parts.items()))
+    trips = report.get("window_round_trips") or {}
+    if trips:
+        lines.append(
+            "  round trips inside the window: "
+            + "; ".join(
+                f"{step} " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+                for step, kinds in trips.items()
+            )
+        )
     warm = report.get("datadir_cache_warm") or {}
     if warm:
         lines.append("  datadir read into the page cache before the window: "

@@ -174,7 +174,8 @@ def read_run(
     if blocked_at is None:  # a run rolled back inside the cut-over journaled the moment before it completed
         blocked_at = _saved_value(events, "cutover", "writes_blocked_at")
     flipped_at = _float(report.get("dns_flipped_at"))
-    window_end = flipped_at
+    # The window ends at the commit: the front door's switch when the plan has one (DNS moves after), else DNS.
+    window_end = _float(report.get("committed_at_door")) or flipped_at
     if blocked_at is not None and window_end is None:
         cutover_step = next((s for s in steps if s.name == "cutover"), None)
         window_end = cutover_step.undo_ended_at if cutover_step else None
@@ -346,7 +347,7 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
     flip = results.get("dns_flip")
     if flip is not None:
         records = flip.get("records") or []
-        # Read back before the commit: it belongs to the window it closes.
+        # Read back before the commit (without a front door): it belongs to the window it closes.
         add(
             "DNS records read back",
             "dns_flip",
@@ -491,7 +492,13 @@ def _markdown_of(view: RunView) -> str:
         facts.append(
             f"writes blocked {_seconds(view.write_block_seconds)}"
             + (f" (budget {view.max_write_block:g} s)" if view.max_write_block is not None else "")
-            + (" until the DNS flip" if view.dns_flipped_at else " until the rollback")
+            + (
+                " until the commit at the front door"
+                if any(s.name == "switch_traffic" and s.state == "done" for s in view.steps)
+                else " until the DNS flip"
+                if view.dns_flipped_at
+                else " until the rollback"
+            )
         )
     facts.append(f"{_size(view.bytes_moved)} moved, {_size(view.window_bytes)} of it while writes were blocked")
     lines = [head, "", "; ".join(facts) + ".", "", "| Step | Start (UTC) | End (UTC) | Duration |", "|---|---|---|---|"]
@@ -868,8 +875,12 @@ def _tiles(view: RunView) -> str:
             )
         )
     else:
+        door = any(s.name == "switch_traffic" and s.state == "done" for s in view.steps)
+        committed = door or view.dns_flipped_at is not None
         flips = "DNS flipped at " + _clock(view.dns_flipped_at) if view.dns_flipped_at else "DNS not flipped"
-        tiles.append(("Commit", "done" if view.dns_flipped_at else "no", flips, "good" if view.dns_flipped_at else ""))
+        if door:
+            flips = "at the front door; " + (flips if view.dns_flipped_at else "DNS pending")
+        tiles.append(("Commit", "done" if committed else "no", flips, "good" if committed else ""))
     cells = "".join(
         f'<div class="tile {cls}"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div><div class="n">{_e(n)}</div>'
         "</div>"

@@ -329,6 +329,15 @@ class DnsFlipResult(Contract):
     write_block_seconds: float | None = None
 
 
+class SwitchTrafficResult(Contract):
+    """The commit at the front door: when the run committed, and when writes flowed again (the door forwarding)."""
+
+    committed_at: float | None = None
+    writes_flow_at: float | None = None
+    target_fence_lifted: bool = False
+    write_block_seconds: float | None = None
+
+
 class FinishResult(Contract):
     source: str | None = None
     source_services_stopped: list[str] = []
@@ -339,6 +348,8 @@ class FinishResult(Contract):
     run_bytes_moved: int | None = Field(default=None, alias="bytes_moved")
     # The orchestrator's peak resident memory so far (getrusage ru_maxrss), in MiB.
     peak_rss_mib: float | None = None
+    # Round trips this process made, by step and kind (transports/meter.py): the report's window parts carry them.
+    round_trips: dict[str, dict[str, int]] | None = None
     trackers_stopped: list[str] = []
     # The source's front door (plan section `proxy`): requests that still arrived at the old address after the
     # commit (forwarded to the target), and the earliest moment the source may stop forwarding.
@@ -365,6 +376,7 @@ RESULTS: dict[str, type[Contract]] = {
     "files_final": FilesResult,
     "start_target": StartTargetResult,
     "verify_target": VerifyResult,
+    "switch_traffic": SwitchTrafficResult,
     "dns_flip": DnsFlipResult,
     "audit": AuditResult,
     "finish": FinishResult,

@@ -18,6 +18,7 @@ from orchestrator.engine.step import StepError
 from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
 from orchestrator.retry import call_with_retry
 from orchestrator.transports import mysql, rsync, rsync_daemon
+from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.ssh import SshHost
 from orchestrator.window import DowntimeWindow
 
@@ -50,6 +51,9 @@ class Runtime:
         # What this run holds for its after-commit audit (orchestrator/audit.py): the target's snapshot session and
         # how the source's server runs. In this process only: a resumed run has none, and its audit says so.
         self.audit_hold = audit.Held()
+        # Round trips to the hosts, their databases and front doors, and the DNS API, by step (the report's window
+        # parts carry them).
+        self.round_trips = RoundTrips()
 
     # --- hosts ---
 
@@ -60,7 +64,12 @@ class Runtime:
                 # rsync on the source reaches the target with our agent when it has no key of its own.
                 forward = which == "source" and self.plan.transfer.source_to_target_key is None
                 self._hosts[which] = SshHost(
-                    spec, name=which, base_dir=self.base_dir, retry=self.plan.retry, forward_agent=forward
+                    spec,
+                    name=which,
+                    base_dir=self.base_dir,
+                    retry=self.plan.retry,
+                    forward_agent=forward,
+                    meter=self.round_trips,
                 )
             return self._hosts[which]
 
@@ -119,6 +128,7 @@ class Runtime:
             conn = call_with_retry(_connect, self.plan.retry, what=f"database {which}") if retry else _connect()
         except mysql.DbError as exc:
             raise mysql.DbError(f"{which} {exc}", exc.transient, exc.code) from None
+        _metered(conn, self.round_trips)
         self._connections.append(conn)
         return conn
 
@@ -187,6 +197,7 @@ class Runtime:
                 base_url=self.plan.dns.base_url,
                 timeout=self.plan.dns.timeout,
                 max_retries=0,
+                meter=self.round_trips,
             )
         return self._dns
 
@@ -229,3 +240,19 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _metered(conn: pymysql.Connection, meter: RoundTrips) -> None:
+    """Count every statement (and ping) this connection sends: each is one round trip through its tunnel."""
+    query, ping = conn.query, conn.ping
+
+    def counted_query(sql: str | bytes, unbuffered: bool = False) -> int:
+        meter.add("sql")
+        return query(sql, unbuffered)
+
+    def counted_ping(reconnect: bool = True) -> None:
+        meter.add("sql")
+        ping(reconnect)
+
+    conn.query = counted_query  # type: ignore[method-assign]  # per connection: pymysql has no hook for this
+    conn.ping = counted_ping  # type: ignore[method-assign]

@@ -10,7 +10,14 @@ from orchestrator import audit, exit_codes, replica_audit
 from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
 from orchestrator.results import AuditResult
 from orchestrator.run.watch import outcome_code
-from orchestrator.steps import CUTOVER_MODES, REVERSE_OVER_REPLICA, step_class, step_order
+from orchestrator.steps import (
+    AFTER_CUTOVER,
+    CUTOVER_MODES,
+    REVERSE_OVER_REPLICA,
+    after_cutover,
+    step_class,
+    step_order,
+)
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.verify_target import VerifyTarget
 from orchestrator.transports import replication as repl
@@ -172,7 +179,9 @@ def test_the_audit_snapshot_is_opened_after_the_promotion_and_before_the_commit_
     # verify_target opens the snapshot: it must run after the step that promotes (repl_switch) or starts the target,
     # and before the commit point (the step that lifts the target's fence), or the snapshot could hold the
     # application's writes (a false difference) or miss the promotion.
-    for steps in (*(step_order(mode) for mode in CUTOVER_MODES), REVERSE_OVER_REPLICA):
+    reverse = REVERSE_OVER_REPLICA[: -len(AFTER_CUTOVER)]
+    orders = [step_order(mode, door_commits=door) for mode in CUTOVER_MODES for door in (False, True)]
+    for steps in (*orders, (*reverse, *after_cutover(False)), (*reverse, *after_cutover(True))):
         commit = next(i for i, name in enumerate(steps) if step_class(name).commit_point)
         assert steps.index("verify_target") < commit < steps.index("audit"), steps
         before = "repl_switch" if "repl_switch" in steps else "start_target"

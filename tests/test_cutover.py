@@ -29,6 +29,7 @@ from orchestrator.steps.cutover import Cutover
 from orchestrator.steps.dns_flip import DnsFlip
 from orchestrator.steps.start_target import StartTarget
 from orchestrator.transports.cloudflare import DnsError
+from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.mysql import Blocker, mask_query, summarize_blockers
 from orchestrator.window import DowntimeWindow
 from tests.test_e2e import (  # noqa: F401 - a fixture
@@ -138,6 +139,7 @@ class OfflineRuntime:
     def __init__(self, max_write_block: float) -> None:
         self.plan = load_plan(Path(__file__).parents[1] / "plans" / "course-review.yaml").plan
         self.window = DowntimeWindow(max_write_block)
+        self.round_trips = RoundTrips()
         self.target = CommandLog()
 
     def db(self, which: str, **_: Any) -> object:

@@ -118,13 +118,21 @@ def live_lab(lab: LabState) -> Iterator[LabState]:
         restore_source_live(lab)
 
 
-def plan_copy(state: LabState, suffix: str, changes: dict[str, dict[str, Any]]) -> Path:
-    """A copy of the lab's plan under its own name (its own journal), with some sections changed."""
+# The changes that make a plan's DNS flip its commit point: no front door (with one, the commit is made at the door
+# and DNS follows after the window).
+NO_DOOR: dict[str, Any] = {"proxy": None}
+
+
+def plan_copy(state: LabState, suffix: str, changes: dict[str, dict[str, Any] | None]) -> Path:
+    """A copy of the lab's plan under its own name (its own journal), with some sections changed (None: removed)."""
     yaml = YAML()
     data = yaml.load(state.plan_file.read_text())
     data["name"] = f"{data['name']}-{suffix}"
     data["cutover"]["mode"] = "shutdown"  # unless `changes` says otherwise
     for section, values in changes.items():
+        if values is None:  # the section removed (e.g. `proxy`: a plan without front doors)
+            data.pop(section, None)
+            continue
         if section not in data:
             data[section] = {}
         for key, value in values.items():
@@ -315,7 +323,7 @@ def test_lock_held_by_another_session_gives_up_cleanly(live_lab: LabState, tmp_p
 
 def test_cloudflare_failing_at_the_flip_rolls_back(live_lab: LabState) -> None:
     state = live_lab
-    plan = plan_copy(state, "dns", {"retry": {"attempts": 2, "max_seconds": 5, "max_wait": 0.2}})
+    plan = plan_copy(state, "dns", {"retry": {"attempts": 2, "max_seconds": 5, "max_wait": 0.2}, **NO_DOOR})
     cf_control(state, "faults", {"mode": "5xx", "count": -1, "methods": ["PATCH", "PUT"]})
     try:
         result = migrate_apply(state, plan)
@@ -385,7 +393,7 @@ def test_flip_failing_on_the_second_record_rolls_back_and_the_target_took_no_wri
     plan = plan_copy(
         state,
         "flip2",
-        {"retry": {"attempts": 2, "max_seconds": 5, "max_wait": 0.2}, "hooks": {"dir": str(hooks)}},
+        {"retry": {"attempts": 2, "max_seconds": 5, "max_wait": 0.2}, "hooks": {"dir": str(hooks)}, **NO_DOOR},
     )
     began = time.time()
     requests_before = len(cf_control(state, "state")["requests"])
@@ -419,7 +427,7 @@ def test_partial_flip_without_a_target_fence_is_finished_forward_not_rolled_back
     plan = plan_copy(
         state,
         "nofence",
-        {"services": {"target_fence": {}}, "retry": {"attempts": 2, "max_seconds": 5, "max_wait": 0.2}},
+        {"services": {"target_fence": {}}, "retry": {"attempts": 2, "max_seconds": 5, "max_wait": 0.2}, **NO_DOOR},
     )
     second = fail_edits_of_second_record(state)
     try:

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from orchestrator.lab.verify import VerifyReport, main_verify
 from tests.test_e2e import (
     MIGRATE,
     assert_source_serves_and_dns_unchanged,
+    cf_control,
     dns_contents,
     migrate_apply,
     outcome,
@@ -199,6 +201,73 @@ def test_migration_under_load_fails_no_request_and_stalls_no_longer_than_the_win
     # The source's front door still forwards after the run: a stale client is served by the target.
     server = haproxy.front_door(state.source).server_state()
     assert (server.address, server.port) == (state.target.address, state.target.app_port)
+
+
+def cf_requests_between(state: LabState, start: float, end: float) -> list[dict[str, Any]]:
+    """The requests the Cloudflare double received between two moments (unix seconds; its log is stamped as each
+    request arrives)."""
+    log = cf_control(state, "state")["requests"]
+    return [r for r in log if start <= datetime.fromisoformat(r["time"].replace("Z", "+00:00")).timestamp() <= end]
+
+
+def test_a_failing_then_slow_dns_api_after_the_commit_at_the_door_holds_no_write_and_is_finished_forward(
+    door_lab: LabState, tmp_path: Path
+) -> None:
+    """With a front door the commit is made there: the target's fence lifted and the source's door forwarding to it.
+    DNS follows after the window. Every record edit refused: the run ends committed with DNS pending (exit 4, one
+    line), no DNS call was made while writes were held, and no client request failed; then, with the API answering
+    every call slowly, `migrate apply` finishes the flip forward."""
+    state = door_lab
+    plan = plan_copy(
+        state, "door-dns",
+        {"dns": {"timeout": 10, "converge_timeout": 2}, "retry": {"attempts": 2, "max_seconds": 2, "max_wait": 0.5}},
+    )  # fmt: skip
+    journal = journal_of(state, plan)
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, journal)
+    try:
+        wait_for(lambda: requests_sent(load_dir) > 20, "requests flowing to the source before the migration")
+        cf_control(state, "faults", {"mode": "invalid_token", "count": -1, "methods": ["PATCH", "PUT"]})
+        try:
+            pending = migrate_apply(state, plan)
+        finally:
+            cf_control(state, "faults", {"mode": "none"})
+        assert pending.returncode == exit_codes.NEEDS_ATTENTION, outcome(pending)
+        said = [line for line in pending.stdout.splitlines() if line.startswith("committed, DNS pending")]
+        assert len(said) == 1, outcome(pending)
+        assert "Traceback" not in pending.stdout + pending.stderr
+        assert dns_contents(state) == {name: state.source.address for name in state.records}
+        # Clients reach the target through the source's door meanwhile.
+        server = haproxy.front_door(state.source).server_state()
+        assert (server.address, server.port) == (state.target.address, state.target.app_port)
+        run = events(journal)
+        blocked_at = float(next(e["value"] for e in run if e.get("key") == "writes_blocked_at"))
+        switched = next(e for e in run if e.get("event") == "step_completed" and e["step"] == "switch_traffic")
+        flowing_at = float(switched["result"]["writes_flow_at"])
+        assert any(e.get("event") == "committed" and e["ts"] <= flowing_at for e in run)
+        assert cf_requests_between(state, blocked_at, flowing_at) == [], "a DNS call inside the window"
+
+        # The API answers again, every call slowly: `migrate apply` finishes the flip (the window is long closed).
+        cf_control(state, "faults", {"mode": "slow", "delay": 1.5, "count": -1})
+        try:
+            done = migrate_apply(state, plan)
+        finally:
+            cf_control(state, "faults", {"mode": "none"})
+        assert done.returncode == exit_codes.OK, outcome(done)
+        assert dns_contents(state) == {name: state.target.address for name in state.records}
+        flipped = requests_sent(load_dir)
+        time.sleep(CLIENT_DNS_CACHE + 1)
+        wait_for(lambda: requests_sent(load_dir) > flipped + 20, "requests after the caches expired")
+    finally:
+        stop_load(load)
+    verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
+    assert verify.error is None, verify.error
+    assert verify.acknowledged_lost == 0, verify.lost
+    no_failed_requests(verify)
+    assert verify.window is not None and verify.window["until"] == "switch_traffic", verify.window
+    bound = stall_bound(load_dir, (float(verify.window["from"]), float(verify.window["to"])))
+    print(f"window {verify.window}, longest write stall {verify.longest_write_stall_s} s (bound {bound:.2f} s)")
+    assert verify.longest_write_stall_s is not None and verify.longest_write_stall_s <= bound, bound
 
 
 def test_budget_spent_while_holding_rolls_back_and_no_request_fails(door_lab: LabState, tmp_path: Path) -> None:

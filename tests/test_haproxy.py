@@ -22,6 +22,8 @@ from orchestrator.transports.haproxy import (
     parse_servers_state,
     parse_sessions,
     parse_stat,
+    requests_of,
+    split_answers,
     unix_socket,
 )
 
@@ -64,7 +66,7 @@ UNKNOWN_COMMAND = "Unknown command, but maybe one of the following ones is a bet
 SHOW_INFO = (
     "Name: HAProxy\nVersion: 2.6.12-1+deb12u4\nRelease_date: 2026/10/17\nNbthread: 2\nNbproc: 1\nProcess_n"
     "um: 1\nPid: 23507\nUptime: 0d 0h00m00s\nUptime_sec: 42\nMemmax_MB: 0\nPoolAlloc_MB: 0\nPoolUsed_MB: 0\n"
-    "PoolFailed: 0\nUlimit-n: 20000\nStart_time_sec: 1795436014\n"
+    "PoolFailed: 0\nUlimit-n: 20000\nStart_time_sec: 1795436014\n\n"
 )
 
 SHOW_SESS = (
@@ -160,7 +162,8 @@ def test_hold_lua_names_its_map_and_action() -> None:
 
 
 class FakeAdminSocket:
-    """A unix socket that answers every command with canned text, as HAProxy does (then closes)."""
+    """A unix socket that answers every command with canned text, as HAProxy does (then closes); several commands
+    on one line, separated by ';', each get their answer, in order (each canned answer ends with its empty line)."""
 
     def __init__(self, path: Path, answers: dict[str, str]) -> None:
         self.path = path
@@ -180,9 +183,11 @@ class FakeAdminSocket:
                 return
             with conn:
                 line = conn.makefile("rb").readline().decode().strip()
-                self.commands.append(line)
-                answer = next((text for prefix, text in self.answers.items() if line.startswith(prefix)), "\n")
-                conn.sendall(answer.encode())
+                out = ""
+                for command in (part.strip() for part in line.split(";")):
+                    self.commands.append(command)
+                    out += next((text for prefix, text in self.answers.items() if command.startswith(prefix)), "\n")
+                conn.sendall(out.encode())
 
     def close(self) -> None:
         self.server.close()
@@ -229,16 +234,42 @@ def test_writes_alone_are_held_only_when_the_action_says_it_can(admin: FakeAdmin
     assert admin.commands[-1] == f"set map /m.map hold_writes_until {deadline}"
 
 
-def test_release_clears_a_hold_of_the_writes_too(admin: FakeAdminSocket) -> None:
+def test_release_clears_a_hold_of_the_writes_too_in_one_round_trip(admin: FakeAdminSocket) -> None:
     front = door(admin.path)
+    admin.answers["set map /m.map hold_writes_until"] = "entry not found.\n\n"  # an action that cannot hold writes
     front.release()
-    assert [c for c in admin.commands if c.startswith("set map")] == ["set map /m.map hold_until 0"]
-    admin.answers["show map"] = "0x55f8fafedb10 hold_until 0\n0x55f8fafedb40 hold_writes_until 1795437201.5\n\n"
-    front.release()
-    assert [c for c in admin.commands if c.startswith("set map")][-2:] == [
-        "set map /m.map hold_until 0",
-        "set map /m.map hold_writes_until 0",
-    ]
+    assert admin.commands == ["set map /m.map hold_until 0", "set map /m.map hold_writes_until 0"]
+    del admin.answers["set map /m.map hold_writes_until"]
+    admin.answers["set map /m.map hold_until"] = "unknown map identifier.\n\n"
+    with pytest.raises(HaproxyRefused, match="hold_until"):
+        front.release()
+
+
+def test_answers_of_a_batch_are_split_on_their_empty_lines() -> None:
+    commands = ["show map /m.map", "set map /m.map hold_until 0", "show info"]
+    text = SHOW_MAP + "\n" + SHOW_INFO
+    assert split_answers(commands, text) == [SHOW_MAP[:-1], "", SHOW_INFO[:-1]]
+    with pytest.raises(HaproxyRefused, match="2 answer"):
+        split_answers(commands, SHOW_MAP + "\n")
+
+
+def test_forward_repoints_and_releases_in_one_connection(admin: FakeAdminSocket) -> None:
+    front = door(admin.path)
+    moved = SHOW_SERVERS_STATE.replace("127.0.0.2", "127.0.0.3")
+    admin.answers["show servers state"] = moved
+    requests = front.forward("127.0.0.3", front_port(moved))
+    assert requests == requests_of(SHOW_STAT, "app_front")
+    assert admin.commands[1].startswith("set server app_backend/app addr 127.0.0.3 port ")
+    assert admin.commands[2:4] == ["set map /m.map hold_until 0", "set map /m.map hold_writes_until 0"]
+    # The read-back says the server points elsewhere: refused, one line.
+    admin.answers["show servers state"] = SHOW_SERVERS_STATE
+    with pytest.raises(HaproxyRefused, match=r"still points at 127\.0\.0\.2"):
+        front.forward("127.0.0.3", 9)
+    assert door(admin.path).pid_and_hold() == (parse_info(SHOW_INFO)["Pid"], 0.0)
+
+
+def front_port(servers_state: str) -> int:
+    return parse_servers_state(servers_state)[0].port
 
 
 def test_state_combines_stat_map_info_and_server(admin: FakeAdminSocket) -> None:

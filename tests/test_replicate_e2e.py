@@ -44,6 +44,7 @@ from orchestrator.transports import replication as repl
 from tests.test_e2e import (
     PLAN_NAMES,
     assert_source_serves_and_dns_unchanged,
+    cf_control,
     dns_contents,
     migrate_apply,
     outcome,
@@ -528,6 +529,88 @@ def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_
     # replication.keep_reverse 0: finish set up reverse replication and tore it down on both sides: no replica, no
     # master.info (it held the password), no tunnel; the old source stays read-only (and fenced).
     assert_replication_torn_down(state, plan, events)
+
+
+def test_killed_between_the_target_fence_and_the_door_switch_resumes_committed(live: LabState, tmp_path: Path) -> None:
+    """The commit at the front door: kill -9 after the target's fence is lifted (the run journaled committed) and
+    before the source's door forwards to it; the resume finishes forward (SIGTERM right after its commit step only
+    noted: a committed run is finished, never rolled back), DNS converges on the target, nothing is lost."""
+    state = live
+    pid_file = state.path / "replkill-door.pid"
+    hooks = {
+        "after-step": on_step("verify_target", f"echo $PPID > {shlex.quote(str(pid_file))}\n")
+        + "\n"
+        + on_step("switch_traffic", "kill -TERM $PPID\n"),
+    }
+    plan = replicate_plan(state, "replkill-door", hooks)
+    yaml = YAML()
+    data = yaml.load(plan.read_text())
+    fence_off = data["services"]["target_fence"]["disable"]
+    used = f"{pid_file}.used"
+    # Once: the fence goes down, then the run that lifted it is killed (the resume lifts it again, harmlessly).
+    data["services"]["target_fence"]["disable"] = (
+        f"{fence_off} && if mv {shlex.quote(str(pid_file))} {shlex.quote(used)} 2>/dev/null; then "
+        f"kill -9 $(cat {shlex.quote(used)}); fi; true"
+    )
+    with plan.open("w") as out:
+        yaml.dump(data, out)
+    report = resumed_under_load(state, plan, tmp_path / "load", str(tmp_path / "nothing-to-remove"))
+    events = journal_events(state, plan)
+    assert Path(used).exists(), "the fence command did not kill the run"
+    runs = [i for i, e in enumerate(events) if e.get("event") == "run_resumed"]
+    assert runs, "the run was not resumed"
+    # Committed before the kill: the resume went forward (no rollback), the commit step re-entered once.
+    assert any(e.get("event") == "committed" for e in events[: runs[0]])
+    assert not any(e.get("event") == "rollback_started" for e in events)
+    assert next(s for s in report["steps"] if s["name"] == "switch_traffic")["attempts"] == 2
+    assert report["committed_at_door"] is not None and report["dns_flipped_at"] > report["committed_at_door"]
+
+
+def test_killed_while_dns_converges_after_the_door_commit_resumes_and_loses_nothing(
+    live: LabState, tmp_path: Path
+) -> None:
+    """kill -9 while the DNS flip after the window waits on a slow API (every answer delayed): writes flowed since
+    the commit at the door; the resume re-reads where the records point and completes, nothing lost."""
+    state = live
+    plan = replicate_plan(state, "replkill-dns")
+    journal = state.path / ".migrate" / plan_name(plan) / "journal.jsonl"
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, 300)
+    cf_control(state, "faults", {"mode": "slow", "delay": 2, "count": -1, "methods": ["PATCH", "PUT"]})
+    try:
+        run = subprocess.Popen(
+            [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)],
+            env={k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + TIMEOUT
+        while not any(
+            e.get("event") == "step_saved" and e.get("step") == "dns_flip" and e.get("key") == "edits"
+            for e in journal_events(state, plan)
+        ):
+            assert run.poll() is None, f"the run ended (exit {run.returncode}) before its DNS edits"
+            assert time.monotonic() < deadline, "no DNS edit sent"
+            time.sleep(0.02)
+        run.kill()
+        run.wait(timeout=60)
+        cf_control(state, "faults", {"mode": "none"})
+        result = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert result.returncode == exit_codes.OK, outcome(result)
+        wait_for_load_acks_on(load_dir, state.target.address, since=time.time())
+    finally:
+        cf_control(state, "faults", {"mode": "none"})
+        load.send_signal(signal.SIGTERM)
+        load.communicate(timeout=60)
+    verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
+    assert verify.error is None, verify.error
+    assert verify.acknowledged_lost == 0, verify.lost
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    events = journal_events(state, plan)
+    assert not any(e.get("event") == "rollback_started" for e in events)
+    # The window closed at the door, before any DNS edit was sent.
+    switched = next(e for e in events if e.get("event") == "step_completed" and e.get("step") == "switch_traffic")
+    first_edit = next(e for e in events if e.get("step") == "dns_flip" and e.get("key") == "edits")
+    assert switched["ts"] < first_edit["ts"]
 
 
 def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_source(

@@ -26,6 +26,7 @@ from orchestrator.steps.cutover import Cutover
 from orchestrator.steps.db_final import DbFinal
 from orchestrator.steps.finish import STOPPED_SERVICES, Finish
 from orchestrator.steps.prepare_target import PrepareTarget
+from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.mysql import blockers_from_rows
 from orchestrator.transports.ssh import CommandResult, TransportError
 from orchestrator.window import DowntimeWindow, journaled_blocked_at
@@ -83,6 +84,7 @@ class OfflineRuntime:
     def __init__(self, plan: Plan, *, source: RecordingHost | None = None, target: RecordingHost | None = None):
         self.plan = plan
         self.window = DowntimeWindow(plan.cutover.max_write_block)
+        self.round_trips = RoundTrips()
         self.source = source or RecordingHost()
         self.target = target or RecordingHost()
         self.answers: dict[str, bool] = {"source": True, "target": False}

@@ -101,8 +101,9 @@ class StepContext:
 class Step(ABC):
     name: ClassVar[str]
     title: ClassVar[str]
-    # Completing this step commits the migration: failures after it are not rolled back automatically.
-    commit_point: ClassVar[bool] = False
+    # Completing this step commits the migration: failures after it are not rolled back automatically. A plain
+    # attribute: a step may be the commit point in one plan and not in another (set by its constructor).
+    commit_point: bool = False
     # The confirmation gate (and the before-cutover hook) sits right before this step.
     begins_downtime: ClassVar[bool] = False
     # May run beside the steps after it, in a thread of the engine, when the step before it lets it start early

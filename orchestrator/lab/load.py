@@ -125,6 +125,8 @@ def journal_window(path: Path) -> dict[str, Any] | None:
         return None
     later = [e for e in events if float(e.get("ts", 0)) >= blocked_at]
     for until, matches in (
+        # The commit at the front door (writes flow through it; DNS follows), else the DNS flip.
+        ("switch_traffic", lambda e: e.get("event") == "step_completed" and e.get("step") == "switch_traffic"),
         ("dns_flip", lambda e: e.get("event") == "step_completed" and e.get("step") == "dns_flip"),
         ("rollback", lambda e: e.get("event") == "rollback_completed"),
     ):
@@ -216,7 +218,7 @@ class LoadStats:
     # How long clients waited for each answer: {"run": {...}, "window": {...}} with requests, p50_ms, p99_ms,
     # max_ms ("window" only with a journal that has one).
     latency: dict[str, dict[str, float]] = field(default_factory=dict)
-    # The migration's window, from its journal: {"from": ts, "to": ts, "until": "dns_flip" | ...}.
+    # The migration's window, from its journal: {"from": ts, "to": ts, "until": "switch_traffic" | "dns_flip" | ...}.
     window: dict[str, Any] | None = None
     journal: str | None = None
     http_timeout: float = HTTP_TIMEOUT

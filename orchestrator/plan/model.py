@@ -478,6 +478,14 @@ class Dns(Strict):
     content: HostAddress | None = Field(default=None, description="new content; default: the target's public address")
     base_url: HttpUrl | None = Field(default=None, description="API base URL (default: Cloudflare's)")
     timeout: float = _seconds(0, 300, default=30.0, description="per API call")
+    converge_timeout: float = _seconds(
+        0,
+        86400,
+        default=600.0,
+        description="with a front door on the source (the commit is made there): how long the DNS flip after the "
+        "window keeps trying, with backoff, until every record points at the target; past it the run stays "
+        "committed with DNS pending (exit 4) and `migrate apply` finishes it",
+    )
     lower_ttl_to: int | None = Field(
         default=None,
         ge=30,

@@ -286,6 +286,9 @@ def apply(
                 result.message = f"{result.message}; {summary}" if result.message else summary
             if audited.needs_attention:  # completed and committed, but the data was not proven equal
                 result.end = ApplyEnd.NEEDS_ATTENTION
+        if final is not None and final.status == RunStatus.FAILED_AFTER_COMMIT and final.error:
+            # Committed (the target serves): one line saying what is left, e.g. "committed, DNS pending: …".
+            result.message = final.error if final.error.startswith("committed") else f"committed; {final.error}"
         split = dns_where.end_problem(journal.events, final)
         if split is not None and outcome in (Outcome.COMPLETED, Outcome.ROLLED_BACK):
             # The run did its part, but clients following DNS do not all reach the host that serves.

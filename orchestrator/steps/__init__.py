@@ -30,6 +30,10 @@ CUTOVER_MODES: dict[str, tuple[str, ...]] = {
 UNRESOLVED_MODE = "replicate"
 # `audit` (after the commit): the shutdown mode's row counts and checksums of every table, kept out of the window.
 AFTER_CUTOVER: tuple[str, ...] = ("files_final", "start_target", "verify_target", "dns_flip", "audit", "finish")
+# With a front door on the source the commit is made there (`switch_traffic`: the target's fence lifted, the source's
+# door forwarding to the target's), and the DNS flip follows after the window, with all the patience a slow API
+# needs: every client reaches the target through the source's door whatever its DNS cache says.
+COMMIT_AT_DOOR = "switch_traffic"
 # The way back over the reverse replica (a reverse run in replicate mode): the old source already replicates from
 # the target and runs (read-only, fenced), so nothing is stopped, seeded or set up; the comparison ran forward.
 # The uploads are pre-synced back (their change trackers started), the lag gate and the switch run with the roles
@@ -39,12 +43,25 @@ REVERSE_OVER_REPLICA: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def step_order(mode: str) -> tuple[str, ...]:
-    """Every step's name, in run order, for a cut-over mode."""
+def step_order(mode: str, *, door_commits: bool = False) -> tuple[str, ...]:
+    """Every step's name, in run order, for a cut-over mode (`door_commits`: the plan commits at the front door)."""
     try:
-        return BEFORE_CUTOVER + CUTOVER_MODES[UNRESOLVED_MODE if mode == "auto" else mode] + AFTER_CUTOVER
+        return BEFORE_CUTOVER + CUTOVER_MODES[UNRESOLVED_MODE if mode == "auto" else mode] + after_cutover(door_commits)
     except KeyError:
         raise LookupError(f"no steps for cutover.mode {mode!r}") from None
+
+
+def after_cutover(door_commits: bool) -> tuple[str, ...]:
+    """The shared end of every mode: with a door that commits, the switch at the door comes before the DNS flip."""
+    if not door_commits:
+        return AFTER_CUTOVER
+    at = AFTER_CUTOVER.index("dns_flip")
+    return (*AFTER_CUTOVER[:at], COMMIT_AT_DOOR, *AFTER_CUTOVER[at:])
+
+
+def door_commits(plan: Plan) -> bool:
+    """Whether the plan's commit is made at the source's front door (it forwards stale clients to the target)."""
+    return plan.proxy is not None and plan.proxy.source is not None
 
 
 STEP_ORDER: tuple[str, ...] = step_order("shutdown")
@@ -61,11 +78,17 @@ def step_class(name: str) -> type[Step]:
 
 def plan_steps(plan: Plan) -> tuple[str, ...]:
     """The step names a plan runs: its cut-over mode's, or the way back over the reverse replica."""
+    door = door_commits(plan)
     if plan.reverse_of is not None and plan.cutover.mode == "replicate":
-        return REVERSE_OVER_REPLICA
-    return step_order(static_mode(plan))
+        return (*REVERSE_OVER_REPLICA[: -len(AFTER_CUTOVER)], *after_cutover(door))
+    return step_order(static_mode(plan), door_commits=door)
 
 
 def build_steps(plan: Plan) -> list[Step]:
-    """One instance of every step of the plan's cut-over mode, in run order (steps read the plan from the runtime)."""
-    return [step_class(name)() for name in plan_steps(plan)]
+    """One instance of every step of the plan's cut-over mode, in run order (steps read the plan from the runtime).
+    The DNS flip is the commit point unless the front door commits before it."""
+    names = plan_steps(plan)
+    return [
+        step_class(name)(commits=COMMIT_AT_DOOR not in names) if name == "dns_flip" else step_class(name)()
+        for name in names
+    ]

@@ -23,6 +23,19 @@ every edit was answered (nothing in flight) reads each record back once: an answ
 
 Inside the window the records are handled side by side: their lookups, then (all old contents journaled first, in
 one record) their edits, then their read-backs, each an API round trip of its own in a thread.
+
+After a commit at the front door (steps/switch_traffic.py, a plan with `proxy.source`) this step is not the commit
+point: it runs after the window, writes already flow, and every client reaches the target through the source's door.
+Its calls then take the plan's own bounds, and the whole flip is tried again with backoff until the records point at
+the target and read back so, within `dns.converge_timeout`; past it the run stays committed with DNS pending (exit 4,
+one line), and `migrate apply` finishes it.
+
+The rollback's order (no door, a flip that failed before its commit): undo fences the target again at once, the
+steps before it make the source take writes again, and only then are the records put back (`settle_after_rollback`),
+with their own patience: a slow API never keeps writes blocked past the budget.
+
+A resumed flip reads where the records point at once: an edit that may still be in flight towards the content the
+flip wants changes nothing it must wait for; only an edit in flight towards other content is waited out.
 """
 
 from __future__ import annotations
@@ -34,12 +47,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from orchestrator import frontdoor, guard
+from orchestrator import frontdoor
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Retry
 from orchestrator.results import DnsFlipResult, RecordSnapshot
 from orchestrator.retry import call_with_retry
+from orchestrator.steps import source_guard
 from orchestrator.transports.ssh import TransportError
 
 OLD_RECORDS = "old_records"
@@ -57,6 +71,9 @@ TARGET_FENCE_LIFTED = "target_fence_lifted"
 FENCE_COMMAND_TIMEOUT = 120.0
 # API calls made side by side (one per record, at most this many at once).
 MAX_PARALLEL_CALLS = 8
+# After a commit at the front door: the pause between two tries of the whole flip, doubled each time up to the cap.
+RETRY_PAUSE = 1.0
+RETRY_PAUSE_MAX = 30.0
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -88,9 +105,13 @@ class DnsFlip(Step):
     title = "DNS flip: point every record at the target, then let it take writes (the commit point)"
     commit_point = True
 
-    def __init__(self) -> None:
+    def __init__(self, *, commits: bool = True) -> None:
         # The journaled `edits` are read, changed and saved again by edits made side by side: one at a time.
         self._edits_lock = threading.Lock()
+        # False: the front door committed before this step (switch_traffic); DNS follows outside the window.
+        self.commit_point = commits
+        if not commits:
+            self.title = "DNS flip: point every record at the target (after the commit at the front door)"
 
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
@@ -101,6 +122,13 @@ class DnsFlip(Step):
             "type, TTL and proxying kept; read back to verify)"
             for name in dns.records
         ]
+        if not self.commit_point:
+            return [
+                *lines,
+                f"after the window (writes flow): tried again with backoff until every record points at the target, "
+                f"within dns.converge_timeout {dns.converge_timeout:g} s; past it the run stays committed with DNS "
+                "pending (exit 4) and `migrate apply` finishes it",
+            ]
         unfence = plan.services.target_fence.disable
         if plan.services.target_fence.enable and unfence:
             lines.append(f"once every record points at the target: lift the target's fence: {unfence} (the commit)")
@@ -114,12 +142,14 @@ class DnsFlip(Step):
     def check(self, ctx: StepContext) -> bool:
         plan = runtime(ctx).plan
         fence = plan.services.target_fence
-        if fence.enable and fence.disable and not ctx.saved(TARGET_FENCE_LIFTED):
+        if self.commit_point and fence.enable and fence.disable and not ctx.saved(TARGET_FENCE_LIFTED):
             return False  # the records may all be flipped, but the target still refuses writes
         zone_id = self._zone_id(ctx)
         return self._all_point_at(ctx, zone_id, plan.dns_content)
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        if not self.commit_point:
+            return self._after_commit(ctx)
         rt = runtime(ctx)
         plan = rt.plan
         new = plan.dns_content
@@ -171,7 +201,7 @@ class DnsFlip(Step):
             _side_by_side(_edit, to_edit)
             wanted = {r.id: new for records in found.values() for r in records}
             # Every edit answered: nothing can land later, one read-back of each record says where it points.
-            stuck = self._converge(ctx, zone_id, wanted, bounded=not already, once=self._all_answered(ctx))
+            stuck = self._converge(ctx, zone_id, wanted, bounded=not already, once=self._all_answered(ctx, wanted))
             if stuck:
                 raise StepError(f"DNS read back: not every record of {plan.dns.records} points at {new}: {stuck[0]}")
         except BaseException:
@@ -207,13 +237,68 @@ class DnsFlip(Step):
             write_block_seconds=None if blocked_at is None else round(flipped_at - blocked_at, 3),
         ).journal()
 
+    def _after_commit(self, ctx: StepContext) -> dict[str, Any]:
+        """The flip after a commit at the front door: the whole flip tried again with backoff until every record
+        points at the target and reads back so, within `dns.converge_timeout` (plus the try under way); past it,
+        one line, and the run stays committed (the source's door forwards every client meanwhile)."""
+        plan = runtime(ctx).plan
+        deadline = time.monotonic() + plan.dns.converge_timeout
+        pause, tries = RETRY_PAUSE, 0
+        while True:
+            tries += 1
+            try:
+                return self._flip_after_commit(ctx)
+            except Exception as exc:
+                left = deadline - time.monotonic()
+                error = " ".join(str(exc).split()) or type(exc).__name__
+                if left <= pause:
+                    raise StepError(
+                        f"committed, DNS pending: the records {', '.join(plan.dns.records)} do not all point at "
+                        f"{plan.dns_content} after {tries} tries within dns.converge_timeout "
+                        f"{plan.dns.converge_timeout:g} s (last: {error}); the source's front door forwards every "
+                        "client to the target meanwhile; `migrate apply` finishes the flip"
+                    ) from None
+                ctx.log.warning("dns_flip.retrying_after_commit", error=error, pause=pause, left_s=round(left, 1))
+                time.sleep(pause)
+                pause = min(pause * 2, RETRY_PAUSE_MAX)
+
+    def _flip_after_commit(self, ctx: StepContext) -> dict[str, Any]:
+        """One try: look every record up, journal the old contents, edit what differs, read back until settled.
+        The calls take the plan's own bounds (the window has ended)."""
+        plan = runtime(ctx).plan
+        new = plan.dns_content
+        zone_id = self._zone_id(ctx, bounded=False)
+        read = _side_by_side(lambda name: self._find(ctx, zone_id, name, bounded=False), plan.dns.records)
+        found = dict(zip(plan.dns.records, read, strict=True))
+        for name in plan.dns.records:
+            if not found[name]:
+                raise StepError(f"DNS record {name} ({plan.dns.type}) not found in zone {plan.dns.zone}")
+        old: dict[str, dict[str, Any]] = dict(ctx.saved(OLD_RECORDS) or {})
+        to_edit = [r for name in plan.dns.records for r in found[name] if r.content != new]
+        if to_edit:
+            for record in to_edit:
+                old.setdefault(record.id, _snapshot(record))
+            ctx.save(OLD_RECORDS, old)
+            _side_by_side(lambda record: self._set(ctx, zone_id, record, new, bounded=False), to_edit)
+        wanted = {r.id: new for records in found.values() for r in records}
+        stuck = self._converge(ctx, zone_id, wanted, bounded=False, once=self._all_answered(ctx, wanted))
+        if stuck:
+            raise StepError(f"DNS read back: not every record of {plan.dns.records} points at {new}: {stuck[0]}")
+        ctx.log.info("dns_flip.records_point_at_target", records=plan.dns.records, edited=[r.name for r in to_edit])
+        return DnsFlipResult(
+            records=sorted({r.name for records in found.values() for r in records}),
+            new_content=new,
+            old=[RecordSnapshot.of(r) for r in old.values()],
+            flipped_at=time.time(),
+        ).journal()
+
     def _before_flip(self, ctx: StepContext) -> None:
         ctx.window.check("flipping DNS")
         frontdoor.before_flip(ctx)
 
     def undo(self, ctx: StepContext) -> None:
-        """Fence the target again (nothing more may be written there), then put back every record's old content
-        and wait until the records agree with it (an edit still in flight is awaited, then superseded)."""
+        """Fence the target again (nothing more may be written there) and send its door's requests back to the
+        source's; the records are put back after the whole rollback (`settle_after_rollback`)."""
         rt = runtime(ctx)
         failures: list[str] = []
         fence = rt.plan.services.target_fence.enable
@@ -227,25 +312,25 @@ class DnsFlip(Step):
             frontdoor.release_target(ctx)
         except StepError as exc:
             failures.append(str(exc))
-        old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
-        if old:
-            try:
-                zone_id = self._zone_id(ctx)
-                # Put back what differs now; an edit that may still be in flight is awaited once the source serves
-                # again (settle_after_rollback), not before.
-                failures += self._converge(ctx, zone_id, self._restore_wanted(ctx), bounded=False, settle=False)
-            except Exception as exc:  # the API unreachable: say which records could not be put back
-                names = sorted({RecordSnapshot.of(r).name for r in old.values()})
-                failures.append(f"restoring DNS records {', '.join(names)}: {exc}")
+        # The records are put back once the source takes writes again (settle_after_rollback): the target is
+        # fenced now, so a client that follows a moved record meets its fence (or its door, forwarding to the
+        # source's), and no write is blocked while a slow API answers.
         if failures:
             raise StepError("; ".join(failures))
 
     def settle_after_rollback(self, ctx: StepContext) -> None:
-        """After the whole rollback: wait out any edit that may still be in flight, re-applying the old content
-        over it, until the records hold it and stay so (within a bound)."""
-        if not ctx.saved(OLD_RECORDS):
+        """After the whole rollback (the source takes writes again): put back every record's old content, waiting
+        out any edit that may still be in flight and re-applying the old content over it, until the records hold
+        it and stay so (within a bound)."""
+        old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
+        if not old:
             return
-        failures = self._converge(ctx, self._zone_id(ctx, bounded=False), self._restore_wanted(ctx), bounded=False)
+        try:
+            zone_id = self._zone_id(ctx, bounded=False)
+            failures = self._converge(ctx, zone_id, self._restore_wanted(ctx), bounded=False)
+        except Exception as exc:  # the API unreachable: say which records could not be put back
+            names = sorted({RecordSnapshot.of(r).name for r in old.values()})
+            failures = [f"restoring DNS records {', '.join(names)}: {exc}"]
         if failures:
             raise StepError("; ".join(failures))
 
@@ -255,9 +340,10 @@ class DnsFlip(Step):
         old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
         return {saved.id: saved.content for saved in (RecordSnapshot.of(r) for r in old.values())}
 
-    def _all_answered(self, ctx: StepContext) -> bool:
-        """No edit of this run may still be in flight: every one sent got its answer."""
-        return all(edit.get("answered") for edit in (ctx.saved(EDITS) or {}).values())
+    def _all_answered(self, ctx: StepContext, wanted: dict[str, str]) -> bool:
+        """No edit of this run towards other content than `wanted` may still be in flight: every such one sent got
+        its answer (one towards the wanted content, landing late, changes nothing)."""
+        return not _in_flight_until(ctx.saved(EDITS) or {}, 0.0, wanted)
 
     def _converge(
         self,
@@ -275,7 +361,7 @@ class DnsFlip(Step):
         """
         plan = runtime(ctx).plan
         edits: dict[str, dict[str, Any]] = ctx.saved(EDITS) or {}
-        settle_until = _in_flight_until(edits, plan.dns.timeout)
+        settle_until = _in_flight_until(edits, plan.dns.timeout, wanted)
         if not settle:
             settle_until = 0.0
         deadline = max(settle_until, time.time()) + 2 * (plan.dns.timeout + IN_FLIGHT_MARGIN) + plan.retry.max_seconds
@@ -300,7 +386,7 @@ class DnsFlip(Step):
             if settled:
                 ctx.log.info("dns_flip.records_converged", records=self._names(current))
                 return []
-            if bounded:
+            if self._windowed(bounded):
                 ctx.window.check("waiting for the DNS records to settle")
             if time.time() >= deadline:
                 stuck = list(failures.values()) or [
@@ -312,7 +398,7 @@ class DnsFlip(Step):
             once = False  # something differed or failed: settle the usual way from here
             edits = ctx.saved(EDITS) or {}
             if settle:
-                settle_until = max(settle_until, _in_flight_until(edits, plan.dns.timeout))
+                settle_until = max(settle_until, _in_flight_until(edits, plan.dns.timeout, wanted))
             time.sleep(SETTLE_POLL)
 
     @staticmethod
@@ -388,15 +474,7 @@ class DnsFlip(Step):
     # -- helpers
 
     def _commit(self, ctx: StepContext, reason: str) -> None:
-        """The guard on the source learns of the commit first (it must then leave the source alone), then the
-        journal. A guard that cannot be told means no commit: the run fails before the target takes writes."""
-        directory = _guard_dir(ctx)
-        if directory is not None:
-            try:
-                guard.mark(runtime(ctx).source, directory, guard.COMMITTED, timeout=FENCE_COMMAND_TIMEOUT)
-            except TransportError as exc:
-                raise StepError(f"cannot tell the guard on the source that the run commits: {exc}") from None
-        ctx.commit(reason)
+        source_guard.commit(ctx, reason, timeout=FENCE_COMMAND_TIMEOUT)
 
     @staticmethod
     def _partial_reason(moved: list[str]) -> str:
@@ -442,13 +520,18 @@ class DnsFlip(Step):
     # Before the commit, inside the downtime window, every call and its retries are bounded by what is left of the
     # write budget; undo and a committed run use the plan's own bounds.
 
+    def _windowed(self, bounded: bool) -> bool:
+        """Whether a call is bounded by the write budget: asked inside the window, and this step is the commit (after
+        a commit at the front door the window has ended before this step begins)."""
+        return bounded and self.commit_point
+
     def _policy(self, ctx: StepContext, bounded: bool) -> Retry:
         plan = runtime(ctx).plan
-        return ctx.window.bounded(plan.retry) if bounded else plan.retry
+        return ctx.window.bounded(plan.retry) if self._windowed(bounded) else plan.retry
 
     def _call_timeout(self, ctx: StepContext, bounded: bool = True) -> float:
         cap = runtime(ctx).plan.dns.timeout
-        return (ctx.window.timeout(cap) or cap) if bounded else cap
+        return (ctx.window.timeout(cap) or cap) if self._windowed(bounded) else cap
 
     def _zone_id(self, ctx: StepContext, *, bounded: bool = True) -> str:
         plan = runtime(ctx).plan
@@ -491,7 +574,7 @@ class DnsFlip(Step):
                 ctx.save(EDITS, edits)
 
         def _edit() -> Any:
-            if bounded:
+            if self._windowed(bounded):
                 ctx.window.check(f"editing DNS record {record.name}")
             _note({"name": record.name, "content": content, "sent_at": time.time(), "answered": False})
             try:
@@ -509,21 +592,15 @@ class DnsFlip(Step):
         return updated
 
 
-def _in_flight_until(edits: dict[str, dict[str, Any]], api_timeout: float) -> float:
-    """Until when an unanswered edit may still land (0: none in flight)."""
-    pending = [float(e["sent_at"]) for e in edits.values() if not e.get("answered")]
+def _in_flight_until(edits: dict[str, dict[str, Any]], api_timeout: float, wanted: dict[str, str]) -> float:
+    """Until when an unanswered edit towards other content than `wanted` may still land (0: none in flight). An
+    edit in flight towards the wanted content is no reason to wait: landing late, it changes nothing."""
+    pending = [
+        float(e["sent_at"])
+        for record_id, e in edits.items()
+        if not e.get("answered") and e.get("content") != wanted.get(record_id)
+    ]
     return max(pending) + 2 * api_timeout + IN_FLIGHT_MARGIN if pending else 0.0
-
-
-def _guard_dir(ctx: StepContext) -> str | None:
-    """The guard's directory on the source, as the cut-over journaled it (None: no guard was started)."""
-    found = None
-    for ev in ctx.history():
-        if ev.get("event") == "run_started":
-            found = None
-        elif ev.get("event") == "step_saved" and ev.get("key") == "guard" and isinstance(ev.get("value"), dict):
-            found = ev["value"].get("dir")
-    return str(found) if found else None
 
 
 def _answered(exc: BaseException) -> bool:

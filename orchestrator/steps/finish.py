@@ -176,6 +176,7 @@ class Finish(Step):
             bytes_moved=report.get("bytes_moved"),
             reverse_replication=reverse,
             peak_rss_mib=peak_rss_mib(),
+            round_trips=runtime(ctx).round_trips.by_step(),
             trackers_stopped=trackers,
             **forwarding,
         ).journal() | {"ttls_restored": restore_original_ttls(ctx)}

@@ -8,7 +8,8 @@
 - `reattach` in a new process taking over the run: the heartbeat again, so a live run is never raced.
 - `release` at the end of the step's undo: the guard is told the run restored the source itself (it leaves, and
   takes its directory with it); what it did, if it had acted, is logged.
-The DNS flip tells it of the commit (dns_flip `_commit`), whichever step started it: both journal it as `guard`.
+- `commit` at the commit point (the front door's switch, or the DNS flip without a door): the guard learns of it
+  first, then the journal, whichever step started the guard (both journal it as `guard`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from orchestrator.transports.ssh import TransportError
 
 GUARD = "guard"
 START_TIMEOUT = 30.0
+COMMIT_TIMEOUT = 120.0
 
 
 def directory(ctx: StepContext) -> str | None:
@@ -104,3 +106,26 @@ def release(ctx: StepContext, failures: list[str]) -> None:
             guard.mark(source, found, guard.RELEASED, timeout=START_TIMEOUT)
         except TransportError as exc:
             ctx.log.warning("guard_not_told", error=str(exc))
+
+
+def journaled_directory(ctx: StepContext) -> str | None:
+    """The guard's directory on the source as whichever step started it journaled it in this run (None: none)."""
+    found = None
+    for ev in ctx.history():
+        if ev.get("event") == "run_started":
+            found = None
+        elif ev.get("event") == "step_saved" and ev.get("key") == GUARD and isinstance(ev.get("value"), dict):
+            found = ev["value"].get("dir")
+    return str(found) if found else None
+
+
+def commit(ctx: StepContext, reason: str, *, timeout: float | None = None) -> None:
+    """The guard on the source learns of the commit first (it must then leave the source alone), then the
+    journal. A guard that cannot be told means no commit: the step fails before the target takes writes."""
+    found = journaled_directory(ctx)
+    if found is not None:
+        try:
+            guard.mark(runtime(ctx).source, found, guard.COMMITTED, timeout=timeout or COMMIT_TIMEOUT)
+        except TransportError as exc:
+            raise StepError(f"cannot tell the guard on the source that the run commits: {exc}") from None
+    ctx.commit(reason)

@@ -244,7 +244,7 @@ class VerifyTarget(Step):
             # both modes) in threads carrying the log context, the health checks here, unless the switch ran them
             # side by side with its wait and promotion (they passed then).
             # The audit's snapshot of the target beside them: after the promotion (the switch has returned), before
-            # the commit (the DNS flip lifts the target's fence after this step).
+            # the commit (the commit point, switch_traffic or the DNS flip, lifts the target's fence after this step).
             with ThreadPoolExecutor(max_workers=3, thread_name_prefix="verify") as pool:
                 positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
                 trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)

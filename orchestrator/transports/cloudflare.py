@@ -30,6 +30,7 @@ import httpx
 
 from orchestrator import secrets
 from orchestrator.engine.interrupt import Interrupted
+from orchestrator.transports.meter import RoundTrips
 
 DEFAULT_BASE_URL = "https://api.cloudflare.com/client/v4"
 _AUTH_HEADERS = {"authorization", "x-auth-key", "x-auth-email", "x-auth-user-service-key"}
@@ -69,6 +70,7 @@ class DnsClient:
         max_retries: int = 0,
         per_page: int = 100,
         max_pages: int = 50,
+        meter: RoundTrips | None = None,
     ) -> None:
         if not api_token:
             raise DnsError("Cloudflare API token is empty", transient=False)
@@ -80,6 +82,7 @@ class DnsClient:
         self._calls = threading.local()
         self.per_page = per_page
         self.max_pages = max_pages
+        self._meter = meter if meter is not None else RoundTrips()
         # A zone's id never changes while it exists: looked up once (preflight), not again inside the window.
         self._zones: dict[str, str] = {}
         self._client = cloudflare.Cloudflare(
@@ -128,6 +131,7 @@ class DnsClient:
             raise DnsError(f"Cloudflare API token is {answer.status}", transient=False)
 
     def _timeout(self, timeout: float | None) -> float:
+        self._meter.add("dns")  # asked once per API call, just before it is made
         # Remembered for the error message of the call it bounds (one call at a time per thread).
         self._calls.timeout = self.timeout if timeout is None else max(0.05, min(timeout, self.timeout))
         return float(self._calls.timeout)

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.ssh import TransportError
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ WRITES_ONLY_CAPABILITY = "hold_writes"
 HOLD_ACTION = "frontdoor_hold"
 POLL_MS = 20
 # Answers of commands that succeeded although they say something (everything else non-empty is a refusal).
+# What `set map` answers for a key the map does not hold.
+MISSING_ENTRY = "entry not found."
 SUCCESS_PREFIXES = ("IP changed from", "no need to change", "port changed from", "IP and port changed")
 
 # Where the runtime API is: a unix socket path, or (host, port) of a TCP listener that reaches it (an SSH tunnel).
@@ -146,6 +149,34 @@ class HaproxyRefused(HaproxyError):
 
 
 # --- parsers (pure) --------------------------------------------------------------------------------------------
+
+
+def split_answers(commands: list[str], text: str) -> list[str]:
+    """The answers of commands sent on one line separated by ';': HAProxy ends each command's answer with an
+    empty line (a command answering nothing, e.g. a `set` that worked, with that line alone)."""
+    answers: list[str] = []
+    current: list[str] = []
+    lines = text.split("\n")
+    for line in lines[:-1] if lines[-1] == "" else lines:  # what follows the last newline is no line
+        if line:
+            current.append(line + "\n")
+            continue
+        answers.append("".join(current))
+        current = []
+        if len(answers) == len(commands):
+            return answers
+    raise HaproxyRefused("; ".join(commands), f"{len(answers)} answer(s) to {len(commands)} commands")
+
+
+def requests_of(stat: str, frontend: str) -> int:
+    """HTTP requests the frontend received since HAProxy started (`show stat` req_tot)."""
+    lines = [line for line in stat.splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("# "):
+        raise ValueError("not a `show stat` answer")
+    for row in csv.DictReader(io.StringIO("\n".join([lines[0][2:], *lines[1:]]))):
+        if row.get("pxname") == frontend and row.get("svname") == "FRONTEND":
+            return int(row.get("req_tot") or 0)
+    raise ValueError(f"no frontend {frontend} in `show stat`")
 
 
 def check_answer(command: str, answer: str) -> str:
@@ -385,8 +416,10 @@ class FrontDoor:
         hold_map: str,
         name: str = "front door",
         timeout: float = COMMAND_TIMEOUT,
+        meter: RoundTrips | None = None,
     ) -> None:
         self._endpoint = endpoint
+        self._meter = meter if meter is not None else RoundTrips()
         self.frontend = frontend
         self.backend = backend
         self.server = server
@@ -398,6 +431,7 @@ class FrontDoor:
         return f"FrontDoor({self.name}: {self.frontend} → {self.backend}/{self.server})"
 
     def ask(self, command: str) -> str:
+        self._meter.add("haproxy")
         try:
             return ask(self._endpoint(), command, timeout=self.timeout)
         except AdminSocketUnreachable as exc:
@@ -406,6 +440,14 @@ class FrontDoor:
     def change(self, command: str) -> str:
         """A command that changes something: its answer, or HaproxyRefused."""
         return check_answer(command, self.ask(command))
+
+    def batch(self, commands: list[str]) -> list[str]:
+        """Several commands in one connection (one round trip through the tunnel), their answers in order. The
+        callers check each answer (a `set` that failed answers an error sentence; the commands after it still
+        run, in order)."""
+        if any(";" in command or "\n" in command for command in commands):
+            raise ValueError(f"a command of a batch holds ';' or a newline: {commands}")
+        return split_answers(commands, self.ask("; ".join(commands)))
 
     # --- readers ---
 
@@ -480,12 +522,49 @@ class FrontDoor:
         self.change(f"set map {self.hold_map} {HOLD_WRITES_KEY if writes_only else HOLD_KEY} {deadline}")
         return deadline
 
-    def release(self) -> None:
-        """Let every held request (and every later one) through, to wherever the server points now."""
-        self.change(f"set map {self.hold_map} {HOLD_KEY} 0")
+    def _release_commands(self) -> list[str]:
+        return [f"set map {self.hold_map} {HOLD_KEY} 0", f"set map {self.hold_map} {HOLD_WRITES_KEY} 0"]
+
+    def _check_released(self, commands: list[str], answers: list[str]) -> None:
+        check_answer(commands[0], answers[0])
         # A map without the writes' entry belongs to an action that cannot hold writes alone: nothing to clear.
-        if parse_map(self.ask(f"show map {self.hold_map}")).get(HOLD_WRITES_KEY, "0") != "0":
-            self.change(f"set map {self.hold_map} {HOLD_WRITES_KEY} 0")
+        if answers[1].strip() and answers[1].strip() != MISSING_ENTRY:
+            raise HaproxyRefused(commands[1], answers[1])
+
+    def release(self) -> None:
+        """Let every held request (and every later one) through, to wherever the server points now (one round
+        trip: both holds cleared in one batch)."""
+        commands = self._release_commands()
+        self._check_released(commands, self.batch(commands))
+
+    def pid_and_hold(self, key: str = HOLD_KEY) -> tuple[str, float]:
+        """HAProxy's pid and the hold's deadline (see held_until), in one round trip."""
+        commands = ["show info", f"show map {self.hold_map}"]
+        info, answer = self.batch(commands)
+        entries = parse_map(answer)
+        if key not in entries:
+            raise HaproxyRefused(commands[1], answer.strip() or f"no {key} entry")
+        try:
+            return parse_info(info).get("Pid", ""), float(entries[key])
+        except ValueError:
+            raise HaproxyRefused(commands[1], f"{key} is {entries[key]!r}") from None
+
+    def forward(self, address: str, port: int) -> int:
+        """Point the server at address:port and release every hold, in one round trip; read back, the server
+        points there. Returns the frontend's request count just before (`show stat` req_tot)."""
+        target = f"{self.backend}/{self.server}"
+        release = self._release_commands()
+        commands = ["show stat", f"set server {target} addr {address} port {int(port)}", *release,
+                    f"show servers state {self.backend}"]  # fmt: skip
+        answers = self.batch(commands)
+        requests = requests_of(answers[0], self.frontend)
+        check_answer(commands[1], answers[1])
+        self._check_released(release, answers[2:4])
+        state = next((s for s in parse_servers_state(answers[4]) if s.server == self.server), None)
+        if state is None or (state.address, state.port) != (address, int(port)):
+            where = "no such server" if state is None else f"the server still points at {state.address}:{state.port}"
+            raise HaproxyRefused(commands[1], where)
+        return requests
 
     def repoint(self, address: str, port: int) -> ServerState:
         """Send the server's requests (held ones included) to address:port; returns the state read back."""
@@ -570,4 +649,5 @@ def over_ssh(host: SshHost, socket_path: str, *, frontend: str, backend: str, se
         server=server,
         hold_map=hold_map,
         name=f"front door of {host.name}",
+        meter=host.meter,
     )

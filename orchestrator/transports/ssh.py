@@ -29,6 +29,7 @@ import structlog
 from orchestrator.plan.model import Host, Retry
 from orchestrator.retry import call_with_retry
 from orchestrator.secrets import redact
+from orchestrator.transports.meter import RoundTrips
 
 T = TypeVar("T")
 
@@ -296,8 +297,19 @@ class Tethered:
 class SshHost:
     """One server reached over SSH: commands, streamed commands and local port forwards (for MySQL)."""
 
-    def __init__(self, host: Host, *, name: str, base_dir: Path, retry: Retry, forward_agent: bool = False) -> None:
+    def __init__(
+        self,
+        host: Host,
+        *,
+        name: str,
+        base_dir: Path,
+        retry: Retry,
+        forward_agent: bool = False,
+        meter: RoundTrips | None = None,
+    ) -> None:
         self.host = host
+        # Round trips made to this host (and through it: front-door commands), counted by step.
+        self.meter = meter if meter is not None else RoundTrips()
         self.name = name
         self.base_dir = base_dir
         self.retry = retry
@@ -456,6 +468,7 @@ class SshHost:
         # waited for: this command takes a session of its own.
         if shell is not None and not prefix and data is None and shell.busy.acquire(blocking=False):
             try:
+                self.meter.add("ssh")
                 record = self._record_file(shell) if timeout is not None else None
                 full = _stopped_at_deadline(command, timeout, record)
                 # Quoted whole: a command the shell cannot parse fails alone instead of swallowing the protocol.
@@ -463,6 +476,7 @@ class SshHost:
                 return self._run_in_shell(shell, command, quoted, timeout, check, record)
             finally:
                 shell.busy.release()
+        self.meter.add("ssh_session")
         record = self._record_file(None) if timeout is not None else None
         full = _in_session(
             _stopped_at_deadline(prefix + shlex.quote(command) if prefix else command, timeout, record), record
@@ -569,6 +583,7 @@ class SshHost:
         shell = self._shell
         if short and shell is not None and not prefix and shell.busy.acquire(blocking=False):
             try:
+                self.meter.add("ssh")
                 record = self._record_file(shell) if timeout is not None else None
                 full = _stopped_at_deadline(command, timeout, record)
                 quoted = full if timeout is not None else "sh -c " + shlex.quote(full)
@@ -584,6 +599,7 @@ class SshHost:
             if check and done.exit_status != 0:
                 raise CommandFailed(command, done.exit_status, done.stderr)
             return CommandResult(done.exit_status, "\n".join(kept), done.stderr)
+        self.meter.add("ssh_session")
         record = self._record_file(None) if timeout is not None else None
         full = _in_session(
             _stopped_at_deadline(prefix + shlex.quote(command) if prefix else command, timeout, record), record

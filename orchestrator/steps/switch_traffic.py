@@ -1,0 +1,111 @@
+"""The commit at the front door: the target takes writes and the source's door forwards every client to it.
+
+With a front door on the source, DNS is not what carries clients to the target at the commit: the source's door
+does, whatever a client's DNS cache says (Vitess commits a switch by repointing its routing; cPanel's transfer
+proxies the old server to the new one). So the commit is made here, inside the window, with only the hosts' own
+round trips: the guard on the source told, the run journaled committed, the target's fence lifted, then the source's
+door pointed at the target's and its held requests let go. The DNS flip follows after the window
+(steps/dns_flip.py, no longer the commit point), with a patience of its own (`dns.converge_timeout`); a slow or
+failing DNS API never holds writes, and never rolls back a committed run.
+
+Order: the target's fence is lifted before the source's door forwards to it, so no forwarded request meets the
+fence. Before the commit the step checks the source's door still holds (an HAProxy restarted mid-window forgot its
+hold: one line, rollback); after it, every failure is finished forward by `migrate apply` (the step is re-entered:
+each of its actions is idempotent).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from orchestrator import frontdoor
+from orchestrator.contracts import runtime
+from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.results import SwitchTrafficResult
+from orchestrator.steps import source_guard
+from orchestrator.transports.ssh import TransportError
+
+# Journaled facts: when the run committed here, and once the target's fence is lifted.
+COMMITTED_AT = "committed_at"
+TARGET_FENCE_LIFTED = "target_fence_lifted"
+FENCE_COMMAND_TIMEOUT = 120.0
+
+
+class SwitchTraffic(Step):
+    name = "switch_traffic"
+    title = "Commit at the front door: the target takes writes, the source's door forwards to it (the commit point)"
+    commit_point = True
+
+    def describe(self, ctx: StepContext) -> list[str]:
+        plan = runtime(ctx).plan
+        lines = ["the guard on the source is told of the commit, then the run is journaled committed"]
+        fence = plan.services.target_fence
+        if fence.enable and fence.disable:
+            lines.append(f"lift the target's fence: {fence.disable} (the target takes writes from here)")
+        source = frontdoor.section(ctx, "source")
+        if source is not None:
+            lines.append(
+                f"the source's front door forwards to {source.forward_to.address}:{source.forward_to.port} and lets "
+                "its held requests go: writes flow again, every client reaches the target whatever its DNS cache says"
+            )
+        lines.append("the DNS records are moved after this, outside the write budget (dns.converge_timeout)")
+        return lines
+
+    def check(self, ctx: StepContext) -> bool:
+        # Re-entered after a crash, the step runs again: every action is idempotent, and its result carries the
+        # moment writes flowed, which the report needs.
+        return False
+
+    def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        plan = runtime(ctx).plan
+        committed_at = ctx.saved(COMMITTED_AT)
+        if committed_at is None:
+            ctx.window.check("committing at the front door")
+            frontdoor.check_source_hold(ctx)
+            source_guard.commit(
+                ctx,
+                "the target is verified: its fence is lifted and the source's front door forwards to it",
+                timeout=ctx.window.timeout(FENCE_COMMAND_TIMEOUT),
+            )
+            committed_at = time.time()
+            ctx.save(COMMITTED_AT, committed_at)
+        if plan.reverse_of is not None:
+            # The way back: the old source's door forwarded to the target since the forward run; it serves its own
+            # app again (whose fence is lifted next).
+            frontdoor.serve_own_app(ctx, "target")
+        lifted = self._lift_target_fence(ctx)
+        if not frontdoor.forward_to_target(ctx):
+            raise StepError(
+                "committed, but the source's front door could not be pointed at the target (see the log line "
+                "above): its held requests go on at the hold's deadline; `migrate apply` points it again"
+            )
+        flowing_at = time.time()
+        blocked_at = ctx.window.blocked_at
+        return SwitchTrafficResult(
+            committed_at=float(committed_at),
+            writes_flow_at=flowing_at,
+            target_fence_lifted=lifted,
+            write_block_seconds=None if blocked_at is None else round(flowing_at - blocked_at, 3),
+        ).journal()
+
+    def undo(self, ctx: StepContext) -> None:
+        """Nothing to put back: what this step changes comes after its commit, and a committed run is finished
+        forward, never rolled back (the way back is `migrate rollback`'s reverse run)."""
+
+    def _lift_target_fence(self, ctx: StepContext) -> bool:
+        fence = runtime(ctx).plan.services.target_fence
+        if not (fence.enable and fence.disable):
+            return False
+        if ctx.saved(TARGET_FENCE_LIFTED):
+            return True
+        try:
+            runtime(ctx).target.run(fence.disable, timeout=FENCE_COMMAND_TIMEOUT)
+        except TransportError as exc:
+            raise StepError(
+                f"committed, but lifting the target's fence failed ({exc}): it refuses writes until `migrate apply` "
+                "lifts it"
+            ) from None
+        ctx.save(TARGET_FENCE_LIFTED, True)
+        ctx.log.info("switch_traffic.target_fence_lifted")
+        return True
