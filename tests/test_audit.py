@@ -21,7 +21,7 @@ from orchestrator.steps import (
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.verify_target import VerifyTarget
 from orchestrator.transports import replication as repl
-from tests.test_steps_offline import OfflineRuntime, context, plan
+from tests.test_steps_offline import FakeSession, OfflineRuntime, context, plan
 
 
 def _no_checks() -> Any:
@@ -121,22 +121,58 @@ def test_a_completed_run_whose_audit_found_a_difference_exits_needs_attention() 
 REPLICATE_STEPS = [{"event": "run_started", "steps": ["repl_switch", "verify_target", "dns_flip", "audit"]}]
 
 
-def test_replicate_verify_opens_the_audit_snapshot_in_one_statement_and_holds_it_on_the_runtime() -> None:
-    rt = OfflineRuntime(_no_checks())
+class GtidSession(FakeSession):
+    """A database session at the final GTID position."""
+
+    def answer(self, sql: str) -> list[tuple[Any, ...]]:
+        return [("0-1-42",)] if "gtid_current_pos" in sql or "gtid_binlog_pos" in sql else []
+
+
+class PositionsRuntime(OfflineRuntime):
+    """One session per side (the positions are read side by side), and what was released."""
+
+    def __init__(self, plan: Any) -> None:
+        super().__init__(plan)
+        self.sessions: dict[str, GtidSession] = {}
+        self.released: list[object] = []
+
+    def db(self, which: str, **_: Any) -> GtidSession:
+        self.sessions[which] = GtidSession()
+        return self.sessions[which]
+
+    def release(self, conn: object) -> None:
+        self.released.append(conn)
+
+
+def test_replicate_verify_opens_the_audit_snapshot_with_one_statement_and_holds_it_on_the_runtime() -> None:
+    rt = PositionsRuntime(_no_checks())
     rt.window.begin(time.time() - 1)
-    ctx = context(rt, "verify_target", history=REPLICATE_STEPS)
-    figures, problems = VerifyTarget().snapshot(ctx)
+    ctx = context(rt, "verify_target", history=REPLICATE_STEPS, outputs={"repl_switch": {"final_gtid": "0-1-42"}})
+    figures, problems = VerifyTarget().positions(ctx)
     assert not problems and figures["audit_snapshot_at"] > 0
-    # Inside the window: the snapshot's statement only (the tables are read on the frozen source after the commit).
-    assert rt.session.statements == [replica_audit.SNAPSHOT_STATEMENT]
-    assert audit.held(rt).snapshot is rt.session
+    # Inside the window: one statement more, on the connection that read the target's position (no connection of
+    # its own, no ping); the tables are read on the frozen source after the commit.
+    target, source = rt.sessions["target"], rt.sessions["source"]
+    assert target.statements == ["SELECT @@GLOBAL.gtid_current_pos", replica_audit.SNAPSHOT_STATEMENT]
+    assert source.statements == ["SELECT @@GLOBAL.gtid_binlog_pos"]
+    assert audit.held(rt).snapshot is target and rt.released == [source], "the target's session is kept"
     described = " ".join(VerifyTarget().describe(ctx))
     assert "consistent snapshot on the promoted, still fenced target" in described
     # A run that rolls back (the flip failed) closes it at once: nothing keeps the target's purge back meanwhile.
-    released: list[object] = []
-    rt.release = released.append  # type: ignore[method-assign]
     VerifyTarget().undo(ctx)
-    assert released == [rt.session] and audit.held(rt).snapshot is None
+    assert rt.released == [source, target] and audit.held(rt).snapshot is None
+    # With the audit off (database.verify asks for neither), the target's session is released as before.
+    off = _no_checks()
+    off = off.model_copy(update={"database": off.database.model_copy(update={"verify": off.database.verify.model_copy(
+        update={"row_counts": False, "checksum": False})})})  # fmt: skip
+    quiet = PositionsRuntime(off)
+    quiet.window.begin(time.time() - 1)
+    switched = {"repl_switch": {"final_gtid": "0-1-42"}}
+    figures, problems = VerifyTarget().positions(
+        context(quiet, "verify_target", history=REPLICATE_STEPS, outputs=switched)
+    )
+    assert not problems and not figures and audit.held(quiet).snapshot is None
+    assert quiet.sessions["target"].statements == ["SELECT @@GLOBAL.gtid_current_pos"]
 
 
 def test_a_resumed_replicate_run_does_not_audit_a_target_that_took_writes_and_says_why() -> None:

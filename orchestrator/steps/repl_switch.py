@@ -97,9 +97,7 @@ class ReplSwitch(Step):
         target = rt.db("target", read_timeout=max(plan.database.read_timeout, plan.cutover.max_write_block + 30))
         # And those the window's reads take after the promotion: the SQL health checks, verify_target's positions.
         sql_checks = [c for c in health.checks_for(plan.health, health.INSIDE, replicate=True) if c.kind == "sql"]
-        # ... and the after-commit audit's snapshot, opened by verify_target beside its reads.
-        audit_snapshot = int(plan.database.verify.row_counts or plan.database.verify.checksum)
-        rt.keep_spare("target", 1 + len(sql_checks) + audit_snapshot)
+        rt.keep_spare("target", 1 + len(sql_checks))
         rt.keep_spare("source", 1)
         # The in-window health checks' thread: never left running past this step (each try is bounded by the
         # budget, so waiting for it is bounded too).

@@ -6,9 +6,9 @@ mode: the datadir files the final pass copied were checksummed on both hosts by 
 TABLE read every row, so they are not read here: this step opens a read-only consistent snapshot on the still-fenced
 target (one round trip) and keeps the session open; the `audit` step reads it after the commit and compares it with
 the stopped source (orchestrator/audit.py). Replicate mode: the same snapshot of the promoted, still fenced target,
-opened beside the GTID positions' reads (one statement on a connection the switch opened before the window: no round
-trip added to the window's path), compared after the commit in chunks with the frozen source
-(orchestrator/replica_audit.py).
+one statement on the connection that has just read the target's GTID position (one round trip on that thread, which
+runs beside the source's position and the trees' comparison), compared after the commit in chunks with the frozen
+source (orchestrator/replica_audit.py).
 
 All of it runs while writes are blocked: every try, query and comparison is bounded by what is left of the
 write-block budget, so a verification that cannot finish in time fails (and the run rolls back) instead of
@@ -115,21 +115,25 @@ class VerifyTarget(Step):
         checks = health.checks_for(plan.health, health.INSIDE, replicate=replicate_run(ctx))
         return health.run_checks(ctx, checks, plan.health)
 
-    def snapshot(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
+    @staticmethod
+    def audit_wanted(ctx: StepContext) -> bool:
+        verify = runtime(ctx).plan.database.verify
+        return verify.row_counts or verify.checksum
+
+    def snapshot(self, ctx: StepContext, conn: Any = None) -> tuple[dict[str, Any], list[str]]:
         """A read-only consistent snapshot of the fenced target, held open for the after-commit audit: O(1) (plus
-        the list of tables), bounded by the budget. A target that cannot open one is not healthy."""
+        the list of tables), bounded by the budget. A target that cannot open one is not healthy. Replicate mode:
+        one statement on `conn`, the connection that just read the target's GTID position (held from then on)."""
         rt = runtime(ctx)
         plan = rt.plan
-        verify = plan.database.verify
-        if not (verify.row_counts or verify.checksum):
+        if not self.audit_wanted(ctx):
             return {}, []
         window = ctx.window
         doing = "opening the target's snapshot for the audit"
         window.check(doing)
-        conn = None
         replicate = replicate_run(ctx)
         try:
-            conn = rt.db("target", read_timeout=window.timeout(plan.database.read_timeout))
+            conn = conn or rt.db("target", read_timeout=window.timeout(plan.database.read_timeout))
             with mysql.read_timeout(conn, window.timeout(plan.database.read_timeout)):
                 if replicate:
                     # One statement: the tables and their engines are read on the frozen source after the commit.
@@ -216,25 +220,36 @@ class VerifyTarget(Step):
         final = repl.GtidPosition.parse(str(final_text))
         timeout = ctx.window.timeout(rt.plan.database.read_timeout)
 
-        def _read(which: str) -> str | None:
-            """The problem with that side's position, or None (each side in its own thread: two connections)."""
+        held: dict[str, Any] = {}
+
+        def _read(which: str) -> list[str]:
+            """The problems with that side's position (each side in its own thread: two connections). On the
+            target, the audit's snapshot is then opened on the same connection, which it keeps: one statement more
+            on that thread, no connection of its own."""
+            problems: list[str] = []
             try:
                 conn = rt.db(which, read_timeout=timeout)  # type: ignore[arg-type]
+                kept = False
                 try:
                     now = repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
+                    if which == "target" and self.audit_wanted(ctx):
+                        figures, problems = self.snapshot(ctx, conn)
+                        held.update(figures)
+                        kept = not problems
                 finally:
-                    rt.release(conn)
+                    if not kept:
+                        rt.release(conn)
             except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
                 ctx.window.check("comparing GTID positions")
-                return f"reading the {which}'s GTID position: {exc}"
+                return [f"reading the {which}'s GTID position: {exc}"]
             if not repl.same_position(final, now):
-                return f"the {which} stands at GTID {now or 'nothing'}, not the final position {final}"
-            return None
+                problems.append(f"the {which} stands at GTID {now or 'nothing'}, not the final position {final}")
+            return problems
 
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gtid") as pool:
             futures = [pool.submit(contextvars.copy_context().run, _read, which) for which in ("source", "target")]
-            problems = [problem for future in futures if (problem := future.result()) is not None]
-        return {}, problems
+            problems = [problem for future in futures for problem in future.result()]
+        return held, problems
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         ctx.window.check("starting the verification")
@@ -243,20 +258,19 @@ class VerifyTarget(Step):
             # Side by side, as below: the positions and the trees' final pass (the file trees move by rsync in
             # both modes) in threads carrying the log context, the health checks here, unless the switch ran them
             # side by side with its wait and promotion (they passed then).
-            # The audit's snapshot of the target beside them: after the promotion (the switch has returned), before
-            # the commit (the commit point, switch_traffic or the DNS flip, lifts the target's fence after this step).
-            with ThreadPoolExecutor(max_workers=3, thread_name_prefix="verify") as pool:
+            # The audit's snapshot of the target is opened by the positions' thread on the connection that read the
+            # target's position: after the promotion (the switch has returned), before the commit (the commit point,
+            # switch_traffic or the DNS flip, lifts the target's fence after this step).
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
                 positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
                 trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)
-                snapshot_future = pool.submit(contextvars.copy_context().run, self.snapshot, ctx)
                 if switched.health_tries is not None:
                     tries, problems = switched.health_tries, []
                 else:
                     tries, problems = self.health(ctx)
-                problems += positions_future.result()[1]
+                snapshot_figures, position_problems = positions_future.result()
                 tree_figures, tree_problems = trees_future.result()
-                snapshot_figures, snapshot_problems = snapshot_future.result()
-            problems += tree_problems + snapshot_problems
+            problems += position_problems + tree_problems
             if problems:
                 raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
             ctx.window.check("the verification")
