@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SYSTEM_PACKAGES := openssh-server openssh-client rsync mariadb-server mariadb-client mariadb-backup inotify-tools haproxy chromium nocache
 
-.PHONY: test test-fast demo venv system-packages lint clean
+.PHONY: test test-fast demo venv system-packages lint docs clean
 
 $(BIN)/migrate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,15 +18,21 @@ system-packages:
 	@./scripts/system-packages.sh $(SYSTEM_PACKAGES)
 
 lint: venv
-	$(BIN)/ruff check orchestrator tests bench
-	$(BIN)/ruff format --check orchestrator tests bench
+	$(BIN)/ruff check orchestrator tests bench scripts
+	$(BIN)/ruff format --check orchestrator tests bench scripts
+	$(BIN)/mypy
+
+# The documentation site (docs/ + the README as its home page + the plan reference generated from the JSON Schema),
+# into site/; --strict makes a broken link or anchor an error.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The lab tests mostly wait on real servers, so several pytest-xdist workers (each with a lab of its own, whole
 # test files per worker) share the 2 cores; measured, 3 and 5 workers took as long (5 only made each lab test twice
 # as slow), so 3, the lighter load: about 7 minutes. TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 3
 
-test: venv system-packages lint
+test: venv system-packages lint docs
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The fast layer: everything but the tests that need the lab (no sshd, no mariadbd, no system packages).
@@ -38,4 +44,4 @@ demo: venv system-packages
 
 clean:
 	-$(BIN)/migrate lab down
-	rm -rf $(VENV) .lab
+	rm -rf $(VENV) .lab site

@@ -17,6 +17,14 @@ total time and bytes moved; then the ratios and the replicate mode's targets (�
 smaller, naive ≥ 10x at the larger size); where each run's window went (the report's window_parts); then, for
 each, the failed requests (reads, writes) and the latency p99 / max the clients saw (the lab's front door
 holds requests during migrate's window instead of refusing them).
+With --latency MS and/or --api-latency MS, each migrate run is made twice under the same load, one right after the
+other on the same lab: with no distance, then with that one-way delay between migrate and the hosts / the Cloudflare
+double (the lab's latency relay, `lab up --latency --api-latency`); the run's window, the clients' stall and each
+part of the window are printed side by side, with their ratios. Several values (comma-separated) make a run at each
+pair (here 20/0 and 20/250 beside 0/0):
+
+    .venv/bin/python bench/cutover.py --db-size-mb 16 --modes replicate --latency 20 --api-latency 0,250
+
 Run by hand; not part of CI.
 """
 
@@ -41,7 +49,7 @@ from typing import Any
 
 import pymysql
 
-from orchestrator.lab import haproxy, hosts, planfile
+from orchestrator.lab import haproxy, hosts, planfile, relay
 from orchestrator.lab.load import REQUESTS_FILE
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
@@ -70,6 +78,7 @@ class Outcome:
     parts: dict[str, float] | None = None  # the report's window_parts: each step's share of the window
     slowest: str | None = None  # the slowest request the clients sent, and during which step it began
     window_stall_seconds: float | None = None  # the clients' longest write stall among writes that met the window
+    distance: tuple[float, float] = (0.0, 0.0)  # one-way ms between migrate and the hosts, and the API
 
     def projected_window(self, link_mbit: float) -> float | None:
         """The clients' window if the bytes moved inside it crossed a real link instead of loopback."""
@@ -153,8 +162,12 @@ def client_window(out: Path) -> tuple[float | None, int, int]:
     )
 
 
-def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float, mode: str) -> Outcome:
-    out = work / f"load-{mode}"
+def with_migrate(
+    state: LabState, work: Path, dns_ttl: float, rate: float, mode: str, distance: Distance = (0.0, 0.0)
+) -> Outcome:
+    """One `migrate apply` under load, at this distance between migrate and the lab (the relay; none at 0/0)."""
+    relay.set_distance(state, *distance)
+    out = work / f"load-{mode}" if distance == NEAR else work / f"load-{mode}-far-{distance[0]:g}-{distance[1]:g}"
     planfile.write_plan(state, mode)
     started = time.monotonic()
     with load_running(state, out, dns_ttl, rate):
@@ -168,7 +181,8 @@ def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float, mode:
         # Said and kept in the table (a run rolled back under load is a result too); the next mode goes on.
         print(f"migrate apply failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
         window, acked, failed = client_window(out)
-        return Outcome(f"{mode} (rolled back)", total, window, None, None, acked, failed)
+        name = with_distance(f"{mode} (rolled back)", distance)
+        return Outcome(name, total, window, None, None, acked, failed, distance=distance)
     reports = sorted((state.path / ".migrate").glob("*/report-*.json"), key=lambda p: p.stat().st_mtime)
     report: dict[str, Any] = json.loads(reports[-1].read_text())
     print(render_report(report))
@@ -181,8 +195,9 @@ def with_migrate(state: LabState, work: Path, dns_ttl: float, rate: float, mode:
         int((report.get("bytes_by_step") or {}).get(step, 0))
         for step in ("cutover", "db_final", "repl_switch", "files_final")
     )
-    return Outcome(mode, total, window, report.get("write_block_seconds"), report.get("bytes_moved"),
-                   acked, failed, in_window, report.get("window_parts"), slowest, met)  # fmt: skip
+    return Outcome(with_distance(mode, distance), total, window, report.get("write_block_seconds"),
+                   report.get("bytes_moved"), acked, failed, in_window, report.get("window_parts"), slowest, met,
+                   distance)  # fmt: skip
 
 
 def window_stall(out: Path, began: float, ended: float) -> float | None:
@@ -225,7 +240,8 @@ def slowest_request(out: Path, report: dict[str, Any]) -> str | None:
 
 
 def naive(state: LabState, work: Path, dns_ttl: float, rate: float) -> Outcome:
-    """Stop everything, copy everything from scratch, start on the target, flip DNS."""
+    """Stop everything, copy everything from scratch, start on the target, flip DNS (with no distance)."""
+    relay.set_distance(state, *NEAR)
     plan = load_plan(state.plan_file).plan
     for key, value in state.secrets().items():
         os.environ.setdefault(key, value)
@@ -345,6 +361,63 @@ def targets(rows: list[tuple[int, Outcome]]) -> list[str]:
     return lines
 
 
+Distance = tuple[float, float]
+NEAR: Distance = (0.0, 0.0)
+
+
+def distance_label(distance: Distance) -> str:
+    return f"hosts {distance[0]:g} ms / API {distance[1]:g} ms"
+
+
+def with_distance(name: str, distance: Distance) -> str:
+    """A run's name: its mode, and its distance when it has one (the ratios and targets read the near runs)."""
+    return name if distance == NEAR else f"{name} @{distance[0]:g}/{distance[1]:g} ms"
+
+
+def distance_table(rows: list[tuple[int, Outcome]], fars: list[Distance]) -> str:
+    """Each mode's window and its parts with no distance and at each of `fars`, side by side, each with its ratio
+    far / near (medians of the repetitions; runs that rolled back left out)."""
+
+    def median(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
+    def cell(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f} s"
+
+    def ratio(near: float | None, away: float | None) -> str:
+        return f"{away / near:.1f}x" if near and away is not None else "n/a"
+
+    head = "".join(f" {distance_label(far)} | ratio |" for far in fars)
+    lines = [
+        f"| database | mode | measure | {distance_label(NEAR)} |{head}",
+        "|---|---|---|---|" + "---|---|" * len(fars),
+    ]
+    for size in dict.fromkeys(size for size, _ in rows):
+        modes = dict.fromkeys(o.name for s, o in rows if s == size and o.distance == NEAR and o.parts is not None)
+        for mode in modes:
+
+            def runs(distance: Distance, mode: str = mode, size: int = size) -> list[Outcome]:
+                return [o for s, o in rows if s == size and o.distance == distance and o.parts is not None
+                        and o.name == with_distance(mode, distance)]  # fmt: skip
+
+            near, aways = runs(NEAR), [runs(far) for far in fars]
+            measures: list[tuple[str, Callable[[Outcome], float | None]]] = [
+                ("window (writes blocked → commit)", lambda o: o.blocked_seconds),
+                ("clients' longest write stall meeting it", lambda o: o.window_stall_seconds),
+            ]
+            parts = dict.fromkeys(p for o in near + [o for a in aways for o in a] for p in (o.parts or {}))
+            measures += [(f"part: {p}", lambda o, p=p: (o.parts or {}).get(p)) for p in parts]
+            for label, measure in measures:
+                base = median([measure(o) for o in near])
+                cells = ""
+                for away in aways:
+                    value = median([measure(o) for o in away])
+                    cells += f" {cell(value)} | {ratio(base, value)} |"
+                lines.append(f"| {size} MiB | {mode} | {label} | {cell(base)} |{cells}")
+    return "\n".join(lines)
+
+
 def client_requests(name: str, out: Path) -> str:
     """What the clients saw of one procedure: failed requests (reads, writes) and their latency p99 / max."""
     stats = json.loads((out / "stats.json").read_text())
@@ -367,11 +440,16 @@ def requests_table(work: Path, sizes: list[int], modes: list[str]) -> str:
     ]
     for size in sizes:
         for mode in modes:
-            # naive's load directory is the size's own; each migrate run's is under its repetition's number.
-            outs = sorted((work / str(size)).glob(f"*/load-{mode}")) or [work / str(size) / f"load-{mode}"]
-            for out in outs:
-                if (out / "stats.json").exists():
-                    lines.append(f"| {size} MiB " + client_requests(mode, out))
+            # naive's load directory is the size's own; each migrate run's is under its repetition's number (with
+            # "-far" at a distance).
+            for suffix, name in (("", mode), ("-far-*", mode)):
+                outs = sorted((work / str(size)).glob(f"*/load-{mode}{suffix}")) or [
+                    work / str(size) / f"load-{mode}{suffix}"
+                ]
+                for out in outs:
+                    if (out / "stats.json").exists():
+                        far = out.name.partition("-far-")[2].replace("-", "/")
+                        lines.append(f"| {size} MiB " + client_requests(f"{mode} @{far} ms" if far else name, out))
     return "\n".join(lines)
 
 
@@ -383,9 +461,11 @@ def lab_of_size(work: Path, size: int, lab_dir: Path | None, uploads_size_mb: in
     began = time.monotonic()
     state = hosts.up(directory, db_size_mb=size, uploads_size_mb=uploads_size_mb, default_ports=False, say=print)
     print(f"lab of {size} MiB up in {time.monotonic() - began:.1f} s: {directory}", flush=True)
+    distance = (state.latency_ms, state.api_latency_ms)
     try:
         yield state
     finally:
+        relay.set_distance(state, *distance)  # the lab's own distance back (none for a lab made here)
         planfile.write_plan(state)
         if lab_dir is None:
             hosts.down(directory, purge=True)
@@ -413,12 +493,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lab-dir", type=Path, default=None, help="reuse/keep this lab (one size only)")
     parser.add_argument("--link-mbit", type=float, default=1000.0, help="link speed for the projected windows")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each migrate mode per size (medians compared)")
+    parser.add_argument(
+        "--latency",
+        default="0",
+        help="also run each migrate mode at this one-way delay (ms) between migrate and the hosts (several: a,b)",
+    )
+    parser.add_argument("--api-latency", default="0",
+                        help="... and this one between migrate and the Cloudflare double (ms; several: a,b; each "
+                        "--latency with each --api-latency)")  # fmt: skip
     args = parser.parse_args(argv)
     sizes = [int(size) for size in str(args.db_size_mb).split(",") if size.strip()]
     modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
     unknown = [mode for mode in modes if mode not in ("replicate", "shutdown", "naive")]
     if unknown or not modes or not sizes or (args.lab_dir is not None and len(sizes) > 1):
         parser.error("--modes takes replicate, shutdown, naive; --lab-dir takes one --db-size-mb")
+    try:
+        latencies = [float(v) for v in str(args.latency).split(",") if v.strip()] or [0.0]
+        api_latencies = [float(v) for v in str(args.api_latency).split(",") if v.strip()] or [0.0]
+        for value in latencies:
+            relay.check_latency("--latency", value)
+        for value in api_latencies:
+            relay.check_latency("--api-latency", value)
+    except ValueError as exc:
+        parser.error(str(exc))
+    fars: list[Distance] = [(h, a) for h in latencies for a in api_latencies if (h, a) != NEAR]
+    distances = [NEAR, *fars]
 
     rows: list[tuple[int, Outcome]] = []
     with bench_work("migrate-bench-") as work:
@@ -426,14 +525,19 @@ def main(argv: list[str] | None = None) -> int:
             with lab_of_size(work, size, args.lab_dir, args.uploads_size_mb) as state:
                 for mode in modes:
                     for run in range(1 if mode == "naive" else max(1, args.repeat)):
-                        source_live(state)
-                        if mode == "naive":
-                            outcome = naive(state, work / str(size), args.dns_ttl, args.rate)
-                        else:
-                            outcome = with_migrate(state, work / str(size) / str(run), args.dns_ttl, args.rate, mode)
-                        print(f"{size} MiB: {show(outcome)}")
-                        rows.append((size, outcome))
-        print(table(rows, args.link_mbit))
+                        for distance in [NEAR] if mode == "naive" else distances:
+                            source_live(state)
+                            if mode == "naive":
+                                outcome = naive(state, work / str(size), args.dns_ttl, args.rate)
+                            else:
+                                outcome = with_migrate(state, work / str(size) / str(run), args.dns_ttl, args.rate,
+                                                       mode, distance)  # fmt: skip
+                            print(f"{size} MiB: {show(outcome)}")
+                            rows.append((size, outcome))
+        print(table([(size, o) for size, o in rows if o.distance == NEAR], args.link_mbit))
+        if fars:
+            print("the window at a distance (one way) against none, the same lab and load, one run after the other:")
+            print(distance_table(rows, fars))
         print("where each run's window went (the report's window_parts, seconds):")
         for size, outcome in rows:
             if outcome.parts:

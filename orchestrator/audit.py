@@ -294,7 +294,7 @@ def snapshot_figures(
             try:
                 if counts:
                     cur.execute(f"SELECT COUNT(*) FROM {_quoted(name)}")
-                    got_counts[name] = int(str(cur.fetchone()[0]))  # type: ignore[index]
+                    got_counts[name] = int(str(cur.fetchone()[0]))  # type: ignore[index]  # COUNT(*) has one row
                 if checksums:
                     cur.execute(f"CHECKSUM TABLE {_quoted(name)}")
                     row = cur.fetchone()

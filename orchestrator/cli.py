@@ -1,27 +1,37 @@
-"""The `migrate` command line: parses arguments, renders the results of orchestrator/run.py, maps them to exit codes.
-
-Nothing user-supplied is ever read as console markup or emoji: both consoles print text as it is (names, paths and
-values may contain `[red]`, `[/]` or `:smile:`), and table cells are plain `Text`.
+"""The `migrate` command line: parses arguments, hands them to orchestrator/run, prints what comes back (through
+cli_render and cli_support) and maps it to an exit code.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
 from orchestrator import cli_render as render
 from orchestrator import exit_codes, run
 from orchestrator import logging as mlog
+from orchestrator.cli_support import (
+    EnvFileOpt,
+    Exit,
+    JsonOpt,
+    PlanArg,
+    ReverseOpt,
+    StateDirOpt,
+    VerboseOpt,
+    applied,
+    ask_before_downtime,
+    err,
+    is_usage_error,
+    out,
+    print_rows,
+    say,
+    typed_plan_name,
+)
 from orchestrator.engine.hooks import HookFailed
-from orchestrator.engine.step import Step
-from orchestrator.plan.model import Plan
 from orchestrator.redaction import redact
 from orchestrator.run import compose
 from orchestrator.run.watch import watch as watch_run
@@ -32,78 +42,6 @@ app = typer.Typer(
     help="Move a web service (files + MySQL/MariaDB + Cloudflare DNS) to a new server with seconds of downtime.",
     pretty_exceptions_enable=False,
 )
-
-
-def _console(*, stderr: bool) -> Console:
-    # Piped into a log or CI, rich would wrap everything at 80 columns: give tables room instead.
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(
-        stderr=stderr,
-        markup=False,
-        emoji=False,
-        highlight=False,
-        soft_wrap=True,
-        width=None if stream.isatty() else 200,
-    )
-
-
-out = _console(stderr=False)
-err = _console(stderr=True)
-
-
-class Exit(Exception):
-    def __init__(self, code: int, message: str | None = None) -> None:
-        super().__init__(message or "")
-        self.code = code
-        self.message = message
-
-
-PlanArg = Annotated[Path, typer.Argument(help="the plan file (YAML)", show_default=False, metavar="PLAN")]
-EnvFileOpt = Annotated[
-    Path | None, typer.Option("--env-file", help="KEY=VALUE file loaded into the environment (secrets)")
-]
-StateDirOpt = Annotated[
-    Path | None,
-    typer.Option("--state-dir", help="where the journal, lock and logs live \\[default: <plan dir>/.migrate/<name>]"),
-]
-ReverseOpt = Annotated[
-    bool,
-    typer.Option(
-        "--reverse",
-        help="the reverse run (<name>-reverse): move the service back from the target to the source after the "
-        "DNS flip, carrying the target's writes",
-    ),
-]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="debug detail on the console")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable: JSON lines (the console log as records)")]
-
-
-def _print_rows(title: str, rows: list[run.StepRow]) -> None:
-    out.print(render.rows_table(title, rows))
-
-
-def _say(line: str) -> None:
-    out.print(line)
-
-
-def _typed_plan_name(plan: Plan, purpose: str) -> bool:
-    if not sys.stdin.isatty():
-        return False
-    return input(f"Type the plan's name ({plan.name}) {purpose}: ").strip() == plan.name
-
-
-def _ask(yes: bool) -> Callable[[Plan, Step], bool]:
-    def ask(plan: Plan, step: Step) -> bool:
-        if yes:
-            return True
-        if not sys.stdin.isatty():
-            err.print(Text("the next step begins the downtime; confirm with --yes when not at a terminal", "yellow"))
-            return False
-        err.print(Text.assemble((f"Next: {step.title}.", "bold"), " This begins the downtime: writes to the service "
-                                "stop until the target serves."))  # fmt: skip
-        return _typed_plan_name(plan, "to go on")
-
-    return ask
 
 
 # -------------------------------------------------------------------------------------------------- commands
@@ -151,29 +89,15 @@ def apply(
         render.print_description(out, described)
         return
     result = run.apply(
-        plan_path, ask=_ask(yes), say=_say, force=force, env_file=env_file, state_dir=state_dir, reverse=reverse
+        plan_path,
+        ask=ask_before_downtime(yes),
+        say=say,
+        force=force,
+        env_file=env_file,
+        state_dir=state_dir,
+        reverse=reverse,
     )
-    raise Exit(_applied(result))
-
-
-def _applied(result: run.ApplyResult) -> int:
-    """Print an apply's outcome; its exit code."""
-    if result.message:
-        out.print(result.message)
-    if result.report_text is not None:
-        out.print(result.report_text)
-        out.print(f"report: {result.report_path}")
-    code = {
-        run.ApplyEnd.COMPLETED: exit_codes.OK,
-        run.ApplyEnd.NOTHING_TO_DO: exit_codes.OK,
-        run.ApplyEnd.ROLLED_BACK: exit_codes.FAILED,
-        run.ApplyEnd.DECLINED: exit_codes.REFUSED,
-        run.ApplyEnd.NEEDS_ATTENTION: exit_codes.NEEDS_ATTENTION,
-    }[result.end]
-    if code != exit_codes.OK and result.rows:
-        _print_rows(f"run {result.run_id}: {result.end.value}", result.rows)
-        err.print(f"next: {result.next_action}")
-    return code
+    raise Exit(applied(result))
 
 
 @app.command()
@@ -243,12 +167,14 @@ def rollback(
     )
     if route is not None:
         out.print(route)
-        applied = run.apply(plan_path, ask=_ask(yes), say=_say, env_file=env_file, reverse=True, over_replica=True)
-        raise Exit(_applied(applied))
+        outcome = run.apply(
+            plan_path, ask=ask_before_downtime(yes), say=say, env_file=env_file, reverse=True, over_replica=True
+        )
+        raise Exit(applied(outcome))
     result = run.rollback(
         plan_path,
         discard_target_writes=discard_target_writes,
-        confirmed=lambda plan: yes or _typed_plan_name(plan, "to discard the target's writes"),
+        confirmed=lambda plan: yes or typed_plan_name(plan, "to discard the target's writes"),
         env_file=env_file,
         state_dir=state_dir,
         reverse=reverse,
@@ -258,7 +184,7 @@ def rollback(
         raise Exit(exit_codes.OK)
     if result.message:
         err.print(result.message)
-    _print_rows(f"run {result.run_id}: needs attention", result.rows)
+    print_rows(f"run {result.run_id}: needs attention", result.rows)
     err.print(f"next: {result.next_action}")
     raise Exit(exit_codes.NEEDS_ATTENTION)
 
@@ -315,11 +241,10 @@ def _mount_lab() -> None:
 
 
 _mount_lab()
+from orchestrator.fleet.cli import fleet_app, worker  # noqa: E402 (the fleet's commands, in their own module)
 
-
-def _is_usage_error(exc: Exception) -> bool:
-    # Click's ClickException, whether typer vendors click or depends on it: both carry format_message().
-    return callable(getattr(exc, "format_message", None)) and hasattr(exc, "exit_code")
+app.add_typer(fleet_app, name="fleet", help="many plans in waves: embedded, or on Temporal with --temporal")
+app.command()(worker)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -340,9 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:
-        if _is_usage_error(exc):
+        if is_usage_error(exc):
             if type(exc).__name__ != "NoArgsIsHelpError":  # the help was printed: that is the message
-                err.print(f"error: {exc.format_message()} (see --help)")  # type: ignore[attr-defined]
+                err.print(f"error: {exc.format_message()} (see --help)")  # type: ignore[attr-defined]  # click's, see is_usage_error
             sys.exit(exit_codes.BAD_INPUT)
         mlog.record_defect(exc)
         detail = redact(" ".join(str(exc).split()))[:300] or type(exc).__name__

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from orchestrator.audit import Held
     from orchestrator.engine.step import StepContext
-    from orchestrator.plan.model import DatabaseEndpoint, Plan
+    from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
     from orchestrator.transports.meter import RoundTrips
     from orchestrator.transports.ssh import CommandResult
     from orchestrator.window import DowntimeWindow
@@ -75,6 +75,10 @@ class StepRuntime(Protocol):
     def db_answers(self, which: Which) -> bool: ...
 
     def release(self, conn: pymysql.Connection) -> None: ...
+
+    def db_password(self) -> str | None: ...
+
+    def secret(self, ref: SecretRef) -> str: ...
 
     @property
     def dns(self) -> Any: ...

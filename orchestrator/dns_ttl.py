@@ -6,6 +6,7 @@ commit, once traffic has drained; `lower_ttl`'s undo calls `restore_ttls` on rol
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -80,7 +81,7 @@ def restore_ttls(ctx: StepContext, originals: dict[str, dict[str, Any]], zone_id
             continue
         try:
             current = call_with_retry(
-                lambda rid=record_id: ctx.rt.dns.get_record(zone_id, rid),
+                functools.partial(ctx.rt.dns.get_record, zone_id, record_id),
                 ctx.rt.plan.retry,
                 what=f"DNS read {original['name']}",
             )

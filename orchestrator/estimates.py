@@ -11,19 +11,20 @@ Nothing here changes either host: rsync runs with --dry-run, the rest are reads.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pymysql
 
-from orchestrator.contracts import StepRuntime
+from orchestrator.contracts import StepRuntime, Which
 from orchestrator.plan.model import Plan
 from orchestrator.steps.common import DATADIR_EXCLUDES
 from orchestrator.transports import mysql, rsync
@@ -128,7 +129,7 @@ def read_rate_command(directory: str) -> str:
 
 def _dry_run(rt: StepRuntime, command: str, what: str) -> tuple[rsync.Stats, float]:
     started = time.monotonic()
-    stats = rsync.push(rt.source, command, what=f"{what} (dry-run)", retry=rt.plan.retry)  # type: ignore[arg-type]
+    stats = rsync.push(rt.source, command, what=f"{what} (dry-run)", retry=rt.plan.retry)
     return stats, round(time.monotonic() - started, 3)
 
 
@@ -278,7 +279,7 @@ _OPERATION = {
 }
 
 
-def _ssh_part(name: str, count: dict[str, float], units: UnitCosts) -> tuple[float, str]:
+def _ssh_part(name: str, count: Mapping[str, float], units: UnitCosts) -> tuple[float, str]:
     seconds = (
         count.get("ssh_source", 0) * units.ssh_source
         + count.get("ssh_target", 0) * units.ssh_target
@@ -469,7 +470,7 @@ class CheckUnanswered(Exception):
     pass
 
 
-def _checks_once(rt: StepRuntime, checks: list[Any], where: str) -> float:
+def _checks_once(rt: StepRuntime, checks: list[Any], where: Which) -> float:
     from orchestrator.plan.model import HttpCheck, SqlCheck
 
     plan = rt.plan
@@ -488,7 +489,7 @@ def _checks_once(rt: StepRuntime, checks: list[Any], where: str) -> float:
             except (urllib.error.URLError, OSError) as exc:
                 raise CheckUnanswered(str(exc)) from None
         elif isinstance(check, SqlCheck):
-            conn = rt.db(where, retry=False, read_timeout=30.0)  # type: ignore[arg-type]
+            conn = rt.db(where, retry=False, read_timeout=30.0)
             try:
                 with conn.cursor() as cur:
                     cur.execute(check.query)
@@ -514,12 +515,16 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
     fresh: dict[str, float] = {}
     how = "new session"
     for which, host in hosts.items():
-        fresh[which] = _median([_timed(lambda h=host: h.run("true", timeout=60)) for _ in range(ROUND_TRIP_SAMPLES)])
+        fresh[which] = _median(
+            [_timed(functools.partial(host.run, "true", timeout=60)) for _ in range(ROUND_TRIP_SAMPLES)]
+        )
         ssh[which] = fresh[which]
         if mode == "replicate" and hasattr(host, "keep_shell"):
-            host.keep_shell()  # type: ignore[attr-defined]
+            host.keep_shell()
             how = "kept shell"
-            ssh[which] = _median([_timed(lambda h=host: h.run("true", timeout=60)) for _ in range(ROUND_TRIP_SAMPLES)])
+            ssh[which] = _median(
+                [_timed(functools.partial(host.run, "true", timeout=60)) for _ in range(ROUND_TRIP_SAMPLES)]
+            )
     tree = plan.files[0] if plan.files else None
     rsync_pass = 0.0
     if tree is not None:
@@ -527,7 +532,7 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
                                      ssh=rsync.target_ssh_command(plan), exclude=tree.exclude,
                                      timeout=plan.transfer.rsync_timeout, whole_file=plan.transfer.whole_file,
                                      extra=["--dry-run"])  # fmt: skip
-        rsync_pass = _median([_timed(lambda: rsync.push(rt.source, command, what="an empty tracked pass (dry-run)",  # type: ignore[arg-type]
+        rsync_pass = _median([_timed(lambda: rsync.push(rt.source, command, what="an empty tracked pass (dry-run)",
                                                         retry=plan.retry, short=True))
                               for _ in range(ROUND_TRIP_SAMPLES)])  # fmt: skip
 
@@ -555,13 +560,13 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
         from orchestrator.transports.haproxy import over_ssh
 
         door = plan.proxy.source
-        front = over_ssh(rt.source, door.admin_socket, frontend=door.frontend, backend=door.backend,  # type: ignore[arg-type]
+        front = over_ssh(rt.source, door.admin_socket, frontend=door.frontend, backend=door.backend,  # type: ignore[arg-type]  # an SshHost, see frontdoor
                          server=door.server, hold_map=door.hold_map)  # fmt: skip
         haproxy_rtt = _median([_timed(lambda: front.ask("show info")) for _ in range(ROUND_TRIP_SAMPLES)])
     # The quickest round for the checks inside the window (the app they ask serves nobody else then: its clients are
     # held or fenced), the median for a request of the live source's (the writes in flight the switch drains).
     rounds, health_basis = _health_rounds(rt, mode)
-    tracked = bool(plan.files) and probes.ask(rt.source, probes.has_program("inotifywait"))  # type: ignore[arg-type]
+    tracked = bool(plan.files) and probes.ask(rt.source, probes.has_program("inotifywait"))
     delta, hash_rate = 0, 0.0
     if mode != "replicate":
         output = rt.source.run(delta_size_command(plan.database.source.datadir), timeout=120).stdout.strip()
@@ -601,8 +606,9 @@ def with_rehearsal(units: UnitCosts, rehearsed: dict[str, Any] | None) -> UnitCo
 
 # What preflight does, counted as for the window (bench/window_profile.py on the lab): commands on each host in
 # sequence (new sessions: nothing is kept open yet), SQL statements, DNS API calls, and the storage preflight's
-# fsync samples, one host after the other, each at most preflight.fsync_seconds.
-PREFLIGHT = {"ssh_source": 20, "ssh_target": 16, "sql": 30}
+# fsync samples, one host after the other, each at most preflight.fsync_seconds. (+1 command per host since: the
+# paths resolved; +2 statements: the lab's app account read with SHOW GRANTS on each of its two hosts' rows.)
+PREFLIGHT = {"ssh_source": 21, "ssh_target": 17, "sql": 32}
 PREFLIGHT_DNS = 2  # the zone, then each record
 
 

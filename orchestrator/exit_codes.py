@@ -1,4 +1,4 @@
-"""Exit codes of `migrate`, documented in the README."""
+"""Exit codes of `migrate`, documented in docs/guide.md."""
 
 OK = 0  # done (or nothing to do)
 FAILED = 1  # the migration failed and was rolled back: the source serves as before

@@ -88,7 +88,7 @@ def door(ctx: StepContext, side: Side) -> FrontDoor | None:
     cache = _doors.setdefault(rt, {})
     if side not in cache:
         cache[side] = over_ssh(
-            rt.host(side),  # type: ignore[arg-type]
+            rt.host(side),  # type: ignore[arg-type]  # an SshHost: the admin socket is reached over its connection
             config.admin_socket,
             frontend=config.frontend,
             backend=config.backend,

@@ -129,7 +129,7 @@ def marker_command(directory: str, name: str) -> str:
     return f"{{ [ ! -d {d} ] || touch {d}/{name}; }}"
 
 
-def mark(host: Host, directory: str, name: str, *, timeout: float) -> None:
+def mark(host: Host, directory: str, name: str, *, timeout: float | None) -> None:
     host.run(marker_command(directory, name), timeout=timeout)
 
 

@@ -33,7 +33,7 @@ _live: LiveConsoleHandler | None = None
 
 
 def _redact_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
-    return redact_obj(event_dict)  # type: ignore[return-value]
+    return redact_obj(event_dict)
 
 
 def _redact_rendered(_logger: Any, _name: str, rendered: Any) -> Any:
@@ -79,7 +79,7 @@ def configure(*, verbose: bool = False, quiet: bool = False, output: str = "auto
     else:
         _live = None
         console = logging.StreamHandler(sys.stderr)
-    console._migrate_console = True  # type: ignore[attr-defined]
+    console._migrate_console = True  # type: ignore[union-attr]  # a marker attribute: ours, found again by name
     console.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,

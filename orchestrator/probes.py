@@ -136,6 +136,47 @@ def resolved_paths(paths: list[str]) -> Probe[list[str]]:
     return Probe("readlink -m -- " + " ".join(shlex.quote(path) for path in paths), _parse)
 
 
+@dataclass(frozen=True)
+class ResolvedPath:
+    """A path as the host resolves it: `real` with every symbolic link followed (readlink -m: what does not exist
+    is kept as written); `link`: the path itself is a symbolic link; `exists`: what it names exists (a link whose
+    target is missing does not)."""
+
+    path: str
+    real: str
+    link: bool
+    exists: bool
+
+    @property
+    def dangling(self) -> bool:
+        return self.link and not self.exists
+
+
+def parse_resolved(paths: list[str], out: str) -> list[ResolvedPath]:
+    """'<link y|n> <exists y|n> <real path>' per path, in order (a path holds no newline: the plan refuses it)."""
+    lines = out.splitlines()
+    if len(lines) != len(paths):
+        raise TransportError(f"unexpected answer resolving {len(paths)} path(s): {len(lines)} line(s)", False)
+    found = []
+    for path, line in zip(paths, lines, strict=True):
+        link, exists, real = [*line.split(" ", 2), "", ""][:3]
+        if link not in ("y", "n") or exists not in ("y", "n") or not real.startswith("/"):
+            raise TransportError(f"unexpected answer resolving {path}: {line[:200]!r}", False)
+        found.append(ResolvedPath(path, real, link == "y", exists == "y"))
+    return found
+
+
+def resolve(paths: list[str]) -> Probe[list[ResolvedPath]]:
+    """Each path as the host resolves it (ResolvedPath), in order: what rsync, mv and the database server meet
+    there, where the plan's text may name a link to another directory (/var/run → /run, /var/lib/mysql → a disk)."""
+    script = (
+        'for p in "$@"; do r=$(readlink -m -- "$p") || exit 1; l=n; [ -L "$p" ] && l=y; e=n; [ -e "$p" ] && e=y; '
+        'printf "%s %s %s\\n" "$l" "$e" "$r"; done'
+    )
+    command = f"sh -c {shlex.quote(script)} sh " + " ".join(shlex.quote(path) for path in paths)
+    return Probe(command, lambda out: parse_resolved(paths, out))
+
+
 def links_in(directory: str, limit: int) -> Probe[list[str]]:
     """Symbolic links and .isl files (tablespaces kept elsewhere) under `directory`, at most limit + 1."""
     return Probe(

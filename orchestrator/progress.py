@@ -50,7 +50,7 @@ class TransferProgress:
 
     @classmethod
     def of(cls, payload: dict[str, Any], step: str | None = None) -> TransferProgress:
-        fields = {k: payload.get(k) for k in cls.__dataclass_fields__}
+        fields: dict[str, Any] = {k: payload.get(k) for k in cls.__dataclass_fields__}
         fields["step"] = fields.get("step") or step
         fields["bytes"] = int(fields.get("bytes") or 0)
         fields["pct"] = int(fields.get("pct") or 0)

@@ -7,6 +7,7 @@ Neutral on purpose (no plan, no domain): the engine, the journal, the logs and t
 from __future__ import annotations
 
 import threading
+from typing import Any, overload
 
 MASK = "***"
 _known: set[str] = set()
@@ -31,6 +32,12 @@ def redact(text: str) -> str:
     return text
 
 
+@overload
+def redact_obj(obj: str) -> str: ...
+@overload
+def redact_obj(obj: dict[str, Any]) -> dict[str, Any]: ...
+@overload
+def redact_obj(obj: object) -> object: ...
 def redact_obj(obj: object) -> object:
     """Redact every string inside a JSON-like structure."""
     if isinstance(obj, str):

@@ -11,8 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from orchestrator import dns_where
 from orchestrator.engine.journal import RunState, replay
 from orchestrator.results import (
@@ -129,7 +127,7 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "dns": dns_report(run_events(events), state),
         "rollback_reserve": reserve_report(run_events(events)),
     }
-    return redact_obj(report)  # type: ignore[return-value]
+    return redact_obj(report)
 
 
 def window_round_trips(
@@ -407,21 +405,10 @@ def render_report(report: dict[str, Any]) -> str:
 
 
 def write_report(report: dict[str, Any], directory: Path) -> Path:
-    """`<directory>/report-<run id>.json`, written atomically."""
+    """`<directory>/report-<run id>.json`, written atomically (`report_html.write_report_and_page` adds its page)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"report-{report.get('run_id')}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2, default=str))
     tmp.replace(path)
-    _write_page(path)
     return path
-
-
-def _write_page(report_path: Path) -> None:
-    # Every run gets its page beside the JSON; a page that cannot be drawn never costs the run its report.
-    from orchestrator.report_html import ReportError, write_html
-
-    try:
-        write_html(report_path)
-    except (ReportError, OSError, ValueError) as exc:
-        structlog.get_logger("migrate").warning("report page not written", report=str(report_path), error=str(exc))

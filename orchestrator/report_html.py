@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from orchestrator.report import build_report, run_events, seed_hold_text, write_report
 from orchestrator.results import AuditResult
 from orchestrator.secrets import redact_obj
@@ -1058,13 +1060,23 @@ def write_html(report_path: Path, clients: dict[str, Any] | None = None) -> Path
     if not isinstance(report, dict) or not report.get("run_id"):
         raise ReportError(f"{report_path}: not a run report")
     events = read_journal(report_path.parent / JOURNAL_FILE)
-    view = read_run(report, events, redact_obj(clients) if clients else None)  # type: ignore[arg-type]
+    view = read_run(report, events, redact_obj(clients) if clients else None)
     page = render_html(view)
     out = report_path.with_suffix(".html")
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(out)
     return out
+
+
+def write_report_and_page(report: dict[str, Any], directory: Path) -> Path:
+    """The run's JSON report, and its page beside it; a page that cannot be drawn never costs the run its report."""
+    path = write_report(report, directory)
+    try:
+        write_html(path)
+    except (ReportError, OSError, ValueError) as exc:
+        structlog.get_logger("migrate").warning("report page not written", report=str(path), error=str(exc))
+    return path
 
 
 def report_command(plan_path: Path, open_browser: bool, clients_path: Path | None = None) -> Path:

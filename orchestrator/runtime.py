@@ -158,7 +158,7 @@ class Runtime:
             except Exception:  # gone since it was opened: the next one, or a new connection
                 self.release(conn)
                 continue
-            conn._read_timeout = conn._write_timeout = read_timeout
+            conn._read_timeout = conn._write_timeout = read_timeout  # type: ignore[attr-defined]  # pymysql has no public setter; its stubs leave these out
             return conn
 
     def db_source(self) -> pymysql.Connection:
@@ -250,9 +250,10 @@ def _metered(conn: pymysql.Connection, meter: RoundTrips) -> None:
         meter.add("sql")
         return query(sql, unbuffered)
 
-    def counted_ping(reconnect: bool = True) -> None:
+    def counted_ping(*args: Any, **kwargs: Any) -> None:
         meter.add("sql")
-        ping(reconnect)
+        ping(*args, **kwargs)
 
-    conn.query = counted_query  # type: ignore[method-assign]  # per connection: pymysql has no hook for this
-    conn.ping = counted_ping  # type: ignore[method-assign]
+    # Per connection: pymysql has no hook for counting what it sends.
+    conn.query = counted_query  # type: ignore[method-assign]  # see above
+    conn.ping = counted_ping  # type: ignore[method-assign]  # see above

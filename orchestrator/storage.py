@@ -2,7 +2,7 @@
 
 Pure logic over facts the probes gathered (`probes.MountFacts`, `probes.FsyncSample`, the database's durability
 settings): no host is contacted here, so every rule is tested offline. Each finding names the failure it protects
-against, taken from the post-mortems this project started from (README: storage preflight).
+against, taken from the post-mortems this project started from (docs/plan.md: storage preflight).
 
 Kinds of finding and what they do:
 - `slow`: the target's synchronous writes are much slower than the source's (the database would get slower);
@@ -254,9 +254,10 @@ def judge(
 ) -> StorageReport:
     """Every finding, source and target side by side. `needs`: per target mount point, what will land there."""
     findings: list[Finding] = []
-    for side, facts in (("source", source), ("target", target)):
+    sides: tuple[tuple[Side, SideFacts], ...] = (("source", source), ("target", target))
+    for side, facts in sides:
         for role, mount in facts.mounts.items():
-            findings += layout_findings(side, role, mount)  # type: ignore[arg-type]
+            findings += layout_findings(side, role, mount)
     for role, mount in target.mounts.items():
         findings += durability_findings(role, source.mounts.get(role), mount)
     findings += settings_findings(source.settings, target.settings, target.settings_origin)

@@ -91,7 +91,7 @@ def journaled_reserve(events: list[dict[str, Any]]) -> float | None:
 
 def blocked_seconds(intervals: list[list[float | None]], now: float) -> float:
     """Seconds writes were blocked over these intervals (an open one counts until `now`)."""
-    return sum(max(0.0, (end if end is not None else now) - start) for start, end in intervals)  # type: ignore[operator]
+    return sum(max(0.0, (end if end is not None else now) - start) for start, end in intervals)  # type: ignore[operator,misc]  # an interval always has its start; only its end may be open
 
 
 # The rollback's measured work is multiplied by this (a loaded host, a slow API answer) before it is kept back.
@@ -165,7 +165,7 @@ class DowntimeWindow:
         """Writes are blocked from `at` (now by default); a no-op returning the start while already blocked."""
         self._recall()
         if self._intervals and self._intervals[-1][1] is None:
-            return float(self._intervals[-1][0])  # type: ignore[arg-type]
+            return float(self._intervals[-1][0])  # type: ignore[arg-type]  # an interval always has its start
         start = self._clock() if at is None else at
         self._intervals.append([start, None])
         return start
@@ -206,7 +206,7 @@ class DowntimeWindow:
     def blocked_at(self) -> float | None:
         """When writes were first blocked in this run (None: they never were)."""
         self._recall()
-        return float(self._intervals[0][0]) if self._intervals else None  # type: ignore[arg-type]
+        return float(self._intervals[0][0]) if self._intervals else None  # type: ignore[arg-type]  # as above
 
     def elapsed(self) -> float | None:
         """Seconds writes have been blocked so far (None: never)."""

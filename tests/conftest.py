@@ -32,11 +32,13 @@ SECRET_ENV = ("COURSE_REVIEW_DB_PASSWORD", "CLOUDFLARE_API_TOKEN")
 # leaves the other workers idle at the end.
 LONGEST_FIRST = (
     "test_e2e.py",
+    "test_fleet_lab.py",
     "test_replicate_e2e.py",
     "test_faults_kill.py",
     "test_faults.py",
     "test_scale_e2e.py",
     "test_frontdoor_e2e.py",
+    "test_symlinked_datadir.py",
     "test_estimates.py",
     "test_throttle.py",
     "test_progress.py",

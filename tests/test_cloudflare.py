@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets as pysecrets
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -455,8 +456,11 @@ def test_start_stop_restart_keeps_state(tmp_path: Path, monkeypatch: pytest.Monk
         assert not cfapi.is_running(state)
         assert not os.path.exists(f"/proc/{pid}") or not cfapi._is_our_process(pid)
         port = state.cf_port
-        cfapi.start(state)
+        cfapi.start(state, latency=0.05)  # the latency knob, set at start
         assert cfapi.is_running(state) and state.cf_port == port  # the old port was free again
+        knob = f"http://{state.cf_address}:{state.cf_port}/__lab/latency"
+        with urllib.request.urlopen(knob, timeout=5) as answer:
+            assert json.loads(answer.read()) == {"seconds": 0.05}
         with DnsClient(token, base_url=state.cf_base_url, timeout=5) as dns:
             [again] = dns.find_records(dns.zone_id(state.zone), WWW, "A")
         assert again == DnsRecord(record.id, WWW, "A", state.target.address, state.record_ttl, False)
@@ -470,3 +474,163 @@ def test_unknown_fault_mode_is_refused(api: Double) -> None:
         api.fault("bogus")
     assert info.value.code == 400
     assert api.lab_state()["faults"]["mode"] == "none"
+
+
+# --------------------------------------------------------------------------------------------- what it refuses
+
+
+def _raw(api: Double, method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
+    """One API request as bytes on the wire, without the SDK: (HTTP status, the JSON envelope)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"{api.base_url}{path}", data=data, method=method,
+        headers={"Authorization": f"Bearer {api.token}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_list_filters_it_does_not_implement_are_refused_not_ignored(api: Double, zone_id: str) -> None:
+    _create(api, zone_id, f"tagged.{ZONE}", "10.0.11.1", comment="blue", tags=["team:blue"])
+    _create(api, zone_id, f"untagged.{ZONE}", "10.0.11.2")
+    with api.sdk() as client:
+        for query in (
+            {"tag": {"exact": "team:blue"}},
+            {"comment": {"exact": "blue"}},
+            {"search": "tagged"},
+            {"match": "any", "name": {"exact": f"tagged.{ZONE}"}, "type": "A"},
+            {"tag_match": "any"},
+        ):
+            with pytest.raises(cloudflare.BadRequestError) as refused:
+                client.dns.records.list(zone_id=zone_id, **query)  # type: ignore[arg-type]
+            assert refused.value.errors[0].code == cfapi.BAD_QUERY_CODE, query
+        # What it implements still answers: every filter must match (match=all, the API's default).
+        page = client.dns.records.list(zone_id=zone_id, match="all", name={"exact": f"tagged.{ZONE}"}, type="A")
+        assert [r.content for r in page.result] == ["10.0.11.1"]
+        with pytest.raises(cloudflare.BadRequestError):
+            client.zones.list(name=ZONE, account={"id": "0" * 32})
+    status, envelope = _raw(api, "GET", f"/zones/{zone_id}/dns_records?tag=team:blue")
+    assert status == 400
+    assert envelope == {
+        "success": False,
+        "errors": [{"code": cfapi.BAD_QUERY_CODE, "message": envelope["errors"][0]["message"]}],
+        "messages": [],
+        "result": None,
+    }
+    assert "'tag'" in envelope["errors"][0]["message"]
+    # A query parameter on a route that takes none is refused too.
+    assert _raw(api, "GET", "/user/tokens/verify?verbose=1")[0] == 400
+
+
+def test_body_fields_it_does_not_implement_are_refused_and_change_nothing(api: Double, zone_id: str) -> None:
+    created = _create(api, zone_id, f"fields.{ZONE}", "10.0.12.1")
+    path = f"/zones/{zone_id}/dns_records/{created.id}"
+    for method, body in (
+        ("PATCH", {"content": "10.0.12.2", "ttl_seconds": 60}),
+        ("PUT", {"name": f"fields.{ZONE}", "type": "A", "content": "10.0.12.2", "ttl": 60, "locked": True}),
+    ):
+        status, envelope = _raw(api, method, path, body)
+        assert (status, envelope["success"], envelope["result"]) == (400, False, None)
+        assert envelope["errors"][0]["code"] == cfapi.BAD_BODY_CODE
+    with api.sdk() as client:
+        with pytest.raises(cloudflare.BadRequestError):
+            client.dns.records.create(zone_id=zone_id, name=f"new.{ZONE}", type="A", content="10.0.12.3", ttl=60,
+                                      extra_body={"priority_boost": 1})  # fmt: skip
+        assert client.dns.records.get(created.id, zone_id=zone_id).content == "10.0.12.1"
+        assert client.dns.records.list(zone_id=zone_id, name={"exact": f"new.{ZONE}"}).result == []
+
+
+def test_the_products_own_calls_send_nothing_it_refuses(api: Double, zone_id: str) -> None:
+    """Every request orchestrator/transports/cloudflare.py makes, answered without a 400."""
+    created = _create(api, zone_id, f"product.{ZONE}", "10.0.13.1")
+    api.clear()
+    with api.adapter() as dns:
+        dns.verify_token()
+        assert dns.zone_id(ZONE) == zone_id
+        [record] = dns.find_records(zone_id, f"product.{ZONE}", "A")
+        dns.set_content(zone_id, record, "10.0.13.2")
+        dns.set_ttl(zone_id, dns.get_record(zone_id, created.id), 300)
+    statuses = [(r["method"], r["status"]) for r in api.requests()]
+    assert statuses and all(status == 200 for _, status in statuses), statuses
+
+
+# --------------------------------------------------------------------------------------------- the batch
+
+
+def test_batch_through_the_sdk_applies_deletes_patches_puts_posts_in_order(api: Double, zone_id: str) -> None:
+    gone = _create(api, zone_id, f"batch-a.{ZONE}", "10.0.14.1")
+    patched = _create(api, zone_id, f"batch-b.{ZONE}", "10.0.14.2", comment="kept by a patch")
+    put = _create(api, zone_id, f"batch-c.{ZONE}", "10.0.14.3", comment="dropped by a put")
+    with api.sdk() as client:
+        result = client.dns.records.batch(
+            zone_id=zone_id,
+            deletes=[{"id": gone.id}],
+            patches=[{"id": patched.id, "content": "10.0.14.20"}],  # type: ignore[list-item]
+            puts=[{"id": put.id, "name": f"batch-c.{ZONE}", "type": "A", "content": "10.0.14.30", "ttl": 300}],
+            # The deleted record's name and content again: only valid because deletes come first.
+            posts=[{"name": f"batch-a.{ZONE}", "type": "A", "content": "10.0.14.1", "ttl": 60}],
+        )
+        assert result is not None
+        assert [r.id for r in result.deletes or []] == [gone.id]
+        assert [(r.id, r.content, r.comment) for r in result.patches or []] == [
+            (patched.id, "10.0.14.20", "kept by a patch")
+        ]
+        assert [(r.id, r.content, r.ttl, r.comment) for r in result.puts or []] == [(put.id, "10.0.14.30", 300, None)]
+        [posted] = result.posts or []
+        assert posted.id != gone.id and posted.content == "10.0.14.1"
+        with pytest.raises(cloudflare.NotFoundError):
+            client.dns.records.get(gone.id, zone_id=zone_id)
+        assert client.dns.records.get(posted.id, zone_id=zone_id).name == f"batch-a.{ZONE}"
+    on_disk = json.loads((api.state.cf_dir / cfapi.STATE_FILE).read_text())["records"]
+    assert gone.id not in on_disk and on_disk[put.id]["content"] == "10.0.14.30"
+
+
+def test_batch_is_all_or_nothing(api: Double, zone_id: str) -> None:
+    first = _create(api, zone_id, f"atomic-a.{ZONE}", "10.0.15.1")
+    second = _create(api, zone_id, f"atomic-b.{ZONE}", "10.0.15.2")
+    state_file = api.state.cf_dir / cfapi.STATE_FILE
+    before = state_file.read_text()
+    with api.sdk() as client:
+        for batch in (
+            # The last operation is refused: a bad address.
+            {
+                "deletes": [{"id": first.id}],
+                "patches": [{"id": second.id, "content": "10.0.15.20"}],
+                "posts": [{"name": f"atomic-c.{ZONE}", "type": "A", "content": "not-an-address", "ttl": 60}],
+            },
+            # An unknown record, after an edit that would have succeeded.
+            {"patches": [{"id": second.id, "content": "10.0.15.21"}, {"id": "f" * 32, "content": "10.0.15.22"}]},
+            # A field the double does not implement.
+            {"patches": [{"id": second.id, "content": "10.0.15.23", "priority_boost": 1}]},
+        ):
+            with pytest.raises((cloudflare.BadRequestError, cloudflare.NotFoundError)):
+                client.dns.records.batch(zone_id=zone_id, **batch)  # type: ignore[arg-type]
+        assert client.dns.records.get(first.id, zone_id=zone_id).content == "10.0.15.1"
+        assert client.dns.records.get(second.id, zone_id=zone_id).content == "10.0.15.2"
+        assert client.dns.records.list(zone_id=zone_id, name={"exact": f"atomic-c.{ZONE}"}).result == []
+    assert state_file.read_text() == before  # nothing written either
+    status, envelope = _raw(api, "POST", f"/zones/{zone_id}/dns_records/batch", {"upserts": []})
+    assert (status, envelope["success"], envelope["errors"][0]["code"]) == (400, False, cfapi.BAD_BODY_CODE)
+
+
+# --------------------------------------------------------------------------------------------- the latency knob
+
+
+def test_latency_knob_delays_every_answer_and_is_set_at_runtime(api: Double, zone_id: str) -> None:
+    assert api._call("GET", "latency") == {"seconds": 0.0}
+    try:
+        assert api._call("POST", "latency", {"seconds": 0.3}) == {"seconds": 0.3}
+        with api.adapter() as dns:
+            began = time.monotonic()
+            dns.verify_token()
+            # A lower bound only: the answer cannot come before the knob's wait.
+            assert time.monotonic() - began >= 0.3
+        assert api.lab_state()["latency"] == 0.3
+        with pytest.raises(urllib.error.HTTPError):
+            api._call("POST", "latency", {"seconds": -1})
+    finally:
+        api._call("POST", "latency", {"seconds": 0})
+    assert api._call("GET", "latency") == {"seconds": 0.0}

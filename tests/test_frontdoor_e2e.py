@@ -380,7 +380,8 @@ def test_haproxy_restarted_mid_window_is_detected_and_rolled_back(door_lab: LabS
     )
     hook = hooks / "before-step"
     hook.write_text(
-        f'#!/bin/sh\n[ "$MIGRATE_STEP" = dns_flip ] || exit 0\nexec {sys.executable} -c "{restart}" {state.path}\n'
+        '#!/bin/sh\n[ "$MIGRATE_STEP" = switch_traffic ] || exit 0\n'
+        f'exec {sys.executable} -c "{restart}" {state.path}\n'
     )
     hook.chmod(0o755)
     plan = plan_copy(state, "doorrestart", {"hooks": {"dir": str(hooks)}})

@@ -18,7 +18,7 @@ import pytest
 import typer
 from ruamel.yaml import YAML
 
-from orchestrator.lab import cli, hosts, planfile, procs, setup, sshd
+from orchestrator.lab import cli, hosts, planfile, procs, relay, setup, sshd
 from orchestrator.lab.mariadb import SCHEMA_SQL, run_sql
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
@@ -265,6 +265,7 @@ def test_up_on_a_running_lab_keeps_everything(own_lab: LabState) -> None:
 
 @pytest.mark.lab
 def test_status_and_cli(own_lab: LabState) -> None:
+    relay.set_distance(own_lab, 5, 5)
     proc = subprocess.run(
         [sys.executable, "-m", "orchestrator.lab.cli", "status", "--dir", own_lab.dir],
         capture_output=True, text=True, check=False, timeout=60,
@@ -274,12 +275,17 @@ def test_status_and_cli(own_lab: LabState) -> None:
     assert "running" in lines["source mariadb"]
     assert f"{own_lab.source.address}:{own_lab.source.db_port}" in lines["source mariadb"]
     assert "running" in lines["cloudflare double"]
+    assert "running" in lines["latency relay"] and "hosts +5 ms, API +5 ms one way" in lines["latency relay"]
+    relayed = f"{own_lab.source.far_address}:{own_lab.source.ssh_port} → {own_lab.source.address}:"
+    assert relayed in lines["relay source ssh"]
 
 
 @pytest.mark.lab
 def test_down_stops_everything_and_up_brings_it_back(own_lab: LabState) -> None:
     assert run(own_lab.target.bin_dir / "db-start").returncode == 0  # the target's database too, when it runs
+    relay.set_distance(own_lab, 5, 5)  # the latency relay too
     before = pids_of(own_lab)
+    assert "latency relay" in before
     assert len(before) >= 6
     stopped = hosts.down(own_lab.path)
     assert {s.pid for s in stopped} == set(before.values())
@@ -308,6 +314,9 @@ def test_down_stops_everything_and_up_brings_it_back(own_lab: LabState) -> None:
     running = pids_of(again)
     assert {"source sshd", "target sshd", "source mariadb", "source app", "cloudflare double"} <= running.keys()
     assert "target mariadb" not in running
+    # The lab's distance is kept, and its relay follows the moved port (the host key known there too).
+    assert "latency relay" in running and again.latency_ms == 5
+    assert f"[{again.target.far_address}]:{again.target.ssh_port} " in again.known_hosts.read_text()
     assert own_lab.env_file.read_bytes() == secrets
     sshd.verify_login(again, again.target)
     assert load_plan(again.plan_file).plan.target.ssh_port == again.target.ssh_port
@@ -442,6 +451,8 @@ def test_up_refuses_root_home_system_and_foreign_directories(tmp_path: Path) -> 
         ["up", "--dir", "{new}", "--source-address", "127.0.0.9", "--target-address", "127.0.0.9"],
         ["up", "--dir", "{new}", "--db-size", "0"],
         ["up", "--dir", "{new}", "--uploads-size", "-4"],
+        ["up", "--dir", "{new}", "--latency", "-20"],
+        ["up", "--dir", "{new}", "--api-latency", "10001"],
         ["verify", "--dir", "{new}", "--host", "nowhere"],
         ["verify", "--dir", "{new}"],
         ["load", "--dir", "{new}", "--rate", "0"],

@@ -322,7 +322,13 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
         ("health checks", "before"),
         ("health checks", "inside"),
     }
-    assert {"repl_switch", "files_final", "verify_target", "dns_flip", "switch: fence"} <= set(report["window_parts"])
+    # With the front door the commit is made there: DNS moves after the window.
+    parts = set(report["window_parts"])
+    assert {"repl_switch", "files_final", "verify_target", "switch_traffic", "switch: fence"} <= parts, parts
+    assert "dns_flip" not in parts, parts
+    # Every part of the window says what it cost in round trips (the switch's SQL, the door's admin commands).
+    trips = report["window_round_trips"]
+    assert trips["repl_switch"].get("sql", 0) > 0 and trips["switch_traffic"].get("haproxy", 0) > 0, trips
     # The uploads moved by rsync as in the shutdown mode: inside the window, the paths their final pass copied or
     # deleted were compared on both hosts.
     trees = [c for c in report["checks"] if c["where"] == "inside" and c["check"].startswith("tree uploads")]

@@ -3,6 +3,7 @@ its undo) and verify_target. Each test leaves the lab as it found it: source liv
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -17,6 +18,7 @@ from ruamel.yaml import YAML
 
 from orchestrator import audit
 from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.lab import mariadb
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import FileTree, Plan, PresyncRounds
 from orchestrator.probes import innodb_files_visible, innodb_holders, real_datadir
@@ -111,14 +113,58 @@ def test_preflight_passes_on_the_lab_and_reports_figures(rt: Runtime) -> None:
     assert figures["source_bytes"] > 0 and all(free > 0 for free in figures["target_free"].values())
 
 
+# Accounts of replication.app_users that write through read_only, each another way (made on the source, dropped after).
+PREFIX = "preflight_"
+ACCOUNTS = {
+    f"{PREFIX}direct": "GRANT READ_ONLY ADMIN ON *.* TO {account}",
+    f"{PREFIX}nested": "GRANT {PREFIX}outer TO {account}; SET DEFAULT ROLE {PREFIX}outer FOR {account}",
+    f"{PREFIX}settable": "GRANT {PREFIX}super TO {account}",
+    f"{PREFIX}super": "GRANT SUPER ON *.* TO {account}",
+}
+ROLES = f"""CREATE ROLE {PREFIX}inner; GRANT READ_ONLY ADMIN ON *.* TO {PREFIX}inner;
+CREATE ROLE {PREFIX}outer; GRANT {PREFIX}inner TO {PREFIX}outer; GRANT SELECT ON coursereview.* TO {PREFIX}outer;
+CREATE ROLE {PREFIX}super; GRANT SUPER ON *.* TO {PREFIX}super;"""
+
+
+def drop_accounts(lab: LabState) -> None:
+    drops = [f"DROP USER IF EXISTS {name}@'%'" for name in ACCOUNTS]
+    drops += [f"DROP ROLE IF EXISTS {PREFIX}{role}" for role in ("inner", "outer", "super")]
+    mariadb.run_sql(lab.source, "; ".join(drops) + ";", timeout=60)
+
+
+@pytest.fixture
+def app_accounts(lab: LabState) -> Iterator[list[str]]:
+    drop_accounts(lab)
+    sql = [ROLES] + [
+        f"CREATE USER {name}@'%'; " + grant.format(account=f"{name}@'%'", PREFIX=PREFIX) + ";"
+        for name, grant in ACCOUNTS.items()
+    ]
+    mariadb.run_sql(lab.source, "\n".join(sql), timeout=60)
+    try:
+        yield list(ACCOUNTS)
+    finally:
+        drop_accounts(lab)
+
+
 @pytest.mark.lab
-def test_preflight_lists_every_problem_with_what_to_fix(rt: Runtime, lab: LabState) -> None:
+def test_preflight_lists_every_problem_with_what_to_fix(rt: Runtime, lab: LabState, app_accounts: list[str]) -> None:
     plan = rt.plan
+    assert plan.replication is not None
+    # /var/run/... passes validation (/var is protected only itself) but is /run/... on the host (most hosts).
+    pid_dir = f"/var/run/mt-{os.getpid()}"
+    real = str(Path(pid_dir).resolve())
     broken = plan.model_copy(
         update={
             # The records point at the source's real address, not this one.
             "source": plan.source.model_copy(update={"public_address": "198.51.100.7"}),
-            "files": [*plan.files, FileTree(name="media", source=str(lab.source.path / "no-such-dir"), target="/x")],
+            "files": [
+                *plan.files,
+                FileTree(name="media", source=str(lab.source.path / "no-such-dir"), target="/x"),
+                FileTree(name="pids", source=str(lab.source.uploads), target=f"{pid_dir}/app"),
+            ],
+            # The replicate mode's own checks: app accounts that write through read_only, by any way.
+            "cutover": plan.cutover.model_copy(update={"mode": "replicate"}),
+            "replication": plan.replication.model_copy(update={"app_users": [lab.app_user, *app_accounts]}),
         }
     )
     broken_rt = with_plan(rt, broken)
@@ -129,11 +175,25 @@ def test_preflight_lists_every_problem_with_what_to_fix(rt: Runtime, lab: LabSta
     finally:
         broken_rt.close()
     message = str(failed.value)
-    assert message.startswith(f"preflight: {len(lab.records) + 1} problems: ")
+    assert message.startswith(f"preflight: {len(lab.records) + 3} problems: "), message
     for record in lab.records:
         assert f"DNS record {record} points at {lab.source.address}, not the source's 198.51.100.7" in message
     assert f"tree media: {lab.source.path / 'no-such-dir'} does not exist on the source" in message
+    assert f"tree pids: target {pid_dir}/app is {real}/app on the target (symbolic links followed): refusing to " \
+        f"sync into {real}/app: inside /run, a protected system tree" in message  # fmt: skip
+    # READ_ONLY ADMIN as MariaDB 10.11 spells it, direct, through a default role and the role nested in it; SUPER
+    # direct and through a role the account may SET ROLE to. The lab's own app account holds neither.
+    held = [
+        f"'{PREFIX}direct'@'%' holds READ_ONLY ADMIN",
+        f"'{PREFIX}nested'@'%' holds READ_ONLY ADMIN through role {PREFIX}outer → {PREFIX}inner (its default role)",
+        f"'{PREFIX}settable'@'%' holds SUPER through role {PREFIX}super (a role it may SET ROLE to)",
+        f"'{PREFIX}super'@'%' holds SUPER",
+    ]
+    accounts = "replicate mode: application accounts would write through read_only inside the window: "
+    assert accounts + "; ".join(held) + ": REVOKE it" in message, message
+    assert f"'{lab.app_user}'@" not in message
     assert "\n" not in message
+    assert not Path(real).exists(), "preflight only reads"
 
 
 @pytest.fixture

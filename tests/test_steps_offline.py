@@ -402,7 +402,9 @@ def test_db_final_forces_files_changed_since_the_presync_then_pushes_the_delta_w
     rt = OfflineRuntime(p, source=source, target=target)
     rt.window.begin(time.time() - 5)
     history = [{"event": "run_started"}, {"event": "step_started", "step": "db_presync", "ts": 1_700_000_000.0}]
-    outputs = {"cutover": {"source_clock_offset": 10.0}}
+    # Both datadirs are symbolic links on their hosts: the pass acts on the directories preflight resolved there.
+    real = {"source": "/disk1/mysql", "target": "/disk2/mysql"}
+    outputs = {"cutover": {"source_clock_offset": 10.0}, "preflight": {"datadirs": real}}
     result = DbFinal().run(context(rt, "db_final", outputs=outputs, history=history))
     assert result == {
         "final_pass_bytes": 120,
@@ -420,10 +422,15 @@ def test_db_final_forces_files_changed_since_the_presync_then_pushes_the_delta_w
     push = next(c for c in source.calls if "rsync" in c["command"])
     assert "--no-whole-file" in push["command"] and "--modify-window=-1" in push["command"]
     assert "--itemize-changes" in push["command"] and "bwlimit" not in push["command"]
+    assert f" {real['source']}/ " in push["command"] and push["command"].endswith(f":{real['target']}/")
+    assert "cd /disk1/mysql && find . -type f" in source.commands[0]
+    assert target.calls[0]["command"].startswith("cd /disk2/mysql && ")
+    # Resolved once, by preflight: nothing asks the hosts again inside the window.
+    assert not [c for c in source.commands + target.commands if "readlink" in c]
     left = p.cutover.max_write_block - 5
     assert push["timeout"] is not None and 0 < push["timeout"] <= left
     # Inside the window, O(changes): only the copied files are checksummed, on both hosts, names on stdin.
-    for host, datadir in ((source, p.database.source.datadir), (target, p.database.target.datadir)):
+    for host, datadir in ((source, real["source"]), (target, real["target"])):
         (sums,) = [c for c in host.calls if "cksum" in c["command"]]
         assert sums["command"].startswith(f"cd {datadir} && ") and sums["input"] == "\0".join(COPIED) + "\0"
         assert sums["timeout"] is not None and 0 < sums["timeout"] <= left
@@ -439,7 +446,8 @@ def test_db_final_fails_in_the_window_when_a_copied_file_differs_between_the_hos
     rt.window.begin(time.time() - 5)
     history = [{"event": "step_started", "step": "db_presync", "ts": 1_700_000_000.0}]
     with pytest.raises(StepError, match=r"2 file\(s\) the final datadir pass copied differ .*db/t\.ibd, ibdata1"):
-        DbFinal().run(context(rt, "db_final", outputs={"cutover": {"source_clock_offset": 0.0}}, history=history))
+        outputs = {"cutover": {"source_clock_offset": 0.0}, "preflight": {"datadirs": {"source": "/s", "target": "/t"}}}
+        DbFinal().run(context(rt, "db_final", outputs=outputs, history=history))
 
 
 def test_db_final_past_the_budget_copies_nothing() -> None:
@@ -478,12 +486,16 @@ def test_finish_journals_each_source_service_before_stopping_it_and_undo_starts_
     assert rt.source.commands[-1] == first.start
 
 
+# The datadir resolved on the source (a step run without preflight's journaled figure asks the host once).
+RESOLVED_DATADIR = ("readlink -m", "n y /var/lib/mysql\n")
+
+
 def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_to_be_released() -> None:
     p = plan()
     holders = "/proc/41/fd /var/lib/mysql/ibdata1\n"
     source = RecordingHost(
         [
-            ("^readlink -f", "/var/lib/mysql\n"),
+            RESOLVED_DATADIR,
             ("^date", f"{time.time():.6f}\n"),
             # Seen while the server runs, still held once after the stop command, then released.
             ("^find /proc", [holders, holders, ""]),
@@ -537,9 +549,7 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
     # Re-entered after the shutdown began: no new lock, the journaled figures, the stop again.
     # The figures stand: the binary log ends where it ended under the lock, but for the shutdown's stop event.
     binlog_unchanged = ("^cd /var/lib/mysql && stat", "1257\n3\n./binlog.000003\n")
-    again = OfflineRuntime(
-        p, source=RecordingHost([("^readlink -f", "/var/lib/mysql\n"), ("^date", "0\n"), binlog_unchanged])
-    )
+    again = OfflineRuntime(p, source=RecordingHost([RESOLVED_DATADIR, ("^date", "0\n"), binlog_unchanged]))
     again.answers["source"] = False
     resumed = Cutover().run(context(again, "cutover", saved=journal))
     assert resumed is not None and resumed["tables"] == result["tables"] and resumed["binlog"] == result["binlog"]
@@ -547,9 +557,7 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
     assert fence not in again.source.commands and any(c.endswith(p.database.source.stop) for c in again.source.commands)
     # Written to since (a write acknowledged once the lock died with our session): the figures do not stand.
     for moved, why in [("2480\n3\n./binlog.000003\n", "ends at 2480"), ("256\n4\n./binlog.000004\n", "moved on")]:
-        changed = OfflineRuntime(
-            p, source=RecordingHost([("^readlink -f", "/var/lib/mysql\n"), ("^date", "0\n"), ("^cd /var/lib", moved)])
-        )
+        changed = OfflineRuntime(p, source=RecordingHost([RESOLVED_DATADIR, ("^date", "0\n"), ("^cd /var/lib", moved)]))
         changed.answers["source"] = False
         with pytest.raises(StepError, match=why):
             Cutover().run(context(changed, "cutover", saved=journal))

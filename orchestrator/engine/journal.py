@@ -166,7 +166,7 @@ class Journal:
             self._seq += 1
             record: dict[str, Any] = {"seq": self._seq, "ts": time.time(), "event": event}
             record.update(fields)
-            record = redact_obj(record)  # type: ignore[assignment]
+            record = redact_obj(record)
             self._persist(record)
             self._events.append(record)
             return record

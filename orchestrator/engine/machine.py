@@ -235,8 +235,8 @@ class Engine:
                         self.log.warning("not confirmed: stopping before the downtime; nothing past this was done")
                         return Outcome.DECLINED
                     self._append("gate_confirmed", step=step.name)
-                    self._fire("before-cutover", **self._hook_env(state, step, index))
-                self._fire("before-step", **self._hook_env(state, step, index))
+                    self._fire("before-cutover", **self._hook_env(state, step, index))  # type: ignore[arg-type]  # MIGRATE_* keys only: none fills `interruptible`
+                self._fire("before-step", **self._hook_env(state, step, index))  # type: ignore[arg-type]  # as above
                 self._safe_point()
                 self._append("step_started", step=step.name, title=step.title)
                 self.log.info("step started", title=step.title, index=f"{index + 1}/{len(self.steps)}")

@@ -33,8 +33,16 @@ class WriteWindow(Protocol):
     def timeout(self, cap: float | None = None) -> float | None: ...
     def bounded(self, policy: P) -> P: ...
     def check(self, what: str) -> None: ...
+    def lift(self, at: float | None = None) -> None: ...
+    def intervals(self) -> list[list[float | None]]: ...
+    def elapsed(self) -> float | None: ...
     @property
     def blocked_at(self) -> float | None: ...
+    @property
+    def blocked_now(self) -> bool: ...
+
+    # The seconds kept back from the budget for the rollback's own work (the cut-over measures and sets it).
+    reserve: float
 
 
 @dataclass
@@ -100,7 +108,8 @@ class StepContext:
 
 class Step(ABC):
     name: ClassVar[str]
-    title: ClassVar[str]
+    # A plain attribute, like commit_point: a step's constructor may word it for the plan it runs in.
+    title: str
     # Completing this step commits the migration: failures after it are not rolled back automatically. A plain
     # attribute: a step may be the commit point in one plan and not in another (set by its constructor).
     commit_point: bool = False

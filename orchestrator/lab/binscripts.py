@@ -109,12 +109,15 @@ rm -f {q(host.fence_file)}
 """
 
 
-def write_scripts(state: LabState, host: HostState, python: str | None = None) -> dict[str, Path]:
-    """(Re)write the host's bin/ scripts from the current state; returns name → path."""
+def write_scripts(
+    state: LabState, host: HostState, python: str | None = None, *, datadir: Path | None = None
+) -> dict[str, Path]:
+    """(Re)write the host's bin/ scripts from the current state; returns name → path. `datadir`: the path the
+    database's scripts give mariadbd (default the host's datadir)."""
     python = python or sys.executable
     texts = {
-        "db-start": mariadb.db_start_script(host),
-        "db-stop": mariadb.db_stop_script(host),
+        "db-start": mariadb.db_start_script(host, datadir),
+        "db-stop": mariadb.db_stop_script(host, datadir),
         "app-start": app_start_script(state, host, python),
         "app-stop": app_stop_script(state, host),
         "fence-on": fence_on_script(host),

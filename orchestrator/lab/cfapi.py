@@ -13,13 +13,21 @@ address, so the official `cloudflare` SDK can be pointed at it with `base_url=ht
     PATCH  /client/v4/zones/{zone_id}/dns_records/{id}          edit: partial
     PUT    /client/v4/zones/{zone_id}/dns_records/{id}          update: full (name, type, content, ttl required)
     DELETE /client/v4/zones/{zone_id}/dns_records/{id}
+    POST   /client/v4/zones/{zone_id}/dns_records/batch         deletes, patches, puts, posts: applied in that
+                                                                order, all or nothing
     GET    /client/v4/user/tokens/verify
+
+What it does not implement it refuses, in Cloudflare's 400 error shape, instead of ignoring: a query parameter or
+a body field it does not know (a list filter such as `tag`, `comment`, `search`, `match=any`), so a client that
+relies on one fails in the lab instead of passing there and selecting other records in production.
 
 Authentication is a bearer token (read from <dir>/token, mode 0600, or from CLOUDFLARE_API_TOKEN; never from the
 command line). Legacy X-Auth-Email/X-Auth-Key headers are refused with 403, the way an unknown global key is.
 
 Outside /client/v4 a control surface lets tests and the lab inject faults while it runs and read what happened:
 
+    POST   /__lab/latency   {"seconds": s}: every API answer waits that long first (also `--latency` at start)
+    GET    /__lab/latency
     POST   /__lab/faults    {"mode": "429"|"5xx"|"slow"|"success_false"|"invalid_token"|"reset"|"none",
                              "count": N (-1: until cleared), "methods": ["PATCH", ...] (absent: all),
                              "path_contains": "...", "delay": s, "retry_after": s, "status": 5xx}
@@ -36,6 +44,7 @@ Process management for the lab: `start(state)`, `stop(state)`, `is_running(state
 from __future__ import annotations
 
 import argparse
+import copy
 import ipaddress
 import json
 import os
@@ -74,6 +83,19 @@ RECORD_TYPES = {
 }  # fmt: skip
 PROXIABLE_TYPES = {"A", "AAAA", "CNAME"}
 EDITABLE_FIELDS = {"name", "type", "content", "ttl", "proxied", "comment", "tags", "settings", "priority", "data"}
+TEXT_FILTERS = ("", ".exact", ".contains", ".startswith", ".endswith")
+# The query parameters each list implements; any other is refused (400), never ignored.
+ZONE_LIST_QUERY = {"name", "status", "page", "per_page"}
+RECORD_LIST_QUERY = {
+    *(f"name{op}" for op in TEXT_FILTERS),
+    *(f"content{op}" for op in TEXT_FILTERS),
+    "type", "proxied", "page", "per_page", "order", "direction", "match",
+}  # fmt: skip
+BATCH_KEYS = ("deletes", "patches", "puts", "posts")  # Cloudflare applies them in this order
+# Cloudflare's codes as the double answers them: a query parameter, a request body it will not take.
+BAD_QUERY_CODE = 1004
+BAD_BODY_CODE = 9207
+MAX_LATENCY_SECONDS = 600.0
 FAULT_MODES = {"none", "429", "5xx", "slow", "success_false", "invalid_token", "reset"}
 DEFAULT_RECORDS_PER_PAGE = 100
 MAX_RECORDS_PER_PAGE = 5000
@@ -118,6 +140,7 @@ class Store:
         self.lock = threading.RLock()
         self.zones: dict[str, dict[str, Any]] = {}
         self.records: dict[str, dict[str, Any]] = {}
+        self._in_batch = False
         if path.exists():
             raw = json.loads(path.read_text())
             self.zones = raw.get("zones", {})
@@ -125,6 +148,8 @@ class Store:
 
     def save(self) -> None:
         with self.lock:
+            if self._in_batch:
+                return  # written once, when the whole batch has been applied
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"zones": self.zones, "records": self.records}, indent=1))
             os.replace(tmp, self.path)
@@ -180,7 +205,7 @@ class Store:
                 "status": "active",
                 "type": "full",
             }
-            self.zones[zone["id"]] = zone
+            self.zones[str(zone["id"])] = zone
             self.save()
             return zone
 
@@ -256,6 +281,60 @@ class Store:
             self.save()
             return {"id": record_id}
 
+    def batch(self, zone_id: str, body: Any) -> dict[str, list[dict[str, Any]]]:
+        """POST /dns_records/batch: deletes, then patches, then puts, then posts, in one transaction: the first
+        operation refused leaves every record as it was, and nothing is written."""
+        if not isinstance(body, dict):
+            raise ApiError(400, BAD_BODY_CODE, "Request body is invalid.")
+        _only_fields(body, set(BATCH_KEYS), "a batch")
+        operations: dict[str, list[Any]] = {}
+        for key in BATCH_KEYS:
+            items = body.get(key) or []
+            if not isinstance(items, list):
+                raise ApiError(400, BAD_BODY_CODE, f"{key} must be a list.")
+            operations[key] = items
+        with self.lock:
+            zone = self.zone(zone_id)
+            before = copy.deepcopy(self.records)
+            self._in_batch = True
+            try:
+                done: dict[str, list[dict[str, Any]]] = {key: [] for key in BATCH_KEYS}
+                for key in BATCH_KEYS:
+                    for index, item in enumerate(operations[key]):
+                        try:
+                            done[key].append(copy.deepcopy(self._batch_one(zone, key, item)))
+                        except ApiError as exc:
+                            raise ApiError(exc.status, exc.code, f"{key}[{index}]: {exc.message}") from None
+            except BaseException:
+                self.records = before
+                raise
+            finally:
+                self._in_batch = False
+            self.save()
+            return done
+
+    def _batch_one(self, zone: dict[str, Any], key: str, item: Any) -> dict[str, Any]:
+        if not isinstance(item, dict):
+            raise ApiError(400, BAD_BODY_CODE, "Request body is invalid.")
+        if key == "posts":
+            _check_body_content(item)
+            return self.create_record(zone["id"], item)
+        record_id = item.get("id")
+        if not isinstance(record_id, str) or not record_id:
+            raise ApiError(400, BAD_BODY_CODE, "an id is required")
+        if key == "deletes":
+            _only_fields(item, {"id"}, "a batch delete")
+            record = copy.deepcopy(self.record(zone["id"], record_id))
+            self.delete_record(zone["id"], record_id)
+            return record
+        fields = {k: v for k, v in item.items() if k != "id"}
+        if key == "patches":
+            if isinstance(fields.get("content"), str):
+                _check_content(fields.get("type") or self.record(zone["id"], record_id)["type"], fields["content"])
+        else:
+            _check_body_content(fields)
+        return self.change_record(zone["id"], record_id, fields, full=key == "puts")
+
     def _refuse_duplicate(self, zone_id: str, values: dict[str, Any], except_id: str | None) -> None:
         for other in self.zone_records(zone_id):
             if other["id"] == except_id:
@@ -272,6 +351,7 @@ def _validated(zone: dict[str, Any], fields: Any, required: tuple[str, ...]) -> 
     """Check a record body the way the API does; returns the normalized editable fields."""
     if not isinstance(fields, dict):
         raise ApiError(400, 9207, "Request body is invalid.")
+    _only_fields(fields, EDITABLE_FIELDS, "a DNS record")
     missing = [name for name in required if fields.get(name) in (None, "")]
     if missing:
         raise ApiError(400, 9005 if "content" in missing else 9000, f"DNS record is missing {', '.join(missing)}")
@@ -298,6 +378,27 @@ def _validated(zone: dict[str, Any], fields: Any, required: tuple[str, ...]) -> 
     if "settings" in values and not isinstance(values["settings"], dict):
         raise ApiError(400, 9207, "Settings must be an object.")
     return values
+
+
+def _only_fields(body: dict[str, Any], known: set[str], what: str) -> None:
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ApiError(
+            400, BAD_BODY_CODE, f"the lab's double does not implement the field {unknown[0]!r} of {what}: refused, "
+            "not ignored"
+        )  # fmt: skip
+
+
+def _only_query(query: dict[str, str], known: set[str]) -> None:
+    unknown = sorted(set(query) - known)
+    if unknown:
+        raise ApiError(
+            400, BAD_QUERY_CODE, f"the lab's double does not implement the query parameter {unknown[0]!r}: refused, "
+            "not ignored"
+        )  # fmt: skip
+    if query.get("match", "all").lower() != "all":
+        # Filters combined with OR: not implemented (every filter must match, which is what `all` asks).
+        raise ApiError(400, BAD_QUERY_CODE, "the lab's double implements match=all only: refused, not ignored")
 
 
 def _check_content(record_type: str, content: str) -> None:
@@ -383,10 +484,11 @@ class CfApiServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], store: Store, token: str) -> None:
+    def __init__(self, address: tuple[str, int], store: Store, token: str, latency: float = 0.0) -> None:
         super().__init__(address, CfApiHandler)
         self.store = store
         self.token = token
+        self.latency = latency  # seconds every API answer waits (the latency knob)
         self.faults = Faults()
         self.log_lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
@@ -488,6 +590,9 @@ class CfApiHandler(BaseHTTPRequestHandler):
     ) -> tuple[int, Any, dict[str, str]]:
         if not path.startswith(API_PREFIX + "/") and path != API_PREFIX:
             raise ApiError(404, 7000, "No route for that URI")
+        latency = self.server.latency
+        if latency > 0:
+            time.sleep(latency)  # the API's own slowness: every answer, whatever it is, comes this much later
         fault = self.server.faults.take(method, path)
         if fault is not None:
             entry["fault"] = fault["mode"]
@@ -535,9 +640,13 @@ class CfApiHandler(BaseHTTPRequestHandler):
     ) -> tuple[int, Any, dict[str, Any] | None]:
         store = self.server.store
         segments = [s for s in path.split("/") if s]
+        listing = method == "GET" and (segments == ["zones"] or (len(segments) == 3 and segments[2] == "dns_records"))
+        if not listing:
+            _only_query(query, set())  # only the lists take query parameters
         if segments == ["user", "tokens", "verify"] and method == "GET":
             return 200, {"id": "lab" + "0" * 29, "status": "active", "expires_on": None, "not_before": None}, None
         if segments == ["zones"] and method == "GET":
+            _only_query(query, ZONE_LIST_QUERY)
             zones = sorted(store.zones.values(), key=lambda z: z["name"])
             if "name" in query:
                 zones = [z for z in zones if z["name"] == query["name"].lower()]
@@ -549,11 +658,16 @@ class CfApiHandler(BaseHTTPRequestHandler):
         if len(segments) == 3 and segments[0] == "zones" and segments[2] == "dns_records":
             zone_id = segments[1]
             if method == "GET":
+                _only_query(query, RECORD_LIST_QUERY)
                 records = _filter_records(store.zone_records(zone_id), query)
                 return _paginate(records, query, DEFAULT_RECORDS_PER_PAGE, MAX_RECORDS_PER_PAGE)
             if method == "POST":
                 _check_body_content(body)
                 return 200, store.create_record(zone_id, body), None
+        if len(segments) == 4 and segments[0] == "zones" and segments[2:] == ["dns_records", "batch"]:
+            if method != "POST":
+                raise ApiError(405, 10405, "Method not allowed for this route")
+            return 200, store.batch(segments[1], body), None
         if len(segments) == 4 and segments[0] == "zones" and segments[2] == "dns_records":
             zone_id, record_id = segments[1], segments[3]
             if method == "GET":
@@ -588,6 +702,15 @@ class CfApiHandler(BaseHTTPRequestHandler):
                 self._send(400, {"error": exc.message})
                 return
             self._send(200, fault)
+        elif path == CONTROL_PREFIX + "/latency" and method == "POST":
+            try:
+                server.latency = _latency_seconds(json.loads(raw_body or b"{}").get("seconds"))
+            except (ValueError, TypeError, AttributeError) as exc:
+                self._send(400, {"error": str(exc)})
+                return
+            self._send(200, {"seconds": server.latency})
+        elif path == CONTROL_PREFIX + "/latency" and method == "GET":
+            self._send(200, {"seconds": server.latency})
         elif path == CONTROL_PREFIX + "/faults" and method == "GET":
             self._send(200, server.faults.snapshot())
         elif path == CONTROL_PREFIX + "/state" and method == "GET":
@@ -606,6 +729,7 @@ class CfApiHandler(BaseHTTPRequestHandler):
                     "requests": requests,
                     "counts": dict(counts),
                     "faults": server.faults.snapshot(),
+                    "latency": server.latency,
                 },
             )
         elif path == CONTROL_PREFIX + "/requests" and method == "DELETE":
@@ -614,6 +738,13 @@ class CfApiHandler(BaseHTTPRequestHandler):
             self._send(200, {"cleared": True})
         else:
             self._send(404, {"error": "unknown control endpoint"})
+
+
+def _latency_seconds(value: Any) -> float:
+    seconds = float(value)
+    if not 0 <= seconds <= MAX_LATENCY_SECONDS:
+        raise ValueError(f"latency is seconds between 0 and {MAX_LATENCY_SECONDS:g}, not {value!r}")
+    return seconds
 
 
 def _check_body_content(body: Any) -> None:
@@ -730,9 +861,9 @@ def seed(cf_dir: Path, zone: str, records: list[str], content: str, ttl: int, re
     return store
 
 
-def serve(cf_dir: Path, host: str, port: int) -> None:
+def serve(cf_dir: Path, host: str, port: int, latency: float = 0.0) -> None:
     store = Store(cf_dir / STATE_FILE)
-    server = CfApiServer((host, port), store, read_token(cf_dir))
+    server = CfApiServer((host, port), store, read_token(cf_dir), _latency_seconds(latency))
 
     def _terminate(signum: int, frame: Any) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
@@ -753,8 +884,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", required=True, type=Path, help="state directory (state.json, token)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds every API answer waits (0-600)")
     args = parser.parse_args(argv)
-    serve(args.dir, args.host, args.port)
+    serve(args.dir, args.host, args.port, args.latency)
 
 
 # --------------------------------------------------------------------------------------------------- lab control
@@ -816,8 +948,9 @@ def is_running(state: LabState) -> bool:
     return pid is not None and _is_our_process(pid)
 
 
-def start(state: LabState, *, timeout: float = 10.0) -> None:
-    """Start the double for the lab (a no-op when it already runs); sets and saves state.cf_port."""
+def start(state: LabState, *, timeout: float = 10.0, latency: float = 0.0) -> None:
+    """Start the double for the lab (a no-op when it already runs); sets and saves state.cf_port. `latency`:
+    seconds every API answer waits (changed while it runs with POST /__lab/latency)."""
     if is_running(state):
         return
     cf_dir = state.cf_dir
@@ -838,7 +971,7 @@ def start(state: LabState, *, timeout: float = 10.0) -> None:
             env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # the token file is the source
             proc = subprocess.Popen(
                 [sys.executable, "-m", MODULE, "--dir", str(cf_dir), "--host", state.cf_address,
-                 "--port", str(port)],
+                 "--port", str(port), "--latency", str(_latency_seconds(latency))],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env,
             )  # fmt: skip
         _children[proc.pid] = proc

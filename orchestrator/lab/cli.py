@@ -75,6 +75,18 @@ def up(
         False, "--random-ports", help="random free ports instead of the defaults (for labs side by side)"
     ),
     files: int = typer.Option(0, "--files", help="also N small uploads (1-16 KiB) in hashed directories, seeded"),
+    latency: float | None = typer.Option(
+        None,
+        "--latency",
+        help="milliseconds of one-way delay between migrate and the hosts (its SSH, its health checks), through "
+        "the lab's latency relay; 0: direct; default: what the lab has",
+    ),
+    api_latency: float | None = typer.Option(
+        None,
+        "--api-latency",
+        help="milliseconds of one-way delay between migrate and the Cloudflare double, through the same relay; "
+        "0: direct; default: what the lab has",
+    ),
 ) -> None:
     """Make the lab (or finish / repair it): sshd, MariaDB and the app per host, the Cloudflare double, plan.yaml.
 
@@ -88,6 +100,8 @@ def up(
             target_address=target_address,
             default_ports=not random_ports,
             files=files,
+            latency_ms=latency,
+            api_latency_ms=api_latency,
             say=typer.echo,
         )
     typer.echo(f"lab is up in {state.dir}; secrets in {state.env_file}; plan in {state.plan_file}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from orchestrator.lab import binscripts, haproxy, mariadb, planfile, procs, setup, sshd, uploads_tree
+from orchestrator.lab import binscripts, haproxy, mariadb, planfile, procs, relay, setup, sshd, uploads_tree
 from orchestrator.lab.state import STATE_FILE, HostState, LabState
 from orchestrator.transports.haproxy import HaproxyError
 
@@ -355,9 +355,14 @@ def up(
     target_address: str = TARGET_ADDRESS,
     default_ports: bool = True,
     files: int = 0,
+    latency_ms: float | None = None,
+    api_latency_ms: float | None = None,
     say: Say = _quiet,
 ) -> LabState:
     """Bring the lab up (or finish / repair it) and return its state, saved in <dir>/lab.json.
+
+    `latency_ms` / `api_latency_ms`: the one-way delay between the orchestrator and the hosts / the Cloudflare
+    double (the latency relay adds it; 0: direct); None keeps what the lab has.
 
     `default_ports=False` picks random free ports even when the defaults are free: for test labs made next to
     other labs on the same machine, where two runs racing for the same default port would collide.
@@ -370,6 +375,12 @@ def up(
         raise LabRefused("the database and uploads sizes are whole megabytes, at least 1")
     if files < 0:
         raise LabRefused("--files is a number of files, not negative")
+    for name, value in (("--latency", latency_ms), ("--api-latency", api_latency_ms)):
+        if value is not None:
+            try:
+                relay.check_latency(name, value)
+            except ValueError as exc:
+                raise LabRefused(str(exc)) from None
     check_dir_for_up(lab_dir)
     installed = setup.ensure_system_tools()
     if installed:
@@ -441,6 +452,20 @@ def up(
         say(f"cloudflare double on {state.cf_address}:{state.cf_port}")
     state.save()
 
+    # The distance between the orchestrator and the lab: the relay the plan points the orchestrator through.
+    if latency_ms is not None:
+        state.latency_ms = float(latency_ms)
+    if api_latency_ms is not None:
+        state.api_latency_ms = float(api_latency_ms)
+    if state.latency_ms > 0 or state.api_latency_ms > 0:
+        relay.ensure_addresses(state)
+    state.save()
+    relay_pid = relay.start(state)
+    sshd.write_known_hosts(state)
+    if relay_pid is not None:
+        distance = f"hosts +{state.latency_ms:g} ms, API +{state.api_latency_ms:g} ms one way"
+        say(f"latency relay (pid {relay_pid}): {distance}")
+
     (state.path / "hooks").mkdir(exist_ok=True)
     planfile.write_plan(state)
     say(f"plan: {state.plan_file}")
@@ -510,6 +535,7 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
             raise LabRefused(f"{lab_dir} is {reason}: not deleted")
     problems: list[str] = []
 
+    pid: int | None
     for pid in load_pids(state):
         procs.stop_pid(pid, timeout=15)
         stopped.append(Stopped("load", pid))
@@ -533,6 +559,9 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
     if pid is not None:
         procs.stop_pid(pid, timeout=10)
         stopped.append(Stopped("cloudflare double", pid))
+    pid = relay.stop(state)
+    if pid is not None:
+        stopped.append(Stopped("latency relay", pid))
     # Both databases shut down at once: a clean shutdown mostly waits on InnoDB flushing its own files.
     with ThreadPoolExecutor(max_workers=2) as pool:
         for result in pool.map(_stop_db, (state.source, state.target)):
@@ -585,6 +614,10 @@ def components(state: LabState) -> list[Component]:
                 Component(f"{host.name} haproxy", haproxy.running_pid(host), f"{host.address}:{host.app_port}")
             )
     found.append(Component("cloudflare double", cf_pid(state), f"{state.cf_address}:{state.cf_port}"))
+    relay_pid = relay.running_pid(state)
+    if relay_pid is not None or state.latency_ms > 0 or state.api_latency_ms > 0:
+        distance = f"hosts +{state.latency_ms:g} ms, API +{state.api_latency_ms:g} ms one way"
+        found.append(Component("latency relay", relay_pid, distance))
     for pid in load_pids(state):
         found.append(Component("load", pid, "-"))
     return found
@@ -597,6 +630,8 @@ def status(lab_dir: Path) -> list[str]:
         return [f"no lab in {lab_dir} (run `lab up`)"]
     state = LabState.load(lab_dir)
     lines = [c.line() for c in components(state)]
+    if relay.running_pid(state) is not None:
+        lines += [f"{'relay ' + r.name:<20} {r.listen} → {r.upstream}" for r in relay.routes(state)]
     for host in (state.source, state.target):
         if host.fence_file.exists():
             lines.append(f"{host.name + ' fence':<20} on (writes refused)")

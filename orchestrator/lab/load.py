@@ -529,7 +529,7 @@ class Client:
 
     def write_review(self, n: int) -> None:
         review_id = f"{self.run_tag}-c{self.index}-r{n}"
-        review = {
+        review: dict[str, Any] = {
             "id": review_id,
             "author": f"student-{self.index}",
             "course": COURSES[n % len(COURSES)],

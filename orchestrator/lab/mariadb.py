@@ -54,11 +54,13 @@ def tool(name: str) -> str:
     return found
 
 
-def mariadbd_argv(host: HostState) -> list[str]:
+def mariadbd_argv(host: HostState, datadir: Path | None = None) -> list[str]:
+    """The server's command line; `datadir`: the path its configuration names (default the host's datadir; a
+    test names the directory a symbolic link there points at, as a server configured by the real path would)."""
     return [
         MARIADBD,
         "--no-defaults",
-        f"--datadir={host.datadir}",
+        f"--datadir={datadir or host.datadir}",
         f"--socket={host.db_socket}",
         f"--tmpdir={host.db_tmp_dir}",
         f"--bind-address={host.address}",
@@ -124,13 +126,14 @@ def install_datadir(host: HostState) -> bool:
     return True
 
 
-def _running_check_sh(host: HostState) -> str:
+def _running_check_sh(host: HostState, datadir: Path | None = None) -> str:
     """A bash function `running` that prints mariadbd's pid when the process in the pid file is ours."""
+    marker = "--datadir=" + str(datadir or host.datadir)
     return f"""running() {{
   local pid
   pid=$(cat {q(host.db_pid_file)} 2>/dev/null) || return 1
   [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
-  tr '\\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- {q("--datadir=" + str(host.datadir))} || return 1
+  tr '\\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- {q(marker)} || return 1
   echo "$pid"
 }}
 answers() {{ {q(tool(ADMIN))} --no-defaults --socket={q(host.db_socket)} -uroot --connect-timeout=2 ping \\
@@ -138,14 +141,14 @@ answers() {{ {q(tool(ADMIN))} --no-defaults --socket={q(host.db_socket)} -uroot 
 """
 
 
-def db_start_script(host: HostState) -> str:
-    argv = " ".join(q(a) for a in mariadbd_argv(host))
+def db_start_script(host: HostState, datadir: Path | None = None) -> str:
+    argv = " ".join(q(a) for a in mariadbd_argv(host, datadir))
     err_log = host.log_dir / "mysqld.err"
     return f"""#!/bin/bash
 # Starts {host.name}'s mariadbd unless it runs, and returns once it answers on its socket (crash recovery of a
 # copied datadir may take a while, hence the long wait).
 set -uo pipefail
-{_running_check_sh(host)}
+{_running_check_sh(host, datadir)}
 mkdir -p {q(host.run_dir)} {q(host.log_dir)} {q(host.db_tmp_dir)}
 if pid=$(running); then
   :
@@ -169,12 +172,12 @@ exit 1
 """
 
 
-def db_stop_script(host: HostState) -> str:
+def db_stop_script(host: HostState, datadir: Path | None = None) -> str:
     return f"""#!/bin/bash
 # Stops {host.name}'s mariadbd cleanly (InnoDB flushes everything and closes its logs) and returns once the
 # process is gone. Never SIGKILL: a datadir is only safe to copy after a clean shutdown.
 set -uo pipefail
-{_running_check_sh(host)}
+{_running_check_sh(host, datadir)}
 pid=$(running) || exit 0
 # SIGTERM is mariadbd's normal shutdown, the same as `mariadb-admin shutdown`, whose wait polls once a second;
 # polling here every 20 ms returns as soon as the server is gone (this runs inside the migration's downtime).

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from orchestrator.lab import haproxy
 from orchestrator.lab.state import HostState, LabState
@@ -25,11 +26,27 @@ def s(value: object) -> str:
 
 
 def _host(host: HostState, state: LabState) -> str:
-    return f"""  address: {s(host.address)}
+    address = state.orchestrator_address(host)
+    if address == host.address:
+        where = f"  address: {s(host.address)}"
+    else:
+        # With distance the orchestrator connects through the latency relay; the records point at the host itself.
+        where = f"  address: {s(address)}   # through the lab's latency relay\n  public_address: {s(host.address)}"
+    return f"""{where}
   ssh_port: {host.ssh_port}
   user: root
   key: {s(state.ssh_key)}
   known_hosts: {s(state.known_hosts)}   # host keys are always verified"""
+
+
+def _hop_options(state: LabState, origin: HostState, destination: HostState) -> str:
+    """The ssh options of the hop between the hosts: from the origin's own address, and straight to the
+    destination even when the orchestrator reaches it through the relay (the hop between two servers has no
+    orchestrator's distance)."""
+    options = ["-o", f"BindAddress={origin.address}"]
+    if state.orchestrator_address(destination) != destination.address:
+        options += ["-o", f"HostName={destination.address}"]
+    return "[" + ", ".join(s(o) for o in options) + "]"
 
 
 def _endpoint(host: HostState) -> str:
@@ -81,7 +98,7 @@ def plan_text(state: LabState, mode: str = "auto") -> str:
 # ({tgt.address}).
 # Written by `migrate lab up`; every value comes from {state.path / "lab.json"}. Secrets are not here: they are
 # named by environment variable (see {state.env_file}: `set -a; . lab.env; set +a`).
-name: {PLAN_NAME}
+{distance_comment(state)}name: {PLAN_NAME}
 description: "course reviews: uploads + MariaDB + DNS, lab source to lab target"
 
 # Both servers are reached over SSH as root with the lab's key.
@@ -138,7 +155,7 @@ health:
   checks:
     - kind: http
       name: app
-      url: {s(f"http://{tgt.address}:{tgt.app_port}/healthz")}
+      url: {s(f"http://{state.orchestrator_address(tgt)}:{tgt.app_port}/healthz")}
       expect_status: 200
       expect_body: ok
     - kind: sql
@@ -157,7 +174,7 @@ dns:
 {records}
   type: A
   content: {s(tgt.address)}
-  base_url: {s(state.cf_base_url)}
+  base_url: {s(state.orchestrator_cf_base_url)}
 
 # How the database moves. 'auto' picks 'replicate' when both servers allow it (binlog on, ROW, GTID strict,
 # log_slave_updates, distinct server ids, mariadb-backup installed: the lab's do), else 'shutdown'; preflight says
@@ -186,7 +203,7 @@ replication:
   lag_wait: 120
   compare: true
   chunk_rows: 2000
-  app_users: [{s(state.app_user)}]   # must not hold READ ONLY ADMIN or SUPER: read_only must stop them
+  app_users: [{s(state.app_user)}]   # must not hold READ_ONLY ADMIN or SUPER: read_only must stop them
   keep_reverse: 0
 
 {_proxy(src, tgt)}
@@ -194,7 +211,7 @@ replication:
 transfer:
   source_to_target_key: {s(state.ssh_key)}
   source_to_target_known_hosts: {s(state.known_hosts)}
-  source_to_target_options: ["-o", "BindAddress={src.address}"]
+  source_to_target_options: {_hop_options(state, src, tgt)}
 
 hooks:
   dir: {s(state.path / "hooks")}
@@ -206,8 +223,29 @@ reverse:
   transfer:
     source_to_target_key: {s(state.ssh_key)}
     source_to_target_known_hosts: {s(state.known_hosts)}
-    source_to_target_options: ["-o", "BindAddress={tgt.address}"]
+    source_to_target_options: {_hop_options(state, tgt, src)}
 """
+
+
+def distance_comment(state: LabState) -> str:
+    if not (state.latency_ms or state.api_latency_ms):
+        return ""
+    return (
+        f"# Distance (`lab up --latency {state.latency_ms:g} --api-latency {state.api_latency_ms:g}`): the "
+        "orchestrator's own connections\n# (SSH to each host, the health check, the Cloudflare API) go through the "
+        "lab's latency relay, which delays\n# each byte by that many milliseconds each way; the hosts reach each "
+        "other directly.\n"
+    )
+
+
+def current_mode(state: LabState) -> str:
+    """The cut-over mode the lab's plan file has now ('auto' when there is none or it does not read)."""
+    try:
+        data = YAML(typ="safe").load(state.plan_file.read_text())
+        mode = str(data["cutover"]["mode"])
+    except (OSError, KeyError, TypeError, ValueError, YAMLError):
+        return "auto"
+    return mode if mode in MODES else "auto"
 
 
 def validate_text(text: str) -> Plan:

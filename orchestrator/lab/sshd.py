@@ -139,10 +139,13 @@ def prepare(state: LabState, host: HostState) -> None:
 
 
 def write_known_hosts(state: LabState) -> None:
+    """Both hosts' keys under their addresses, and under their far addresses once the lab has had distance (the
+    orchestrator then reaches them through the latency relay, and verifies the same key there)."""
     lines = []
     for host in (state.source, state.target):
         key_type, key_b64 = host_key(host).with_suffix(".pub").read_text().split()[:2]
-        lines.append(f"[{host.address}]:{host.ssh_port} {key_type} {key_b64}\n")
+        for address in dict.fromkeys(a for a in (host.address, host.far_address) if a):
+            lines.append(f"[{address}]:{host.ssh_port} {key_type} {key_b64}\n")
     tmp = state.known_hosts.with_suffix(".tmp")
     tmp.write_text("".join(lines))
     tmp.replace(state.known_hosts)

@@ -7,6 +7,7 @@ Everything is under one directory (default ./.lab). `lab up` writes `lab.json` (
     <dir>/<host>/   sshd/  mysql/data  run/ (sockets, pid files)  uploads/  app/  log/  bin/ (start/stop scripts)
                     haproxy/ (the front door's config, its hold map and Lua)
     <dir>/cf/       the Cloudflare API double's state, pid and log
+    <dir>/relay/    the latency relay's routes, pid and log (only with `lab up --latency/--api-latency`)
     <dir>/load/     the load generator's journal of acknowledged writes and its stats
 """
 
@@ -33,6 +34,9 @@ class HostState:
     # Where the app itself listens, behind the host's front door (HAProxy on app_port); 0 in labs made before the
     # front door existed: the app listens on app_port and no HAProxy runs.
     app_internal_port: int = 0
+    # Where the orchestrator reaches this host when the lab has distance (`lab up --latency`): a loopback address
+    # of its own where the latency relay listens on the host's SSH and HTTP ports. '' until a latency is set.
+    far_address: str = ""
 
     @property
     def app_listen_port(self) -> int:
@@ -144,6 +148,23 @@ class LabState:
     db_password_env: str = "MIGRATE_DB_PASSWORD"
     app_password_env: str = "LAB_APP_DB_PASSWORD"
     repl_password_env: str = "MIGRATE_REPL_PASSWORD"
+    # The distance between the orchestrator and the lab (one way, milliseconds; 0: direct): to the hosts, and to
+    # the Cloudflare double. The latency relay adds it (orchestrator/lab/relay.py); the plan points through it.
+    latency_ms: float = 0.0
+    api_latency_ms: float = 0.0
+    relay_api_port: int = 0  # where the relay takes the orchestrator's API calls to the double
+
+    @property
+    def orchestrator_cf_base_url(self) -> str:
+        """The Cloudflare double's API as the lab's plan gives it to the orchestrator: through the relay when the
+        API has distance. Lab tooling (the load's clients, the bench's resets) uses `cf_base_url`, direct."""
+        if self.api_latency_ms > 0 and self.relay_api_port:
+            return f"http://{self.cf_address}:{self.relay_api_port}/client/v4"
+        return self.cf_base_url
+
+    def orchestrator_address(self, host: HostState) -> str:
+        """Where the lab's plan tells the orchestrator to reach `host`: through the relay when hosts have distance."""
+        return host.far_address if self.latency_ms > 0 and host.far_address else host.address
 
     @property
     def path(self) -> Path:

@@ -1,9 +1,10 @@
-"""Checks that refuse dangerous plans: paths rsync would write into, and combinations of fields that clash.
+"""Checks that refuse dangerous plans: paths rsync would write into, control characters, sizes.
 
-The path checks are used by field validators in `model.py`. The cross-field checks return each problem with the
-location of the field to blame, so the loader can point at the exact line of the plan.
+These are used by field validators in `model.py`, and by its cross-field checks (`cross_field_problems`, beside the
+`Plan` they read), which return each problem with the location of the field to blame, so the loader can point at the
+exact line of the plan. This module imports nothing of the model.
 
-The protected-directory policy (README, "Protected directories"):
+The protected-directory policy (docs/plan.md, "Protected directories"):
 - `PROTECTED_TREES`: the operating system's own trees. They and everything beneath them are refused as a tree's
   source or target and as a datadir (both ends: a reverse run writes into the forward source).
 - `PROTECTED_DIRECTORIES`: refused themselves; a directory inside them is an ordinary place (/var/www/app,
@@ -18,14 +19,9 @@ The protected-directory policy (README, "Protected directories"):
 
 from __future__ import annotations
 
-import ipaddress
 import posixpath
 import re
 import unicodedata
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from orchestrator.plan.model import Plan
 
 # Refused with everything beneath them.
 PROTECTED_TREES: tuple[str, ...] = (
@@ -96,14 +92,14 @@ def _normalised(path: str) -> str:
     return normalised
 
 
-def _inside(child: str, parent: str) -> bool:
+def inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip("/") + "/")
 
 
 def protected_problem(normalised: str, *, datadir: bool, allowed: bool) -> str | None:
     """Why the normalised absolute `normalised` is a protected place, or None."""
-    opt_in = "; if you really mean it, set allow_protected_path: true here (README: protected directories)"
-    if any(_inside(normalised, tree) for tree in PSEUDO_TREES) or normalised in NEVER_ALLOWED:
+    opt_in = "; if you really mean it, set allow_protected_path: true here (docs/plan.md: protected directories)"
+    if any(inside(normalised, tree) for tree in PSEUDO_TREES) or normalised in NEVER_ALLOWED:
         return f"refusing to sync into {normalised}: a system directory (never allowed)"
     if allowed:
         return None
@@ -113,7 +109,7 @@ def protected_problem(normalised: str, *, datadir: bool, allowed: bool) -> str |
         return f"refusing to sync into {normalised}: {key_dir} is a key directory{opt_in}"
     if datadir and DATADIR_UNDER_VAR_LIB.match(normalised):
         return None
-    tree = next((tree for tree in PROTECTED_TREES if _inside(normalised, tree)), None)
+    tree = next((tree for tree in PROTECTED_TREES if inside(normalised, tree)), None)
     if tree is not None:
         return f"refusing to sync into {normalised}: inside {tree}, a protected system tree{opt_in}"
     if normalised in PROTECTED_DIRECTORIES:
@@ -140,92 +136,3 @@ def directory_problem(path: str, *, datadir: bool = False, allow_protected: bool
     if normalised != path:
         return f"must be a normalised path: write '{normalised}' (no trailing '/', '//', '.' or '..')"
     return None
-
-
-def _host_key(address: str, port: int) -> tuple[str, int]:
-    try:
-        return (str(ipaddress.ip_address(address.strip("[]"))), port)
-    except ValueError:
-        return (address.strip().rstrip(".").lower(), port)
-
-
-def cross_field_problems(plan: Plan) -> list[tuple[Location, str]]:
-    """Problems that involve several fields, each with the location of the field to blame."""
-    problems: list[tuple[Location, str]] = []
-
-    if _host_key(plan.source.address, plan.source.ssh_port) == _host_key(plan.target.address, plan.target.ssh_port):
-        problems.append((("target", "address"), "source and target are the same host (same address and ssh_port)"))
-
-    target_datadir = plan.database.target.datadir
-    seen_targets: dict[str, int] = {}
-    for index, tree in enumerate(plan.files):
-        if tree.target in seen_targets:
-            other = plan.files[seen_targets[tree.target]].name
-            problems.append(
-                (("files", index, "target"), f"same target as tree '{other}': two trees would overwrite each other")
-            )
-        else:
-            seen_targets[tree.target] = index
-        if tree.target == target_datadir:
-            problems.append((("files", index, "target"), "a tree may not be synced into the target's datadir"))
-        elif _inside(tree.target, target_datadir) or _inside(target_datadir, tree.target):
-            problems.append(
-                (("files", index, "target"), "a tree may not overlap the target's datadir (one inside the other)")
-            )
-
-    seen_records: set[str] = set()
-    for index, record in enumerate(plan.dns.records):
-        key = record.lower().rstrip(".")
-        if key in seen_records:
-            problems.append((("dns", "records", index), f"'{record}' is listed twice"))
-        seen_records.add(key)
-
-    names = [tree.name for tree in plan.files]
-    for index, name in enumerate(names):
-        if name in names[:index]:
-            problems.append((("files", index, "name"), f"another tree is already named '{name}'"))
-
-    problems += fence_problems(plan)
-    if plan.transfer.max_latency_ms is not None and plan.latency_probe() is None:
-        problems.append(
-            (
-                ("transfer", "max_latency_ms"),
-                "needs a URL to measure: transfer.latency_url, or an http health check (aimed at the source)",
-            )
-        )
-    if plan.cutover.mode == "replicate" and plan.replication is None:
-        problems.append((("cutover", "mode"), "'replicate' needs a replication section (user, password)"))
-    if plan.cutover.mode == "replicate" and plan.database.engine != "mariadb":
-        problems.append((("cutover", "mode"), "'replicate' needs database.engine mariadb (mariadb-backup, its GTIDs)"))
-    return problems
-
-
-def fence_problems(plan: Plan) -> list[tuple[Location, str]]:
-    """A fence that cannot be lifted, or files moved with nothing stopping uploads on the source."""
-    problems: list[tuple[Location, str]] = []
-    fence, target_fence = plan.services.fence, plan.services.target_fence
-    if fence.enable and not fence.disable:
-        problems.append(
-            (
-                ("services", "fence", "disable"),
-                "required with services.fence.enable: a rollback runs it so the source takes writes again "
-                "(without it the source would stay fenced while the run says it serves)",
-            )
-        )
-    if target_fence.enable and not target_fence.disable:
-        problems.append(
-            (
-                ("services", "target_fence", "disable"),
-                "required with services.target_fence.enable: the DNS flip runs it so the target takes writes "
-                "(without it the target would refuse every write after the migration)",
-            )
-        )
-    if plan.files and not fence.enable:
-        problems.append(
-            (
-                ("files",),
-                "moving files needs services.fence.enable (how the source refuses writes): without a fence the "
-                "source keeps accepting uploads after the final file sync, and those would be lost when DNS moves",
-            )
-        )
-    return problems

@@ -15,7 +15,7 @@ import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
@@ -26,8 +26,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import AliasEvent
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from orchestrator.plan.checks import cross_field_problems
-from orchestrator.plan.model import DEFER_CROSS_CHECKS, Plan, SecretRef
+from orchestrator.plan.model import DEFER_CROSS_CHECKS, Plan, SecretRef, cross_field_problems
 
 MAX_PLAN_BYTES = 1024 * 1024
 # A real plan has a few hundred values, nested six deep, a few KB of text. Aliases can make a small file expand
@@ -234,7 +233,8 @@ def _yaml_error(shown: str, exc: YAMLError, text: str) -> PlanError:
         # ruamel's own message repeats both values, which may be secrets: name the key only.
         problem = str(getattr(exc, "problem", "") or "")
         key = problem.split('"')[1] if problem.count('"') >= 2 else "?"
-        return PlanError([f"{shown}:{mark.line + 1}:{mark.column + 1}: duplicate key '{key}'"])
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        return PlanError([f"{shown}{at}: duplicate key '{key}'"])
     if isinstance(exc, MarkedYAMLError) and mark is not None:
         problem = exc.problem or exc.context or "syntax error"
         return PlanError([f"{shown}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}"])
@@ -253,7 +253,10 @@ def _too_big(shown: str, exc: _TooBig) -> PlanError:
     return PlanError([f"{shown}{where}: the plan holds {exc.what} once aliases are expanded: not a plan"])
 
 
-def _parse(shown: str, text: str) -> _Document:
+PLAN_KEYS = "name, source, target, ..."
+
+
+def _parse(shown: str, text: str, keys: str = PLAN_KEYS) -> _Document:
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
     yaml.Composer = _BoundedComposer
@@ -275,10 +278,10 @@ def _parse(shown: str, text: str) -> _Document:
     except Exception as exc:  # ruamel raises a few plain errors on pathological input
         raise PlanError([f"{shown}: not valid YAML: {exc.__class__.__name__}"]) from None
     if root is None:
-        raise PlanError([f"{shown}:1:1: the plan is empty: expected a mapping of keys (name, source, target, ...)"])
+        raise PlanError([f"{shown}:1:1: the plan is empty: expected a mapping of keys ({keys})"])
     if not isinstance(root, CommentedMap):
         kind = "a list" if isinstance(root, CommentedSeq) else "a single value"
-        raise PlanError([f"{shown}:1:1: the plan must be a mapping of keys (name, source, target, ...), not {kind}"])
+        raise PlanError([f"{shown}:1:1: the plan must be a mapping of keys ({keys}), not {kind}"])
     try:
         line, col = root.lc.line, root.lc.col
     except AttributeError:
@@ -333,9 +336,9 @@ class _Located:
     secret: bool  # the location is, or is inside, a secret
 
 
-def _locate(loc: tuple[Any, ...]) -> _Located:
+def _locate(loc: tuple[Any, ...], root: type[BaseModel] = Plan) -> _Located:
     """Walk pydantic's `loc` along the model's types: drop union tags, note secrets and the enclosing model."""
-    annotation: Any = Plan
+    annotation: Any = root
     field_path: list[str | int] = []
     model: type[BaseModel] | None = None
     secret = False
@@ -470,9 +473,11 @@ def _where(doc: _Document, field_path: FieldPath, kind: str) -> Position:
 _RANK = {"extra_forbidden": 0, "missing": 2}
 
 
-def _located_lines(shown: str, doc: _Document, exc: ValidationError) -> Iterator[tuple[Any, str]]:
+def _located_lines(
+    shown: str, doc: _Document, exc: ValidationError, root: type[BaseModel] = Plan
+) -> Iterator[tuple[Any, str]]:
     for error in exc.errors(include_url=False):
-        located = _locate(tuple(error["loc"]))
+        located = _locate(tuple(error["loc"]), root)
         field_path = located.field_path
         if error["type"] == "union_tag_invalid" and (*field_path, "kind") in doc.keys:
             field_path = (*field_path, "kind")
@@ -507,6 +512,45 @@ def parse_plan(text: str, shown: str = "<plan>") -> tuple[Plan, dict[FieldPath, 
     """Validate plan text; `shown` names it in error lines. Returns the plan and where each key is written."""
     doc = _parse(shown, text)
     return _validate(shown, doc), doc.keys
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def load_model(path: Path, root: type[Model], keys: str) -> tuple[Model, str, dict[FieldPath, Position]]:
+    """Another YAML file validated like a plan (a fleet file): the same limits, the same file:line:col lines.
+
+    `keys` names the top-level keys an empty file should have held. Cross-field checks are the caller's (they
+    name a field path; `position_of` turns it into file:line:col)."""
+    path = Path(path)
+    shown = str(path)
+    text = _text_of(shown, _read(path))
+    doc = _parse(shown, text, keys)
+    try:
+        model = root.model_validate(doc.data)
+    except ValidationError as exc:
+        located = sorted(_located_lines(shown, doc, exc, root), key=lambda item: item[0])
+        raise PlanError([line for _, line in located]) from None
+    return model, text, doc.keys
+
+
+def position_of(positions: dict[FieldPath, Position], field_path: FieldPath) -> Position:
+    """Where `field_path` (or the nearest enclosing key) is written: for a caller's cross-field problems."""
+    for cut in range(len(field_path), -1, -1):
+        if field_path[:cut] in positions:
+            return positions[field_path[:cut]]
+    return (1, 1)
+
+
+def _text_of(shown: str, data: bytes) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start]
+        line = before.count(b"\n") + 1
+        col = exc.start - (before.rfind(b"\n") + 1) + 1
+        raise PlanError([f"{shown}:{line}:{col}: not valid YAML: not UTF-8 text"]) from None
+    return text[1:] if text.startswith("\ufeff") else text  # a byte order mark some editors add
 
 
 def load_plan(path: Path) -> LoadedPlan:

@@ -26,9 +26,10 @@ from pydantic_core import PydanticCustomError
 
 from orchestrator.plan.checks import (
     MAX_SOCKET_BYTES,
+    Location,
     control_character,
-    cross_field_problems,
     directory_problem,
+    inside,
     path_problem,
     text_problem,
 )
@@ -39,7 +40,7 @@ DEFER_CROSS_CHECKS = "defer_cross_checks"
 DERIVED_PLAN = "derived_plan"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-# Limits (README, "Limits"): far beyond any real plan, small enough that nothing downstream can overflow.
+# Limits (docs/plan.md, "Limits"): far beyond any real plan, small enough that nothing downstream can overflow.
 MAX_NAME_CHARS = 56  # plan name: '<name>-reverse' still fits a 64-character directory name
 MAX_LABEL_CHARS = 100  # names of trees, services, checks
 MAX_COMMAND_CHARS = 10_000  # shell commands, SQL, expected bodies
@@ -210,8 +211,9 @@ SchemaName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_
 
 def _seconds(low: float, high: float, *, zero: bool = False, description: str, default: float) -> Any:
     """A duration in seconds: finite, above `low` (or equal to it with `zero`), at most `high`."""
-    bounds: dict[str, float] = {"ge": low} if zero else {"gt": low}
-    return Field(default=default, le=high, description=f"{description} (seconds)", **bounds)
+    if zero:
+        return Field(default=default, ge=low, le=high, description=f"{description} (seconds)")
+    return Field(default=default, gt=low, le=high, description=f"{description} (seconds)")
 
 
 def _checked_directory(value: str, info: ValidationInfo, *, datadir: bool) -> str:
@@ -222,8 +224,8 @@ def _checked_directory(value: str, info: ValidationInfo, *, datadir: bool) -> st
 
 _ALLOW_PROTECTED = Field(
     default=False,
-    description="allow a protected system directory here (README: protected directories); never '/', the top of a "
-    "system tree, /proc, /sys or /dev",
+    description="allow a protected system directory here (docs/plan.md: protected directories); never '/', the top "
+    "of a system tree, /proc, /sys or /dev",
 )
 
 
@@ -597,8 +599,9 @@ class Replication(Strict):
     app_users: list[UserName] = Field(
         default_factory=list,
         max_length=100,
-        description="the accounts the application writes with: preflight checks "
-        "that none holds READ ONLY ADMIN or SUPER (they would write through the source's read_only)",
+        description="the accounts the application writes with: preflight checks that each exists and none holds "
+        "READ_ONLY ADMIN, SUPER or ALL PRIVILEGES, directly or through a role (they would write through the "
+        "source's read_only)",
     )
     keep_reverse: float = _seconds(
         0,
@@ -675,7 +678,8 @@ class Transfer(Strict):
 
 
 class Preflight(Strict):
-    """The storage preflight: what it measures on both hosts, and what a finding does (README: storage preflight)."""
+    """The storage preflight: what it measures on both hosts, and what a finding does (docs/plan.md: storage
+    preflight)."""
 
     storage: Literal["warn", "refuse"] = Field(
         default="warn",
@@ -990,3 +994,94 @@ def _health_swapped(health: HealthChecks, swaps: dict[str, str]) -> HealthChecks
         else:
             checks.append(check)
     return health.model_copy(update={"checks": checks})
+
+
+# The checks that involve several fields of a plan live beside the model they read (the path checks they use stay
+# in checks.py, which imports nothing of the model).
+def _host_key(address: str, port: int) -> tuple[str, int]:
+    try:
+        return (str(ipaddress.ip_address(address.strip("[]"))), port)
+    except ValueError:
+        return (address.strip().rstrip(".").lower(), port)
+
+
+def cross_field_problems(plan: Plan) -> list[tuple[Location, str]]:
+    """Problems that involve several fields, each with the location of the field to blame."""
+    problems: list[tuple[Location, str]] = []
+
+    if _host_key(plan.source.address, plan.source.ssh_port) == _host_key(plan.target.address, plan.target.ssh_port):
+        problems.append((("target", "address"), "source and target are the same host (same address and ssh_port)"))
+
+    target_datadir = plan.database.target.datadir
+    seen_targets: dict[str, int] = {}
+    for index, tree in enumerate(plan.files):
+        if tree.target in seen_targets:
+            other = plan.files[seen_targets[tree.target]].name
+            problems.append(
+                (("files", index, "target"), f"same target as tree '{other}': two trees would overwrite each other")
+            )
+        else:
+            seen_targets[tree.target] = index
+        if tree.target == target_datadir:
+            problems.append((("files", index, "target"), "a tree may not be synced into the target's datadir"))
+        elif inside(tree.target, target_datadir) or inside(target_datadir, tree.target):
+            problems.append(
+                (("files", index, "target"), "a tree may not overlap the target's datadir (one inside the other)")
+            )
+
+    seen_records: set[str] = set()
+    for index, record in enumerate(plan.dns.records):
+        key = record.lower().rstrip(".")
+        if key in seen_records:
+            problems.append((("dns", "records", index), f"'{record}' is listed twice"))
+        seen_records.add(key)
+
+    names = [tree.name for tree in plan.files]
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            problems.append((("files", index, "name"), f"another tree is already named '{name}'"))
+
+    problems += fence_problems(plan)
+    if plan.transfer.max_latency_ms is not None and plan.latency_probe() is None:
+        problems.append(
+            (
+                ("transfer", "max_latency_ms"),
+                "needs a URL to measure: transfer.latency_url, or an http health check (aimed at the source)",
+            )
+        )
+    if plan.cutover.mode == "replicate" and plan.replication is None:
+        problems.append((("cutover", "mode"), "'replicate' needs a replication section (user, password)"))
+    if plan.cutover.mode == "replicate" and plan.database.engine != "mariadb":
+        problems.append((("cutover", "mode"), "'replicate' needs database.engine mariadb (mariadb-backup, its GTIDs)"))
+    return problems
+
+
+def fence_problems(plan: Plan) -> list[tuple[Location, str]]:
+    """A fence that cannot be lifted, or files moved with nothing stopping uploads on the source."""
+    problems: list[tuple[Location, str]] = []
+    fence, target_fence = plan.services.fence, plan.services.target_fence
+    if fence.enable and not fence.disable:
+        problems.append(
+            (
+                ("services", "fence", "disable"),
+                "required with services.fence.enable: a rollback runs it so the source takes writes again "
+                "(without it the source would stay fenced while the run says it serves)",
+            )
+        )
+    if target_fence.enable and not target_fence.disable:
+        problems.append(
+            (
+                ("services", "target_fence", "disable"),
+                "required with services.target_fence.enable: the DNS flip runs it so the target takes writes "
+                "(without it the target would refuse every write after the migration)",
+            )
+        )
+    if plan.files and not fence.enable:
+        problems.append(
+            (
+                ("files",),
+                "moving files needs services.fence.enable (how the source refuses writes): without a fence the "
+                "source keeps accepting uploads after the final file sync, and those would be lost when DNS moves",
+            )
+        )
+    return problems

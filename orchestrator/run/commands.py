@@ -323,7 +323,8 @@ def _drive(engine: Engine, state: RunState | None, journal: Journal, sdir: Path,
 
 
 def _write_report(state_dir: Path, journal: Journal) -> tuple[str, Path]:
-    from orchestrator.report import build_report, render_report, write_report
+    from orchestrator.report import build_report, render_report
+    from orchestrator.report_html import write_report_and_page
     from orchestrator.run.rehearse import estimate_beside
 
     report = build_report(journal.events)
@@ -331,7 +332,7 @@ def _write_report(state_dir: Path, journal: Journal) -> tuple[str, Path]:
     if beside:
         report["estimate"] = beside
     text = render_report(report) + "".join(f"\n{line}" for line in beside.get("lines", []))
-    return secrets.redact(text), write_report(report, state_dir)
+    return secrets.redact(text), write_report_and_page(report, state_dir)
 
 
 def rollback(

@@ -211,11 +211,12 @@ class Performed:
         return out
 
 
-def _context(rt: Runtime, step: Any) -> Any:
+def _context(rt: Runtime, step: Any, outputs: dict[str, Any] | None = None) -> Any:
     from orchestrator import logging as mlog
     from orchestrator.engine.step import StepContext
 
-    return StepContext(run_id="rehearsal", step=step.name, dry_run=False, rt=rt, log=mlog.get_logger())
+    return StepContext(run_id="rehearsal", step=step.name, dry_run=False, rt=rt, log=mlog.get_logger(),
+                       _outputs=outputs or {})  # fmt: skip
 
 
 def _timed(stages: dict[str, float], name: str, action: Any) -> Any:
@@ -233,6 +234,7 @@ def rehearse_for_real(
     the target started fenced on a copy of its warm datadir and its health checked, the DNS records read; then the
     target stopped and left warm (the pre-synced data kept for the real run) or clean. The source is only read."""
     from orchestrator.results import DbPresyncResult
+    from orchestrator.steps.common import RESOLVED_DATADIRS
     from orchestrator.steps.db_presync import DbPresync
     from orchestrator.steps.files_presync import FilesPresync
     from orchestrator.steps.preflight import Preflight
@@ -255,18 +257,24 @@ def rehearse_for_real(
     stages: dict[str, float] = {}
     failures: list[str] = []
     window: list[estimates.WindowPart] = []
-    datadir = shlex.quote(plan.database.target.datadir.rstrip("/"))
-    warm = shlex.quote(plan.database.target.datadir.rstrip("/") + WARM_SUFFIX)
+    datadir = warm = ""
     started_target = prepared = stopped = False
-    mode = plan.cutover.mode
+    mode: str = plan.cutover.mode
     try:
         mode, _reason = resolve_mode(rt)
-        for step in (Preflight(), PrepareTarget()):
-            _timed(stages, step.name, lambda step=step: step.run(_context(rt, step)))
+        figures = _timed(stages, "preflight", lambda: Preflight().run(_context(rt, Preflight()))) or {}
+        # The target's datadir as preflight resolved it (a /var/lib/mysql link to another disk: the directory it
+        # points at): the warm copy is moved aside and put back beside it, the link never renamed.
+        real = (figures.get(RESOLVED_DATADIRS) or {}).get("target") or plan.database.target.datadir.rstrip("/")
+        datadir, warm = shlex.quote(real), shlex.quote(real + WARM_SUFFIX)
+        outputs = {"preflight": figures}
+        _timed(stages, "prepare_target", lambda: PrepareTarget().run(_context(rt, PrepareTarget(), outputs)))
         # Past the preflight (DNS still points at the source: the target is not live) and the target's stop.
         prepared = True
-        _timed(stages, "files_presync", lambda: FilesPresync().run(_context(rt, FilesPresync())))
-        db_result = DbPresyncResult.of(_timed(stages, "db_presync", lambda: DbPresync().run(_context(rt, DbPresync()))))
+        _timed(stages, "files_presync", lambda: FilesPresync().run(_context(rt, FilesPresync(), outputs)))
+        db_result = DbPresyncResult.of(
+            _timed(stages, "db_presync", lambda: DbPresync().run(_context(rt, DbPresync(), outputs)))
+        )
         # The uploads' delta as the window would copy it, timed with the source live (its writes continue).
         _timed(stages, "uploads delta", lambda: FilesPresync().run(_context(rt, FilesPresync())))
         started_target = True  # from here on, the finally puts the warm datadir back
@@ -300,7 +308,7 @@ def rehearse_for_real(
                 rt.target.run(restore + (f" && find {datadir} -mindepth 1 -delete" if clean else ""), timeout=3600)
             if clean and prepared:
                 for tree in plan.files:
-                    rt.target.run(f"find {shlex.quote(tree.target)} -mindepth 1 -delete", timeout=3600)
+                    rt.target.run(f"find -H {shlex.quote(tree.target)} -mindepth 1 -delete", timeout=3600)
                 rt.target.run(f"find {datadir} -mindepth 1 -delete 2>/dev/null; true", timeout=3600)
         except (TransportError, StepError) as exc:
             failures.append(f"leaving the target {'clean' if clean else 'warm'}: {redact(str(exc))}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 
 from orchestrator.engine.step import Step
 from orchestrator.plan.model import Plan, static_mode
@@ -88,7 +89,8 @@ def build_steps(plan: Plan) -> list[Step]:
     """One instance of every step of the plan's cut-over mode, in run order (steps read the plan from the runtime).
     The DNS flip is the commit point unless the front door commits before it."""
     names = plan_steps(plan)
-    return [
-        step_class(name)(commits=COMMIT_AT_DOOR not in names) if name == "dns_flip" else step_class(name)()
-        for name in names
-    ]
+    steps: list[Step] = []
+    for name in names:
+        make: Callable[..., Step] = step_class(name)
+        steps.append(make(commits=COMMIT_AT_DOOR not in names) if name == "dns_flip" else make())
+    return steps

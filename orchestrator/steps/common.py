@@ -10,8 +10,9 @@ import shlex
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from orchestrator import probes
 from orchestrator.contracts import Host, Which, runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan, Service
@@ -24,6 +25,23 @@ from orchestrator.transports.ssh import TransportError
 DATADIR_EXCLUDES = ("*.sock", "*.sock.lock", "*.pid", "mysql.sock*")
 COMMAND_TIMEOUT = 300.0
 DB_POLL_INTERVAL = 0.5
+
+
+# Preflight's figure: each host's datadir as that host resolves it ({"source": path, "target": path}).
+RESOLVED_DATADIRS = "datadirs"
+
+
+def resolved_datadir(ctx: StepContext, which: Which) -> str:
+    """`which`'s datadir as preflight resolved it on its host, every symbolic link followed: a /var/lib/mysql that
+    links to another disk is that disk's directory, the one every copy, rename and checksum must act on (renaming
+    the link would leave the real directory stale, and the server, configured by either name, would not find the new
+    data). A journal from before preflight resolved it: resolved now, once more."""
+    rt = runtime(ctx)
+    resolved = (ctx.output("preflight") or {}).get(RESOLVED_DATADIRS) or {}
+    if resolved.get(which):
+        return str(resolved[which])
+    endpoint = rt.plan.database.source if which == "source" else rt.plan.database.target
+    return probes.ask(rt.host(which), probes.resolve([endpoint.datadir]), timeout=60)[0].real
 
 
 def presync_began(ctx: StepContext) -> float | None:
@@ -78,12 +96,12 @@ def sync_tree(ctx: StepContext, tree: FileTree, *, live: bool) -> TreeFigures:
     try:
         rt.target.run(f"mkdir -p {shlex.quote(tree.target)}", timeout=60)
         throttled = 0.0
-        push_options = {"what": f"tree {tree.name}", "retry": window.bounded(plan.retry), "on_progress": _progress,
-                        "timeout": window.timeout()}  # fmt: skip
+        push_options: dict[str, Any] = {"what": f"tree {tree.name}", "retry": window.bounded(plan.retry),
+                                        "on_progress": _progress, "timeout": window.timeout()}  # fmt: skip
         if live:  # the source serves: nocache, and paused while it is loaded (transfer.max_load)
-            stats, throttled = rsync.push_live(rt.source, plan, command, **push_options)  # type: ignore[arg-type]
+            stats, throttled = rsync.push_live(rt.source, plan, command, **push_options)
         else:
-            stats = rsync.push(rt.source, command, **push_options)  # type: ignore[arg-type]
+            stats = rsync.push(rt.source, command, **push_options)
     except TransportError as exc:
         raise StepError(f"copying tree {tree.name}: {exc}") from None
     figures = TreeFigures(
@@ -196,7 +214,7 @@ def tracked_prepass(ctx: StepContext, tree: FileTree, presync: TreeFigures | Non
         return None
     rt = runtime(ctx)
     plan = rt.plan
-    tracker = ChangeTracker(rt.source, tree.source, ref.state_dir, name=ref.name)  # type: ignore[arg-type]
+    tracker = ChangeTracker(rt.source, tree.source, ref.state_dir, name=ref.name)
     started = time.monotonic()
     try:
         changes = tracker.changes(f"{tracker.dir}/{PREWINDOW_LIST}", timeout=COMMAND_TIMEOUT)
@@ -233,11 +251,11 @@ def open_window_route(ctx: StepContext) -> None:
         return  # no trees, a route already open, or a runtime that has none (offline tests)
     started = time.monotonic()
     try:
-        route = rsync_daemon.open_route(rt.plan, rt.source, rt.target)  # type: ignore[arg-type]
+        route = rsync_daemon.open_route(rt.plan, rt.source, rt.target)  # type: ignore[arg-type]  # SshHosts: it needs their connections
     except rsync_daemon.RouteUnavailable as exc:
         ctx.log.warning("window_route_unavailable", reason=str(exc), instead="rsync -e ssh inside the window")
         return
-    rt.window_route = route  # type: ignore[attr-defined]
+    rt.window_route = route  # type: ignore[attr-defined]  # the runtime's own slot, not part of what steps may use
     ctx.log.info("window_route_opened", seconds=round(time.monotonic() - started, 3), modules=len(route.modules))
 
 

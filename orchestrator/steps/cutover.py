@@ -41,7 +41,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CutoverResult, DbPresyncResult, FinalState, LockFigures
 from orchestrator.steps import source_guard
-from orchestrator.steps.common import backoff_delays, wait_db_answers
+from orchestrator.steps.common import backoff_delays, resolved_datadir, wait_db_answers
 from orchestrator.transports import mysql
 from orchestrator.transports.replication import set_read_only
 from orchestrator.transports.ssh import TransportError
@@ -100,7 +100,7 @@ class Cutover(Step):
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         rt = runtime(ctx)
-        self._datadir = probes.real_datadir(rt.source, rt.plan.database.source.datadir)
+        self._datadir = resolved_datadir(ctx, "source")  # preflight resolved it: /proc/<pid>/fd names real paths
         # Figures read under the lock stand only once the shutdown began: before that the lock may have been
         # lost with a crashed process, and writes may have followed.
         journaled = FinalState.of(ctx.saved(FINAL_STATE)) if ctx.saved(SOURCE_DB_STOPPED) else None
@@ -205,7 +205,7 @@ class Cutover(Step):
         """
         window = ctx.window
         if window.blocked_now:
-            return float(window.intervals()[-1][0])  # type: ignore[arg-type]
+            return float(window.intervals()[-1][0])  # type: ignore[arg-type]  # an interval always has its start; only its end may be open
         rt = runtime(ctx)
         fence = rt.plan.services.fence.enable
         blocked_at = time.time()

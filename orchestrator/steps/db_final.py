@@ -24,7 +24,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CutoverResult, DbFinalResult
 from orchestrator.retry import call_with_retry
-from orchestrator.steps.common import DATADIR_EXCLUDES, presync_began
+from orchestrator.steps.common import DATADIR_EXCLUDES, presync_began, resolved_datadir
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -61,8 +61,8 @@ class DbFinal(Step):
         forced = self._mark_recent_files_stale(ctx)
         command = rsync.push_command(
             plan,
-            plan.database.source.datadir,
-            plan.database.target.datadir,
+            resolved_datadir(ctx, "source"),  # the real directories, as preflight resolved them (no link)
+            resolved_datadir(ctx, "target"),
             exclude=DATADIR_EXCLUDES,
             live=False,  # the downtime window: no bandwidth limit, no nice
             inplace=True,
@@ -78,7 +78,7 @@ class DbFinal(Step):
         one_try = plan.retry.model_copy(update={"attempts": 1})
         stats = call_with_retry(
             lambda: rsync.push(
-                rt.source,  # type: ignore[arg-type]
+                rt.source,
                 command,
                 what="final datadir pass",
                 retry=one_try,
@@ -109,7 +109,6 @@ class DbFinal(Step):
         the budget. rsync also checks each file it rebuilt against the sender's whole-file checksum: this is the
         independent proof, read on both hosts after the pass."""
         rt = runtime(ctx)
-        db = rt.plan.database
         window = ctx.window
         started = time.monotonic()
         window.check("checksumming the files the final pass copied")
@@ -133,8 +132,8 @@ class DbFinal(Step):
         try:
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="db-final-sums") as pool:
                 run = contextvars.copy_context().run
-                source_future = pool.submit(run, _sums, rt.source, db.source.datadir)
-                target = _sums(rt.target, db.target.datadir)
+                source_future = pool.submit(run, _sums, rt.source, resolved_datadir(ctx, "source"))
+                target = _sums(rt.target, resolved_datadir(ctx, "target"))
                 source = source_future.result()
         except TransportError:
             window.check("checksumming the files the final pass copied")  # cut short by the budget: say so
@@ -161,7 +160,6 @@ class DbFinal(Step):
         to transfer them; unknown start (no journal): every file.
         """
         rt = runtime(ctx)
-        db = rt.plan.database
         began = presync_began(ctx)
         since = None
         if began is not None:
@@ -171,11 +169,13 @@ class DbFinal(Step):
             since = began + offset - FORCE_MARGIN
         window = ctx.window
         names = probes.ask(
-            rt.source, probes.files_changed_since(db.source.datadir, since), timeout=window.timeout(LISTING_TIMEOUT)
+            rt.source,
+            probes.files_changed_since(resolved_datadir(ctx, "source"), since),
+            timeout=window.timeout(LISTING_TIMEOUT),
         )
         if names:
             rt.target.run(
-                f"cd {shlex.quote(db.target.datadir)} && xargs -0 -r touch -c -m -d @0 --",
+                f"cd {shlex.quote(resolved_datadir(ctx, 'target'))} && xargs -0 -r touch -c -m -d @0 --",
                 input="\0".join(names) + "\0",
                 timeout=window.timeout(LISTING_TIMEOUT),
             )

@@ -26,7 +26,7 @@ from typing import Any
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import DbPresyncResult, PresyncRound
-from orchestrator.steps.common import DATADIR_EXCLUDES, throttle_text
+from orchestrator.steps.common import DATADIR_EXCLUDES, resolved_datadir, throttle_text
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -81,19 +81,22 @@ class DbPresync(Step):
         db = plan.database
         if rt.db_answers("target"):
             raise StepError("the target database is running: stop it before copying its datadir (prepare_target)")
+        # The real directories (a datadir may be a symbolic link to another disk): the copy lands in the directory
+        # the target's server opens, whichever of the two names its configuration gives.
+        source_dir, target_dir = resolved_datadir(ctx, "source"), resolved_datadir(ctx, "target")
         first_round = rsync.push_command(
-            plan, db.source.datadir, db.target.datadir, exclude=DATADIR_EXCLUDES, live=True, inplace=True
+            plan, source_dir, target_dir, exclude=DATADIR_EXCLUDES, live=True, inplace=True
         )
         # Nanosecond mtimes: a file rewritten within the second a round read it must not look unchanged.
         later_rounds = rsync.push_command(
-            plan, db.source.datadir, db.target.datadir, exclude=DATADIR_EXCLUDES, live=True, inplace=True,
+            plan, source_dir, target_dir, exclude=DATADIR_EXCLUDES, live=True, inplace=True,
             extra=["--modify-window=-1", "--no-whole-file"],
         )  # fmt: skip
         rounds: list[PresyncRound] = []
         throttled = 0.0
         began = time.monotonic()
         try:
-            rt.target.run(f"mkdir -p {shlex.quote(db.target.datadir)}", timeout=60)
+            rt.target.run(f"mkdir -p {shlex.quote(target_dir)}", timeout=60)
             for number in range(1, db.presync.max_rounds + 1):
                 started = time.monotonic()
 
@@ -137,11 +140,11 @@ class DbPresync(Step):
         """The files modified on the source since the pre-sync began (by the source's own clock: whole minutes,
         rounded up), read into both hosts' page cache side by side. Never fails the step."""
         rt = runtime(ctx)
-        db = rt.plan.database
+        source_dir, target_dir = resolved_datadir(ctx, "source"), resolved_datadir(ctx, "target")
         minutes = math.ceil(elapsed / 60) + 1
         try:
             found = rt.source.run(
-                f"cd {shlex.quote(db.source.datadir)} && find . -type f -mmin -{minutes} -print0", timeout=60
+                f"cd {shlex.quote(source_dir)} && find . -type f -mmin -{minutes} -print0", timeout=60
             ).stdout
         except TransportError as exc:
             ctx.log.warning("db_presync.cache_warm_failed", reason=str(exc))
@@ -160,7 +163,7 @@ class DbPresync(Step):
             return warm_outcome(out, time.monotonic() - started)
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm") as pool:
-            target = pool.submit(contextvars.copy_context().run, _one, rt.target, db.target.datadir)
-            outcome = {"source": _one(rt.source, db.source.datadir), "target": target.result()}
+            target = pool.submit(contextvars.copy_context().run, _one, rt.target, target_dir)
+            outcome = {"source": _one(rt.source, source_dir), "target": target.result()}
         ctx.log.info("db_presync.cache_warmed", files=len(names), **outcome)
         return outcome

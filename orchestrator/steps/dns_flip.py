@@ -441,7 +441,7 @@ class DnsFlip(Step):
             now.setdefault(record.name, []).append(record.content)
         old: dict[str, dict[str, Any]] = ctx.saved(OLD_RECORDS) or {}
         source = sorted({plan.source.dns_content} | {str(r.get("content")) for r in old.values()})
-        value = {
+        value: dict[str, Any] = {
             "at": time.time(),
             "records": {n: sorted(c) for n, c in now.items()},
             "source": source,

@@ -79,7 +79,7 @@ class FilesFinal(Step):
             return self.full_scan(ctx, tree, presync, "no change tracker was started for this tree")
         if ref.unavailable:
             return self.full_scan(ctx, tree, presync, f"the tracker could not start: {ref.unavailable}")
-        tracker = ChangeTracker(runtime(ctx).source, tree.source, ref.state_dir, name=ref.name)  # type: ignore[arg-type]
+        tracker = ChangeTracker(runtime(ctx).source, tree.source, ref.state_dir, name=ref.name)
         try:
             changes = tracker.changes(timeout=ctx.window.timeout(300.0) or 300.0)
         except (TrackingError, TransportError) as exc:
@@ -129,7 +129,7 @@ class FilesFinal(Step):
                 timeout=plan.transfer.rsync_timeout, whole_file=plan.transfer.whole_file, extra=extra,
             )  # fmt: skip
             retry = ONE_TRY if once else window.bounded(plan.retry)
-            return rsync.push(rt.source, command, what=what, retry=retry, timeout=window.timeout(), short=True)  # type: ignore[arg-type]
+            return rsync.push(rt.source, command, what=what, retry=retry, timeout=window.timeout(), short=True)
 
         route = window_route(ctx)
         if route is not None:

@@ -29,7 +29,7 @@ MAX_LOGGED_DIFFERENCES = 5
 
 
 def tracker_of(ctx: StepContext, tree: FileTree, ref: TrackerRef) -> ChangeTracker:
-    return ChangeTracker(runtime(ctx).source, tree.source, ref.state_dir, name=ref.name)  # type: ignore[arg-type]
+    return ChangeTracker(runtime(ctx).source, tree.source, ref.state_dir, name=ref.name)
 
 
 class FilesPresync(Step):

@@ -78,7 +78,7 @@ def stop_trackers(ctx: StepContext) -> list[str]:
         ref = figures.tracker if figures else None
         if ref is None:
             continue
-        tracker = ChangeTracker(rt.source, tree.source, ref.state_dir, name=ref.name)  # type: ignore[arg-type]
+        tracker = ChangeTracker(rt.source, tree.source, ref.state_dir, name=ref.name)
         try:
             tracker.stop()
             tracker.remove()

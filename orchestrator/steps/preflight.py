@@ -16,7 +16,9 @@ import pymysql
 from orchestrator import probes, storage
 from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.plan.checks import protected_problem
 from orchestrator.secrets import redact
+from orchestrator.steps.common import RESOLVED_DATADIRS
 from orchestrator.steps.repl_common import (
     declared_mode,
     mode_reason,
@@ -24,10 +26,12 @@ from orchestrator.steps.repl_common import (
     replicate_run,
     reverse_over_replica,
 )
-from orchestrator.transports import mysql, rsync
+from orchestrator.transports import grants, mysql, rsync
 from orchestrator.transports.ssh import TransportError
 
 NEEDED_PRIVILEGES = ("RELOAD", "SELECT", "SHUTDOWN", "PROCESS")
+# What lets an application account write through the source's read_only, spelled as MariaDB 10.11 shows it.
+WRITES_THROUGH_READ_ONLY = ("READ_ONLY ADMIN", "SUPER")
 SPACE_MARGIN = 1.10
 ER_ACCESS_DENIED = 1045
 COMMAND_TIMEOUT = 60.0
@@ -107,8 +111,12 @@ class Preflight(Step):
             f" {plan.target.user}@{plan.target.address} with verified host keys",
             "ssh from the source to the target (the way rsync will), rsync present on both",
             f"the source database answers with {', '.join(NEEDED_PRIVILEGES)}; same major version on the target",
+            "every datadir and tree resolved on its host (symbolic links followed): what it resolves to judged like"
+            " the plan's text (protected directories), the datadirs' real directories journaled for every later"
+            " step; a datadir that links to nothing refused",
             f"the source database keeps every file under {plan.database.source.datadir} (InnoDB logs and undo,"
-            " binary and Aria logs), no symbolic links there, and its open InnoDB files are visible",
+            " binary and Aria logs), no symbolic links inside it (it may be one itself), and its open InnoDB files"
+            " are visible",
             "enough free space on the target for the datadir and the file trees (+10%)",
             "storage, source and target side by side: filesystem under the datadir and each tree, free bytes and"
             f" inodes, fsync latency of the datadirs (best of {FSYNC_ROUNDS} samples of ≤ {plan.preflight.fsync_writes}"
@@ -121,10 +129,14 @@ class Preflight(Step):
         problems = Problems()
         figures: dict[str, Any] = {}
         reachable = {which: self._ssh(ctx, which, problems) for which in ("source", "target")}
+        for which in ("source", "target"):
+            if reachable[which]:
+                self._resolve_paths(ctx, which, problems, figures)
         if reachable["source"]:
             self._source_to_target(ctx, problems)
             self._trees(ctx, problems)
-        for which in ("source", "target"):
+        sides: tuple[Which, Which] = ("source", "target")
+        for which in sides:
             if reachable[which]:
                 self._rsync(ctx, which, problems)
         source_version = self._source_db(ctx, problems, figures)
@@ -169,29 +181,47 @@ class Preflight(Step):
         ctx.log.info("preflight.mode_reason", why=figures["mode_reason"])
 
     def _app_users(self, ctx: StepContext) -> list[str]:
-        """Accounts that write through read_only (READ ONLY ADMIN, which ALL ON *.* includes, or SUPER before
-        MariaDB 11.0.1) would keep writing on the source inside the window."""
+        """Accounts that write through read_only would keep writing on the source inside the window: READ_ONLY ADMIN
+        (as MariaDB 10.11 spells it), SUPER (which holds it before 11.0.1) or ALL PRIVILEGES on *.*, held directly
+        or through a role (granted, default or nested), read from SHOW GRANTS. One problem names them all, each
+        account with its privilege and roles."""
         rt = runtime(ctx)
         settings = rt.plan.replication
         if settings is None or not settings.app_users:
             return []
-        problems: list[str] = []
-        conn = rt.db("source")
+        missing: list[str] = []
+        held: list[str] = []
         try:
-            with conn.cursor() as cur:
-                for user in settings.app_users:
-                    cur.execute(
-                        "SELECT DISTINCT GRANTEE FROM information_schema.USER_PRIVILEGES WHERE GRANTEE LIKE %s "
-                        "AND PRIVILEGE_TYPE IN ('READ ONLY ADMIN', 'SUPER')",
-                        (f"'{user}'@%",),
-                    )
-                    for (grantee,) in cur.fetchall():
-                        problems.append(
-                            f"replicate mode: the application account {grantee} holds READ ONLY ADMIN or SUPER: it "
-                            "would write through read_only inside the window; REVOKE it"
-                        )
+            conn = rt.db("source")
+        except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
+            return [f"replicate mode: the application accounts' privileges cannot be read: {exc}"]
+        try:
+            show = grants.show_grants_on(conn)
+            for user in settings.app_users:
+                accounts = grants.accounts_named(conn, user)
+                if not accounts:
+                    missing.append(user)
+                for name, host in accounts:
+                    held += [found.text() for found in grants.held(show, name, host, WRITES_THROUGH_READ_ONLY)]
+        except pymysql.MySQLError as exc:
+            return [
+                f"replicate mode: {mysql.db_error('the grants of replication.app_users', exc)} (SHOW GRANTS FOR each"
+                " of its accounts needs SELECT on the mysql schema)"
+            ]
         finally:
             rt.release(conn)
+        problems: list[str] = []
+        if held:
+            problems.append(
+                "replicate mode: application accounts would write through read_only inside the window: "
+                + "; ".join(held)
+                + ": REVOKE it"
+            )
+        if missing:
+            problems.append(
+                f"replicate mode: replication.app_users names {', '.join(missing)}, but the source has no account of"
+                " that name: fix the name (read_only must be proven to stop every writer)"
+            )
         return problems
 
     def _ssh(self, ctx: StepContext, which: Which, problems: Problems) -> bool:
@@ -201,6 +231,38 @@ class Preflight(Step):
         except TransportError as exc:
             problems.add(f"{which} ssh: {exc}")
             return False
+
+    def _resolve_paths(self, ctx: StepContext, which: Which, problems: Problems, figures: dict[str, Any]) -> None:
+        """Every directory the run writes into or reads from on `which`, judged on what the host resolves it to, as
+        validation judged its text: /var/run/app is /run/app on most hosts, a protected tree its text does not name.
+        The datadir's resolved path is journaled (`datadirs`): every later step acts on the real directory, never on
+        a link to it. A datadir that is a link to nothing (a disk not mounted) is refused: the copy would land on the
+        link's own filesystem."""
+        rt = runtime(ctx)
+        endpoint = rt.plan.database.source if which == "source" else rt.plan.database.target
+        places = [(f"database.{which}.datadir", endpoint.datadir, endpoint.allow_protected_path, True)]
+        for tree in rt.plan.files:
+            places.append((f"tree {tree.name}: {which}", getattr(tree, which), tree.allow_protected_path, False))
+        try:
+            found = probes.ask(rt.host(which), probes.resolve([path for _, path, _, _ in places]),
+                               timeout=COMMAND_TIMEOUT)  # fmt: skip
+        except TransportError as exc:
+            problems.add(f"{which} paths: {exc}")
+            return
+        for (label, path, allowed, datadir), resolved in zip(places, found, strict=True):
+            if resolved.dangling:
+                problems.add(f"{label} {path} is a symbolic link to {resolved.real}, which does not exist on the "
+                             f"{which}: mount its filesystem or fix the link")  # fmt: skip
+                continue
+            problem = protected_problem(resolved.real, datadir=datadir, allowed=allowed)
+            if problem is not None and resolved.real != path:
+                problems.add(f"{label} {path} is {resolved.real} on the {which} (symbolic links followed): {problem}")
+            elif problem is not None:  # validation judged the same text: only a plan edited since could get here
+                problems.add(f"{label} {path}: {problem}")
+        real_datadir = found[0].real
+        figures.setdefault(RESOLVED_DATADIRS, {})[which] = real_datadir
+        if real_datadir != endpoint.datadir:
+            ctx.log.info("preflight.datadir_resolved", side=which, datadir=endpoint.datadir, real=real_datadir)
 
     def _source_to_target(self, ctx: StepContext, problems: Problems) -> None:
         plan = runtime(ctx).plan
@@ -417,8 +479,8 @@ def survey_storage(rt: StepRuntime) -> storage.StorageReport:
     roles = {"datadir": (plan.database.source.datadir, plan.database.target.datadir)}
     roles.update({f"tree {tree.name}": (tree.source, tree.target) for tree in plan.files})
     sides: dict[Which, storage.SideFacts] = {}
-    which: Which
-    for index, which in enumerate(("source", "target")):
+    both: tuple[Which, Which] = ("source", "target")
+    for index, which in enumerate(both):
         host = rt.host(which)
         facts = storage.SideFacts()
         for role, paths in roles.items():
@@ -436,7 +498,7 @@ def survey_storage(rt: StepRuntime) -> storage.StorageReport:
     # The fsync samples alternate between the hosts, twice, and each side keeps its faster one: a neighbour's burst
     # only ever adds latency, and alternating spreads it over both sides instead of one.
     for _round in range(FSYNC_ROUNDS):
-        for index, which in enumerate(("source", "target")):
+        for index, which in enumerate(both):
             sample = probes.fsync_latency(roles["datadir"][index], count=options.fsync_writes,
                                           seconds=options.fsync_seconds)  # fmt: skip
             taken = probes.ask(rt.host(which), sample, timeout=options.fsync_seconds * 3 + COMMAND_TIMEOUT)

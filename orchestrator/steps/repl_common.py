@@ -119,9 +119,9 @@ def replica_problem(status: repl.ReplicaStatus | None) -> str | None:
     return None
 
 
-def reverse_problem(rt: StepRuntime, old_source: str) -> str | None:
+def reverse_problem(rt: StepRuntime, old_source: Which) -> str | None:
     """Read live on the old source (`old_source`: its side in `rt`'s plan): why reverse replication is not usable."""
-    conn = rt.db(old_source, retry=False, read_timeout=10.0)  # type: ignore[arg-type]
+    conn = rt.db(old_source, retry=False, read_timeout=10.0)
     try:
         return replica_problem(repl.replica_status(conn))
     finally:
@@ -237,13 +237,18 @@ def probe_replication(rt: StepRuntime) -> list[str]:
     """Ask both hosts (reads only) whether the replicate mode can run: the problems, empty when it can."""
     plan = rt.plan
     programs: dict[str, bool] = {}
-    for which, names in (("source", ("mariadb-backup",)), ("target", ("mariadb-backup", "mbstream"))):
+    wanted: tuple[tuple[Which, tuple[str, ...]], ...] = (
+        ("source", ("mariadb-backup",)),
+        ("target", ("mariadb-backup", "mbstream")),
+    )
+    for which, names in wanted:
         for name in names:
-            programs[f"{name} on the {which}"] = probes.ask(rt.host(which), probes.has_program(name))  # type: ignore[arg-type]
+            programs[f"{name} on the {which}"] = probes.ask(rt.host(which), probes.has_program(name))
     variables: dict[str, dict[str, str] | None] = {}
-    for which in ("source", "target"):
+    both: tuple[Which, Which] = ("source", "target")
+    for which in both:
         try:
-            conn = rt.db(which, retry=False, read_timeout=10.0)  # type: ignore[arg-type]
+            conn = rt.db(which, retry=False, read_timeout=10.0)
         except Exception:
             variables[which] = None
             continue
@@ -276,13 +281,15 @@ def ssh_to_target(plan: Plan) -> tuple[str, ...]:
     return (*shlex.split(target_ssh_command(plan, control="no")), login)
 
 
-def seed_spec(plan: Plan) -> repl.SeedSpec:
+def seed_spec(plan: Plan, *, source_datadir: str | None = None, target_datadir: str | None = None) -> repl.SeedSpec:
+    """The seed's spec; a run passes each datadir as its host resolved it (steps.common.resolved_datadir): the
+    staging copy, the install's renames and the kept `.before-seed` act on the real directory, beside it."""
     settings = plan.replication
     assert settings is not None
     db = plan.database
     return repl.SeedSpec(
-        source_datadir=db.source.datadir,
-        target_datadir=db.target.datadir,
+        source_datadir=source_datadir or db.source.datadir,
+        target_datadir=target_datadir or db.target.datadir,
         ssh_to_target=ssh_to_target(plan),
         source_socket=db.source.socket,
         source_user=db.user,
@@ -345,7 +352,7 @@ def tunnel_name(plan_name: str, plan_path: Path, direction: str) -> str:
 def replica_source(rt: StepRuntime, port: int) -> repl.ReplicaSource:
     settings = rt.plan.replication
     assert settings is not None
-    return repl.ReplicaSource("127.0.0.1", port, settings.user, rt.secret(settings.password))  # type: ignore[attr-defined]
+    return repl.ReplicaSource("127.0.0.1", port, settings.user, rt.secret(settings.password))
 
 
 def open_tunnel(ctx: StepContext, direction: str, key: str, *, attempts: int = 5) -> TunnelFacts:
@@ -367,8 +374,7 @@ def open_tunnel(ctx: StepContext, direction: str, key: str, *, attempts: int = 5
         if result.exit_status == 0 and repl.parse_tunnel_pid(result.stdout) is not None:
             ctx.log.info("repl.tunnel_up", tunnel=facts.name, port=facts.port, direction=direction)
             return facts
-        last = (result.stderr or result.stdout).strip().splitlines()[-1:] or [f"exit {result.exit_status}"]
-        last = last[0] if isinstance(last, list) else last
+        last = ((result.stderr or result.stdout).strip().splitlines()[-1:] or [f"exit {result.exit_status}"])[0]
         ctx.log.warning("repl.tunnel_failed", tunnel=facts.name, port=facts.port, error=last)
         facts = None  # the port may have been taken meanwhile: another one
     raise StepError(f"the replication tunnel over ssh from the source to the target did not come up: {last}")

@@ -3,9 +3,12 @@
 `mariadb-backup --backup --stream` runs on the source (nice/ionice, `replication.seed_throttle`) and pipes through
 the source→target SSH hop into `mbstream -x` in a staging directory beside the target's datadir; `--prepare` makes
 it consistent there; the prepared copy then takes the datadir's place (the previous datadir is kept beside it for
-undo). The source serves throughout: mariadb-backup blocks its commits only for its BLOCK_COMMIT stage (tens of ms
-with --log-copy-interval=10), and gets back the ordinary CPU and I/O priority from its locking stages on (a niced
-process holding BLOCK_COMMIT on a busy host would hold every commit for seconds). The copy's GTID position is
+undo). Both datadirs are the real directories preflight resolved on their hosts: when /var/lib/mysql is a link
+to another disk, the staging dir, the swap and `<datadir>.before-seed` are beside the directory it points at (one
+filesystem: the renames copy nothing), and the link stays. The source serves throughout: mariadb-backup blocks its
+commits only for its BLOCK_COMMIT stage (tens of ms with --log-copy-interval=10), and gets back the ordinary CPU
+and I/O priority from its locking stages on (a niced process holding BLOCK_COMMIT on a busy host would hold every
+commit for seconds). The copy's GTID position is
 journaled: the replica starts from it.
 
 Like the pre-syncs, the stream runs under `nocache` where the source has it (`transfer.nocache`): its LD_PRELOAD
@@ -36,7 +39,7 @@ import pymysql
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SeedResult
-from orchestrator.steps.common import throttle_text
+from orchestrator.steps.common import resolved_datadir, throttle_text
 from orchestrator.steps.repl_common import DB_PASSWORD_ENV, SEED_POSITION, seed_spec
 from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl
@@ -83,6 +86,13 @@ class RedoGuard:
         return None
 
 
+def _spec(ctx: StepContext) -> repl.SeedSpec:
+    """The seed acts on each datadir as its host resolves it: with /var/lib/mysql a link to another disk, the copy
+    is staged, swapped in and the old one kept beside the directory the link points at; the link stays."""
+    return seed_spec(runtime(ctx).plan, source_datadir=resolved_datadir(ctx, "source"),
+                     target_datadir=resolved_datadir(ctx, "target"))  # fmt: skip
+
+
 class ReplSeed(Step):
     name = "repl_seed"
     title = "Seed the target: a hot backup of the live source streamed over SSH, prepared and installed"
@@ -99,7 +109,9 @@ class ReplSeed(Step):
             f"{plan.database.target.datadir}.seed (the source keeps serving; its commits wait only during the "
             "backup's BLOCK_COMMIT stage, measured to the millisecond and reported)",
             f"on the target (database stopped): mariadb-backup --prepare, then the copy replaces "
-            f"{plan.database.target.datadir} (the old one kept as {plan.database.target.datadir}.before-seed)",
+            f"{plan.database.target.datadir} (the old one kept as {plan.database.target.datadir}.before-seed; for a "
+            "datadir that is a symbolic link, the directory it points at is replaced and kept beside itself, the link "
+            "stays)",
             "journal the copy's GTID position (the replica starts there)",
         ] + (
             [
@@ -115,7 +127,7 @@ class ReplSeed(Step):
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         rt = runtime(ctx)
-        spec = seed_spec(rt.plan)
+        spec = _spec(ctx)
         result = SeedResult()
         try:
             if not ctx.saved(INSTALLING):
@@ -165,7 +177,7 @@ class ReplSeed(Step):
                 pct = round(100 * streamed / result.estimate_bytes, 1) if result.estimate_bytes else None
                 ctx.log.info("seed_progress", bytes=streamed, pct=pct)
 
-        password = runtime(ctx).db_password()  # type: ignore[attr-defined]
+        password = runtime(ctx).db_password()
         env = {DB_PASSWORD_ENV: password} if password and spec.password_env else None
         ctx.save(STREAMING, True)
         started = time.monotonic()
@@ -210,7 +222,7 @@ class ReplSeed(Step):
                 guard = RedoGuard(lambda: repl.redo_lsn(conn), repl.redo_capacity(conn))
             except pymysql.MySQLError as exc:
                 raise StepError(f"seeding the target: {mysql.db_error('the source redo log size', exc)}") from None
-            throttle = Throttle(rt.source, marker, thresholds, what="seed",  # type: ignore[arg-type]
+            throttle = Throttle(rt.source, marker, thresholds, what="seed",
                                 may_not_stop=repl.seed_locking_command(log_path), on_pause=guard.pause_began,
                                 must_resume=guard.must_resume, paused_check_interval=PAUSED_CHECK_SECONDS)  # fmt: skip
             with throttle:
@@ -228,7 +240,7 @@ class ReplSeed(Step):
         rt = runtime(ctx)
         if not (ctx.saved(STREAMING) or ctx.saved(INSTALLING)):
             return
-        spec = seed_spec(rt.plan)
+        spec = _spec(ctx)
         if ctx.saved(INSTALLING):
             rt.target.run(rt.plan.database.target.stop, timeout=STOP_TIMEOUT)
             if rt.db_answers("target"):

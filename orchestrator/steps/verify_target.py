@@ -25,7 +25,7 @@ from typing import Any
 import pymysql
 
 from orchestrator import audit, health, replica_audit
-from orchestrator.contracts import runtime
+from orchestrator.contracts import Which, runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan
 from orchestrator.results import FilesResult, SwitchResult, TreeFigures, VerifyResult
@@ -222,13 +222,13 @@ class VerifyTarget(Step):
 
         held: dict[str, Any] = {}
 
-        def _read(which: str) -> list[str]:
+        def _read(which: Which) -> list[str]:
             """The problems with that side's position (each side in its own thread: two connections). On the
             target, the audit's snapshot is then opened on the same connection, which it keeps: one statement more
             on that thread, no connection of its own."""
             problems: list[str] = []
             try:
-                conn = rt.db(which, read_timeout=timeout)  # type: ignore[arg-type]
+                conn = rt.db(which, read_timeout=timeout)
                 kept = False
                 try:
                     now = repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
@@ -265,7 +265,7 @@ class VerifyTarget(Step):
                 positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
                 trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)
                 if switched.health_tries is not None:
-                    tries, problems = switched.health_tries, []
+                    tries, problems = switched.health_tries, list[str]()
                 else:
                     tries, problems = self.health(ctx)
                 snapshot_figures, position_problems = positions_future.result()

@@ -163,7 +163,7 @@ class DnsClient:
                 page = self._client.dns.records.list(
                     zone_id=zone_id,
                     name={"exact": wanted},
-                    type=type,  # type: ignore[arg-type]
+                    type=type,  # type: ignore[arg-type]  # a str from the plan; the SDK types it as a literal
                     page=page_number,
                     per_page=self.per_page,
                     timeout=self._timeout(timeout),
@@ -192,11 +192,12 @@ class DnsClient:
         """Point `record` at `content` (PATCH keeping name, type, ttl, proxied), then read it back to be sure."""
         action = f"set {record.type} {record.name} to {content}"
         try:
-            answer = self._client.dns.records.edit(
+            # record.type is the API's own string; the SDK's overloads want one literal per record type.
+            answer = self._client.dns.records.edit(  # type: ignore[call-overload]  # see above
                 record.id,
                 zone_id=zone_id,
                 name=record.name,
-                type=record.type,  # type: ignore[arg-type]
+                type=record.type,
                 ttl=record.ttl,
                 proxied=record.proxied,
                 content=content,
@@ -216,12 +217,12 @@ class DnsClient:
         them, so an edit of the content made meanwhile is never undone), then read it back to be sure."""
         action = f"set the TTL of {record.type} {record.name} to {ttl}"
         try:
-            answer = self._client.dns.records.edit(
+            answer = self._client.dns.records.edit(  # type: ignore[call-overload]  # record.type: as in set_content
                 record.id,
                 zone_id=zone_id,
                 name=record.name,
-                type=record.type,  # type: ignore[arg-type]
-                ttl=ttl,  # type: ignore[arg-type]
+                type=record.type,
+                ttl=ttl,
             )
         except cloudflare.CloudflareError as exc:
             raise self._error(action, exc) from None

@@ -167,12 +167,13 @@ def read_timeout(conn: pymysql.Connection, seconds: float | None) -> Iterator[No
     if seconds is None:
         yield
         return
-    before = conn._read_timeout
-    conn._read_timeout = seconds
+    # pymysql has no public setter for a connection's socket read timeout; its stubs leave the attribute out.
+    before = conn._read_timeout  # type: ignore[attr-defined]  # private in pymysql's stubs, see above
+    conn._read_timeout = seconds  # type: ignore[attr-defined]  # as above
     try:
         yield
     finally:
-        conn._read_timeout = before
+        conn._read_timeout = before  # type: ignore[attr-defined]  # as above
 
 
 def _per_table(

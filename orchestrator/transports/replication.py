@@ -367,6 +367,14 @@ def _chown(spec: SeedSpec, datadir: str, previous: str) -> str:
     return f"if [ -e {previous} ]; then chown -R --reference={previous} {datadir}; fi"
 
 
+def _not_a_link(quoted_datadir: str) -> str:
+    """Refuse to rename a symbolic link: the datadir must be given resolved (the directory a /var/lib/mysql link
+    points at), or the link itself would move aside and the copy land on the link's filesystem, the real directory
+    left stale."""
+    return (f"if [ -L {quoted_datadir} ]; then echo {quoted_datadir}': a symbolic link: the seed acts on the "
+            "directory it points at (resolve it first)' >&2; exit 1; fi")  # fmt: skip
+
+
 def install_command(spec: SeedSpec) -> str:
     """Run on the target, its database stopped: the prepared copy becomes the datadir.
 
@@ -379,6 +387,7 @@ def install_command(spec: SeedSpec) -> str:
     )
     chown = _chown(spec, datadir, previous)
     script = f"""set -euo pipefail
+{_not_a_link(datadir)}
 if ! grep -qx 'backup_type = log-applied' {staging}/xtrabackup_checkpoints 2>/dev/null; then
   echo "no prepared seed in {spec.staging_dir}" >&2; exit 1
 fi
@@ -414,7 +423,8 @@ fi
 def restore_previous_command(spec: SeedSpec) -> str:
     """Run on the target, its database stopped: undo `install_command` (the seeded datadir is deleted)."""
     datadir, previous = (shlex.quote(p) for p in (spec.target_datadir.rstrip("/"), spec.previous_dir))
-    return _bash(f"set -euo pipefail; if [ -e {previous} ]; then rm -rf {datadir}; mv {previous} {datadir}; fi")
+    return _bash(f"set -euo pipefail; {_not_a_link(datadir)}\n"
+                 f"if [ -e {previous} ]; then rm -rf {datadir}; mv {previous} {datadir}; fi")  # fmt: skip
 
 
 def discard_staging_command(spec: SeedSpec) -> str:

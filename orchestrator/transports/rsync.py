@@ -13,16 +13,19 @@ import shlex
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
 from orchestrator.plan.model import Plan, Retry
 from orchestrator.progress import PROGRESS_KEY, TRANSFER_EVENT, EtaEstimator, TransferProgress
 from orchestrator.retry import call_with_retry
-from orchestrator.transports.ssh import CommandFailed, SshHost, TransportError
+from orchestrator.transports.ssh import CommandFailed, TransportError
 from orchestrator.transports.throttle import Thresholds, Throttle, group_marker, live_command
 from orchestrator.transports.throttle import parse_load_check as parse_load_check  # where callers found it
+
+if TYPE_CHECKING:
+    from orchestrator.contracts import Host
 
 NICE = ["nice", "-n19", "ionice", "-c3"]
 # Exit codes: 24 = files vanished during the transfer (normal on a live tree); these are worth another try.
@@ -305,7 +308,7 @@ def parse_stats(text: str) -> Stats:
 
 
 def push(
-    host: SshHost,
+    host: Host,
     command: str,
     *,
     what: str,
@@ -344,7 +347,7 @@ def push(
                 last_sent = now
                 on_progress(progress)
 
-        extra: dict[str, bool] = {"short": True} if short else {}
+        extra: dict[str, Any] = {"short": True} if short else {}
         result = host.stream(command, _line, timeout=timeout, check=False, keep=_not_progress, **extra)
         kind = exit_kind(result.exit_status)
         if live and result.exit_status == PARTIAL and only_vanished(result.stderr):
@@ -367,7 +370,7 @@ def push(
 _DIR_TIMES_ONLY = re.compile(r"^\.d\.\.t[.\s]*$")
 
 
-def changed_items(host: SshHost, command: str, *, what: str, timeout: float | None = None) -> list[str]:
+def changed_items(host: Host, command: str, *, what: str, timeout: float | None = None) -> list[str]:
     """Run a compare_command; the items that differ ('>fcs...... path', '*deleting path', ...)."""
     try:
         result = host.run(command, timeout=timeout, check=True)
@@ -389,7 +392,7 @@ def changed_items(host: SshHost, command: str, *, what: str, timeout: float | No
 
 
 def push_live(
-    host: SshHost,
+    host: Host,
     plan: Plan,
     command: str,
     *,

@@ -428,7 +428,7 @@ class SshHost:
                 raise self._lost(exc, what) from None
             outcomes = str(done.stdout or "").split()
             if done.exit_status != 0 or len(outcomes) != len(pending):
-                raise TransportError(f"ssh {self.name}: {what}: status {done.exit_status}: {done.stderr}", True)
+                raise TransportError(f"ssh {self.name}: {what}: status {done.exit_status}: {done.stderr!s}", True)
             log = structlog.get_logger("migrate")
             still: list[_CutShort] = []
             for cut, outcome in zip(pending, outcomes, strict=True):

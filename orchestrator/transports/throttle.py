@@ -24,11 +24,15 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
 from orchestrator.plan.model import Plan
-from orchestrator.transports.ssh import SshHost, TransportError
+from orchestrator.transports.ssh import TransportError
+
+if TYPE_CHECKING:
+    from orchestrator.contracts import Host
 
 _NOCACHE = 'if command -v nocache >/dev/null 2>&1; then exec nocache sh -c "$2"; else exec sh -c "$2"; fi'
 _PLAIN = 'exec sh -c "$2"'
@@ -140,7 +144,7 @@ class Throttle:
 
     def __init__(
         self,
-        host: SshHost,
+        host: Host,
         marker: str,
         thresholds: Thresholds,
         *,

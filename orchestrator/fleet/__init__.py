@@ -1,0 +1,1 @@
+"""A fleet: many plans in waves, on an embedded runner or on Temporal (docs/fleet.md)."""

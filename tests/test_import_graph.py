@@ -1,0 +1,137 @@
+"""The package's shape: its modules import each other without a cycle, and the command line stays small.
+
+The graph is read from the source (ast), so it counts every import a module can make: at its top, inside a function
+(a lazy import hides a cycle from Python, not from the reader) and under `TYPE_CHECKING`. A cycle fails the test with
+the modules that form it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "orchestrator"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+
+
+def module_files(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name, for its `__init__.py`)."""
+    modules: dict[str, Path] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that `module` imports, wherever in the file the import is."""
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in known)
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, node, path.name == "__init__.py")
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if submodule in known:
+                    found.add(submodule)  # `from orchestrator import report`: the module itself
+                elif source in known:
+                    found.add(source)
+    found.discard(module)
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    files = module_files(root)
+    known = set(files)
+    return {module: imports_of(module, path, known) for module, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = import_graph()
+    assert len(graph) > 50, "the graph reads the package's modules"
+    found = cycles(graph)
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(cycle) for cycle in found)
+
+
+def test_the_graph_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
+    # The check is only as good as its reading: a cycle closed by an import inside a function, or one under
+    # TYPE_CHECKING, or by a relative import, is a cycle.
+    package = tmp_path / PACKAGE
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from orchestrator import b\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from orchestrator.a import f\n"
+    )
+    (package / "sub" / "c.py").write_text("from . import d\n")
+    (package / "sub" / "d.py").write_text("from .c import x\n")
+    (package / "e.py").write_text("import orchestrator.a\n")
+    found = cycles(import_graph(package))
+    assert found == [["orchestrator.a", "orchestrator.b"], ["orchestrator.sub.c", "orchestrator.sub.d"]]
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, [["a", "b", "c"]]),
+    ],
+)
+def test_cycles_finds_a_long_cycle_and_no_false_one(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
+    assert cycles(graph) == expected
+
+
+def test_the_command_line_module_stays_small() -> None:
+    # cli.py parses arguments and hands them on; drawing and shared helpers live in cli_render.py and cli_support.py.
+    lines = (ROOT / "cli.py").read_text(encoding="utf-8").count("\n")
+    assert lines <= 300, f"orchestrator/cli.py has {lines} lines"
