@@ -46,6 +46,7 @@ class Host(Protocol):
         check: bool = True,
         env: dict[str, str] | None = None,
         keep: Callable[[str], bool] | None = None,
+        input: str | None = None,
     ) -> CommandResult: ...
 
 

@@ -35,11 +35,10 @@ import pymysql
 import pytest
 from ruamel.yaml import YAML
 
-from orchestrator import exit_codes
+from orchestrator import exit_codes, owned
 from orchestrator.frontdoor import SOURCE_HOLD
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import main_verify
-from orchestrator.steps.repl_common import tunnel_name
 from orchestrator.transports import replication as repl
 from tests.test_e2e import (
     PLAN_NAMES,
@@ -91,17 +90,21 @@ def source_is_plain_and_writable(state: LabState) -> tuple[bool, object]:
 
 
 def tunnels_down(state: LabState, names: list[str]) -> None:
-    """End the tunnels a run left (their control sockets are the run's, in /tmp)."""
+    """End the tunnels runs left (their control sockets are the runs', in /tmp)."""
     for name in names:
-        control = f"/tmp/migrate-tunnel-{name}.ctl"
-        if Path(control).exists():
+        for control in tunnel_sockets(name):
             subprocess.run(["ssh", "-o", f"ControlPath={control}", "-O", "exit", "x"], capture_output=True, timeout=30)
-            Path(control).unlink(missing_ok=True)
+            control.unlink(missing_ok=True)
 
 
 def tunnel(plan: Path, kind: str) -> str:
-    """The name a run of the plan file `plan` gives its tunnel of `kind` ("fwd" or "rev")."""
-    return tunnel_name(plan_name(plan), plan, "remote" if kind == "fwd" else "local")
+    """What the tunnels of `kind` ("fwd" or "rev") of every run of the plan file `plan` are named after: the plan's
+    key and the direction (each run's tag between them)."""
+    return f"{owned.plan_key(plan_name(plan), plan)}*-{kind}"
+
+
+def tunnel_sockets(name: str) -> list[Path]:
+    return sorted(Path(owned.RUN_DIR).glob(f"{owned.TUNNEL_PREFIX}{name}.ctl"))
 
 
 def lab_tunnels(state: LabState) -> list[str]:
@@ -111,11 +114,14 @@ def lab_tunnels(state: LabState) -> list[str]:
 
 
 def tunnel_running(name: str) -> bool:
-    control = f"/tmp/migrate-tunnel-{name}.ctl"
-    if not Path(control).exists():
-        return False
-    check = subprocess.run(["ssh", "-o", f"ControlPath={control}", "-O", "check", "x"], capture_output=True, timeout=30)
-    return check.returncode == 0
+    """A tunnel of that name (any run's) answers on its control socket."""
+    for control in tunnel_sockets(name):
+        check = subprocess.run(
+            ["ssh", "-o", f"ControlPath={control}", "-O", "check", "x"], capture_output=True, timeout=30
+        )
+        if check.returncode == 0:
+            return True
+    return False
 
 
 def assert_replication_torn_down(state: LabState, plan: Path, events: list[dict[str, Any]]) -> None:
@@ -810,6 +816,17 @@ def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_repl
         assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
     for kind in ("fwd", "rev"):
         assert not tunnel_running(tunnel(plan, kind))
+    # `status` after the way back: the source serves, in both views (the forward run's and the reverse run's), and
+    # each host is named as the forward plan names it (the old source is "source", never the reverse plan's
+    # "target"); nothing of either run is left on the hosts.
+    for view in ((), ("--reverse",)):
+        shown = migrate(state, "status", str(plan), "--json", "--env-file", str(state.env_file), *view)
+        assert shown.returncode == exit_codes.OK, outcome(shown)
+        doc = json.loads(shown.stdout)
+        assert doc["dns_problem"] is None, (view, doc["dns_problem"])
+        where = {n: [r["points_at"] for r in rs] for n, rs in doc["dns"]["records"].items()}
+        assert where == {n: ["source"] for n in state.records}, (view, where)
+        assert doc["left_by_other_runs"] == [], (view, doc["left_by_other_runs"])
     # The detached `migrate finish --when-due` the forward apply started sees the way back and exits.
     finisher = state.path / ".migrate" / name / "reverse-finish.log"
     deadline = time.monotonic() + 30

@@ -83,6 +83,7 @@ class OfflineRuntime:
 
     def __init__(self, plan: Plan, *, source: RecordingHost | None = None, target: RecordingHost | None = None):
         self.plan = plan
+        self.plan_path = Path("plan.yaml")
         self.window = DowntimeWindow(plan.cutover.max_write_block)
         self.round_trips = RoundTrips()
         self.source = source or RecordingHost()

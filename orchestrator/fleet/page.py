@@ -48,7 +48,7 @@ def plan_view(member: FleetMember, clients: dict[str, Any] | None) -> RunView | 
         report = json.loads(report_path.read_text())
     except (OSError, ValueError):
         report = build_report(run_events(events, run_id))  # a run still going, or one that crashed
-    return read_run(report, events, redact_obj(clients) if clients else None)  # type: ignore[arg-type]
+    return read_run(report, events, redact_obj(clients) if clients else None)
 
 
 def read_clients_dir(directory: Path | None, name: str) -> dict[str, Any] | None:
@@ -85,13 +85,13 @@ def render(loaded: LoadedFleet, status: FleetStatus, views: dict[str, RunView | 
         timeline = _timeline_svg(
             view, element_id=f"timeline-{_e(line.name)}", begin=view.started_at, end=end, title=line.name, zoom=False
         )
-        clients = _clients_section(view.clients) if view.clients is not None else ""
+        clients_html = _clients_section(view.clients) if view.clients is not None else ""
         error = f'<div class="error">{_e(view.error or view.rollback_reason)}</div>' if view.error else ""
         cards.append(
             f'<div class="card" id="plan-{_e(line.name)}"><h2>{_e(line.name)} '
             f'<span class="status {_e(view.status)}">{_e(view.status.replace("_", " "))}</span></h2>'
             f'<div class="sub">run {_e(view.run_id)} · {_e(view.plan_path)}</div>{error}'
-            f"{_tiles(view)}{timeline}{clients}</div>"
+            f"{_tiles(view)}{timeline}{clients_html}</div>"
         )
     stopped = f'<div class="error"><b>Stopped:</b> {_e(status.stopped)}</div>' if status.stopped else ""
     written = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

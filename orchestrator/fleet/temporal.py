@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import activity
@@ -51,7 +52,7 @@ async def connect(address: str) -> Client:
         raise TemporalError(f"cannot reach Temporal at {address}: {detail}") from None
 
 
-async def serve(address: str, say: callable = print) -> None:  # type: ignore[valid-type]
+async def serve(address: str, say: Callable[[str], None] = print) -> None:
     client = await connect(address)
     worker = Worker(
         client,
@@ -76,7 +77,7 @@ async def run_fleet(
     ended: dict[str, PlanEnd],
     *,
     confirmed_all: bool,
-    say: callable = print,  # type: ignore[valid-type]
+    say: Callable[[str], None] = print,
 ) -> FleetEnd:
     """Start the fleet's workflow (or attach to the one running) and wait for its end."""
     client = await connect(address)
@@ -98,7 +99,7 @@ async def run_fleet(
         say(f"fleet '{spec.name}': its workflow {wid} is running: following it")
     else:
         handle = await client.start_workflow(
-            FleetWorkflow.run, args=[spec, ended, confirmed_all], id=wid, task_queue=TASK_QUEUE, result_type=FleetEnd
+            FleetWorkflow.run, args=[spec, ended, confirmed_all], id=wid, task_queue=TASK_QUEUE
         )
         say(f"fleet '{spec.name}': workflow {wid} started (run {handle.result_run_id})")
     try:

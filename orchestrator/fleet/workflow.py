@@ -7,6 +7,7 @@ with the worker.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -72,4 +73,11 @@ class FleetWorkflow:
         def on_end(end: PlanEnd) -> None:
             self.ended[end.name] = end
 
-        return await drive(spec, start, ended, on_end, wait=workflow.wait)
+        async def wait(
+            tasks: list[asyncio.Task[PlanEnd]], **options: Any
+        ) -> tuple[set[asyncio.Task[PlanEnd]], set[asyncio.Task[PlanEnd]]]:
+            # The workflow's deterministic wait (asyncio.wait would not be replay-safe).
+            done, pending = await workflow.wait(tasks, **options)
+            return set(done), set(pending)
+
+        return await drive(spec, start, ended, on_end, wait=wait)

@@ -417,9 +417,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="report file (default: <load dir>/verify-HOST.json)")
     parser.add_argument("--journal", type=Path, default=None, help="migrate journal: latency inside its window")
     args = parser.parse_args(argv)
-    report = main_verify(
-        LabState.load(args.lab), host=args.host, load_dir=args.load_dir, out=args.json, journal=args.journal
-    )
+    state = LabState.load(args.lab)
+    if state.app == "wordpress":
+        from orchestrator.lab import wp_verify  # WordPress's posts, comments and media; builds on this module
+
+        wp_report = wp_verify.main_verify(
+            state, host=args.host, load_dir=args.load_dir, out=args.json, journal=args.journal
+        )
+        print(wp_verify.render(wp_report))
+        return wp_report.exit_code
+    report = main_verify(state, host=args.host, load_dir=args.load_dir, out=args.json, journal=args.journal)
     print(render(report))
     return report.exit_code
 

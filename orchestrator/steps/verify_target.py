@@ -56,7 +56,8 @@ def tree_verification(
         if route is not None:
             destination, ssh, extra = route.url(tree), None, route.options()
         else:
-            destination, ssh, extra = rsync.target_spec(plan, tree.target), rsync.target_ssh_command(plan), []
+            destination, ssh = rsync.target_spec(plan, tree.target), rsync.target_ssh_command(plan)
+            extra = rsync.remote_rsync(plan)
         command = verify_listed_command(
             tree.source, destination, final.change_list, ssh=ssh, exclude=tree.exclude, chown=tree.owner, extra=extra
         )  # fmt: skip
