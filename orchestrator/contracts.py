@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:
     import pymysql
 
-    from orchestrator.audit import Held
     from orchestrator.engine.step import StepContext
     from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
     from orchestrator.transports.meter import RoundTrips
@@ -56,7 +55,9 @@ class StepRuntime(Protocol):
     plan: Plan
     plan_path: Path
     window: DowntimeWindow
-    audit_hold: Held
+    # What the run holds for its after-commit audit: an orchestrator.audit.Held (typed there, through
+    # audit.held(rt): the audit module builds on these contracts, not the other way round).
+    audit_hold: Any
     round_trips: RoundTrips
 
     def host(self, which: Which) -> Host: ...
