@@ -373,6 +373,15 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
     )
     assert switched["health_tries"].get(WINDOW_READ_CHECK) == 1, switched["health_tries"]
 
+    # After the commit, outside the window: every table of the source, frozen at the final position, equal to the
+    # target's snapshot taken at the promotion (the target took the load's writes since: outside the snapshot).
+    audit = report["audit"]
+    assert audit["status"] == "equal" and audit["method"] == "chunks" and not audit["differences"], audit
+    assert audit["rows"] > 0 and audit["at_gtid"] == switch["final_gtid"], audit
+    assert "audit" not in report["window_parts"]
+    print(f"replicate audit: {audit['tables']} tables, {audit['rows']} rows, {audit['chunks']} chunks, "
+          f"{audit['seconds']} s")  # fmt: skip
+
     # Replication is over on both sides: no replica, no master.info (it held the password), no tunnel; the old source
     # stays read-only (and fenced) as finish leaves it.
     finish = next(s for s in report["steps"] if s["name"] == "finish")
@@ -434,6 +443,37 @@ def test_the_comparison_finds_a_difference_planted_on_the_replica(live: LabState
     text = result.stdout + result.stderr
     assert f"{state.db_name}.reviews chunk 0 " in text and "contents differ" in text, outcome(result)
     assert_rolled_back_before_the_window(state, plan, result)
+
+
+# --- after the commit: the audit ---------------------------------------------------------------------------------
+
+
+def test_a_change_on_the_replica_after_the_comparison_is_found_by_the_audit_after_the_commit(live: LabState) -> None:
+    state = live
+    # After repl_catchup's comparison, before the window: a row changed on the replica with the binary log off. No
+    # GTID carries it, so the switch's proof (the replica executed exactly the source's final position) holds.
+    plant = sql_on(
+        state, state.target, "SET sql_log_bin = 0; UPDATE reviews SET rating = rating + 1 ORDER BY id LIMIT 1"
+    )
+    plan = replicate_plan(state, "replaudit", {"before-step": on_step("repl_switch", plant)}, chunk_rows=50)
+    result = migrate_apply(state, plan, timeout=TIMEOUT)
+    text = result.stdout + result.stderr
+    assert result.returncode == exit_codes.NEEDS_ATTENTION, outcome(result)
+    assert f"{state.db_name}.reviews chunk 0 " in text and "contents differ" in text, outcome(result)
+    # Committed (the audit never rolls back): the target serves, the report says what the audit read and cost.
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    report = run_report(state, plan_name(plan))
+    audit = report["audit"]
+    assert report["status"] == "completed" and audit["status"] == "differs" and audit["method"] == "chunks", audit
+    assert [d for d in audit["differences"] if d.startswith(f"{state.db_name}.reviews chunk 0 ")], audit
+    assert audit["rows"] > 0 and audit["chunks"] >= 1 and audit["seconds"] is not None, audit
+    assert audit["at_gtid"] == report["replicate"]["final_gtid"]
+    assert "audit: differs: " in result.stdout and " chunk(s) in " in result.stdout, outcome(result)
+    # `migrate status` names the table and the chunk.
+    status = subprocess.run([str(MIGRATE), "status", str(plan), "--json"], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert f"{state.db_name}.reviews chunk 0 " in (json.loads(status.stdout).get("audit") or ""), status.stdout
+    print(f"replicate audit (altered replica): {audit['rows']} rows, {audit['chunks']} chunks, {audit['seconds']} s")
 
 
 # --- kill -9: the run resumes and loses nothing -----------------------------------------------------------------

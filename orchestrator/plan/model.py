@@ -355,7 +355,8 @@ class DatabaseEndpoint(Strict):
 class VerifyData(Strict):
     row_counts: bool = Field(
         default=True,
-        description="compare every table's row count, source vs target (shutdown mode: the audit after the commit)",
+        description="the audit after the commit: every table's row count, source vs target (replicate mode: "
+        "checksums of every table in replication.chunk_rows chunks, with either setting on)",
     )
     checksum: bool = Field(
         default=False,
