@@ -348,7 +348,8 @@ class FinishResult(Contract):
     run_bytes_moved: int | None = Field(default=None, alias="bytes_moved")
     # The orchestrator's peak resident memory so far (getrusage ru_maxrss), in MiB.
     peak_rss_mib: float | None = None
-    # Round trips this process made, by step and kind (transports/meter.py): the report's window parts carry them.
+    # Round trips this process made while writes were blocked, by step and kind (transports/meter.py): the report's
+    # window parts carry them.
     round_trips: dict[str, dict[str, int]] | None = None
     trackers_stopped: list[str] = []
     # The source's front door (plan section `proxy`): requests that still arrived at the old address after the

@@ -53,7 +53,7 @@ class Runtime:
         self.audit_hold = audit.Held()
         # Round trips to the hosts, their databases and front doors, and the DNS API, by step (the report's window
         # parts carry them).
-        self.round_trips = RoundTrips()
+        self.round_trips = RoundTrips(inside=lambda: self.window.blocked_now)
 
     # --- hosts ---
 

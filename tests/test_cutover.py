@@ -312,7 +312,13 @@ def test_dns_flip_failing_midway_restores_the_records_it_flipped(
         journaled = {r["name"]: r["content"] for r in journal.saved["old_records"].values()}
         assert journaled == {name: state.source.address for name in state.records}
         cf_control(state, "faults", {"mode": "none"})
-        DnsFlip().undo(journal.context(rt, "dns_flip"))
+        step = DnsFlip()
+        step.undo(journal.context(rt, "dns_flip"))
+        # Undo fences the target at once and leaves the records to the end of the rollback: the source takes
+        # writes again before any DNS call (a slow API must not keep writes blocked).
+        assert state.target.fence_file.exists()
+        assert sorted(dns_contents(state).values()) == [state.source.address, state.target.address]
+        step.settle_after_rollback(journal.context(rt, "dns_flip"))
         assert dns_contents(state) == {name: state.source.address for name in state.records}
     finally:
         cf_control(state, "faults", {"mode": "none"})
@@ -353,6 +359,8 @@ def test_dns_flip_resumed_past_the_budget_finishes_a_partial_flip_then_lets_the_
 
     step.undo(journal.context(runtime, "dns_flip", outputs))
     assert state.target.fence_file.exists(), "undo fences the target again"
+    assert dns_contents(state) == {name: state.target.address for name in state.records}, "DNS comes last"
+    step.settle_after_rollback(journal.context(runtime, "dns_flip", outputs))
     assert dns_contents(state) == {name: state.source.address for name in state.records}
 
     # A flip that has moved nothing still respects the budget: it fails before touching DNS.

@@ -55,8 +55,6 @@ pytestmark = pytest.mark.lab
 __all__ = ["live_lab"]
 
 BUDGET = 20.0
-# Still shorter than the slow fault's delay (45 s) and than the API timeout the run's calls get inside the window.
-SLOW_FAULT_BUDGET = 40.0
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
@@ -137,14 +135,16 @@ def popen_apply(state: LabState, plan: Path) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def fault_plan(state: LabState, suffix: str, budget: float = BUDGET, *, without_door: bool = False) -> Path:
+def fault_plan(
+    state: LabState, suffix: str, budget: float = BUDGET, *, without_door: bool = False, dns_timeout: float = 30.0
+) -> Path:
     return plan_copy(
         state,
         suffix,
         {
             "cutover": {"max_write_block": budget},
             "retry": {"attempts": 50, "max_seconds": 300, "max_wait": 2},
-            "dns": {"timeout": 30},
+            "dns": {"timeout": dns_timeout},
             **(NO_DOOR if without_door else {}),
         },
     )
@@ -159,10 +159,13 @@ def fault_plan(state: LabState, suffix: str, budget: float = BUDGET, *, without_
 # the retries' bound against the budget is tested in tests/test_faults_logic.py.
 CLOUDFLARE_FAULTS = {
     "429_long_retry_after": {"mode": "429", "retry_after": 120},
-    # Slower than the API timeout (30 s): the client gives up, the API applies the edit later.
-    "slow": {"mode": "slow", "delay": 45, "count": 1},
+    # Every edit slower than the API timeout (the plan's `dns.timeout` below): the client gives up on each, the API
+    # applies each later; the retries run out with the budget, so edits are still in flight when the run rolls back.
+    "slow": {"mode": "slow", "delay": 6, "count": -1},
     "invalid_token": {"mode": "invalid_token"},
 }
+# The API timeout per fault (the plan's dns.timeout): shorter than the slow edits, long enough for the others.
+DNS_TIMEOUT = {"slow": 4.0}
 
 
 @pytest.mark.parametrize("fault", sorted(CLOUDFLARE_FAULTS))
@@ -172,9 +175,11 @@ def test_cloudflare_fault_at_the_flip_keeps_writes_blocked_within_the_budget(
     state = live_lab
     # The slow edit must be in flight at the flip: its run needs the budget to reach the flip even on a loaded
     # machine (what is left of the budget after the rollback's measured reserve); the others fail wherever it ends.
-    budget = SLOW_FAULT_BUDGET if fault == "slow" else BUDGET
+    budget = BUDGET
     # Without a front door DNS is the commit, inside the window (with one, it comes after: test_frontdoor_e2e.py).
-    plan = fault_plan(state, f"cf-{fault.replace('_', '-')}", budget, without_door=True)
+    plan = fault_plan(
+        state, f"cf-{fault.replace('_', '-')}", budget, without_door=True, dns_timeout=DNS_TIMEOUT.get(fault, 30.0)
+    )
     spec = {"count": -1, "methods": ["PATCH", "PUT"], **CLOUDFLARE_FAULTS[fault]}
     cf_control(state, "faults", spec)
     try:

@@ -204,10 +204,14 @@ def test_migration_under_load_fails_no_request_and_stalls_no_longer_than_the_win
 
 
 def cf_requests_between(state: LabState, start: float, end: float) -> list[dict[str, Any]]:
-    """The requests the Cloudflare double received between two moments (unix seconds; its log is stamped as each
-    request arrives)."""
+    """The requests migrate (the official SDK) made to the Cloudflare double between two moments (unix seconds; its
+    log is stamped as each request arrives). The load's clients look their DNS up there too, with urllib."""
     log = cf_control(state, "state")["requests"]
-    return [r for r in log if start <= datetime.fromisoformat(r["time"].replace("Z", "+00:00")).timestamp() <= end]
+    return [
+        r for r in log
+        if start <= datetime.fromisoformat(r["time"].replace("Z", "+00:00")).timestamp() <= end
+        and r.get("agent", "").startswith("Cloudflare/Python")
+    ]  # fmt: skip
 
 
 def test_a_failing_then_slow_dns_api_after_the_commit_at_the_door_holds_no_write_and_is_finished_forward(
@@ -246,6 +250,9 @@ def test_a_failing_then_slow_dns_api_after_the_commit_at_the_door_holds_no_write
         flowing_at = float(switched["result"]["writes_flow_at"])
         assert any(e.get("event") == "committed" and e["ts"] <= flowing_at for e in run)
         assert cf_requests_between(state, blocked_at, flowing_at) == [], "a DNS call inside the window"
+        # Not for want of telling migrate's calls apart: its refused edits came after the window.
+        after = cf_requests_between(state, flowing_at, time.time())
+        assert any(r["method"] in ("PATCH", "PUT") for r in after), after
 
         # The API answers again, every call slowly: `migrate apply` finishes the flip (the window is long closed).
         cf_control(state, "faults", {"mode": "slow", "delay": 1.5, "count": -1})

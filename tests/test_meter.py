@@ -27,6 +27,19 @@ def test_counts_go_to_the_step_that_made_them_threads_included() -> None:
     assert meter.by_step() == {"repl_switch": {"sql": 3, "haproxy": 1}, "switch_traffic": {"ssh": 1}}
 
 
+def test_only_what_is_made_while_writes_are_blocked_is_counted() -> None:
+    blocked = [False]
+    meter = RoundTrips(inside=lambda: blocked[0])
+    structlog.contextvars.bind_contextvars(step="repl_switch")
+    try:
+        meter.add("sql", 5)  # the switch's preparation, before the window
+        blocked[0] = True
+        meter.add("sql", 2)
+    finally:
+        structlog.contextvars.unbind_contextvars("step")
+    assert meter.by_step() == {"repl_switch": {"sql": 2}}
+
+
 def test_the_report_gives_the_window_steps_their_counts() -> None:
     steps = [
         {"name": "repl_catchup", "started_at": 10.0, "ended_at": 20.0},

@@ -275,13 +275,14 @@ def test_wordpress_under_load_moves_there_in_the_replicate_mode_and_back_in_the_
     for host in (state.source, state.target):
         assert f"Accepted publickey for {state.operator} " in (host.log_dir / "sshd.log").read_text()
     assert there.window is not None and forward_report["write_block_seconds"] > 0
-    assert {"repl_switch", "verify_target", "dns_flip"} <= set(forward_report["window_parts"])
+    # The commit is made at the front door; DNS moves after the window.
+    assert {"repl_switch", "verify_target", "switch_traffic"} <= set(forward_report["window_parts"])
 
     # Back, in the shutdown mode: everything acknowledged during the whole load is on the source, served there.
     reverse_report = run_report(state, f"{name}-reverse")
     assert reverse_report["status"] == "completed"
     assert "cutover" in steps_of(reverse_report) and "repl_switch" not in steps_of(reverse_report)
-    assert reverse_report["write_block_seconds"] > 0 and "dns_flip" in reverse_report["window_parts"]
+    assert reverse_report["write_block_seconds"] > 0 and "switch_traffic" in reverse_report["window_parts"]
     home = main_verify(state, host="source", load_dir=load_dir, journal=journal(state, f"{name}-reverse"))
     assert_nothing_lost(home)
     assert set(home.per_server) == {state.source.address, state.target.address}, home.per_server

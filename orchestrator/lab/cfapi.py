@@ -546,6 +546,9 @@ class CfApiHandler(BaseHTTPRequestHandler):
             "query": parts.query,
             "status": 0,
             "fault": None,
+            # Who asked (the SDK says "Cloudflare/Python …"; the load's resolvers use urllib): tests tell the
+            # orchestrator's calls from the clients' lookups by it.
+            "agent": (self.headers.get("User-Agent") or "")[:80],
         }
         try:
             status, body, headers = self._api(method, path, query, raw_body, entry)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 import structlog
 
@@ -22,11 +23,17 @@ KINDS = ("ssh", "ssh_session", "sql", "haproxy", "http", "dns")
 
 
 class RoundTrips:
-    def __init__(self) -> None:
+    """`inside`: whether writes are blocked now; only what is made then is counted (the window's round trips: a
+    step that begins the window counts from the block, not its preparation before it). None: everything."""
+
+    def __init__(self, inside: Callable[[], bool] | None = None) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, Counter[str]] = {}
+        self._inside = inside
 
     def add(self, kind: str, count: int = 1) -> None:
+        if self._inside is not None and not self._inside():
+            return
         step = str(structlog.contextvars.get_contextvars().get("step") or "")
         with self._lock:
             self._counts.setdefault(step, Counter())[kind] += count
