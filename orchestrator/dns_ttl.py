@@ -13,6 +13,7 @@ from typing import Any
 
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.retry import call_with_retry
+from orchestrator.transports.dns import DnsRecord
 
 LOWER_TTL_STEP = "lower_ttl"
 ORIGINAL_TTLS = "original_ttls"  # record id → {id, name, type, ttl, proxied}, journaled before the first edit
@@ -96,8 +97,6 @@ def restore_ttls(ctx: StepContext, originals: dict[str, dict[str, Any]], zone_id
 
 
 def set_ttl(ctx: StepContext, zone_id: str, original: dict[str, Any], ttl: int) -> None:
-    from orchestrator.transports.cloudflare import DnsRecord
-
     record = DnsRecord(
         id=original["id"], name=original["name"], type=original["type"], content=original.get("content", ""),
         ttl=int(original["ttl"]), proxied=bool(original["proxied"]),
