@@ -224,7 +224,8 @@ class FakeCursor:
 class FakeSession:
     """A database session that records statements and answers like a small source database."""
 
-    def __init__(self) -> None:
+    def __init__(self, which: str = "source") -> None:
+        self.which = which  # the side whose database this session reaches
         self.statements: list[str] = []
         self._read_timeout: float | None = 30.0
         self.server_running = True
@@ -292,7 +293,7 @@ class OfflineRuntime:
 
     # A FakeSession: what the steps use of a database connection (the protocol names pymysql's class).
     def db(self, which: Which, *, retry: bool = True, read_timeout: float | None = None) -> Any:
-        self.session = FakeSession()
+        self.session = FakeSession(which)
         return self.session
 
     def keep_spare(self, which: Which, count: int) -> None:
