@@ -1,8 +1,8 @@
 """What steps depend on, as protocols: a host they run commands on, and the runtime that hands them hosts,
-database connections, the DNS client and the downtime window.
+database connections, the DNS provider (`transports.dns.DnsProvider`) and the downtime window.
 
-`orchestrator.runtime.Runtime` is the real implementation; offline tests give steps a recording host and a small
-runtime of their own. `runtime(ctx)` is the typed view of `ctx.rt`.
+`orchestrator.runtime.Runtime` is the real implementation; offline tests give steps the shared fakes of
+`tests/fakes.py` (checked against these protocols by mypy). `runtime(ctx)` is the typed view of `ctx.rt`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
     from orchestrator.engine.step import StepContext
     from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
+    from orchestrator.transports.dns import DnsProvider
+    from orchestrator.transports.haproxy import FrontDoor
     from orchestrator.transports.meter import RoundTrips
     from orchestrator.transports.ssh import CommandResult
     from orchestrator.window import DowntimeWindow
@@ -58,6 +60,8 @@ class StepRuntime(Protocol):
     # What the run holds for its after-commit audit: an orchestrator.audit.Held (typed there, through
     # audit.held(rt): the audit module builds on these contracts, not the other way round).
     audit_hold: Any
+    # The front doors the run has reached, by side (orchestrator/frontdoor.py opens and keeps them here).
+    front_doors: dict[str, FrontDoor]
     round_trips: RoundTrips
 
     def host(self, which: Which) -> Host: ...
@@ -83,7 +87,7 @@ class StepRuntime(Protocol):
     def secret(self, ref: SecretRef) -> str: ...
 
     @property
-    def dns(self) -> Any: ...
+    def dns(self) -> DnsProvider: ...
 
 
 def runtime(ctx: StepContext) -> StepRuntime:

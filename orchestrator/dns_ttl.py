@@ -11,8 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.retry import call_with_retry
+from orchestrator.transports.dns import DnsRecord
 
 LOWER_TTL_STEP = "lower_ttl"
 ORIGINAL_TTLS = "original_ttls"  # record id → {id, name, type, ttl, proxied}, journaled before the first edit
@@ -65,7 +67,7 @@ def restore_original_ttls(ctx: StepContext) -> list[str]:
     if not originals or ctx.saved(RESTORED):
         return []
     zone_id = call_with_retry(
-        lambda: ctx.rt.dns.zone_id(ctx.rt.plan.dns.zone), ctx.rt.plan.retry, what="DNS zone lookup"
+        lambda: runtime(ctx).dns.zone_id(runtime(ctx).plan.dns.zone), runtime(ctx).plan.retry, what="DNS zone lookup"
     )
     failures = restore_ttls(ctx, originals, zone_id)
     if failures:
@@ -81,8 +83,8 @@ def restore_ttls(ctx: StepContext, originals: dict[str, dict[str, Any]], zone_id
             continue
         try:
             current = call_with_retry(
-                functools.partial(ctx.rt.dns.get_record, zone_id, record_id),
-                ctx.rt.plan.retry,
+                functools.partial(runtime(ctx).dns.get_record, zone_id, record_id),
+                runtime(ctx).plan.retry,
                 what=f"DNS read {original['name']}",
             )
             if current.ttl == original["ttl"]:
@@ -96,12 +98,12 @@ def restore_ttls(ctx: StepContext, originals: dict[str, dict[str, Any]], zone_id
 
 
 def set_ttl(ctx: StepContext, zone_id: str, original: dict[str, Any], ttl: int) -> None:
-    from orchestrator.transports.cloudflare import DnsRecord
-
     record = DnsRecord(
         id=original["id"], name=original["name"], type=original["type"], content=original.get("content", ""),
         ttl=int(original["ttl"]), proxied=bool(original["proxied"]),
     )  # fmt: skip
     call_with_retry(
-        lambda: ctx.rt.dns.set_ttl(zone_id, record, ttl), ctx.rt.plan.retry, what=f"DNS TTL of {record.name}"
+        lambda: runtime(ctx).dns.set_ttl(zone_id, record, ttl),
+        runtime(ctx).plan.retry,
+        what=f"DNS TTL of {record.name}",
     )

@@ -163,10 +163,10 @@ def source_contents(plan: Plan, events: list[dict[str, Any]]) -> list[str]:
 
 
 def read_live(plan: Plan, plan_path: Path, events: list[dict[str, Any]], *, timeout: float = LIVE_TIMEOUT) -> Reading:
-    """Every record of the plan, read now through the Cloudflare adapter (reads only, each call bounded).
+    """Every record of the plan, read now through its DNS provider (reads only, each call bounded).
 
     Raises `LiveReadError` (one line) when the token is not at hand or the API does not answer."""
-    from orchestrator.transports.cloudflare import DnsClient
+    from orchestrator.transports.dns_providers import open_provider
 
     try:
         token = secrets.resolve(plan.dns.api_token, Path(plan_path).resolve().parent)
@@ -174,10 +174,13 @@ def read_live(plan: Plan, plan_path: Path, events: list[dict[str, Any]], *, time
         raise LiveReadError(f"no API token to read DNS live ({exc})") from None
     records: dict[str, list[str]] = {}
     try:
-        with DnsClient(token, base_url=plan.dns.base_url, timeout=timeout, max_retries=0) as client:
+        client = open_provider(plan.dns, token, timeout=timeout)
+        try:
             zone_id = client.zone_id(plan.dns.zone, timeout=timeout)
             for name in plan.dns.records:
                 records[name] = sorted(r.content for r in client.find_records(zone_id, name, plan.dns.type))
+        finally:
+            client.close()
     except Exception as exc:  # any failure of the API or the network: one line, never a traceback
         text = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise LiveReadError(f"DNS cannot be read live: {secrets.redact(text)}") from None

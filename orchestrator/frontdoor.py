@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextvars
 import time
-import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -74,8 +73,6 @@ TARGET_HOLD = "target_door_hold"
 FORWARDED = "source_door_forwarded"
 OWN_APP = "target_door_own_app"  # a reverse run's flip pointed the old source's door back at its own app
 
-_doors: weakref.WeakKeyDictionary[Any, dict[str, FrontDoor]] = weakref.WeakKeyDictionary()
-
 
 def section(ctx: StepContext, side: Side) -> FrontDoorProxy | None:
     proxy = runtime(ctx).plan.proxy
@@ -83,12 +80,13 @@ def section(ctx: StepContext, side: Side) -> FrontDoorProxy | None:
 
 
 def door(ctx: StepContext, side: Side) -> FrontDoor | None:
-    """The front door of that host, reached through its SSH connection (one tunnel per run)."""
+    """The front door of that host, reached through its SSH connection (one tunnel per run, kept on the run's
+    runtime: `front_doors`)."""
     config = section(ctx, side)
     if config is None:
         return None
     rt = runtime(ctx)
-    cache = _doors.setdefault(rt, {})
+    cache = rt.front_doors
     if side not in cache:
         cache[side] = over_ssh(
             rt.host(side),  # type: ignore[arg-type]  # an SshHost: the admin socket is reached over its connection

@@ -17,13 +17,14 @@ from orchestrator import audit, secrets
 from orchestrator.engine.step import StepError
 from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
 from orchestrator.retry import call_with_retry
-from orchestrator.transports import mysql, rsync, rsync_daemon
+from orchestrator.transports import dns_providers, mysql, rsync, rsync_daemon
 from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.ssh import SshHost
 from orchestrator.window import DowntimeWindow
 
 if TYPE_CHECKING:
-    from orchestrator.transports.cloudflare import DnsClient
+    from orchestrator.transports.dns import DnsProvider
+    from orchestrator.transports.haproxy import FrontDoor
 
 Which = Literal["source", "target"]
 
@@ -42,7 +43,7 @@ class Runtime:
         # Connections opened before the downtime window for db() to hand out inside it (keep_spare).
         self._spares: dict[str, list[pymysql.Connection]] = {}
         self._spares_lock = threading.Lock()
-        self._dns: DnsClient | None = None
+        self._dns: DnsProvider | None = None
         self._lock = threading.Lock()
         # The run's heartbeat for the guard on the source (orchestrator/guard.py), while this process drives it.
         self.heartbeat: Any = None
@@ -51,6 +52,8 @@ class Runtime:
         # What this run holds for its after-commit audit (orchestrator/audit.py): the target's snapshot session and
         # how the source's server runs. In this process only: a resumed run has none, and its audit says so.
         self.audit_hold = audit.Held()
+        # The front doors this run has reached (orchestrator/frontdoor.py), by side: one admin-socket route each.
+        self.front_doors: dict[str, FrontDoor] = {}
         # Round trips to the hosts, their databases and front doors, and the DNS API, by step (the report's window
         # parts carry them).
         self.round_trips = RoundTrips(inside=lambda: self.window.blocked_now)
@@ -188,16 +191,11 @@ class Runtime:
     # --- DNS and secrets ---
 
     @property
-    def dns(self) -> DnsClient:
+    def dns(self) -> DnsProvider:
+        """The plan's DNS provider (`dns.provider`), opened on first use."""
         if self._dns is None:
-            from orchestrator.transports.cloudflare import DnsClient
-
-            self._dns = DnsClient(
-                self.secret(self.plan.dns.api_token),
-                base_url=self.plan.dns.base_url,
-                timeout=self.plan.dns.timeout,
-                max_retries=0,
-                meter=self.round_trips,
+            self._dns = dns_providers.open_provider(
+                self.plan.dns, self.secret(self.plan.dns.api_token), meter=self.round_trips
             )
         return self._dns
 
@@ -230,10 +228,10 @@ class Runtime:
         for host in self._hosts.values():
             host.close()
         self._hosts.clear()
-        closer: Any = getattr(self._dns, "close", None)
-        if callable(closer):
-            closer()
-        self._dns = None
+        dns, self._dns = self._dns, None
+        if dns is not None:
+            dns.close()
+        self.front_doors.clear()
 
     def __enter__(self) -> Runtime:
         return self

@@ -21,7 +21,7 @@ from orchestrator.steps import (
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.verify_target import VerifyTarget
 from orchestrator.transports import replication as repl
-from tests.test_steps_offline import FakeSession, OfflineRuntime, context, plan
+from tests.fakes import FakeSession, OfflineRuntime, context, plan
 
 
 def _no_checks() -> Any:

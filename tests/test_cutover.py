@@ -29,9 +29,9 @@ from orchestrator.steps.cutover import Cutover
 from orchestrator.steps.dns_flip import DnsFlip
 from orchestrator.steps.start_target import StartTarget, held_while_running, start_lock_path
 from orchestrator.transports.cloudflare import DnsError
-from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.mysql import Blocker, mask_query, summarize_blockers
 from orchestrator.window import DowntimeWindow
+from tests.fakes import OfflineRuntime, example_plan
 from tests.test_e2e import (  # noqa: F401 - a fixture
     cf_control,
     dns_client,
@@ -123,38 +123,19 @@ def test_report_of_an_older_run_is_not_mixed_with_the_newer() -> None:
     assert build_report(events)["bytes_moved"] == 0
 
 
-class CommandLog:
-    """A host that records the commands it is asked to run, with their timeouts."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, float | None]] = []
-
-    def run(self, command: str, *, timeout: float | None = None, **_: Any) -> None:
-        self.calls.append((command, timeout))
-
-
-class OfflineRuntime:
-    """Just what StartTarget uses of the runtime: the plan, the window, the target host, a database that answers."""
-
-    def __init__(self, max_write_block: float) -> None:
-        self.plan = load_plan(Path(__file__).parents[1] / "plans" / "course-review.yaml").plan
-        self.window = DowntimeWindow(max_write_block)
-        self.round_trips = RoundTrips()
-        self.target = CommandLog()
-
-    def db(self, which: str, **_: Any) -> object:
-        return object()
-
-    def release(self, conn: object) -> None:
-        pass
+def offline_runtime(max_write_block: float) -> OfflineRuntime:
+    """The shared offline runtime over the example plan, its downtime budget `max_write_block` seconds."""
+    rt = OfflineRuntime(example_plan())
+    rt.window = DowntimeWindow(max_write_block)
+    return rt
 
 
 def test_start_target_fences_first_keeps_the_fence_and_bounds_each_command_by_the_budget() -> None:
-    rt = OfflineRuntime(max_write_block=60.0)
+    rt = offline_runtime(max_write_block=60.0)
     rt.window.begin(time.time() - 53.0)  # about 7 s of the budget left
     result = StartTarget().run(Recorder().context(rt, "start_target"))  # type: ignore[arg-type]
     assert result is not None and result["target_fenced"] is True
-    commands = [command for command, _ in rt.target.calls]
+    commands = rt.target.commands
     fence = rt.plan.services.target_fence
     # Fenced before anything starts; the fence is left for the DNS flip to lift.
     assert commands[0] == fence.enable
@@ -162,11 +143,11 @@ def test_start_target_fences_first_keeps_the_fence_and_bounds_each_command_by_th
     assert commands[1] == held_while_running(start_lock_path("test"), rt.plan.database.target.start)
     assert commands[2:] == [service.start for service in rt.plan.services.target]
     assert fence.disable not in commands
-    assert all(timeout is not None and 1.0 <= timeout <= 7.5 for _, timeout in rt.target.calls), rt.target.calls
+    assert all(timeout is not None and 1.0 <= timeout <= 7.5 for timeout in rt.target.timeouts), rt.target.calls
     # Outside a window (no cut-over journaled) the fixed timeout applies.
-    free = OfflineRuntime(max_write_block=60.0)
+    free = offline_runtime(max_write_block=60.0)
     StartTarget().run(Recorder().context(free, "start_target"))  # type: ignore[arg-type]
-    assert {timeout for _, timeout in free.target.calls} == {COMMAND_TIMEOUT}
+    assert set(free.target.timeouts) == {COMMAND_TIMEOUT}
 
 
 def test_the_shutdown_forecast_adds_the_last_round_to_the_shutdown_and_start_and_keeps_the_reserve_back() -> None:
@@ -206,14 +187,14 @@ def _presynced(rt: OfflineRuntime, budget: float, last_seconds: float, *, refuse
 
 
 def test_the_cutover_does_not_begin_a_window_predicted_past_the_budget() -> None:
-    rt = OfflineRuntime(max_write_block=60.0)
+    rt = offline_runtime(max_write_block=60.0)
     ctx = _presynced(rt, budget=60.0, last_seconds=50.0)  # 50 + 3 assumed > 60 - 15 reserve
     with pytest.raises(StepError, match=r"predicted at 53\.0 s .* writes were not blocked"):
         Cutover()._forecast(ctx)
     assert rt.target.calls == [] and rt.window.blocked_at is None  # nothing ran, writes never blocked
-    Cutover()._forecast(_presynced(OfflineRuntime(60.0), budget=60.0, last_seconds=10.0))  # fits: goes on
+    Cutover()._forecast(_presynced(offline_runtime(60.0), budget=60.0, last_seconds=10.0))  # fits: goes on
     # The operator's choice: enter anyway (the budget still rolls it back).
-    Cutover()._forecast(_presynced(OfflineRuntime(60.0), budget=60.0, last_seconds=50.0, refuse=False))
+    Cutover()._forecast(_presynced(offline_runtime(60.0), budget=60.0, last_seconds=50.0, refuse=False))
 
 
 # --- the step on the lab ----------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from orchestrator.window import (
     journaled_intervals,
     reserve_from,
 )
+from tests.fakes import LocalHost
 
 
 class Clock:
@@ -216,13 +217,6 @@ def test_a_failing_compensation_does_not_stop_the_others(tmp_path: Path) -> None
 
 
 # --- the guard's heartbeat ------------------------------------------------------------------------------------------
-
-
-class LocalHost:
-    """Runs commands on this machine (the guard's heartbeat goes over `run`, as over SSH)."""
-
-    def run(self, command: str, *, timeout: float | None = None, **_: Any) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["sh", "-c", command], check=True, timeout=timeout, capture_output=True, text=True)
 
 
 def _guard_with_stale(tmp_path: Path, deadline: float, stale: int) -> tuple[guard.GuardPlan, Path]:

@@ -9,188 +9,24 @@ from __future__ import annotations
 import ast
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
-from orchestrator import audit, probes
-from orchestrator.engine.step import StepContext, StepError
-from orchestrator.plan.loader import load_plan
-from orchestrator.plan.model import Plan, Retry
+from orchestrator import probes
+from orchestrator.engine.step import StepError
+from orchestrator.plan.model import Retry
 from orchestrator.results import CutoverResult, DbPresyncResult, FilesResult, VerifyResult, result_of
 from orchestrator.steps import CUTOVER_MODES, STEP_ORDER, step_class, step_order
 from orchestrator.steps.cutover import Cutover
 from orchestrator.steps.db_final import DbFinal
 from orchestrator.steps.finish import STOPPED_SERVICES, Finish
 from orchestrator.steps.prepare_target import PrepareTarget
-from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.mysql import blockers_from_rows
-from orchestrator.transports.ssh import CommandResult, TransportError
+from orchestrator.transports.ssh import TransportError
 from orchestrator.window import DowntimeWindow, journaled_blocked_at
-
-PLAN_FILE = Path(__file__).parents[1] / "plans" / "course-review.yaml"
-
-
-# --- a recording host -----------------------------------------------------------------------------------------
-
-
-class RecordingHost:
-    """Records every command; answers with the first fixture whose pattern the command matches (else empty, 0)."""
-
-    def __init__(self, answers: list[tuple[str, str | list[str]]] | None = None, *, fail: str | None = None) -> None:
-        self.answers = answers or []
-        self.fail = fail
-        self.calls: list[dict[str, Any]] = []
-        # Called with each command after it ran (what the command does to the world, in a test).
-        self.effect: Callable[[str], None] | None = None
-
-    def _answer(self, command: str) -> CommandResult:
-        if self.fail is not None and re.search(self.fail, command):
-            raise TransportError(f"`{command}` failed", False)
-        for pattern, output in self.answers:
-            if re.search(pattern, command):
-                # A list answers in turn, its last answer repeating.
-                text = (output.pop(0) if len(output) > 1 else output[0]) if isinstance(output, list) else output
-                return CommandResult(0, text, "")
-        return CommandResult(0, "", "")
-
-    def run(self, command: str, *, timeout: float | None = None, input: str | None = None, **_: Any) -> CommandResult:
-        self.calls.append({"command": command, "timeout": timeout, "input": input})
-        result = self._answer(command)
-        if self.effect is not None:
-            self.effect(command)
-        return result
-
-    def stream(
-        self, command: str, on_line: Callable[[str], None], *, timeout: float | None = None, **_: Any
-    ) -> CommandResult:
-        self.calls.append({"command": command, "timeout": timeout, "input": None})
-        result = self._answer(command)
-        for line in result.stdout.splitlines():
-            on_line(line)
-        return result
-
-    @property
-    def commands(self) -> list[str]:
-        return [call["command"] for call in self.calls]
-
-
-class OfflineRuntime:
-    """What the steps use of the runtime, with recording hosts and a database whose answers the test sets."""
-
-    def __init__(self, plan: Plan, *, source: RecordingHost | None = None, target: RecordingHost | None = None):
-        self.plan = plan
-        self.plan_path = Path("plan.yaml")
-        self.window = DowntimeWindow(plan.cutover.max_write_block)
-        self.round_trips = RoundTrips()
-        self.source = source or RecordingHost()
-        self.target = target or RecordingHost()
-        self.answers: dict[str, bool] = {"source": True, "target": False}
-        self.audit_hold = audit.Held()
-
-    def host(self, which: str) -> RecordingHost:
-        return self.source if which == "source" else self.target
-
-    def db_answers(self, which: str) -> bool:
-        return self.answers[which]
-
-    def db(self, which: str, **_: Any) -> FakeSession:
-        self.session = FakeSession()
-        return self.session
-
-    def release(self, conn: object) -> None:
-        pass
-
-
-class FakeCursor:
-    def __init__(self, session: FakeSession) -> None:
-        self.session = session
-        self.rows: list[tuple[Any, ...]] = []
-
-    def __enter__(self) -> FakeCursor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def execute(self, sql: str, args: object = None) -> None:
-        self.session.statements.append(sql)
-        self.rows = self.session.answer(sql)
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        return self.rows[0] if self.rows else None
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        return self.rows
-
-
-class FakeSession:
-    """A database session that records statements and answers like a small source database."""
-
-    def __init__(self) -> None:
-        self.statements: list[str] = []
-        self._read_timeout: float | None = 30.0
-        self.server_running = True
-        self.closed = False
-
-    def answer(self, sql: str) -> list[tuple[Any, ...]]:
-        if "information_schema.TABLES" in sql and "ENGINE" in sql:
-            return [("app", "reviews", "InnoDB"), ("app", "users", "InnoDB")]
-        if "information_schema.TABLES" in sql:
-            return [("app", "reviews"), ("app", "users")]
-        if sql.startswith("SHOW BINLOG STATUS"):
-            return [("binlog.000003", 1234)]
-        if "gtid_binlog_pos" in sql:
-            return [("0-1-42",)]
-        if "@@GLOBAL.read_only" in sql:
-            return [(0,)]
-        if sql.startswith("SELECT COUNT(*)"):
-            return [(7,)] if "reviews" in sql else [(2,)]
-        return []
-
-    def cursor(self) -> FakeCursor:
-        return FakeCursor(self)
-
-    def ping(self, reconnect: bool = False) -> None:
-        if not self.server_running:
-            raise OSError("the server went away")
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def plan() -> Plan:
-    return load_plan(PLAN_FILE).plan
-
-
-def context(
-    rt: OfflineRuntime,
-    step: str,
-    *,
-    saved: dict[str, Any] | None = None,
-    outputs: dict[str, dict[str, Any]] | None = None,
-    history: list[dict[str, Any]] | None = None,
-) -> StepContext:
-    journal = saved if saved is not None else {}
-
-    def _save(_step: str, key: str, value: Any) -> None:
-        journal[key] = value
-
-    return StepContext(
-        run_id="offline",
-        step=step,
-        dry_run=False,
-        rt=rt,
-        log=structlog.get_logger("test"),
-        _saved=dict(journal),
-        _outputs=outputs or {},
-        _save=_save,
-        _history=(lambda: history) if history is not None else None,
-    )
-
+from tests.fakes import OfflineRuntime, RecordingHost, context, plan
 
 # --- probes: each parse from fixtures -------------------------------------------------------------------------
 

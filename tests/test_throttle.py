@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -31,8 +32,9 @@ from orchestrator.steps.files_presync import FilesPresync
 from orchestrator.steps.repl_seed import RedoGuard
 from orchestrator.transports import replication as repl
 from orchestrator.transports import rsync, throttle
-from orchestrator.transports.ssh import TransportError
+from orchestrator.transports.ssh import CommandResult, TransportError
 from orchestrator.transports.throttle import Thresholds, Throttle, live_command, pause_reason
+from tests.fakes import LocalHost
 
 # --- offline ----------------------------------------------------------------------------------------------------
 
@@ -145,15 +147,6 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class LocalHost:
-    """The throttle's host, here: its shell commands run on this machine (the group it signals is a real one)."""
-
-    def run(
-        self, command: str, *, timeout: float | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout)
-
-
 def group_state(marker: Path) -> str:
     group = marker.read_text().strip() if marker.exists() else ""
     stat = Path(f"/proc/{group}/stat")
@@ -213,11 +206,9 @@ class SlowHost(LocalHost):
     def __init__(self, delay: float) -> None:
         self.delay = delay
 
-    def run(
-        self, command: str, *, timeout: float | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
+    def run(self, command: str, **options: Any) -> CommandResult:
         time.sleep(self.delay)
-        return super().run(command, timeout=timeout, check=check)
+        return super().run(command, **options)
 
 
 def test_no_pause_outlasts_max_pause_on_a_slow_host_with_a_slow_probe(tmp_path: Path) -> None:

@@ -15,21 +15,13 @@ from orchestrator.steps.db_presync import warm_command, warm_outcome
 from orchestrator.steps.verify_target import tree_verification
 from orchestrator.tracking import ChangeTracker, tracker_name
 from orchestrator.transports import rsync
-from orchestrator.transports.ssh import CommandResult
+from tests.fakes import LocalHost
 from tests.test_transports import minimal_plan
 
 PLAN = minimal_plan()
 TREE = FileTree.model_validate({"name": "uploads", "source": "/srv/uploads", "target": "/srv/uploads"})
 SCOPE = "the 40 path(s) the final pass copied or deleted, 3 of them deleted on the target"
 UPLOADS = {"mode": "tracked", "listed": 40, "files": 31, "deleted": 3, "bytes": 9000, "change_list": "/x/l"}
-
-
-class LocalHost:
-    """Runs the tracker's shell on this machine (the same shell it runs on a source over SSH)."""
-
-    def run(self, command: str, *, timeout: float | None = None, check: bool = True) -> CommandResult:
-        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout)
-        return CommandResult(done.returncode, done.stdout, done.stderr)
 
 
 def test_exit_23_counts_as_vanished_only_when_every_error_is_a_vanished_file() -> None:

@@ -384,11 +384,10 @@ class Engine:
         e.g. the heartbeat a guard on a host listens to) take it up again. A no-op for what this process runs
         already; a failure is logged, never fatal."""
         for step in self.steps:
-            reattach = getattr(step, "reattach", None)
-            if reattach is None or state.step(step.name).state in (StepState.PENDING, StepState.UNDONE):
+            if state.step(step.name).state in (StepState.PENDING, StepState.UNDONE):
                 continue
             try:
-                reattach(self._context(step, state))
+                step.reattach(self._context(step, state))
             except Exception as exc:
                 self.log.warning("could not take up what the step left running", step=step.name, error=_one_line(exc))
 
@@ -447,12 +446,11 @@ class Engine:
         settle (an API edit that may still be in flight) wait for it here, never before the service is back."""
         failed: list[tuple[str, str]] = []
         for step in reversed(self.steps):
-            settle = getattr(step, "settle_after_rollback", None)
-            if settle is None or state.step(step.name).state == StepState.PENDING:
+            if state.step(step.name).state == StepState.PENDING:
                 continue
             structlog.contextvars.bind_contextvars(step=step.name)
             try:
-                settle(self._context(step, state))
+                step.settle_after_rollback(self._context(step, state))
             except Exception as exc:
                 error = _one_line(exc)
                 self._append("undo_failed", step=step.name, error=error)
@@ -466,12 +464,9 @@ class Engine:
         """The run's last look at what it changed outside (a step's `observe_at_end`: e.g. where every DNS record
         points), journaled by the step. Never fails the run: its outcome is decided already."""
         for step in self.steps:
-            observe = getattr(step, "observe_at_end", None)
-            if observe is None:
-                continue
             structlog.contextvars.bind_contextvars(step=step.name)
             try:
-                observe(self._context(step, state))
+                step.observe_at_end(self._context(step, state))
             except Exception as exc:
                 self.log.warning("could not look at the run's outcome", error=_one_line(exc))
             finally:

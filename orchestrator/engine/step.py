@@ -138,3 +138,18 @@ class Step(ABC):
 
     def undo(self, ctx: StepContext) -> None:  # noqa: B027 - a step without side effects needs no compensation
         """Compensate the step's effect. Must be idempotent and safe after a partial run."""
+
+    # The engine's optional hooks: each a no-op unless a step has something to do at that moment. A failure in one is
+    # logged (reattach, observe_at_end) or reported with the rollback's (settle_after_rollback), never raised on.
+
+    def reattach(self, ctx: StepContext) -> None:  # noqa: B027 - most steps leave nothing running
+        """A process takes over a run (resume, `migrate rollback`) in which this step had started: take up again
+        what the step began that is meant to live as long as the run (e.g. the heartbeat a guard listens to)."""
+
+    def settle_after_rollback(self, ctx: StepContext) -> None:  # noqa: B027 - most steps have nothing in flight
+        """Once every compensation ran (the service is back), wait for an outside effect of this step to settle
+        (e.g. an API edit that may still be in flight) and set it right. Called for every step that began."""
+
+    def observe_at_end(self, ctx: StepContext) -> None:  # noqa: B027 - most steps have nothing to look at
+        """The run has ended (completed, rolled back or not, failed after the commit): take a last look at what
+        the step changed outside and journal it. The run's outcome is decided already."""

@@ -27,7 +27,7 @@ from orchestrator.run.policy import load_env, resolve_secrets, state_dir_of, sub
 from orchestrator.run.results import RunError
 from orchestrator.runtime import Runtime
 from orchestrator.transports import mysql
-from orchestrator.transports.cloudflare import DnsError
+from orchestrator.transports.dns import DnsError
 from orchestrator.transports.ssh import TransportError
 
 ESTIMATE_FILE = "estimate.json"

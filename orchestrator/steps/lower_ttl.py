@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.contracts import runtime
 from orchestrator.dns_ttl import ORIGINAL_TTLS, WAIT_UNTIL, restore_ttls, set_ttl
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.retry import call_with_retry
@@ -62,7 +63,7 @@ class LowerTtl(Step):
         self.clock = clock
 
     def describe(self, ctx: StepContext) -> list[str]:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         target = lowered_to(plan)
         if target is None:
             return ["the plan sets no dns.lower_ttl_to: the records keep their TTL (clients may reach the old "
@@ -81,21 +82,21 @@ class LowerTtl(Step):
 
     def check(self, ctx: StepContext) -> bool:
         """In place once every record was lowered (the wait itself is the gate's, before the downtime)."""
-        if lowered_to(ctx.rt.plan) is None:
+        if lowered_to(runtime(ctx).plan) is None:
             return True
         if ctx.saved(LOWERED_AT) is None:
             return False
         originals: dict[str, dict[str, Any]] = ctx.saved(ORIGINAL_TTLS) or {}
         zone_id = self._zone_id(ctx)
-        target = lowered_to(ctx.rt.plan)
+        target = lowered_to(runtime(ctx).plan)
         return all(
-            ctx.rt.dns.get_record(zone_id, record_id).ttl == target
+            runtime(ctx).dns.get_record(zone_id, record_id).ttl == target
             for record_id, original in originals.items()
             if _to_lower(original, target)
         )
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         target = lowered_to(plan)
         if target is None:
             ctx.log.info("lower_ttl.not_configured", hint="set dns.lower_ttl_to to lower the TTL before the flip")
@@ -149,13 +150,13 @@ class LowerTtl(Step):
     # -- helpers
 
     def _zone_id(self, ctx: StepContext) -> str:
-        plan = ctx.rt.plan
-        return call_with_retry(lambda: ctx.rt.dns.zone_id(plan.dns.zone), plan.retry, what="DNS zone lookup")
+        plan = runtime(ctx).plan
+        return call_with_retry(lambda: runtime(ctx).dns.zone_id(plan.dns.zone), plan.retry, what="DNS zone lookup")
 
     def _find(self, ctx: StepContext, zone_id: str, name: str) -> list[Any]:
-        plan = ctx.rt.plan
+        plan = runtime(ctx).plan
         return call_with_retry(
-            lambda: ctx.rt.dns.find_records(zone_id, name, plan.dns.type), plan.retry, what=f"DNS lookup {name}"
+            lambda: runtime(ctx).dns.find_records(zone_id, name, plan.dns.type), plan.retry, what=f"DNS lookup {name}"
         )
 
     def _set_ttl(self, ctx: StepContext, zone_id: str, original: dict[str, Any], ttl: int) -> None:

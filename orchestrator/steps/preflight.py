@@ -28,6 +28,7 @@ from orchestrator.steps.repl_common import (
 )
 from orchestrator.steps.run_owned import end_left_by_runs, waiting_guards
 from orchestrator.transports import grants, mysql, rsync
+from orchestrator.transports.dns import DnsError
 from orchestrator.transports.ssh import TransportError
 
 NEEDED_PRIVILEGES = ("RELOAD", "SELECT", "SHUTDOWN", "PROCESS")
@@ -461,10 +462,11 @@ class Preflight(Step):
                         f"DNS record {name} points at {', '.join(contents)}, not the source's"
                         f" {plan.source.dns_content}: fix source.public_address or the record"
                     )
-        except Exception as exc:
-            # DnsError and the SDK's own errors: their messages carry no token, redacted again to be sure.
+        except (DnsError, StepError) as exc:
+            # A DnsError names its provider and carries no token (redacted again to be sure); a StepError is the
+            # token's reference that does not resolve.
             text = redact(str(exc))
-            problems.add(text if text.startswith("Cloudflare") else f"Cloudflare: {text}")
+            problems.add(text if isinstance(exc, DnsError) else f"DNS ({plan.dns.provider}): {text}")
 
 
 FSYNC_ROUNDS = 2

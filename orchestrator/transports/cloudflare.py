@@ -1,4 +1,5 @@
-"""Cloudflare DNS through the official `cloudflare` SDK: a thin, typed adapter with one error type.
+"""Cloudflare DNS through the official `cloudflare` SDK: the `DnsProvider` (transports/dns.py) a plan gets with
+`dns.provider: cloudflare`, a thin, typed adapter whose every failure is a `DnsError`.
 
 What the SDK (5.x) does that callers must not trip over, and how this adapter handles it:
 - `Cloudflare(api_key=None, api_email=None)` still reads CLOUDFLARE_API_KEY / CLOUDFLARE_EMAIL from the
@@ -20,9 +21,8 @@ from __future__ import annotations
 
 import ipaddress
 import threading
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import cloudflare
@@ -30,36 +30,35 @@ import httpx
 
 from orchestrator import secrets
 from orchestrator.engine.interrupt import Interrupted
+from orchestrator.transports.dns import DnsError, DnsRecord
 from orchestrator.transports.meter import RoundTrips
+
+if TYPE_CHECKING:
+    from orchestrator.plan.model import Dns
+
+__all__ = ["DnsClient", "DnsError", "DnsRecord", "open_provider"]
 
 DEFAULT_BASE_URL = "https://api.cloudflare.com/client/v4"
 _AUTH_HEADERS = {"authorization", "x-auth-key", "x-auth-email", "x-auth-user-service-key"}
 _MESSAGE_LIMIT = 300
 
 
-class DnsError(Exception):
-    """A DNS API failure, as one readable line without secrets; `transient` says whether a retry may help."""
-
-    def __init__(self, message: str, *, transient: bool, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.transient = transient
-        # Seconds the API asked us to wait before trying again (429 Retry-After), when it said.
-        self.retry_after = retry_after
-
-
-@dataclass(frozen=True)
-class DnsRecord:
-    id: str
-    name: str
-    type: str
-    content: str
-    ttl: int
-    proxied: bool
+def open_provider(
+    settings: Dns, token: str, *, timeout: float | None = None, meter: RoundTrips | None = None
+) -> DnsClient:
+    """The plan's `dns` section as a client (transports/dns_providers.py calls this): callers own retries."""
+    return DnsClient(
+        token,
+        base_url=settings.base_url,
+        timeout=settings.timeout if timeout is None else timeout,
+        max_retries=0,
+        meter=meter,
+    )
 
 
 class DnsClient:
-    """The DNS operations a migration needs, over one SDK client (close it, or use it as a context manager)."""
+    """The DNS operations a migration needs (a `DnsProvider`), over one SDK client (close it, or use it as a context
+    manager)."""
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Plan
 from orchestrator.run import compose
 from orchestrator.secrets import resolve
+from tests.fakes import OfflineRuntime
 
 
 class Crash(BaseException):
@@ -112,18 +113,14 @@ def file_steps(plan: Plan) -> list[Step]:
     ]
 
 
-class FakeRuntime:
-    def __init__(self, plan: Plan, plan_path: Path, dry_run: bool) -> None:
-        self.plan = plan
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
+def offline_runtime(plan: Plan, plan_path: Path, dry_run: bool) -> OfflineRuntime:
+    """The shared offline runtime (tests/fakes.py): file steps use none of it, the engine hands it on."""
+    return OfflineRuntime(plan)
 
 
 def use_file_steps() -> None:
     compose.steps_factory = file_steps
-    compose.runtime_factory = FakeRuntime
+    compose.runtime_factory = offline_runtime
     compose.estimator = None  # file steps: no hosts to measure
 
 

@@ -1,0 +1,351 @@
+"""The offline tests' stand-ins for what steps depend on, each implementing its protocol (`make lint` type-checks this
+file, so `_implements` below fails the lint when a fake drifts from its protocol):
+
+- `RecordingHost` (a `contracts.Host`): records every command, answers from fixtures;
+- `LocalHost` (a `contracts.Host`): runs the command on this machine, as SshHost runs it on a host;
+- `FakeDns` (a `transports.dns.DnsProvider`): zones and records in memory, every call recorded, failures injected;
+- `OfflineRuntime` (a `contracts.StepRuntime`): the plan, the window, recording hosts, a `FakeDns` and database
+  sessions whose answers the test sets (`FakeSession`);
+- `context(rt, step, ...)`: a StepContext over such a runtime, its saves kept in a dict the test reads.
+
+What these stand for on real hosts and the real API is proven on the lab (test_cutover, test_steps_live, test_e2e,
+test_cloudflare).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from orchestrator import audit
+from orchestrator.engine.step import StepContext
+from orchestrator.plan.loader import load_plan
+from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
+from orchestrator.transports.dns import DnsError, DnsProvider, DnsRecord
+from orchestrator.transports.meter import RoundTrips
+from orchestrator.transports.ssh import CommandFailed, CommandResult, TransportError
+from orchestrator.window import DowntimeWindow
+
+if TYPE_CHECKING:
+    from orchestrator.contracts import Host, StepRuntime, Which
+    from orchestrator.transports.haproxy import FrontDoor
+
+PLAN_FILE = Path(__file__).parents[1] / "plans" / "course-review.yaml"
+
+
+def example_plan() -> Plan:
+    """The example plan (plans/course-review.yaml)."""
+    return load_plan(PLAN_FILE).plan
+
+
+plan = example_plan
+
+
+# --- hosts ------------------------------------------------------------------------------------------------------
+
+
+class RecordingHost:
+    """Records every command; answers with the first fixture whose pattern the command matches (else empty, 0)."""
+
+    def __init__(self, answers: list[tuple[str, str | list[str]]] | None = None, *, fail: str | None = None) -> None:
+        self.answers = answers or []
+        self.fail = fail
+        self.calls: list[dict[str, Any]] = []
+        # Called with each command after it ran (what the command does to the world, in a test).
+        self.effect: Callable[[str], None] | None = None
+
+    def _answer(self, command: str) -> CommandResult:
+        if self.fail is not None and re.search(self.fail, command):
+            raise TransportError(f"`{command}` failed", False)
+        for pattern, output in self.answers:
+            if re.search(pattern, command):
+                # A list answers in turn, its last answer repeating.
+                text = (output.pop(0) if len(output) > 1 else output[0]) if isinstance(output, list) else output
+                return CommandResult(0, text, "")
+        return CommandResult(0, "", "")
+
+    def run(self, command: str, *, timeout: float | None = None, input: str | None = None, **_: Any) -> CommandResult:
+        self.calls.append({"command": command, "timeout": timeout, "input": input})
+        result = self._answer(command)
+        if self.effect is not None:
+            self.effect(command)
+        return result
+
+    def stream(
+        self, command: str, on_line: Callable[[str], None], *, timeout: float | None = None, **_: Any
+    ) -> CommandResult:
+        self.calls.append({"command": command, "timeout": timeout, "input": None})
+        result = self._answer(command)
+        for line in result.stdout.splitlines():
+            on_line(line)
+        return result
+
+    @property
+    def commands(self) -> list[str]:
+        return [call["command"] for call in self.calls]
+
+    @property
+    def timeouts(self) -> list[float | None]:
+        return [call["timeout"] for call in self.calls]
+
+
+class LocalHost:
+    """Runs each command with `sh -c` on this machine, as SshHost runs it on a host: a non-zero exit raises
+    CommandFailed when `check` (SshHost's rule), else comes back in the result."""
+
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+        input: str | None = None,
+    ) -> CommandResult:
+        done = subprocess.run(
+            ["sh", "-c", command], capture_output=True, text=True, timeout=timeout, input=input, env=env
+        )
+        if check and done.returncode != 0:
+            raise CommandFailed(command, done.returncode, done.stderr)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+    def stream(
+        self,
+        command: str,
+        on_line: Callable[[str], None],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+        keep: Callable[[str], bool] | None = None,
+        input: str | None = None,
+    ) -> CommandResult:
+        result = self.run(command, timeout=timeout, check=check, env=env, input=input)
+        for line in result.stdout.splitlines():
+            on_line(line)
+        kept = "\n".join(line for line in result.stdout.splitlines() if keep is None or keep(line))
+        return CommandResult(result.exit_status, kept, result.stderr)
+
+
+# --- DNS --------------------------------------------------------------------------------------------------------
+
+
+class FakeDns:
+    """A DNS provider in memory: `zones` (name → id) and `records` (id → DnsRecord). Every call is recorded in `calls`
+    as (operation, argument); `failures[operation]` (a list of DnsErrors) makes the next calls of that operation
+    fail in turn before it answers again."""
+
+    def __init__(self, zones: dict[str, str] | None = None, records: list[DnsRecord] | None = None) -> None:
+        self.zones = dict(zones or {})
+        self.records = {record.id: record for record in records or []}
+        self.calls: list[tuple[str, str]] = []
+        self.failures: dict[str, list[DnsError]] = {}
+        self.token_active = True
+        self.closed = False
+
+    def _call(self, operation: str, argument: str) -> None:
+        self.calls.append((operation, argument))
+        pending = self.failures.get(operation)
+        if pending:
+            raise pending.pop(0)
+
+    def verify_token(self) -> None:
+        self._call("verify_token", "")
+        if not self.token_active:
+            raise DnsError("fake DNS: the API token is not active", transient=False)
+
+    def zone_id(self, zone_name: str, *, timeout: float | None = None) -> str:
+        self._call("zone_id", zone_name)
+        wanted = zone_name.lower().rstrip(".")
+        if wanted not in self.zones:
+            raise DnsError(f"fake DNS: zone {wanted} not found", transient=False)
+        return self.zones[wanted]
+
+    def find_records(self, zone_id: str, name: str, type: str, *, timeout: float | None = None) -> list[DnsRecord]:
+        self._call("find_records", name)
+        wanted = name.lower().rstrip(".")
+        return [r for r in self.records.values() if r.name == wanted and r.type == type]
+
+    def get_record(self, zone_id: str, record_id: str, *, timeout: float | None = None) -> DnsRecord:
+        self._call("get_record", record_id)
+        if record_id not in self.records:
+            raise DnsError(f"fake DNS: no record {record_id}", transient=False)
+        return self.records[record_id]
+
+    def set_content(self, zone_id: str, record: DnsRecord, content: str, *, timeout: float | None = None) -> DnsRecord:
+        self._call("set_content", f"{record.name} {content}")
+        self.records[record.id] = replace(self.records[record.id], content=content)
+        return self.records[record.id]
+
+    def set_ttl(self, zone_id: str, record: DnsRecord, ttl: int) -> DnsRecord:
+        self._call("set_ttl", f"{record.name} {ttl}")
+        self.records[record.id] = replace(self.records[record.id], ttl=ttl)
+        return self.records[record.id]
+
+    def close(self) -> None:
+        self.closed = True
+
+    def edits(self) -> list[tuple[str, str]]:
+        """The calls that changed a record, in order."""
+        return [call for call in self.calls if call[0] in ("set_content", "set_ttl")]
+
+
+# --- databases --------------------------------------------------------------------------------------------------
+
+
+class FakeCursor:
+    def __init__(self, session: FakeSession) -> None:
+        self.session = session
+        self.rows: list[tuple[Any, ...]] = []
+
+    def __enter__(self) -> FakeCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def execute(self, sql: str, args: object = None) -> None:
+        self.session.statements.append(sql)
+        self.rows = self.session.answer(sql)
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+
+class FakeSession:
+    """A database session that records statements and answers like a small source database."""
+
+    def __init__(self, which: str = "source") -> None:
+        self.which = which  # the side whose database this session reaches
+        self.statements: list[str] = []
+        self._read_timeout: float | None = 30.0
+        self.server_running = True
+        self.closed = False
+
+    def answer(self, sql: str) -> list[tuple[Any, ...]]:
+        if "information_schema.TABLES" in sql and "ENGINE" in sql:
+            return [("app", "reviews", "InnoDB"), ("app", "users", "InnoDB")]
+        if "information_schema.TABLES" in sql:
+            return [("app", "reviews"), ("app", "users")]
+        if sql.startswith("SHOW BINLOG STATUS"):
+            return [("binlog.000003", 1234)]
+        if "gtid_binlog_pos" in sql:
+            return [("0-1-42",)]
+        if "@@GLOBAL.read_only" in sql:
+            return [(0,)]
+        if sql.startswith("SELECT COUNT(*)"):
+            return [(7,)] if "reviews" in sql else [(2,)]
+        return []
+
+    def cursor(self) -> FakeCursor:
+        return FakeCursor(self)
+
+    def ping(self, reconnect: bool = False) -> None:
+        if not self.server_running:
+            raise OSError("the server went away")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+# --- the runtime ------------------------------------------------------------------------------------------------
+
+
+class OfflineRuntime:
+    """What the steps use of the runtime, with recording hosts, a FakeDns and database sessions whose answers the
+    test sets (`answers`: does that side's database answer; `db` hands out a new FakeSession, kept as `session`)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        source: RecordingHost | None = None,
+        target: RecordingHost | None = None,
+        dns: FakeDns | None = None,
+    ) -> None:
+        self.plan = plan
+        self.plan_path = Path("plan.yaml")
+        self.window = DowntimeWindow(plan.cutover.max_write_block)
+        self.round_trips = RoundTrips()
+        self.source = source or RecordingHost()
+        self.target = target or RecordingHost()
+        self.dns = dns or FakeDns()
+        self.answers: dict[str, bool] = {"source": True, "target": False}
+        self.audit_hold = audit.Held()
+        self.front_doors: dict[str, FrontDoor] = {}
+        self.released: list[object] = []
+        self.closed = False
+
+    def host(self, which: Which) -> RecordingHost:
+        return self.source if which == "source" else self.target
+
+    def endpoint(self, which: Which) -> DatabaseEndpoint:
+        return self.plan.database.source if which == "source" else self.plan.database.target
+
+    # A FakeSession: what the steps use of a database connection (the protocol names pymysql's class).
+    def db(self, which: Which, *, retry: bool = True, read_timeout: float | None = None) -> Any:
+        self.session = FakeSession(which)
+        return self.session
+
+    def keep_spare(self, which: Which, count: int) -> None:
+        pass
+
+    def db_answers(self, which: Which) -> bool:
+        return self.answers[which]
+
+    def release(self, conn: Any) -> None:
+        self.released.append(conn)
+
+    def db_password(self) -> str | None:
+        return None
+
+    def secret(self, ref: SecretRef) -> str:
+        return "offline-secret"
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def context(
+    rt: Any,
+    step: str,
+    *,
+    saved: dict[str, Any] | None = None,
+    outputs: dict[str, dict[str, Any]] | None = None,
+    history: list[dict[str, Any]] | None = None,
+) -> StepContext:
+    """A StepContext over `rt`; what the step saves lands in `saved` (when given) as the journal would keep it."""
+    journal = saved if saved is not None else {}
+
+    def _save(_step: str, key: str, value: Any) -> None:
+        journal[key] = value
+
+    return StepContext(
+        run_id="offline",
+        step=step,
+        dry_run=False,
+        rt=rt,
+        log=structlog.get_logger("test"),
+        _saved=dict(journal),
+        _outputs=outputs or {},
+        _save=_save,
+        _history=(lambda: history) if history is not None else None,
+    )
+
+
+def _implements(example: Plan) -> None:
+    """Never called: mypy checks each fake against the protocol it stands in for (`make lint`)."""
+    recording: Host = RecordingHost()
+    local: Host = LocalHost()
+    dns: DnsProvider = FakeDns()
+    rt: StepRuntime = OfflineRuntime(example)
+    del recording, local, dns, rt
