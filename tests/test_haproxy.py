@@ -78,7 +78,7 @@ SHOW_SESS = (
     "00h,fd=9] scb=[8,1h,fd=-1] exp= rc=0 c_exp=\n\n"
 )
 
-SHOW_ACTIVITY = "thread_id: 1 (1..1)\ndate_now: 1795437180.266151\nctxsw: 24911\n"
+SHOW_ACTIVITY = "thread_id: 1 (1..1)\ndate_now: 1795437180.266151\nctxsw: 24911\n\n"
 
 # Answers HAProxy gave to commands it refused.
 UNKNOWN_MAP = "Unknown map identifier. Please use #<id> or <file>.\n\n"
@@ -162,13 +162,19 @@ def test_hold_lua_names_its_map_and_action() -> None:
 
 
 class FakeAdminSocket:
-    """A unix socket that answers every command with canned text, as HAProxy does (then closes); several commands
-    on one line, separated by ';', each get their answer, in order (each canned answer ends with its empty line)."""
+    """A unix socket that answers every command with canned text, as HAProxy does; several commands on one line,
+    separated by ';', each get their answer, in order (each canned answer ends with its empty line). As HAProxy's:
+    without `prompt` it closes after one line; after `prompt` (the interactive mode) it keeps the connection open and
+    ends each answer with the prompt "> ". A canned answer of "" closes the connection without a byte (what an SSH
+    tunnel does when the socket behind it cannot be opened); `idle_close` closes a kept connection after each line
+    (what HAProxy's `stats timeout` does to an idle one)."""
 
     def __init__(self, path: Path, answers: dict[str, str]) -> None:
         self.path = path
         self.answers = answers
         self.commands: list[str] = []
+        self.connections = 0
+        self.idle_close = False
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
         self.server.listen(8)
@@ -181,13 +187,31 @@ class FakeAdminSocket:
                 conn, _ = self.server.accept()
             except OSError:
                 return
-            with conn:
-                line = conn.makefile("rb").readline().decode().strip()
-                out = ""
-                for command in (part.strip() for part in line.split(";")):
-                    self.commands.append(command)
-                    out += next((text for prefix, text in self.answers.items() if command.startswith(prefix)), "\n")
-                conn.sendall(out.encode())
+            self.connections += 1
+            threading.Thread(target=self.converse, args=(conn,), daemon=True).start()
+
+    def converse(self, conn: socket.socket) -> None:
+        with conn:
+            self.exchanges(conn)
+
+    def exchanges(self, conn: socket.socket) -> None:
+        prompt = False
+        for raw in conn.makefile("rb"):
+            line = raw.decode().strip()
+            if line == "prompt":
+                prompt = True
+                conn.sendall(b"\n> ")
+                continue
+            out = ""
+            for command in (part.strip() for part in line.split(";")):
+                self.commands.append(command)
+                text = next((text for prefix, text in self.answers.items() if command.startswith(prefix)), "\n")
+                if text == "":
+                    return
+                out += text + ("> " if prompt else "")
+            conn.sendall(out.encode())
+            if not prompt or self.idle_close:
+                return
 
     def close(self) -> None:
         self.server.close()
@@ -330,5 +354,5 @@ def test_show_sess_all_tells_the_writes_in_flight_from_the_reads() -> None:
 
 
 def test_a_hold_of_the_writes_waits_only_for_the_writes_in_flight(admin: FakeAdminSocket) -> None:
-    admin.answers = {"show sess all": SHOW_SESS_ALL, **admin.answers}
+    admin.answers = {"show sess all": SHOW_SESS_ALL + "\n", **admin.answers}
     assert door(admin.path).writes_at_server() == {("0x5576ba59b960", "0x20")}
