@@ -256,17 +256,23 @@ class UnitCosts:
 # How many operations each part of the window makes, as the steps make them (counted in steps/cutover.py, db_final.py,
 # files_final.py, start_target.py, verify_target.py, dns_flip.py, repl_switch.py and frontdoor.py, and checked
 # against real runs with bench/window_profile.py): commands on each host in sequence, SQL statements, HAProxy
-# runtime-API commands, DNS API calls per record. Commands a step runs side by side count once.
-SHUTDOWN_CUTOVER = {"ssh_source": 3, "sql": 8, "haproxy": 10}  # + the fence; the guard's marker, the stop, the
-# wait for InnoDB's files to be released
+# runtime-API exchanges (each one round trip on the door's kept connection, a batch of commands on one line
+# included), DNS API calls per record. Commands a step runs side by side count once.
+SHUTDOWN_CUTOVER = {"ssh_source": 3, "sql": 8, "haproxy": 4}  # + the fence; the guard's marker, the stop, the
+# wait for InnoDB's files to be released; the door: the target's read, what the hold needs (one batch), the hold
+# with the requests in flight (one batch), the drain's poll
 DB_FINAL = {"ssh_source": 1, "ssh_target": 1, "ssh_both": 1}  # changed-file list, mtimes, checksums on both sides
 FILES_FINAL_TRACKED = {"ssh_source": 2}  # per tree: the change list, its trust probe; then the rsync
 FLIP = {"dns_per_record": 5, "haproxy": 11}  # find, edit, read back, two converging reads; + the target's fence lift
 # The commit at the source's front door (switch_traffic): its hold checked, the guard told, the target's fence lifted,
 # the door pointed at the target's and released (the target's door released beside it). No DNS call: it comes after.
-DOOR_COMMIT = {"ssh_source": 1, "haproxy": 6}
-SWITCH = {"sql": 9, "haproxy": 7}  # + the fence; + the drain of the writes in flight
-VERIFY_SQL = 3
+# One exchange checks the hold; one repoints and releases the source's door (the target's released beside it).
+DOOR_COMMIT = {"ssh_source": 1, "haproxy": 2}
+# read_only with the final position (one compound statement), the replica's wait with its promotion (one more); the
+# hold with the requests in flight (one batch), the drain's poll. + the fence (beside read_only: counted in full
+# here); + the drain of the writes in flight.
+SWITCH = {"sql": 2, "haproxy": 2}
+VERIFY_SQL = 1  # each side's position, side by side, on a spare connection opened before the window
 DRAIN_POLL = 0.05  # frontdoor's poll while writes in flight drain
 
 

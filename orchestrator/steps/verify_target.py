@@ -194,12 +194,20 @@ class VerifyTarget(Step):
 
         def _read(which: Which) -> str | None:
             """The problem with that side's position, or None (each side in its own thread: two connections)."""
-            try:
-                conn = rt.db(which, read_timeout=timeout)
+
+            def _position(ping_spare: bool) -> repl.GtidPosition:
+                conn = rt.db(which, read_timeout=timeout, ping_spare=ping_spare)
                 try:
-                    now = repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
+                    return repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
                 finally:
                     rt.release(conn)
+
+            try:
+                try:
+                    # The spare opened before the window, unpinged: the read itself is the check (one round trip).
+                    now = _position(False)
+                except (pymysql.OperationalError, pymysql.InterfaceError):
+                    now = _position(True)  # that connection was gone: another one (a read, safe to repeat)
             except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
                 ctx.window.check("comparing GTID positions")
                 return f"reading the {which}'s GTID position: {exc}"

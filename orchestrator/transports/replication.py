@@ -849,10 +849,13 @@ def wait_and_promote(conn: pymysql.Connection, expected: GtidPosition, wait: flo
     forgets replication and allows writes. Checked again here from what it read. Not reached within `wait`:
     nothing changed (the caller waits in slices, then promotes, as before). Reached but not that position: left
     stopped and read-only, its replication settings intact, as promote() leaves it (PositionMismatch)."""
-    proof = " AND ".join(
-        f"FIND_IN_SET('{int(g.domain)}-{int(g.server_id)}-{int(g.seq)}', REPLACE(executed, ' ', '')) > 0"
-        for g in expected.gtids
-    ) or "TRUE"
+    proof = (
+        " AND ".join(
+            f"FIND_IN_SET('{int(g.domain)}-{int(g.server_id)}-{int(g.seq)}', REPLACE(executed, ' ', '')) > 0"
+            for g in expected.gtids
+        )
+        or "TRUE"
+    )
     block = (
         "BEGIN NOT ATOMIC "
         "DECLARE began DATETIME(6) DEFAULT SYSDATE(6); DECLARE reached INT DEFAULT NULL; "
