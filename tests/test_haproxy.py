@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from orchestrator.transports import haproxy
 from orchestrator.transports.haproxy import (
@@ -356,3 +357,67 @@ def test_show_sess_all_tells_the_writes_in_flight_from_the_reads() -> None:
 def test_a_hold_of_the_writes_waits_only_for_the_writes_in_flight(admin: FakeAdminSocket) -> None:
     admin.answers = {"show sess all": SHOW_SESS_ALL + "\n", **admin.answers}
     assert door(admin.path).writes_at_server() == {("0x5576ba59b960", "0x20")}
+
+
+# --- the kept connection (the runtime API's interactive mode) ----------------------------------------------------
+
+# HAProxy 2.6.12 in its interactive mode, one line of three commands (`show servers state be; set server be/app addr
+# 127.0.0.1 port 10; help nothing`), answers shortened: each answer, its empty line, the prompt.
+PROMPTED = (
+    "1\n# be_id be_name srv_id srv_name srv_addr\n3 be 1 app 127.0.0.1\n\n> "
+    "no need to change the addr, port changed from '9' to '10' by 'stats socket command'\n\n> "
+    "\n> "
+)
+
+
+def test_answers_in_the_interactive_mode_end_with_an_empty_line_and_the_prompt() -> None:
+    assert haproxy.split_prompted(PROMPTED, 3) == [
+        "1\n# be_id be_name srv_id srv_name srv_addr\n3 be 1 app 127.0.0.1\n",
+        "no need to change the addr, port changed from '9' to '10' by 'stats socket command'\n",
+        "",
+    ]
+    assert haproxy.split_prompted(PROMPTED[:-3], 3) is None  # the last answer has not come yet
+    assert haproxy.split_prompted("\n> " + PROMPTED, 4) == ["", *(haproxy.split_prompted(PROMPTED, 3) or [])]
+
+
+def test_a_door_keeps_one_connection_each_command_one_exchange(admin: FakeAdminSocket) -> None:
+    meter = haproxy.RoundTrips()
+    front = FrontDoor(unix_socket(str(admin.path)), frontend="app_front", backend="app_backend", server="app",
+                      hold_map="/m.map", meter=meter)  # fmt: skip
+    with structlog.contextvars.bound_contextvars(step="repl_switch"):
+        front.connect()
+        front.hold(30, host_now=1000.0)
+        front.release()
+        assert front.server_state().address == "127.0.0.2"
+    assert admin.connections == 1
+    # One for the connection's opening, then one per exchange (the release's two commands are one).
+    assert meter.by_step() == {"repl_switch": {"haproxy": 1 + 4}}
+    assert admin.commands == ["show info", "set map /m.map hold_until 1030.0", "set map /m.map hold_until 0",
+                              "set map /m.map hold_writes_until 0", "show servers state app_backend"]  # fmt: skip
+    front.close()
+
+
+def test_a_kept_connection_haproxy_closed_is_opened_again_and_the_command_answered(admin: FakeAdminSocket) -> None:
+    front = door(admin.path)
+    admin.idle_close = True  # HAProxy's `stats timeout`: the kept connection is closed after each answer
+    for _ in range(3):
+        assert front.pid_and_hold() == (parse_info(SHOW_INFO)["Pid"], 0.0)
+    assert admin.connections == 3
+    front.close()
+
+
+def test_the_hold_and_the_requests_in_flight_in_one_exchange(admin: FakeAdminSocket) -> None:
+    admin.answers = {"show sess all": SHOW_SESS_ALL + "\n", **admin.answers}
+    front = door(admin.path)
+    deadline, writes = front.hold_and_in_flight(30, writes_only=True, host_now=1000.0)
+    assert deadline == 1030.0 and writes == {("0x5576ba59b960", "0x20")}  # the POST; the GET may go on
+    assert admin.commands[-2:] == ["set map /m.map hold_writes_until 1030.0", "show sess all"]
+    _, every = front.hold_and_in_flight(30, host_now=1000.0)
+    assert every == {("0x5576ba5863f0", "0x20"), ("0x5576ba59b960", "0x20")}
+    asked = len(admin.commands)
+    assert front.wait_finished(set(), timeout=1.0)  # nothing in flight: nothing asked
+    assert len(admin.commands) == asked
+    admin.answers["set map"] = UNKNOWN_MAP
+    with pytest.raises(HaproxyRefused, match="hold_until"):
+        front.hold_and_in_flight(30, host_now=1000.0)
+    front.close()
