@@ -239,7 +239,7 @@ class ReplSwitch(Step):
         """The replica's wait and its promotion with proof. Usually one round trip: the replica reaches the final
         position within a first slice of the wait and is promoted in the same compound statement
         (repl.wait_and_promote). Else the wait goes on in slices that notice a broken replica, then the promotion
-        as its own statements. `promoting` is journaled before that first round trip (it may promote)."""
+        as its own statements. `promoting` is journaled before each action that may promote."""
         window = ctx.window
         budget = runtime(ctx).plan.cutover.max_write_block
         window.check("promoting the replica")
@@ -251,6 +251,9 @@ class ReplSwitch(Step):
                 result.wait_seconds = round(first.waited, 3)
                 result.promote_seconds = round(time.monotonic() - started - first.waited, 3)
                 return first.executed
+            # Not reached within the slice: nothing changed on the target, which the journal says again (its undo
+            # need not touch a target that was never promoted), until the promotion below.
+            ctx.save(PROMOTING, False)
             waited = repl.wait_for_position(target, final, window.timeout() or budget)
             result.wait_seconds = round(time.monotonic() - started, 3)
             if waited.outcome == "replica_failed":
@@ -259,6 +262,7 @@ class ReplSwitch(Step):
                 window.check(f"waiting for the replica to reach {final}")
                 raise StepError(f"the replica did not reach the source's final position {final} in time")
             window.check("promoting the replica")
+            ctx.save(PROMOTING, True)
             promoted = time.monotonic()
             executed = repl.promote(target, expected=final)
             result.promote_seconds = round(time.monotonic() - promoted, 3)
