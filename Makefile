@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-SYSTEM_PACKAGES := openssh-server openssh-client rsync mariadb-server mariadb-client mariadb-backup inotify-tools haproxy chromium nocache
+SYSTEM_PACKAGES := openssh-server openssh-client rsync mariadb-server mariadb-client mariadb-backup inotify-tools haproxy chromium nocache nginx php8.2-fpm php8.2-mysql wordpress sudo
 
 .PHONY: test test-fast demo venv system-packages lint docs clean
 
@@ -40,7 +40,7 @@ test-fast: venv
 	$(BIN)/pytest -q -m "not lab" -n 2
 
 demo: venv system-packages
-	$(BIN)/python -m orchestrator.lab.demo
+	$(BIN)/python -m orchestrator.lab.demo $(if $(APP),--app $(APP))
 
 clean:
 	-$(BIN)/migrate lab down

@@ -1,4 +1,5 @@
-# One lab "server" (source or target): sshd, MariaDB, rsync and the demo app, as in the native lab.
+# One lab "server" (source or target): sshd, MariaDB, rsync and the demo app, as in the native lab; with
+# LAB_APP=wordpress, Debian's nginx + php8.2-fpm + WordPress instead of the demo app (`lab up --app wordpress`).
 # Built from the repository root: docker compose -f docker-compose.test.yml build
 FROM debian:12-slim
 
@@ -8,7 +9,8 @@ RUN printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin
     && apt-get update \
     && apt-get install -y --no-install-recommends \
         openssh-server openssh-client rsync mariadb-server mariadb-client mariadb-backup \
-        python3 python3-venv ca-certificates procps \
+        python3 python3-venv ca-certificates procps curl \
+        nginx php8.2-fpm php8.2-mysql wordpress \
     && rm -rf /var/lib/apt/lists/* /usr/sbin/policy-rc.d \
     && mkdir -p /run/sshd
 

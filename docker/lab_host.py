@@ -7,6 +7,7 @@ lab's directory), then stays in the foreground until SIGTERM, when it stops its 
 from __future__ import annotations
 
 import fcntl
+import os
 import signal
 import sys
 import threading
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestrator.lab import binscripts, cfapi, hosts, mariadb, planfile, procs, sshd
+from orchestrator.lab import binscripts, cfapi, hosts, mariadb, planfile, procs, sshd, wordpress
 from orchestrator.lab.state import STATE_FILE, HostState, LabState
 
 LAB_DIR = Path("/lab")
@@ -55,6 +56,7 @@ def lab_state() -> LabState:
                 target=host("target", 2),
                 cf_address=ADDRESSES["cloudflare-api"],
                 cf_port=hosts.DEFAULT_CF_PORT,
+                app=os.environ.get("LAB_APP", "demo"),  # "wordpress": nginx + php8.2-fpm + WordPress
             )
             state.save()
         hosts.ensure_env_file(state)
@@ -91,6 +93,8 @@ def run_host(name: str) -> LabState:
     write_known_hosts(state)
     sshd.start(state, host)
     binscripts.write_scripts(state, host, python=sys.executable)
+    if state.app == wordpress.APP_NAME:
+        wordpress.write_host(state, host)
     mariadb.install_datadir(host)
     if name == "target":
         return state  # the target's database and app stay stopped: the migration brings them
@@ -98,6 +102,8 @@ def run_host(name: str) -> LabState:
     mariadb.provision_users(state, state.secrets())
     mariadb.fill_reviews(state, 5)
     hosts.seed_uploads(state, 4)
+    if state.app == wordpress.APP_NAME:
+        wordpress.install(state, host)
     hosts.run_script(host, "app-start", timeout=60)
     # The source checks its hop to the target once the target's sshd is up, then writes the plan.
     target = state.target

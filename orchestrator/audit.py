@@ -11,17 +11,18 @@ private directory (0700) of its own, `--read-only`, `--innodb-read-only` (InnoDB
 byte for byte as the clean shutdown left them), no binary log, no replica threads, no event scheduler. Only Aria's
 log control file notes the start. The audit stops it again (SIGTERM, waited for) before it reports.
 
-What is held lives in this process only: a run resumed by another process has no snapshot, and says so.
+What is held lives in this process only, on the run's runtime (`Runtime.audit_hold`): a run resumed by another
+process has no snapshot, and says so. The replicate mode's audit (orchestrator/replica_audit.py) holds its
+target snapshot the same way.
 """
 
 from __future__ import annotations
 
 import shlex
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pymysql
 
@@ -59,7 +60,7 @@ class ServerLaunch:
 
 @dataclass
 class Held:
-    """What one run keeps between verify_target and the audit."""
+    """What one run keeps between verify_target and the audit (on its runtime: `Runtime.audit_hold`)."""
 
     source: ServerLaunch | None = None
     snapshot: pymysql.connections.Connection | None = None
@@ -67,18 +68,19 @@ class Held:
     engines: dict[str, str] = field(default_factory=dict)
 
 
-_HELD: dict[str, Held] = {}
-_LOCK = threading.Lock()
+class HoldsAudit(Protocol):
+    audit_hold: Held
 
 
-def held(run_id: str) -> Held:
-    with _LOCK:
-        return _HELD.setdefault(run_id, Held())
+def held(rt: HoldsAudit) -> Held:
+    """What this run holds for its audit (kept by the run's runtime: it lives and dies with this process)."""
+    return rt.audit_hold
 
 
-def forget(run_id: str) -> Held | None:
-    with _LOCK:
-        return _HELD.pop(run_id, None)
+def forget(rt: HoldsAudit) -> Held:
+    """What was held, handed over once (the runtime keeps a fresh, empty hold)."""
+    hold, rt.audit_hold = rt.audit_hold, Held()
+    return hold
 
 
 # --- the source server's command line ---------------------------------------------------------------------------

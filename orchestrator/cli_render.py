@@ -87,6 +87,9 @@ def status_lines(report: run.StatusReport) -> list[Text]:
         lines.append(Text(f"needs attention: {report.dns_problem}", "red"))
     if report.audit is not None:
         lines.append(Text(report.audit, "bold red" if report.audit.startswith("AUDIT") else "yellow"))
+    for leftover in report.leftovers:
+        # The next run of this plan (its preflight), or a rollback, ends them.
+        lines.append(Text(leftover, "yellow"))
     lines.append(Text(f"next: {report.next_action}"))
     return lines
 

@@ -45,6 +45,7 @@ class Host(Protocol):
         check: bool = True,
         env: dict[str, str] | None = None,
         keep: Callable[[str], bool] | None = None,
+        input: str | None = None,
     ) -> CommandResult: ...
 
 
@@ -54,6 +55,9 @@ class StepRuntime(Protocol):
     plan: Plan
     plan_path: Path
     window: DowntimeWindow
+    # What the run holds for its after-commit audit: an orchestrator.audit.Held (typed there, through
+    # audit.held(rt): the audit module builds on these contracts, not the other way round).
+    audit_hold: Any
     round_trips: RoundTrips
 
     def host(self, which: Which) -> Host: ...

@@ -41,10 +41,16 @@ class Reading:
     origin: str  # "live" (read just now) or "journal" (the run's last journaled reading)
     end: bool = False  # the reading the run made at its end
     error: str | None = None  # why a live read was not possible (then the journal's reading, if any, is shown)
+    # The reading of a reverse run (`Plan.reversed()`: its source is the forward run's target): each host is named
+    # as the operator knows it, the forward plan's source and target, never by the reverse plan's swapped roles.
+    reverse: bool = False
     where: dict[str, list[Host]] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.where = {name: [points_at(c, self.source, self.target) for c in cs] for name, cs in self.records.items()}
+        self.where = {
+            name: [forward_role(points_at(c, self.source, self.target), self.reverse) for c in cs]
+            for name, cs in self.records.items()
+        }
 
     def hosts(self) -> set[Host]:
         return {host for hosts in self.where.values() for host in hosts}
@@ -74,21 +80,32 @@ class Reading:
         return f"DNS ({said} {when}): {where}{why}"
 
 
+def forward_role(host: Host, reverse: bool) -> Host:
+    """A host named by a reverse plan's role, as the forward plan names it (the same host)."""
+    if not reverse or host == "other":
+        return host
+    return "target" if host == "source" else "source"
+
+
 def points_at(content: str, source: list[str], target: str) -> Host:
     if content == target:
         return "target"
     return "source" if content in source else "other"
 
 
-def serving_host(state: RunState | None) -> Literal["source", "target"] | None:
-    """The host that takes writes once the run has ended: the target after a completed run, the source after a
-    rollback; None while the run is unfinished (no verdict on a stopped host then, only on a split)."""
+def serving_host(
+    state: RunState | None, *, reverse: bool = False, moved_back: bool = False
+) -> Literal["source", "target"] | None:
+    """The host that takes writes once the run has ended, named as the forward plan names it: the target after a
+    completed forward run, the source after a rollback; the source after a completed reverse run (`reverse`), or
+    after a completed forward run that a completed reverse run has since moved back (`moved_back`). None while the
+    run is unfinished (no verdict on a stopped host then, only on a split)."""
     if state is None:
         return None
     if state.status == RunStatus.COMPLETED:
-        return "target"
+        return "source" if reverse or moved_back else "target"
     if state.status == RunStatus.ROLLED_BACK:
-        return "source"
+        return "target" if reverse else "source"
     return None
 
 
@@ -108,13 +125,13 @@ def problem(reading: Reading | None, serving: Literal["source", "target"] | None
     return None
 
 
-def end_problem(events: list[dict[str, Any]], state: RunState | None) -> str | None:
+def end_problem(events: list[dict[str, Any]], state: RunState | None, *, reverse: bool = False) -> str | None:
     """The verdict on the reading the run made at its end (None without one: an older reading may be stale)."""
-    reading = journaled(events)
-    return problem(reading, serving_host(state)) if reading is not None and reading.end else None
+    reading = journaled(events, reverse=reverse)
+    return problem(reading, serving_host(state, reverse=reverse)) if reading is not None and reading.end else None
 
 
-def journaled(events: list[dict[str, Any]]) -> Reading | None:
+def journaled(events: list[dict[str, Any]], *, reverse: bool = False) -> Reading | None:
     """The last reading journaled in the last run of `events` (None: the run never read its records)."""
     found: dict[str, Any] | None = None
     for event in events:
@@ -131,6 +148,7 @@ def journaled(events: list[dict[str, Any]]) -> Reading | None:
         target=str(found.get("target") or ""),
         origin="journal",
         end=bool(found.get("end")),
+        reverse=reverse,
     )
 
 
@@ -163,7 +181,8 @@ def read_live(plan: Plan, plan_path: Path, events: list[dict[str, Any]], *, time
     except Exception as exc:  # any failure of the API or the network: one line, never a traceback
         text = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise LiveReadError(f"DNS cannot be read live: {secrets.redact(text)}") from None
-    return Reading(time.time(), records, source_contents(plan, events), plan.dns_content, "live")
+    reverse = plan.reverse_of is not None
+    return Reading(time.time(), records, source_contents(plan, events), plan.dns_content, "live", reverse=reverse)
 
 
 class LiveReadError(Exception):
@@ -177,9 +196,9 @@ def now(plan: Plan, plan_path: Path, events: list[dict[str, Any]], *, live: bool
             return read_live(plan, plan_path, events)
         except LiveReadError as exc:
             error = str(exc)
-        fallback = journaled(events)
+        fallback = journaled(events, reverse=plan.reverse_of is not None)
         if fallback is not None:
             fallback.error = error
             return fallback
         return Reading(time.time(), {}, [], plan.dns_content, "none", error=error)
-    return journaled(events)
+    return journaled(events, reverse=plan.reverse_of is not None)

@@ -537,7 +537,7 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
         command = final_pass_command(tree.source, rsync.target_spec(plan, tree.target), "/dev/null",
                                      ssh=rsync.target_ssh_command(plan), exclude=tree.exclude,
                                      timeout=plan.transfer.rsync_timeout, whole_file=plan.transfer.whole_file,
-                                     extra=["--dry-run"])  # fmt: skip
+                                     extra=["--dry-run", *rsync.remote_rsync(plan)])  # fmt: skip
         rsync_pass = _median([_timed(lambda: rsync.push(rt.source, command, what="an empty tracked pass (dry-run)",
                                                         retry=plan.retry, short=True))
                               for _ in range(ROUND_TRIP_SAMPLES)])  # fmt: skip

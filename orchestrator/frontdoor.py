@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from orchestrator import guard
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FrontDoorProxy
@@ -63,8 +64,10 @@ from orchestrator.transports.haproxy import (
 
 Side = Literal["source", "target"]
 
-# Seconds a hold outlives the budget: the rollback that follows a spent budget stretches it before it runs out.
-HOLD_MARGIN = 5.0
+# Seconds a hold outlives the budget: the rollback that follows a spent budget stretches it before it runs out, and
+# with nobody left to roll back, it outlives the guard's deadline (guard.MARGIN past the budget) by the guard's
+# restore: the held requests then reach a source that takes writes, never a fence that refuses them.
+HOLD_MARGIN = guard.MARGIN + guard.RESTORE_ALLOWANCE
 # How long the rollback keeps the source holding while its database starts again and its fence is lifted.
 ROLLBACK_HOLD = 180.0
 MIN_HOLD = 1.0

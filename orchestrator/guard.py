@@ -9,7 +9,8 @@ of the orchestrator. It lives in a directory named after the run (`guard_dir`) a
 - `heartbeat`: touched every HEARTBEAT_INTERVAL s by the live run (`Heartbeat`, over its own SSH connection), from
   the window's start until the run's process ends; a resumed run (or `migrate rollback`) touches it again.
 The guard acts only when both hold: its deadline has passed (when writes were first blocked, plus
-cutover.max_write_block, plus every backoff between lock tries, plus MARGIN, on the source's clock) AND the heartbeat
+cutover.max_write_block, plus MARGIN, on the source's clock; the backoffs between lock tries do not move it: a run
+lets writes in between its tries, and a dead run has no tries left to make) AND the heartbeat
 is older than HEARTBEAT_STALE s (mtime against the source's own clock: no clock offset matters). A live run that is
 slow (a long rollback) keeps its heartbeat and is never raced; a dead one stops it before its budget ends, so the
 guard acts by its deadline: within budget + margin. It then restores the source with the plan's own commands (a
@@ -31,11 +32,16 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator import owned
 from orchestrator.contracts import Host
 from orchestrator.transports.ssh import TransportError
 
 # Seconds past the budget before the guard acts: a run that is alive ends its window well within its budget.
 MARGIN = 10.0
+# Seconds a front door keeps holding requests past the guard's deadline: the guard's restore (a read-only database
+# restarted, a stopped one started, the fence lifted) has that long before held requests reach the source. A hold
+# that ran out before the guard acted would turn held requests into refusals while nobody decides.
+RESTORE_ALLOWANCE = 5.0
 POLL = 0.5
 # The live run touches the heartbeat this often; the guard takes the run for dead once it is older than
 # HEARTBEAT_STALE (several beats missed, a slow SSH round trip is not death). Below MARGIN: a run killed inside its
@@ -44,6 +50,7 @@ HEARTBEAT_INTERVAL = 1.0
 HEARTBEAT_STALE = 8
 COMMITTED, RELEASED, DB_STOPPED, READ_ONLY, TRACE = "committed", "released", "db_stopped", "read_only", "trace"
 HEARTBEAT = "heartbeat"
+PID = "pid"  # the guard's own pid, written as it starts (a later run tells a waiting guard from one that is gone)
 
 
 @dataclass(frozen=True)
@@ -58,8 +65,10 @@ class GuardPlan:
     stale: int = HEARTBEAT_STALE  # seconds without a heartbeat before the run is taken for dead
 
 
-def guard_dir(run_id: str, base: str = "/tmp") -> str:
-    return f"{base.rstrip('/')}/migrate-guard-{run_id}"
+def guard_dir(owner: str, base: str = "/tmp") -> str:
+    """The guard's directory, named after its owner (orchestrator/owned.py: the plan and the run), so a later run of
+    the plan finds a guard an earlier one left waiting."""
+    return f"{base.rstrip('/')}/{owned.GUARD_PREFIX}{owner}"
 
 
 def deadline(blocked_at: float, budget: float, source_clock_offset: float | None) -> float:
@@ -79,6 +88,7 @@ def script(guard: GuardPlan) -> str:
         )
 
     return f"""#!/bin/sh
+echo $$ > {d}/{PID}
 note() {{ echo "$(date +%s.%N) $1" >> {d}/{TRACE}; }}
 deadline={math.ceil(guard.deadline)}
 stale={int(guard.stale)}

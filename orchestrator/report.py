@@ -283,7 +283,13 @@ def checks_where(outputs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         checks.append({"check": "source binary log position under the lock (a resume re-proves it)", "where": "inside"})
     if "audit" in outputs:
         audit = AuditResult.of(outputs["audit"])
-        if audit.status not in ("off", "not_needed"):
+        if audit.status not in ("off", "not_needed") and audit.method == "chunks":
+            checks.append({"check": "checksums of every table in primary-key chunks: the target's snapshot at the "
+                           "promotion against the read-only source at its final position", "where": "after",
+                           "status": audit.status, "tables": audit.tables, "chunks": audit.chunks,
+                           "rows": audit.rows, "differing": len(audit.differences), "reason": audit.reason,
+                           "seconds": audit.seconds})  # fmt: skip
+        elif audit.status not in ("off", "not_needed"):
             checks.append({"check": "row counts and CHECKSUM TABLE of every table: the target's snapshot at the "
                            "commit against the stopped source", "where": "after", "status": audit.status,
                            "tables": audit.tables, "differing": len(audit.differences), "reason": audit.reason,
@@ -366,6 +372,8 @@ def render_report(report: dict[str, Any]) -> str:
         status = f" [{check['status']}]" if check.get("status") else ""
         lines.append(f"  check {check['where']:<6} the window: {check['check']}{status}")
     audited = AuditResult.of(report.get("audit"))
+    if report.get("audit") and audited.cost():
+        lines.append(f"  audit: {audited.status}: {audited.cost()}")
     if report.get("audit") and audited.summary():
         lines.append(f"  {audited.summary()}")
     if report.get("peak_rss_mib") is not None:

@@ -25,6 +25,7 @@ from typing import Any
 import structlog
 
 from orchestrator.report import build_report, run_events, seed_hold_text, write_report
+from orchestrator.results import AuditResult
 from orchestrator.secrets import redact_obj
 
 JOURNAL_FILE = "journal.jsonl"
@@ -355,6 +356,15 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
             True,
             f"{', '.join(map(str, records))} → {flip.get('new_content')}",
             view.dns_flipped_at - 1e-6 if view.dns_flipped_at else ended("dns_flip"),
+        )
+    audited = AuditResult.of(results.get("audit"))
+    if results.get("audit") is not None and audited.status not in ("off", "not_needed"):
+        add(
+            "audit after the commit: every table, the target as migrated against the source",
+            "audit",
+            not audited.needs_attention,
+            "; ".join(x for x in (audited.status, audited.cost(), audited.summary()) if x),
+            ended("audit"),
         )
     finish = results.get("finish")
     if finish is not None:

@@ -251,16 +251,22 @@ class VerifyResult(Contract):
 
 
 class AuditResult(Contract):
-    """The after-commit audit (shutdown mode): row counts and CHECKSUM TABLE of every table, the target's snapshot
-    taken before its fence lifted against the stopped source, started read-only and isolated.
+    """The after-commit audit. Shutdown mode (method "figures"): row counts and CHECKSUM TABLE of every table, the
+    target's snapshot taken before its fence lifted against the stopped source, started read-only and isolated.
+    Replicate mode (method "chunks"): checksums over primary-key chunks, as repl_catchup compares, the target's
+    snapshot opened at the promotion against the read-only source at its final position (`at_gtid`).
 
-    status: "equal", "differs" (names the tables), "incomplete" (one side could not be read: nothing proven),
-    "not_run" (why: no snapshot, e.g. the process that took it is gone), "off" (the plan asks for neither figure),
-    "not_needed" (replicate mode: compared before the window)."""
+    status: "equal", "differs" (names the tables, and the chunks in replicate mode), "incomplete" (one side could
+    not be read: nothing proven), "not_run" (why: no snapshot, e.g. the process that took it is gone), "off" (the
+    plan asks for neither figure), "not_needed" (older replicate runs: compared before the window only)."""
 
     status: str = "not_run"
     reason: str | None = None
+    method: str = "figures"
     tables: int = 0
+    chunks: int | None = None  # replicate mode: the chunks compared
+    rows: int | None = None  # replicate mode: the source's rows compared
+    at_gtid: str | None = None  # replicate mode: the source's final position both sides were compared at
     row_counts: dict[str, int] | None = None  # the source's (equal to the target's when status is "equal")
     checksums_compared: int = 0
     differences: list[str] = []
@@ -275,13 +281,23 @@ class AuditResult(Contract):
     def needs_attention(self) -> bool:
         return self.status in ("differs", "incomplete")
 
+    def cost(self) -> str | None:
+        """What the audit read and how long it took, in words (None: it read nothing)."""
+        if self.seconds is None or self.status in ("off", "not_needed", "not_run"):
+            return None
+        read = f"{self.tables} table(s)"
+        if self.rows is not None:
+            read += f", {self.rows} row(s) in {self.chunks or 0} chunk(s)"
+        return f"{read} in {self.seconds:g} s, after the commit (outside the window)"
+
     def summary(self) -> str | None:
         """One line for the console and `status` when the audit did not prove the data equal (None: it did, or
         there was nothing to audit)."""
         if self.status == "differs":
             return (f"AUDIT: {len(self.differences)} difference(s) between the target (as migrated) and the source: "
                     + "; ".join(self.differences[:5]) + (" ..." if len(self.differences) > 5 else "")
-                    + " (the run is committed: see the report; the source's datadir is kept as it was)")  # fmt: skip
+                    + " (the run is committed: see the report" + ("" if self.method == "chunks" else
+                    "; the source's datadir is kept as it was") + ")")  # fmt: skip
         if self.status == "incomplete":
             return f"AUDIT incomplete (nothing proven): {self.reason}"
         if self.status == "not_run":

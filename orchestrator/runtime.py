@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pymysql
 
-from orchestrator import secrets
+from orchestrator import audit, secrets
 from orchestrator.engine.step import StepError
 from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
 from orchestrator.retry import call_with_retry
@@ -48,6 +48,9 @@ class Runtime:
         self.heartbeat: Any = None
         # The window's rsync route (transports/rsync_daemon.py), opened before the window when it can be.
         self.window_route: rsync_daemon.DaemonRoute | None = None
+        # What this run holds for its after-commit audit (orchestrator/audit.py): the target's snapshot session and
+        # how the source's server runs. In this process only: a resumed run has none, and its audit says so.
+        self.audit_hold = audit.Held()
         # Round trips to the hosts, their databases and front doors, and the DNS API, by step (the report's window
         # parts carry them).
         self.round_trips = RoundTrips()

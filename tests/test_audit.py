@@ -6,13 +6,22 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator import audit, exit_codes
+from orchestrator import audit, exit_codes, replica_audit
 from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
 from orchestrator.results import AuditResult
 from orchestrator.run.watch import outcome_code
+from orchestrator.steps import (
+    AFTER_CUTOVER,
+    CUTOVER_MODES,
+    REVERSE_OVER_REPLICA,
+    after_cutover,
+    step_class,
+    step_order,
+)
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.verify_target import VerifyTarget
-from tests.test_steps_offline import OfflineRuntime, context, plan
+from orchestrator.transports import replication as repl
+from tests.test_steps_offline import FakeSession, OfflineRuntime, context, plan
 
 
 def _no_checks() -> Any:
@@ -31,16 +40,14 @@ def test_verify_target_reads_no_row_inside_the_window_and_holds_a_snapshot_for_t
     rt = OfflineRuntime(_no_checks())
     rt.window.begin(time.time() - 1)
     ctx = context(rt, "verify_target", outputs={"cutover": {"tables": ["app.reviews", "app.users"]}})
-    try:
-        result = VerifyTarget().run(ctx)
-        assert result is not None and result["audit_snapshot_at"] > 0
-        statements = rt.session.statements
-        assert statements[0] == "START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT"
-        assert not [s for s in statements if "COUNT(" in s.upper() or "CHECKSUM" in s.upper()], statements
-        held = audit.held("offline")
-        assert held.snapshot is rt.session, "the session stays open until the audit, after the commit"
-    finally:
-        audit.forget("offline")
+    result = VerifyTarget().run(ctx)
+    assert result is not None and result["audit_snapshot_at"] > 0
+    statements = rt.session.statements
+    assert statements[0] == "START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT"
+    assert not [s for s in statements if "COUNT(" in s.upper() or "CHECKSUM" in s.upper()], statements
+    held = audit.held(rt)
+    assert held.snapshot is rt.session, "the session stays open until the audit, after the commit"
+    assert audit.forget(rt) is held and audit.held(rt).snapshot is None, "handed over once, held by the run's runtime"
 
 
 def test_the_isolated_source_keeps_its_own_options_and_cannot_take_a_write() -> None:
@@ -93,7 +100,6 @@ def test_the_audit_names_each_differing_table_and_asks_for_attention() -> None:
 
 def test_the_audit_without_the_snapshot_says_it_did_not_run_and_why() -> None:
     rt = OfflineRuntime(plan())
-    audit.forget("offline")
     result = Audit().run(context(rt, "audit", outputs={"cutover": {"tables": ["app.reviews"]}}))
     assert result is not None and result["status"] == "not_run" and "resumed" in result["reason"]
 
@@ -108,3 +114,111 @@ def test_a_completed_run_whose_audit_found_a_difference_exits_needs_attention() 
     assert outcome_code(_run({"status": "incomplete", "reason": "x"}), []) == exit_codes.NEEDS_ATTENTION
     assert outcome_code(_run({"status": "equal", "tables": 2}), []) == exit_codes.OK
     assert outcome_code(_run({"status": "not_run", "reason": "resumed"}), []) == exit_codes.OK
+
+
+# --- the replicate mode's audit ---------------------------------------------------------------------------------
+
+REPLICATE_STEPS = [{"event": "run_started", "steps": ["repl_switch", "verify_target", "dns_flip", "audit"]}]
+
+
+class GtidSession(FakeSession):
+    """A database session at the final GTID position."""
+
+    def answer(self, sql: str) -> list[tuple[Any, ...]]:
+        return [("0-1-42",)] if "gtid_current_pos" in sql or "gtid_binlog_pos" in sql else []
+
+
+class PositionsRuntime(OfflineRuntime):
+    """One session per side (the positions are read side by side), and what was released."""
+
+    def __init__(self, plan: Any) -> None:
+        super().__init__(plan)
+        self.sessions: dict[str, GtidSession] = {}
+        self.released: list[object] = []
+
+    def db(self, which: str, **_: Any) -> GtidSession:
+        self.sessions[which] = GtidSession()
+        return self.sessions[which]
+
+    def release(self, conn: object) -> None:
+        self.released.append(conn)
+
+
+def test_replicate_verify_opens_the_audit_snapshot_with_one_statement_and_holds_it_on_the_runtime() -> None:
+    rt = PositionsRuntime(_no_checks())
+    rt.window.begin(time.time() - 1)
+    ctx = context(rt, "verify_target", history=REPLICATE_STEPS, outputs={"repl_switch": {"final_gtid": "0-1-42"}})
+    figures, problems = VerifyTarget().positions(ctx)
+    assert not problems and figures["audit_snapshot_at"] > 0
+    # Inside the window: one statement more, on the connection that read the target's position (no connection of
+    # its own, no ping); the tables are read on the frozen source after the commit.
+    target, source = rt.sessions["target"], rt.sessions["source"]
+    assert target.statements == ["SELECT @@GLOBAL.gtid_current_pos", replica_audit.SNAPSHOT_STATEMENT]
+    assert source.statements == ["SELECT @@GLOBAL.gtid_binlog_pos"]
+    assert audit.held(rt).snapshot is target and rt.released == [source], "the target's session is kept"
+    described = " ".join(VerifyTarget().describe(ctx))
+    assert "consistent snapshot on the promoted, still fenced target" in described
+    # A run that rolls back (the flip failed) closes it at once: nothing keeps the target's purge back meanwhile.
+    VerifyTarget().undo(ctx)
+    assert rt.released == [source, target] and audit.held(rt).snapshot is None
+    # With the audit off (database.verify asks for neither), the target's session is released as before.
+    off = _no_checks()
+    off = off.model_copy(update={"database": off.database.model_copy(update={"verify": off.database.verify.model_copy(
+        update={"row_counts": False, "checksum": False})})})  # fmt: skip
+    quiet = PositionsRuntime(off)
+    quiet.window.begin(time.time() - 1)
+    switched = {"repl_switch": {"final_gtid": "0-1-42"}}
+    figures, problems = VerifyTarget().positions(
+        context(quiet, "verify_target", history=REPLICATE_STEPS, outputs=switched)
+    )
+    assert not problems and not figures and audit.held(quiet).snapshot is None
+    assert quiet.sessions["target"].statements == ["SELECT @@GLOBAL.gtid_current_pos"]
+
+
+def test_a_resumed_replicate_run_does_not_audit_a_target_that_took_writes_and_says_why() -> None:
+    # The process that held the snapshot died (kill -9 between verify_target and the audit): the resumed run's
+    # runtime holds nothing, and the target has taken writes since the commit.
+    rt = OfflineRuntime(plan())
+    ctx = context(rt, "audit", history=REPLICATE_STEPS, outputs={"repl_switch": {"final_gtid": "0-1-42"}})
+    result = AuditResult.of(Audit().run(ctx))
+    assert result.status == "not_run" and result.method == "chunks"
+    assert "resumed" in (result.reason or "") and "not compared" in (result.reason or "")
+    assert not hasattr(rt, "session"), "no connection opened to either side"
+    assert not result.needs_attention and "audit not run" in (result.summary() or "")
+
+
+def test_the_replicate_audit_names_the_table_and_the_chunk_and_its_cost() -> None:
+    chunk = repl.Chunk(0, None, ("r-000051",))
+    differing = repl.ChunkDiff("app.reviews", chunk, ("id",), repl.ChunkSum(50, 1), repl.ChunkSum(50, 2))
+    log_diff = repl.ChunkDiff("app.log", repl.Chunk(0, None, None), (), repl.ChunkSum(3, 1), repl.ChunkSum(4, 1))
+    found = replica_audit.ChunkedAudit(differences=[differing, log_diff], missing=["app.users"], tables=3, chunks=4,
+                                       rows=153, seconds=0.5)  # fmt: skip
+    engines = {"app.reviews": "innodb", "app.users": "innodb", "app.log": "aria"}
+    result = Audit._compare_chunks(found, engines, repl.GtidPosition.parse("0-1-42"))
+    assert result.status == "differs" and result.needs_attention
+    assert result.differences == [
+        "app.reviews chunk 0 (id from the start to before 'r-000051'): 50 rows on both, contents differ",
+        "app.users: missing on the target",
+    ]
+    assert result.live_differences and result.live_differences[0].startswith("app.log chunk 0")
+    assert "app.reviews chunk 0" in (result.summary() or "") and "datadir" not in (result.summary() or "")
+    cost = result.model_copy(update={"seconds": 0.5}).cost()
+    assert cost == "3 table(s), 153 row(s) in 4 chunk(s) in 0.5 s, after the commit (outside the window)"
+    unread = replica_audit.ChunkedAudit(unread={"app.x": "on the target: error 1412"}, tables=1)
+    verdict = Audit._compare_chunks(unread, {}, repl.GtidPosition.parse("0-1-42"))
+    assert verdict.status == "incomplete" and "app.x" in (verdict.reason or "")
+    assert Audit._compare_chunks(replica_audit.ChunkedAudit(tables=2, chunks=2, rows=9), {},
+                                 repl.GtidPosition.parse("0-1-42")).status == "equal"  # fmt: skip
+
+
+def test_the_audit_snapshot_is_opened_after_the_promotion_and_before_the_commit_in_every_mode() -> None:
+    # verify_target opens the snapshot: it must run after the step that promotes (repl_switch) or starts the target,
+    # and before the commit point (the step that lifts the target's fence), or the snapshot could hold the
+    # application's writes (a false difference) or miss the promotion.
+    reverse = REVERSE_OVER_REPLICA[: -len(AFTER_CUTOVER)]
+    orders = [step_order(mode, door_commits=door) for mode in CUTOVER_MODES for door in (False, True)]
+    for steps in (*orders, (*reverse, *after_cutover(False)), (*reverse, *after_cutover(True))):
+        commit = next(i for i, name in enumerate(steps) if step_class(name).commit_point)
+        assert steps.index("verify_target") < commit < steps.index("audit"), steps
+        before = "repl_switch" if "repl_switch" in steps else "start_target"
+        assert steps.index(before) < steps.index("verify_target"), steps

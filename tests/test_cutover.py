@@ -27,7 +27,7 @@ from orchestrator.steps import STEP_ORDER, build_steps
 from orchestrator.steps.common import COMMAND_TIMEOUT, backoff_delays
 from orchestrator.steps.cutover import Cutover
 from orchestrator.steps.dns_flip import DnsFlip
-from orchestrator.steps.start_target import StartTarget
+from orchestrator.steps.start_target import StartTarget, held_while_running, start_lock_path
 from orchestrator.transports.cloudflare import DnsError
 from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.mysql import Blocker, mask_query, summarize_blockers
@@ -158,7 +158,8 @@ def test_start_target_fences_first_keeps_the_fence_and_bounds_each_command_by_th
     fence = rt.plan.services.target_fence
     # Fenced before anything starts; the fence is left for the DNS flip to lift.
     assert commands[0] == fence.enable
-    assert commands[1] == rt.plan.database.target.start
+    # The database's start command runs as it is, under the lock an undo waits for (start_target.DB_START_LOCK).
+    assert commands[1] == held_while_running(start_lock_path("test"), rt.plan.database.target.start)
     assert commands[2:] == [service.start for service in rt.plan.services.target]
     assert fence.disable not in commands
     assert all(timeout is not None and 1.0 <= timeout <= 7.5 for _, timeout in rt.target.calls), rt.target.calls

@@ -11,8 +11,11 @@ lost). The helpers are test_faults.py's.
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import signal
+import subprocess
 import threading
 import uuid
 from pathlib import Path
@@ -21,10 +24,11 @@ from typing import Any
 import pymysql
 import pytest
 
-from orchestrator import exit_codes, guard
+from orchestrator import exit_codes, guard, owned
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify
 from tests.test_e2e import (
+    MIGRATE,
     a_review,
     assert_source_serves_and_dns_unchanged,
     dns_contents,
@@ -33,6 +37,7 @@ from tests.test_e2e import (
     migrate_apply,
     outcome,
     plan_copy,
+    plan_name,
     restore_source_live,
     start_load,
 )
@@ -48,7 +53,14 @@ from tests.test_faults import (
     wait_for,
 )
 from tests.test_replicate_e2e import journal_events as replicate_journal
-from tests.test_replicate_e2e import live, on_step, replicate_plan, source_is_plain_and_writable
+from tests.test_replicate_e2e import (
+    live,
+    on_step,
+    replicate_plan,
+    source_is_plain_and_writable,
+    tunnel,
+    tunnel_running,
+)
 
 pytestmark = pytest.mark.lab
 __all__ = ["live", "live_lab", "load"]
@@ -189,12 +201,17 @@ def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_l
 
     state = live_lab
     budget = 15.0
-    plan = plan_copy(
-        state, "guard", {"cutover": {"max_write_block": budget, "lock_attempts": 1, "refuse_predicted_overrun": False}}
-    )
+    # Lock tries with backoffs between them (5 tries, 4 + 8 + 16 + 32 s): the guard's bound must not grow with them.
+    cutover = {"max_write_block": budget, "lock_attempts": 5, "lock_retry_backoff": 4}
+    cutover["refuse_predicted_overrun"] = False
+    plan = plan_copy(state, "guard", {"cutover": cutover})
     killed_once_the_source_stops(state, plan)
     events = journal_events(state, plan)
     saved = {ev["key"]: ev["value"] for ev in events if ev.get("event") == "step_saved"}
+    # The documented bound, as the guard was given it: writes first blocked + the budget + the margin (the lab's
+    # hosts share one clock; the deadline is rounded up to a whole second in the guard).
+    bound = float(saved["writes_blocked_at"]) + budget + guard.MARGIN
+    assert float(saved["guard"]["deadline"]) <= bound, (saved["guard"], bound)
     trace_file = Path(saved["guard"]["dir"]) / guard.TRACE
     # `status` says the run is interrupted and what the guard will do (read before it is due).
     said = migrate_status(state, plan).stdout
@@ -214,6 +231,9 @@ def test_kill9_in_the_window_without_resume_the_guard_restores_the_source(live_l
     )
     # Never before its deadline: until then the run could have been resumed and committed.
     assert acted_at >= float(saved["guard"]["deadline"]) - 1.0, trace  # the deadline is rounded up to whole seconds
+    # Acted at the bound: the guard's own trace says which deadline it kept (a whole second, rounded up).
+    kept = next(line for line in trace if "acts after" in line).split("acts after ")[1].split()[0]
+    assert float(kept) <= math.ceil(bound), (kept, bound, trace)
     assert "start the database: done" in " ".join(trace) and "lift the fence: done" in " ".join(trace), trace
     assert_source_serves_and_dns_unchanged(state)
     # `status` says where every record points (read live): at the source.
@@ -270,9 +290,136 @@ def test_kill9_in_the_replicate_window_without_resume_the_guard_restores_the_sou
         result = migrate_apply(state, plan, timeout=400)
         assert result.returncode == exit_codes.FAILED, outcome(result)
         assert "guard_had_restored_the_source" in result.stdout + result.stderr, outcome(result)
+        # Killed in its window and rolled back: no tunnel, rsync password file or daemon of the run is left on either
+        # host, and no process of it (the guard that acted keeps only its directory, with its trace).
+        assert owned_on_hosts(owned.plan_key(plan_name(plan), plan)) == []
     finally:
         load.send_signal(signal.SIGTERM)
         load.communicate(timeout=60)
     assert_source_serves_and_dns_unchanged(state)
     verify = main_verify(state, host="source", load_dir=load_dir)
     assert_nothing_lost(verify)
+
+
+# --- 7. SIGTERM while the target's database starts ------------------------------------------------------------------
+
+
+def target_db_running(state: LabState) -> bool:
+    """The target's mariadbd answers on its socket, or its pid file names a live process."""
+    try:
+        pymysql.connect(unix_socket=str(state.target.db_socket), user="root", connect_timeout=2).close()
+        return True
+    except pymysql.MySQLError:
+        pass
+    try:
+        os.kill(int(state.target.db_pid_file.read_text().strip()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def test_sigterm_while_the_target_database_starts_leaves_it_stopped(live_lab: LabState, tmp_path: Path) -> None:
+    """SIGTERM lands while the target's start command runs (it is slow to begin: the server is not up yet when the
+    rollback's stop runs). The undo waits for that command to end, stops the database and checks it stopped: no
+    database runs on the target once the run has rolled back, even after the start command has finished."""
+    state = live_lab
+    began, ended = tmp_path / "start-command-began", tmp_path / "start-command-ended"
+    endpoint = {
+        "socket": str(state.target.db_socket),
+        "datadir": str(state.target.datadir),
+        # The command says when it runs; it is slow to begin, so the interruption, sent once it runs, always lands
+        # before the server is started.
+        "start": f"touch {began}; sleep 1; {state.target.bin_dir / 'db-start'}; rc=$?; touch {ended}; exit $rc",
+        "stop": str(state.target.bin_dir / "db-stop"),
+    }
+    plan = plan_copy(state, "sigterm-start", {"database": {"target": endpoint}})
+    for attempt in range(START_SIGTERM_RUNS):
+        began.unlink(missing_ok=True)
+        ended.unlink(missing_ok=True)
+        run = popen_apply(state, plan)
+        try:
+            wait_for(began.exists, "the target's database start command to run", proc=run)
+            run.send_signal(signal.SIGTERM)
+            stdout, stderr = run.communicate(timeout=240)
+        finally:
+            if run.poll() is None:
+                run.kill()
+        assert run.returncode == exit_codes.FAILED, (attempt, run.returncode, stdout[-2000:], stderr[-3000:])
+        assert "interrupted by SIGTERM" in stdout + stderr, stderr[-3000:]
+        # The start command has ended (whether the rollback waited for it or not): only then is "not running" a
+        # verdict.
+        wait_for(ended.exists, "the target's start command to end")
+        assert not target_db_running(state), f"try {attempt + 1}: the rollback left the target's database running"
+        assert_source_serves_and_dns_unchanged(state)
+
+
+START_SIGTERM_RUNS = int(os.environ.get("MIGRATE_START_SIGTERM_RUNS", "1"))
+
+
+# --- 4, 5, 8. what a run leaves on the hosts is its own, and ends with it ------------------------------------------
+
+
+def owned_on_hosts(key: str) -> list[str]:
+    """Every tunnel socket, rsync password directory or daemon directory of the plan `key` (both lab hosts share
+    /tmp), and every process whose command line names one of them."""
+    found = [
+        str(path)
+        for pattern in (
+            f"{owned.TUNNEL_PREFIX}{key}-*",
+            f"{owned.RSYNC_CLIENT_PREFIX}{key}-*",
+            f"{owned.RSYNC_DAEMON_PREFIX}{key}-*",
+        )
+        for path in Path(owned.RUN_DIR).glob(pattern)
+    ]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if key in cmdline:
+                found.append(f"pid {proc.name}: {cmdline[:200]}")
+    return found
+
+
+def test_a_killed_runs_tunnel_neither_breaks_the_next_run_nor_outlives_a_rollback(live: LabState) -> None:
+    """A run killed (kill -9) with its replication tunnel up, whose state is then removed: its tunnel is an orphan,
+    and `status` lists it. The next run ends it at its preflight and replicates through a tunnel of its own (an old
+    tunnel answering on a socket of the plan's name was taken for the new run's: its replica then failed with error
+    2003). That run killed too, then `migrate rollback`: no tunnel, rsync password file or daemon of either run is
+    left on either host."""
+    state = live
+    hooks = state.path / "hooks-leftovers"
+    plan = replicate_plan(
+        state, "leftovers", {"before-step": on_step("repl_catchup", "kill -9 $PPID\n")}, compare=False
+    )
+    key = owned.plan_key(plan_name(plan), plan)
+    killed = migrate_apply(state, plan, timeout=400)
+    assert killed.returncode == -signal.SIGKILL, outcome(killed)
+    assert tunnel_running(tunnel(plan, "fwd")), "the killed run's tunnel should still run"
+    shutil.rmtree(journal_path(state, plan).parent)  # nobody resumes: the run's state goes
+    doc = json.loads(migrate_status(state, plan, "--json").stdout)
+    orphans = doc["left_by_other_runs"]
+    found = "left by another run of this plan: tunnel of run"
+    assert any(line.startswith(found) and line.endswith(": running") for line in orphans), orphans
+
+    # The next run: killed once its replica caught up through its own tunnel (the comparison's lag gate passed, the
+    # window's rsync route open), then rolled back. (Killed inside its window, then rolled back: the guard's test.)
+    (hooks / "before-step").write_text("#!/bin/bash\nset -u\n" + on_step("repl_switch", "kill -9 $PPID\n"))
+    killed = migrate_apply(state, plan, timeout=400)
+    assert killed.returncode == -signal.SIGKILL, outcome(killed)
+    events = replicate_journal(state, plan)
+    saved = {ev["key"]: ev["value"] for ev in events if ev.get("event") == "step_saved"}
+    done = [ev["step"] for ev in events if ev.get("event") == "step_completed"]
+    assert "repl_catchup" in done, done
+    sockets = [path.name for path in Path(owned.RUN_DIR).glob(f"{owned.TUNNEL_PREFIX}{key}-*.ctl")]
+    assert sockets == [f"{owned.TUNNEL_PREFIX}{saved['forward_tunnel']['name']}.ctl"], sockets  # the first one ended
+    assert list(Path(owned.RUN_DIR).glob(f"{owned.RSYNC_CLIENT_PREFIX}{key}-*")), "the window's route was not open"
+    (hooks / "before-step").unlink()
+    rolled = subprocess.run(
+        [str(MIGRATE), "rollback", str(plan), "--yes", "--env-file", str(state.env_file)],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert rolled.returncode == exit_codes.OK, outcome(rolled)
+    assert owned_on_hosts(key) == []
+    assert_source_serves_and_dns_unchanged(state)

@@ -413,3 +413,164 @@ def test_every_run_ends_with_a_look_at_its_outcome_and_a_resume_reattaches(tmp_p
     second = _engine([Observing("cutover", actions), Observing("dns_flip", actions)], journal)
     second.resume_run()
     assert actions == ["reattach cutover"]
+
+
+def test_after_a_way_back_the_source_serves_and_hosts_keep_their_forward_names() -> None:
+    from types import SimpleNamespace
+
+    completed, rolled_back = SimpleNamespace(status=RunStatus.COMPLETED), SimpleNamespace(status=RunStatus.ROLLED_BACK)
+    assert dns_where.serving_host(completed) == "target"  # type: ignore[arg-type]
+    # The forward run completed, then a reverse run moved the service back: the source serves.
+    assert dns_where.serving_host(completed, moved_back=True) == "source"  # type: ignore[arg-type]
+    # The reverse run's own view, in the forward plan's names: completed → the source; rolled back → the target.
+    assert dns_where.serving_host(completed, reverse=True) == "source"  # type: ignore[arg-type]
+    assert dns_where.serving_host(rolled_back, reverse=True) == "target"  # type: ignore[arg-type]
+    # A reverse plan's source is the forward target (10.0.0.3), its target the old source (10.0.0.2): a record at
+    # the old source is "source", as the operator knows that host, and no problem once the way back completed.
+    back = dns_where.Reading(0.0, {"www": ["10.0.0.2"]}, source=["10.0.0.3"], target="10.0.0.2", origin="live",
+                             reverse=True)  # fmt: skip
+    assert back.where == {"www": ["source"]} and "10.0.0.2 (source)" in back.line()
+    assert dns_where.problem(back, dns_where.serving_host(completed, reverse=True)) is None  # type: ignore[arg-type]
+
+
+# --- what a run leaves on the hosts: named by its owner, ended by what it recorded ---------------------------------
+
+
+def test_the_sweep_lists_and_ends_only_other_runs_things_of_this_plan(tmp_path: Path) -> None:
+    import uuid
+
+    from orchestrator import owned
+
+    key, other_key = uuid.uuid4().hex[:10], uuid.uuid4().hex[:10]
+    run_dir = Path(owned.RUN_DIR)
+    kept_tunnel = run_dir / f"{owned.TUNNEL_PREFIX}{key}-aaa111-fwd.ctl"
+    old_tunnel = run_dir / f"{owned.TUNNEL_PREFIX}{key}-bbb222-rev.ctl"  # a socket nobody answers on: stale
+    password = run_dir / f"{owned.RSYNC_CLIENT_PREFIX}{key}-bbb222.Xy12Ab"
+    daemon = run_dir / f"{owned.RSYNC_DAEMON_PREFIX}{key}-bbb222.Zz34Cd"
+    others = run_dir / f"{owned.RSYNC_CLIENT_PREFIX}{other_key}-bbb222.Qq56Ef"  # another plan's
+    for directory in (password, daemon, others):
+        directory.mkdir()
+    (password / "password").write_text("secret\n")
+    kept_tunnel.touch()
+    old_tunnel.touch()
+    # The daemon's pid file names a process whose command line names its configuration; another pid file's process
+    # does not (a reused pid): only the first is ended.
+    ours = subprocess.Popen(["sh", "-c", "sleep 60", f"{daemon}/rsyncd.conf"])
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        (daemon / "pid").write_text(f"{ours.pid}\n")
+        listed = owned.parse_sweep(
+            subprocess.run(
+                owned.sweep_command(key, ("aaa111",), end=False), shell=True, capture_output=True, text=True, check=True
+            ).stdout
+        )
+        assert sorted((found.kind, found.tag, found.state) for found in listed) == [
+            ("rsync-daemon", "bbb222", "running"),
+            ("rsync-password", "bbb222", "stale"),
+            ("tunnel", "bbb222", "stale"),
+        ]
+        assert all(found.path for found in listed) and "run …bbb222 on the source" in listed[0].line("source")
+        assert ours.poll() is None  # listing ends nothing
+        subprocess.run(owned.sweep_command(key, ("aaa111",), end=True), shell=True, check=True)
+        assert ours.wait(timeout=10) is not None
+        assert not password.exists() and not daemon.exists() and not old_tunnel.exists()
+        assert kept_tunnel.exists() and others.exists()  # this run's, and another plan's, untouched
+        (daemon).mkdir()
+        (daemon / "pid").write_text(f"{stranger.pid}\n")
+        subprocess.run(owned.sweep_command(key, end=True), shell=True, check=True)
+        assert stranger.poll() is None and not daemon.exists() and not kept_tunnel.exists()
+    finally:
+        for proc in (ours, stranger):
+            proc.kill()
+            proc.wait()
+        for path in (kept_tunnel, old_tunnel):
+            path.unlink(missing_ok=True)
+        for directory in (password, daemon, others):
+            subprocess.run(["rm", "-rf", str(directory)], check=False)
+
+
+def test_a_run_tag_and_owner_are_short_and_tell_plans_and_runs_apart(tmp_path: Path) -> None:
+    from orchestrator import owned
+
+    plan = tmp_path / "plan.yaml"
+    assert owned.run_tag("20261127-011446-3fa9c2") == "3fa9c2"
+    first = owned.owner("site", plan, "20261127-011446-3fa9c2")
+    assert first != owned.owner("site", plan, "20261127-011446-77aa00")  # another run
+    assert first != owned.owner("site-reverse", plan, "20261127-011446-3fa9c2")  # the reverse plan
+    assert first != owned.owner("site", tmp_path / "other.yaml", "20261127-011446-3fa9c2")  # another file
+    # A control socket's path (plus the 17 characters ssh adds while it binds) stays under the 108 of sun_path.
+    assert len(owned.tunnel_socket(first, "fwd")) + 17 < 108
+
+
+# --- the target's database start: an undo waits for an interrupted start command ------------------------------------
+
+
+def test_an_undo_waits_for_the_start_command_it_undoes(tmp_path: Path) -> None:
+    from orchestrator.steps.start_target import held_while_running, wait_for_start_command
+
+    lock, ended = tmp_path / "start.lock", tmp_path / "ended"
+    start = subprocess.Popen(["sh", "-c", held_while_running(str(lock), f"sleep 1; touch {ended}")])
+    try:
+        deadline = time.monotonic() + 10
+        while not lock.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        subprocess.run(["sh", "-c", wait_for_start_command(str(lock), 30)], check=True, timeout=60)
+        assert ended.exists()  # the wait returned only once the start command had ended
+        assert not lock.exists()
+        assert start.wait(timeout=10) == 0
+        # A start command that ended removes its lock itself, and keeps its exit status.
+        failing = subprocess.run(["sh", "-c", held_while_running(str(lock), "exit 3")], timeout=30)
+        assert failing.returncode == 3 and not lock.exists()
+    finally:
+        start.kill()
+        start.wait()
+
+
+def test_another_runs_waiting_guard_is_listed_never_ended_and_a_new_run_refuses_beside_it() -> None:
+    import uuid
+
+    from orchestrator import owned
+    from orchestrator.steps.run_owned import waiting_guards
+
+    key = uuid.uuid4().hex[:10]
+    waiting = Path(guard.guard_dir(f"{key}-aaa111"))
+    acted = Path(guard.guard_dir(f"{key}-bbb222"))
+    for directory in (waiting, acted):
+        directory.mkdir()
+    (waiting / "guard.sh").write_text("sleep 60\n")
+    (acted / guard.TRACE).write_text("1.0 guarding\n2.0 lift the fence: done\n3.0 restored\n")
+    proc = subprocess.Popen(["sh", str(waiting / "guard.sh")])
+    try:
+        (waiting / guard.PID).write_text(f"{proc.pid}\n")
+        done = subprocess.run(owned.sweep_command(key, ("ccc333",), end=True), shell=True, capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        found = owned.parse_sweep(done.stdout)
+        assert sorted((f.kind, f.tag, f.state) for f in found) == [("guard", "aaa111", "waiting"),
+                                                                   ("guard", "bbb222", "acted")]  # fmt: skip
+        assert proc.poll() is None and waiting.exists() and acted.exists()  # a guard is never ended by the sweep
+        (problem,) = waiting_guards(found)
+        assert "run …aaa111 waits on the source to restore it" in problem and str(waiting) in problem
+        proc.kill()
+        proc.wait()
+        found = owned.parse_sweep(
+            subprocess.run(owned.sweep_command(key, end=False), shell=True, capture_output=True, text=True).stdout
+        )
+        assert ("guard", "aaa111", "gone") in [(f.kind, f.tag, f.state) for f in found] and not waiting_guards(found)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for directory in (waiting, acted):
+            subprocess.run(["rm", "-rf", str(directory)], check=False)
+
+
+def test_a_front_doors_hold_outlives_the_guards_deadline_and_restore() -> None:
+    """Nobody left to decide (the run died in its window): the source's front door must still hold requests when
+    the guard restores the source, never release them onto the fence to be refused in between."""
+    from orchestrator import frontdoor
+
+    blocked_at, budget = 1000.0, 60.0
+    hold_ends = blocked_at + budget + frontdoor.HOLD_MARGIN  # what is left of the budget + the margin, from the block
+    assert hold_ends >= guard.deadline(blocked_at, budget, None) + guard.RESTORE_ALLOWANCE
+    # The guard's bound is the documented one: the budget and the margin, whatever the lock tries' backoffs.
+    assert guard.deadline(blocked_at, budget, None) == blocked_at + budget + guard.MARGIN

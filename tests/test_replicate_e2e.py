@@ -35,11 +35,10 @@ import pymysql
 import pytest
 from ruamel.yaml import YAML
 
-from orchestrator import exit_codes
+from orchestrator import exit_codes, owned
 from orchestrator.frontdoor import SOURCE_HOLD
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import main_verify
-from orchestrator.steps.repl_common import tunnel_name
 from orchestrator.transports import replication as repl
 from tests.test_e2e import (
     PLAN_NAMES,
@@ -91,17 +90,21 @@ def source_is_plain_and_writable(state: LabState) -> tuple[bool, object]:
 
 
 def tunnels_down(state: LabState, names: list[str]) -> None:
-    """End the tunnels a run left (their control sockets are the run's, in /tmp)."""
+    """End the tunnels runs left (their control sockets are the runs', in /tmp)."""
     for name in names:
-        control = f"/tmp/migrate-tunnel-{name}.ctl"
-        if Path(control).exists():
+        for control in tunnel_sockets(name):
             subprocess.run(["ssh", "-o", f"ControlPath={control}", "-O", "exit", "x"], capture_output=True, timeout=30)
-            Path(control).unlink(missing_ok=True)
+            control.unlink(missing_ok=True)
 
 
 def tunnel(plan: Path, kind: str) -> str:
-    """The name a run of the plan file `plan` gives its tunnel of `kind` ("fwd" or "rev")."""
-    return tunnel_name(plan_name(plan), plan, "remote" if kind == "fwd" else "local")
+    """What the tunnels of `kind` ("fwd" or "rev") of every run of the plan file `plan` are named after: the plan's
+    key and the direction (each run's tag between them)."""
+    return f"{owned.plan_key(plan_name(plan), plan)}*-{kind}"
+
+
+def tunnel_sockets(name: str) -> list[Path]:
+    return sorted(Path(owned.RUN_DIR).glob(f"{owned.TUNNEL_PREFIX}{name}.ctl"))
 
 
 def lab_tunnels(state: LabState) -> list[str]:
@@ -111,11 +114,14 @@ def lab_tunnels(state: LabState) -> list[str]:
 
 
 def tunnel_running(name: str) -> bool:
-    control = f"/tmp/migrate-tunnel-{name}.ctl"
-    if not Path(control).exists():
-        return False
-    check = subprocess.run(["ssh", "-o", f"ControlPath={control}", "-O", "check", "x"], capture_output=True, timeout=30)
-    return check.returncode == 0
+    """A tunnel of that name (any run's) answers on its control socket."""
+    for control in tunnel_sockets(name):
+        check = subprocess.run(
+            ["ssh", "-o", f"ControlPath={control}", "-O", "check", "x"], capture_output=True, timeout=30
+        )
+        if check.returncode == 0:
+            return True
+    return False
 
 
 def assert_replication_torn_down(state: LabState, plan: Path, events: list[dict[str, Any]]) -> None:
@@ -367,6 +373,15 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
     )
     assert switched["health_tries"].get(WINDOW_READ_CHECK) == 1, switched["health_tries"]
 
+    # After the commit, outside the window: every table of the source, frozen at the final position, equal to the
+    # target's snapshot taken at the promotion (the target took the load's writes since: outside the snapshot).
+    audit = report["audit"]
+    assert audit["status"] == "equal" and audit["method"] == "chunks" and not audit["differences"], audit
+    assert audit["rows"] > 0 and audit["at_gtid"] == switch["final_gtid"], audit
+    assert "audit" not in report["window_parts"]
+    print(f"replicate audit: {audit['tables']} tables, {audit['rows']} rows, {audit['chunks']} chunks, "
+          f"{audit['seconds']} s")  # fmt: skip
+
     # Replication is over on both sides: no replica, no master.info (it held the password), no tunnel; the old source
     # stays read-only (and fenced) as finish leaves it.
     finish = next(s for s in report["steps"] if s["name"] == "finish")
@@ -428,6 +443,37 @@ def test_the_comparison_finds_a_difference_planted_on_the_replica(live: LabState
     text = result.stdout + result.stderr
     assert f"{state.db_name}.reviews chunk 0 " in text and "contents differ" in text, outcome(result)
     assert_rolled_back_before_the_window(state, plan, result)
+
+
+# --- after the commit: the audit ---------------------------------------------------------------------------------
+
+
+def test_a_change_on_the_replica_after_the_comparison_is_found_by_the_audit_after_the_commit(live: LabState) -> None:
+    state = live
+    # After repl_catchup's comparison, before the window: a row changed on the replica with the binary log off. No
+    # GTID carries it, so the switch's proof (the replica executed exactly the source's final position) holds.
+    plant = sql_on(
+        state, state.target, "SET sql_log_bin = 0; UPDATE reviews SET rating = rating + 1 ORDER BY id LIMIT 1"
+    )
+    plan = replicate_plan(state, "replaudit", {"before-step": on_step("repl_switch", plant)}, chunk_rows=50)
+    result = migrate_apply(state, plan, timeout=TIMEOUT)
+    text = result.stdout + result.stderr
+    assert result.returncode == exit_codes.NEEDS_ATTENTION, outcome(result)
+    assert f"{state.db_name}.reviews chunk 0 " in text and "contents differ" in text, outcome(result)
+    # Committed (the audit never rolls back): the target serves, the report says what the audit read and cost.
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    report = run_report(state, plan_name(plan))
+    audit = report["audit"]
+    assert report["status"] == "completed" and audit["status"] == "differs" and audit["method"] == "chunks", audit
+    assert [d for d in audit["differences"] if d.startswith(f"{state.db_name}.reviews chunk 0 ")], audit
+    assert audit["rows"] > 0 and audit["chunks"] >= 1 and audit["seconds"] is not None, audit
+    assert audit["at_gtid"] == report["replicate"]["final_gtid"]
+    assert "audit: differs: " in result.stdout and " chunk(s) in " in result.stdout, outcome(result)
+    # `migrate status` names the table and the chunk.
+    status = subprocess.run([str(MIGRATE), "status", str(plan), "--json"], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert f"{state.db_name}.reviews chunk 0 " in (json.loads(status.stdout).get("audit") or ""), status.stdout
+    print(f"replicate audit (altered replica): {audit['rows']} rows, {audit['chunks']} chunks, {audit['seconds']} s")
 
 
 # --- kill -9: the run resumes and loses nothing -----------------------------------------------------------------
@@ -770,6 +816,17 @@ def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_repl
         assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
     for kind in ("fwd", "rev"):
         assert not tunnel_running(tunnel(plan, kind))
+    # `status` after the way back: the source serves, in both views (the forward run's and the reverse run's), and
+    # each host is named as the forward plan names it (the old source is "source", never the reverse plan's
+    # "target"); nothing of either run is left on the hosts.
+    for view in ((), ("--reverse",)):
+        shown = migrate(state, "status", str(plan), "--json", "--env-file", str(state.env_file), *view)
+        assert shown.returncode == exit_codes.OK, outcome(shown)
+        doc = json.loads(shown.stdout)
+        assert doc["dns_problem"] is None, (view, doc["dns_problem"])
+        where = {n: [r["points_at"] for r in rs] for n, rs in doc["dns"]["records"].items()}
+        assert where == {n: ["source"] for n in state.records}, (view, where)
+        assert doc["left_by_other_runs"] == [], (view, doc["left_by_other_runs"])
     # The detached `migrate finish --when-due` the forward apply started sees the way back and exits.
     finisher = state.path / ".migrate" / name / "reverse-finish.log"
     deadline = time.monotonic() + 30

@@ -202,7 +202,7 @@ def pair(lab: LabState) -> Iterator[Pair]:
         streamed = source_ssh.stream(
             repl.seed_stream_command(seed),
             on_line,
-            env={lab.db_password_env: secrets[lab.db_password_env]},
+            input=secrets[lab.db_password_env] + "\n",
             timeout=1800,
         )
         finished = time.monotonic()
@@ -728,7 +728,9 @@ def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> 
     hop = ("ssh", "-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/migrate-ssh-%C", "-p", "22", "root@t")
     seed = repl.SeedSpec("/var/lib/mysql", "/var/lib/mysql", hop, source_user="migrate", password_env="DB_PW")
     command = repl.seed_stream_command(seed)
-    assert "${DB_PW}" in command and "--password" not in command
+    # The password: stdin's first line, kept in an unexported variable and given to mariadb-backup alone.
+    assert 'MYSQL_PWD="$password" nice' in command and "--password" not in command and "DB_PW" not in command
+    assert "export" not in command
     assert "--throttle" not in command and "nice -n19 ionice -c3 mariadb-backup" in command
     assert "--throttle=20" in repl.seed_stream_command(repl.SeedSpec("/a", "/b", hop, throttle=20))
     tunnel = repl.TunnelSpec("fwd", "remote", hop, 40000, "127.0.0.1", 3306)
@@ -738,3 +740,24 @@ def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> 
     assert "-R 127.0.0.1:40000:127.0.0.1:3306" in up
     probe = repl.tunnel_probe_command(40000, "repl", "REPL_PW")
     assert "${REPL_PW}" in probe and "-p" not in probe.split()
+
+
+def test_the_seeds_database_password_reaches_mariadb_backup_alone(tmp_path: Path) -> None:
+    """Given on the seed script's stdin, the password is in the environment of mariadb-backup and of nothing else
+    the script runs (the hop to the target, dd, the log's reader), and never on a command line."""
+    password = "seed-pw-" + os.urandom(6).hex()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    backup = bin_dir / "mariadb-backup"
+    backup.write_text(f'#!/bin/bash\n[ "$MYSQL_PWD" = {password} ] && echo given > {tmp_path}/backup.env\necho data\n')
+    backup.chmod(0o755)
+    hop = ("sh", "-c", f'tr "\\0" "\\n" </proc/$$/environ > {tmp_path}/hop.env; cat >/dev/null')
+    spec = repl.SeedSpec("/a", "/b", hop, source_user="migrate", password_env="DB_PW", nice=False)
+    command = repl.seed_stream_command(spec)
+    assert password not in command
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", command], env=env, input=password + "\n", capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+    assert done.returncode == 0, done
+    assert (tmp_path / "backup.env").read_text().strip() == "given"
+    assert password not in (tmp_path / "hop.env").read_text()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import structlog
 
-from orchestrator import probes
+from orchestrator import audit, probes
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Plan, Retry
@@ -83,11 +83,13 @@ class OfflineRuntime:
 
     def __init__(self, plan: Plan, *, source: RecordingHost | None = None, target: RecordingHost | None = None):
         self.plan = plan
+        self.plan_path = Path("plan.yaml")
         self.window = DowntimeWindow(plan.cutover.max_write_block)
         self.round_trips = RoundTrips()
         self.source = source or RecordingHost()
         self.target = target or RecordingHost()
         self.answers: dict[str, bool] = {"source": True, "target": False}
+        self.audit_hold = audit.Held()
 
     def host(self, which: str) -> RecordingHost:
         return self.source if which == "source" else self.target

@@ -20,7 +20,9 @@ import pymysql
 import typer
 
 from orchestrator.lab import hosts
-from orchestrator.lab.state import STATE_FILE, LabState
+from orchestrator.lab.state import APP_VERIFY_MODULES, STATE_FILE, LabState
+
+# The proof of `lab verify` for each app a lab can run (the demo app's is the default).
 
 lab_app = typer.Typer(help="The local lab: two hosts on loopback addresses, a Cloudflare double, a demo app.")
 
@@ -87,6 +89,15 @@ def up(
         help="milliseconds of one-way delay between migrate and the Cloudflare double, through the same relay; "
         "0: direct; default: what the lab has",
     ),
+    app: str | None = typer.Option(
+        None, "--app", help="what serves: demo (the Python app, a new lab's default) or wordpress (nginx, php-fpm)"
+    ),
+    with_bastion: bool = typer.Option(
+        False, "--bastion", help="also a bastion sshd (127.0.0.4): the plan reaches both hosts through it (jump:)"
+    ),
+    with_operator: bool = typer.Option(
+        False, "--operator", help="the plan logs in as an unprivileged account of this machine, root through sudo"
+    ),
 ) -> None:
     """Make the lab (or finish / repair it): sshd, MariaDB and the app per host, the Cloudflare double, plan.yaml.
 
@@ -102,6 +113,9 @@ def up(
             files=files,
             latency_ms=latency,
             api_latency_ms=api_latency,
+            app=app,
+            with_bastion=with_bastion,
+            with_operator=with_operator,
             say=typer.echo,
         )
     typer.echo(f"lab is up in {state.dir}; secrets in {state.env_file}; plan in {state.plan_file}")
@@ -147,6 +161,9 @@ def load(
     journal: Path | None = typer.Option(
         None, "--journal", help="the migrate journal of the run under this load: latency inside its window"
     ),
+    app: str | None = typer.Option(
+        None, "--app", help="the lab's app (demo or wordpress); default: the one the lab was made with"
+    ),
     http_timeout: float | None = typer.Option(
         None,
         "--http-timeout",
@@ -170,6 +187,10 @@ def load(
             " --duration, --dns-ttl, --upload-every, --overwrite-every, --delete-every not negative"
         )
     state = _state(lab_dir)
+    if app is not None and app != state.app:
+        _refuse(
+            f"lab load: the lab in {state.dir} runs the {state.app} app, not {app} (`lab up --app {app}` makes one)"
+        )
     load_mod = importlib.import_module("orchestrator.lab.load")
     stop = threading.Event()
 
@@ -218,7 +239,7 @@ def verify(
     if host not in ("source", "target"):
         _refuse(f"lab verify: --host must be source or target, not {host!r}")
     state = _state(lab_dir)
-    verify_mod = importlib.import_module("orchestrator.lab.verify")
+    verify_mod = importlib.import_module(APP_VERIFY_MODULES.get(state.app, "orchestrator.lab.verify"))
     with _one_line_errors("verify"):
         report = verify_mod.main_verify(state, host=host, load_dir=load_dir, out=json_out, journal=journal)
     typer.echo(verify_mod.render(report))

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from ruamel.yaml import YAML
+
 from orchestrator.lab import hosts, planfile
 from orchestrator.lab.state import LabState
 
@@ -30,7 +32,8 @@ def migrate(*args: str) -> int:
 def journal_options(state: LabState) -> list[str]:
     """The migrate journal gives the figures inside the window. (The clients wait longer than the plan's
     write-block budget by default: the front door holds requests, it does not refuse them.)"""
-    journal = state.path / ".migrate" / planfile.PLAN_NAME / "journal.jsonl"
+    name = YAML(typ="safe").load(state.plan_file.read_text()).get("name", planfile.PLAN_NAME)
+    journal = state.path / ".migrate" / str(name) / "journal.jsonl"
     return ["--journal", str(journal)]
 
 
@@ -40,13 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db-size", type=int, default=20, help="MB of demo data in the source database")
     parser.add_argument("--rate", type=float, default=20.0, help="client requests per second")
     parser.add_argument("--dns-ttl", type=float, default=5.0, help="seconds each client caches the DNS answer")
+    parser.add_argument(
+        "--app", choices=hosts.APPS, default="demo", help="what the lab serves: demo (Python) or wordpress"
+    )
     args = parser.parse_args(argv)
     lab_dir: Path = args.dir.resolve()
 
     say(f"bringing up a fresh lab in {lab_dir}")
     try:
         hosts.down(lab_dir, purge=True)
-        hosts.up(lab_dir, db_size_mb=args.db_size, say=lambda line: print(f"   {line}", flush=True))
+        hosts.up(lab_dir, db_size_mb=args.db_size, app=args.app, say=lambda line: print(f"   {line}", flush=True))
     except hosts.LabRefused as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
@@ -59,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     say("the plan, rehearsed: `migrate apply --dry-run`")
     migrate("apply", plan, "--dry-run", "--env-file", env_file)
 
-    say(f"starting live traffic: clients resolve DNS (TTL {args.dns_ttl:g} s), post reviews, upload, read")
+    what = "post, comment and upload media through WordPress's REST API" if args.app == "wordpress" else "post reviews"
+    say(f"starting live traffic: clients resolve DNS (TTL {args.dns_ttl:g} s), {what}, read back")
     load = subprocess.Popen(
         [
             sys.executable,

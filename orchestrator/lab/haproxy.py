@@ -80,7 +80,7 @@ def config_text(host: HostState) -> str:
 # the app listens on {host.address}:{host.app_internal_port}. Written by `migrate lab up`.
 global
     nbthread 1
-    stats socket {host.haproxy_socket} mode 600 level admin
+    stats socket {host.haproxy_socket} {f"mode 660 gid {host.admin_gid}" if host.admin_gid else "mode 600"} level admin
     lua-load {lua_file(host)}
     log stdout format raw local0 info
 

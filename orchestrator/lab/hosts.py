@@ -22,11 +22,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from orchestrator.lab import binscripts, haproxy, mariadb, planfile, procs, relay, setup, sshd, uploads_tree
+from orchestrator.lab import (
+    bastion,
+    binscripts,
+    haproxy,
+    mariadb,
+    operator,
+    planfile,
+    procs,
+    relay,
+    setup,
+    sshd,
+    uploads_tree,
+    wordpress,
+)
 from orchestrator.lab.state import STATE_FILE, HostState, LabState
 from orchestrator.transports.haproxy import HaproxyError
 
 SOURCE_ADDRESS = "127.0.0.2"
+APPS = ("demo", wordpress.APP_NAME)
 TARGET_ADDRESS = "127.0.0.3"
 # The ports `lab up` prefers (and docker-compose.test.yml publishes); any taken one is replaced by a free one.
 DEFAULT_SSH_PORT = 2222
@@ -178,8 +192,8 @@ def repair_ports(state: LabState) -> bool:
     kinds: dict[str, Callable[[HostState], bool]] = {
         "ssh_port": lambda h: sshd.running_pid(h) is not None,
         "db_port": lambda h: db_pid(h) is not None,
-        "app_port": lambda h: (haproxy.running_pid(h) if h.has_front_door else app_pid(state, h)) is not None,
-        "app_internal_port": lambda h: app_pid(state, h) is not None,
+        "app_port": lambda h: haproxy.running_pid(h) is not None if h.has_front_door else app_running(state, h),
+        "app_internal_port": lambda h: app_running(state, h),
     }
     if not state.source.has_front_door:
         del kinds["app_internal_port"]
@@ -239,6 +253,13 @@ def add_front_door(state: LabState) -> bool:
 
 def app_pid(state: LabState, host: HostState) -> int | None:
     return procs.running_pid(host.app_pid_file, binscripts.app_marker(state, host))
+
+
+def app_running(state: LabState, host: HostState) -> bool:
+    """The host's app runs: the demo app, or WordPress's nginx or php-fpm."""
+    if state.app == wordpress.APP_NAME:
+        return any(pid is not None for pid in wordpress.stack_pids(host).values())
+    return app_pid(state, host) is not None
 
 
 def load_pids(state: LabState) -> list[int]:
@@ -357,6 +378,9 @@ def up(
     files: int = 0,
     latency_ms: float | None = None,
     api_latency_ms: float | None = None,
+    app: str | None = None,
+    with_bastion: bool = False,
+    with_operator: bool = False,
     say: Say = _quiet,
 ) -> LabState:
     """Bring the lab up (or finish / repair it) and return its state, saved in <dir>/lab.json.
@@ -381,6 +405,8 @@ def up(
                 relay.check_latency(name, value)
             except ValueError as exc:
                 raise LabRefused(str(exc)) from None
+    if app is not None and app not in APPS:
+        raise LabRefused(f"--app must be one of {', '.join(APPS)}, not {app!r}")
     check_dir_for_up(lab_dir)
     installed = setup.ensure_system_tools()
     if installed:
@@ -388,6 +414,16 @@ def up(
     lab_dir = lab_dir.expanduser().absolute()
     lab_dir.mkdir(parents=True, exist_ok=True)
     state = _load_or_new(lab_dir, source_address, target_address, default_ports)
+    if app is not None and (lab_dir / STATE_FILE).exists() and state.app != app:
+        raise LabRefused(f"the lab in {lab_dir} runs the {state.app} app, not {app}: `lab down --purge` it first")
+    state.app = app or state.app  # a new lab's default: the demo app; an existing lab keeps its own
+    if with_bastion and not state.bastion_address:
+        state.bastion_address = bastion.BASTION_ADDRESS
+    if with_operator or state.operator:
+        state.operator = operator.ensure(state)
+        for host in (state.source, state.target):
+            host.admin_gid = operator.gid(state)
+        say(f"operator: {state.operator} logs in on both hosts, root through passwordless sudo")
     longest_socket = max(len(str(p)) for h in (state.source, state.target) for p in (h.db_socket, h.haproxy_socket))
     if longest_socket > MAX_SOCKET_PATH:
         raise LabError(f"the lab directory {lab_dir} is too deep: unix socket paths would pass {MAX_SOCKET_PATH} bytes")
@@ -411,11 +447,16 @@ def up(
     for host in (state.source, state.target):
         sshd.verify_login(state, host)
     sshd.verify_source_to_target(state)
+    if state.bastion_address:
+        pid = bastion.up(state)
+        say(f"bastion: sshd on {state.bastion_address}:{state.source.ssh_port} (pid {pid}); the plan's hosts via it")
     say("ssh: both hosts answer with verified host keys; the source reaches the target")
 
     # MariaDB: both datadirs installed; the source runs with users, schema and data; the target stays stopped.
     for host in (state.source, state.target):
         binscripts.write_scripts(state, host)
+        if state.app == wordpress.APP_NAME:
+            wordpress.write_host(state, host)
         if mariadb.install_datadir(host):
             say(f"{host.name}: datadir installed in {host.datadir}")
     run_script(state.source, "db-start")
@@ -424,6 +465,8 @@ def up(
     say(f"source: mariadb on {state.source.address}:{state.source.db_port}, {added} seed rows added")
     written = seed_uploads(state, uploads_size_mb)
     say(f"source: uploads in {state.source.uploads} ({written} files written)")
+    if state.app == wordpress.APP_NAME and wordpress.install(state, state.source):
+        say(f"source: WordPress installed (admin {wordpress.ADMIN_USER}, application password in {state.env_file})")
     if files:
         written = uploads_tree.write_tree(state.source.uploads, files)
         say(f"source: {files} small uploads in hashed directories ({written} written)")
@@ -439,7 +482,8 @@ def up(
 
     # The demo app serves on the source, behind its front door.
     run_script(state.source, "app-start", timeout=60)
-    if app_pid(state, state.source) is None and _optional_module(binscripts.APP_MODULE) is not None:
+    demo = state.app != wordpress.APP_NAME
+    if demo and app_pid(state, state.source) is None and _optional_module(binscripts.APP_MODULE) is not None:
         raise LabError(f"the app of the source did not start; see {state.source.log_dir / 'app.out'}")
     say(f"source: app on http://{state.source.address}:{state.source.app_listen_port} behind its front door")
 
@@ -473,6 +517,18 @@ def up(
 
 
 # --- down ----------------------------------------------------------------------------------------------------
+
+
+def _stop_wordpress(host: HostState, problems: list[str]) -> list[Stopped]:
+    """nginx and php-fpm of a WordPress lab host, stopped by its own app-stop script."""
+    running = {name: pid for name, pid in wordpress.stack_pids(host).items() if pid is not None}
+    if not running:
+        return []
+    try:
+        run_script(host, "app-stop", timeout=60)
+    except (LabError, OSError) as exc:
+        problems.append(str(exc))
+    return [Stopped(f"{host.name} {name}", pid) for name, pid in running.items()]
 
 
 @dataclass
@@ -551,6 +607,8 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
         if pid is not None:
             procs.stop_pid(pid, timeout=15)
             stopped.append(Stopped(f"{host.name} app", pid))
+        if state.app == wordpress.APP_NAME:
+            stopped += _stop_wordpress(host, problems)
     cf = cf_module()
     pid = cf_pid(state)
     if cf is not None:
@@ -572,11 +630,17 @@ def down(lab_dir: Path, *, purge: bool = False, say: Say = _quiet) -> list[Stopp
         pid = sshd.stop(host)
         if pid is not None:
             stopped.append(Stopped(f"{host.name} sshd", pid))
+    if state.bastion_address:
+        pid = bastion.stop(state)
+        if pid is not None:
+            stopped.append(Stopped("bastion sshd", pid))
     for item in stopped:
         say(f"stopped {item.component} (pid {item.pid})")
     if problems:
         raise LabError("; ".join(problems))
     if purge:
+        wordpress.remove_host_configs(state)
+        operator.remove(state)
         shutil.rmtree(lab_dir)
         say(f"removed {lab_dir}")
     return stopped
@@ -609,10 +673,19 @@ def components(state: LabState) -> list[Component]:
             Component(f"{host.name} mariadb", db_pid(host), f"{host.address}:{host.db_port}"),
             Component(f"{host.name} app", app_pid(state, host), f"{host.address}:{host.app_listen_port}"),
         ]
+        if state.app == wordpress.APP_NAME:
+            found = found[:-1] + [
+                Component(f"{host.name} {name}", pid, f"{host.address}:{host.app_internal_port}")
+                for name, pid in wordpress.stack_pids(host).items()
+            ]
         if host.has_front_door:
             found.append(
                 Component(f"{host.name} haproxy", haproxy.running_pid(host), f"{host.address}:{host.app_port}")
             )
+    if state.bastion_address:
+        found.append(
+            Component("bastion sshd", bastion.running_pid(state), f"{state.bastion_address}:{state.source.ssh_port}")
+        )
     found.append(Component("cloudflare double", cf_pid(state), f"{state.cf_address}:{state.cf_port}"))
     relay_pid = relay.running_pid(state)
     if relay_pid is not None or state.latency_ms > 0 or state.api_latency_ms > 0:

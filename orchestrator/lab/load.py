@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import hashlib
 import http.client
+import importlib
 import itertools
 import json
 import math
@@ -47,7 +48,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from orchestrator.lab.app import review_digest
-from orchestrator.lab.state import LabState
+from orchestrator.lab.state import APP_LOAD_MODULES, LabState
 from orchestrator.plan.model import Cutover
 
 ACKS_FILE = "acks.jsonl"
@@ -261,7 +262,7 @@ class Recorder:
             self._acks.flush()
             self._ack_times.append(record["ack_ts"])
             counts = self.server(record["server"])
-            if record["kind"] == "upload":
+            if record["kind"] in ("upload", "media"):  # media: WordPress's uploads
                 self.stats.uploads_acked += 1
                 counts.uploads_acked += 1
             else:
@@ -656,6 +657,15 @@ def dns_record_name(state: LabState) -> str:
     return next((r for r in state.records if r.startswith("www.")), f"www.{state.zone}")
 
 
+def app_clients(state: LabState) -> tuple[type[Client], dict[str, Any]]:
+    """The clients of the lab's app: the demo app's, or WordPress's REST clients (a lab made with --app wordpress)."""
+    module = APP_LOAD_MODULES.get(state.app)
+    if module is None:
+        return Client, {}
+    clients: tuple[type[Client], dict[str, Any]] = importlib.import_module(module).clients(state)
+    return clients
+
+
 def main_load(
     state: LabState,
     *,
@@ -702,12 +712,13 @@ def main_load(
     record = dns_record_name(state)
     workers: list[threading.Thread] = []
     users: list[Client] = []
+    client_class, client_options = app_clients(state)
     for index in range(clients):
         # Staggered first expiry: client i keeps its first answer for (i+1)/clients of the TTL.
         resolver = Resolver(
             state.cf_base_url, token, state.zone, record, dns_ttl, first_ttl=dns_ttl * (index + 1) / clients
         )
-        client = Client(
+        client = client_class(
             index,
             state,
             recorder,
@@ -721,6 +732,7 @@ def main_load(
             overwrite_every=overwrite_every,
             delete_every=delete_every,
             http_timeout=http_timeout,
+            **client_options,
         )
         users.append(client)
         worker = threading.Thread(target=client.run, name=f"load-client-{index}", daemon=True)

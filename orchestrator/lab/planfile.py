@@ -13,7 +13,7 @@ from pathlib import Path
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from orchestrator.lab import haproxy
+from orchestrator.lab import bastion, haproxy, operator, wordpress
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
 
@@ -256,6 +256,12 @@ def validate_text(text: str) -> Plan:
 def write_plan(state: LabState, mode: str = "auto") -> Path:
     """Write <dir>/plan.yaml (and the empty hooks dir it names); raises if the plan would not validate."""
     text = plan_text(state, mode)
+    if state.app == wordpress.APP_NAME:
+        text = wordpress.plan_text(text, state)
+    if state.bastion_address:
+        text = bastion.plan_text(text, state)
+    if state.operator:
+        text = operator.plan_text(text, state)
     validate_text(text)
     (state.path / "hooks").mkdir(parents=True, exist_ok=True)
     tmp = state.plan_file.with_suffix(".tmp")

@@ -20,6 +20,11 @@ from pathlib import Path
 
 STATE_FILE = "lab.json"
 ENV_FILE = "lab.env"
+# The modules of the lab's apps other than the demo app, by `app`: their load clients (`clients(state)` → the client
+# class and its options) and their verify (`main_verify`, `render`). Looked up by name, as steps are: the generic
+# load and verify build on nothing of theirs, and they build on the generic ones.
+APP_LOAD_MODULES = {"wordpress": "orchestrator.lab.wp_load"}
+APP_VERIFY_MODULES = {"wordpress": "orchestrator.lab.wp_verify"}
 
 
 @dataclass
@@ -37,6 +42,8 @@ class HostState:
     # Where the orchestrator reaches this host when the lab has distance (`lab up --latency`): a loopback address
     # of its own where the latency relay listens on the host's SSH and HTTP ports. '' until a latency is set.
     far_address: str = ""
+    # The group whose members may use the front door's admin socket (the lab's operator), 0: root only.
+    admin_gid: int = 0
 
     @property
     def app_listen_port(self) -> int:
@@ -165,6 +172,13 @@ class LabState:
     def orchestrator_address(self, host: HostState) -> str:
         """Where the lab's plan tells the orchestrator to reach `host`: through the relay when hosts have distance."""
         return host.far_address if self.latency_ms > 0 and host.far_address else host.address
+
+    # What serves on the hosts: "demo" (the lab's Python app) or "wordpress" (nginx + php-fpm + WordPress).
+    app: str = "demo"
+    # The bastion's address when `lab up --bastion` made one (the plan's hosts are reached through it), else "".
+    bastion_address: str = ""
+    # The unprivileged account the plan logs in as (`lab up --operator`, root through sudo), else "" (root).
+    operator: str = ""
 
     @property
     def path(self) -> Path:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import stat
@@ -40,7 +41,7 @@ from orchestrator.lab.load import (
     request_figures,
     request_lines,
 )
-from orchestrator.lab.state import LabState
+from orchestrator.lab.state import APP_VERIFY_MODULES, LabState
 
 EXIT_OK = 0
 EXIT_LOST = 1
@@ -417,9 +418,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="report file (default: <load dir>/verify-HOST.json)")
     parser.add_argument("--journal", type=Path, default=None, help="migrate journal: latency inside its window")
     args = parser.parse_args(argv)
-    report = main_verify(
-        LabState.load(args.lab), host=args.host, load_dir=args.load_dir, out=args.json, journal=args.journal
-    )
+    state = LabState.load(args.lab)
+    module = APP_VERIFY_MODULES.get(state.app)
+    if module is not None:  # another app's verify (WordPress's posts, comments and media), built on this module
+        app_verify = importlib.import_module(module)
+        app_report = app_verify.main_verify(
+            state, host=args.host, load_dir=args.load_dir, out=args.json, journal=args.journal
+        )
+        print(app_verify.render(app_report))
+        return int(app_report.exit_code)
+    report = main_verify(state, host=args.host, load_dir=args.load_dir, out=args.json, journal=args.journal)
     print(render(report))
     return report.exit_code
 

@@ -268,6 +268,21 @@ class SecretRef(Strict):
         return self
 
 
+class JumpHost(Strict):
+    """A bastion the orchestrator's SSH connections to a host go through (ssh -J): its host key is verified
+    against its own known_hosts, and the host's key against the host's, at every hop."""
+
+    address: HostAddress = Field(description="the bastion's address, as the orchestrator reaches it")
+    ssh_port: int = Field(default=22, ge=1, le=65535)
+    user: UserName = "root"
+    key: FilePath | None = Field(default=None, description="private key file for the bastion; omit for the agent")
+    agent: bool = Field(default=False, description="use the SSH agent (SSH_AUTH_SOCK) for the bastion")
+    known_hosts: FilePath = Field(
+        default="~/.ssh/known_hosts", description="known_hosts file that verifies the bastion's host key"
+    )
+    connect_timeout: float = _seconds(0, 300, default=10.0, description="SSH connection timeout to the bastion")
+
+
 class Host(Strict):
     """A server reached over SSH."""
 
@@ -284,6 +299,16 @@ class Host(Strict):
         description="address the DNS records point at for this host (defaults to 'address')",
     )
     connect_timeout: float = _seconds(0, 300, default=10.0, description="SSH connection timeout")
+    become: Literal["sudo"] | None = Field(
+        default=None,
+        description="how a non-root `user` gains root for the migration's commands: 'sudo' (passwordless, sudo -n); "
+        "also on the source → target hop (rsync's remote end, the seed's receiver)",
+    )
+    jump: JumpHost | None = Field(
+        default=None,
+        description="a bastion the orchestrator's connections to this host go through (the source → target hop "
+        "of rsync and replication stays direct)",
+    )
 
     @property
     def dns_content(self) -> str:
@@ -330,7 +355,8 @@ class DatabaseEndpoint(Strict):
 class VerifyData(Strict):
     row_counts: bool = Field(
         default=True,
-        description="compare every table's row count, source vs target (shutdown mode: the audit after the commit)",
+        description="the audit after the commit: every table's row count, source vs target (replicate mode: "
+        "checksums of every table in replication.chunk_rows chunks, with either setting on)",
     )
     checksum: bool = Field(
         default=False,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -289,7 +290,7 @@ def apply(
         if final is not None and final.status == RunStatus.FAILED_AFTER_COMMIT and final.error:
             # Committed (the target serves): one line saying what is left, e.g. "committed, DNS pending: …".
             result.message = final.error if final.error.startswith("committed") else f"committed; {final.error}"
-        split = dns_where.end_problem(journal.events, final)
+        split = dns_where.end_problem(journal.events, final, reverse=reverse)
         if split is not None and outcome in (Outcome.COMPLETED, Outcome.ROLLED_BACK):
             # The run did its part, but clients following DNS do not all reach the host that serves.
             log.error("the run ended with DNS not all at the host that serves", problem=split)
@@ -397,7 +398,7 @@ def rollback(
             engine.interruptions.uninstall()
             compose.close_runtime(engine.rt)
         final = journal.state() or state
-        split = dns_where.end_problem(journal.events, final)
+        split = dns_where.end_problem(journal.events, final, reverse=reverse)
         if outcome == Outcome.ROLLED_BACK and split is None:
             return RollbackResult(True, state.run_id, f"run {state.run_id} rolled back: the source serves as before")
         return RollbackResult(
@@ -447,16 +448,60 @@ def status(
     if state is not None:
         events = journal.events if journal is not None else []
         report.dns = dns_where.now(subj.plan, plan_path, events, live=live_dns)
-        report.dns_problem = dns_where.problem(report.dns, dns_where.serving_host(state))
+        back = None if reverse else reverse_state(plan_path, subj.loaded.plan)
+        serving = dns_where.serving_host(
+            state, reverse=reverse, moved_back=back is not None and moved_back(state, back)
+        )
+        report.dns_problem = dns_where.problem(report.dns, serving)
         from orchestrator.report import reserve_report, run_events
 
         report.rollback_reserve = reserve_report(run_events(events))
     audit = state.steps.get("audit") if state is not None else None
     report.audit = AuditResult.of(audit.result).summary() if audit is not None and audit.result else None
+    if live_dns:
+        report.leftovers = _leftovers(subj, state)
     return report
 
 
+def _leftovers(subj: Subject, state: RunState | None) -> list[str]:
+    """What earlier runs of this plan left on the hosts (tunnels, rsync password files and daemons), read live
+    (reads only): everything of this plan but the current run's while it is unfinished or keeps its reverse path.
+    One line each; one line saying why when the hosts cannot be asked."""
+    from orchestrator import owned
+
+    ongoing = state is not None and (
+        state.status not in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK) or kept_until(state) is not None
+    )
+    keep = (owned.run_tag(state.run_id),) if ongoing and state is not None else ()
+    key = owned.plan_key(subj.plan.name, subj.plan_path)
+    # Both hosts at once, each connection bounded: a host out of reach costs `status` seconds, not a retry loop.
+    plan = subj.plan.model_copy(
+        update={
+            side: getattr(subj.plan, side).model_copy(
+                update={"connect_timeout": min(getattr(subj.plan, side).connect_timeout, LEFTOVERS_CONNECT_TIMEOUT)}
+            )
+            for side in ("source", "target")
+        }
+    )
+    rt = compose.runtime_factory(plan, subj.plan_path, True)
+
+    def ask(which: str) -> list[str]:
+        try:
+            result = rt.host(which).run(owned.sweep_command(key, keep, end=False), timeout=15, check=False)
+        except Exception as exc:  # a host out of reach: status still says everything else
+            return [f"what other runs left on the {which} was not checked: {' '.join(str(exc).split())[:200]}"]
+        return [f"left by another run of this plan: {found.line(which)}" for found in owned.parse_sweep(result.stdout)]
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            return [line for lines in pool.map(ask, ("source", "target")) for line in lines]
+    finally:
+        compose.close_runtime(rt)
+
+
 REPLICA_STEPS = ("repl_replica", "repl_catchup", "repl_switch")
+# How long `status` waits for each host's SSH connection when it looks for what other runs left there.
+LEFTOVERS_CONNECT_TIMEOUT = 5.0
 
 
 def _replication_status(subj: Subject, state: RunState | None) -> str | None:

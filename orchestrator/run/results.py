@@ -142,6 +142,8 @@ class StatusReport:
     # The seconds the run kept back from its budget for the rollback, and how they were derived (journaled).
     rollback_reserve: dict[str, Any] | None = None
     audit: str | None = None  # the after-commit audit, when it did not prove the data equal
+    # What earlier runs of this plan left on the hosts (orchestrator/owned.py), read live: one line each.
+    leftovers: list[str] = field(default_factory=list)
 
     def ttl_wait_left(self, now: float | None = None) -> float | None:
         left = None if self.ttl_wait_until is None else self.ttl_wait_until - (time.time() if now is None else now)
@@ -160,6 +162,7 @@ class StatusReport:
             "dns_problem": self.dns_problem,
             "rollback_reserve": self.rollback_reserve,
             "audit": self.audit,
+            "left_by_other_runs": self.leftovers,
         }
         if self.state is not None:
             doc["run"] = {

@@ -32,7 +32,6 @@ from orchestrator.steps.repl_common import (
     TORN_DOWN,
     end_tunnels,
     forget_replication_on,
-    forward_tunnel_names,
     reverse_kept_until,
     reverse_line,
     reverse_problem,
@@ -163,7 +162,7 @@ def _tear_down(plan: Plan, plan_path: Path) -> None:
         failures = forget_replication_on(rt, ("source", "target"))
         if failures:
             raise RunError(exit_codes.NEEDS_ATTENTION, "ending reverse replication: " + "; ".join(failures))
-        end_tunnels(rt.source, forward_tunnel_names(rt.plan.name, rt.plan_path))
+        end_tunnels(rt.source, rt.plan.name, rt.plan_path)
     finally:
         compose.close_runtime(rt)
 

@@ -10,24 +10,35 @@ report, `migrate status`, and the exit code NEEDS_ATTENTION); so is an audit tha
 ("incomplete": nothing was proven). An operator then knows which tables to look at while the source's datadir is
 still exactly as the clean shutdown left it. A run resumed by another process has no snapshot to read: the audit
 says it did not run, and why.
+
+Replicate mode (orchestrator/replica_audit.py): the target's snapshot was opened by verify_target on the promoted,
+still fenced target; the source is read-only at the final position the switch journaled (proven again here). Both
+are compared over the primary-key chunks repl_catchup compares with; a difference names the table and the chunk.
+It catches what the switch's GTID proof cannot: a change made on the replica after repl_catchup's comparison
+without reaching the binary log. The source then replicates from the target in finish (reverse replication),
+after this step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator import audit
+from orchestrator import audit, replica_audit
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext
-from orchestrator.results import AuditResult, CutoverResult
-from orchestrator.steps.repl_common import replicate_run
+from orchestrator.results import AuditResult, CutoverResult, SwitchResult
+from orchestrator.steps.repl_common import SWITCH_STEP, replicate_run
+from orchestrator.transports import mysql
+from orchestrator.transports import replication as repl
 
 Figures = tuple[dict[str, int], dict[str, int | None]]
 # Journaled before the source is started for the audit (its private directory), cleared once it stopped.
 ISOLATED_SOURCE = "isolated_source"
+LOG_EVERY = 2.0
 
 
 class Audit(Step):
@@ -37,10 +48,17 @@ class Audit(Step):
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
         verify = plan.database.verify
-        if replicate_run(ctx):
-            return ["replicate mode: the tables were compared before the window (repl_catchup): nothing to audit"]
         if not (verify.row_counts or verify.checksum):
             return ["database.verify asks for neither row counts nor checksums: nothing to audit"]
+        if replicate_run(ctx):
+            rows = plan.replication.chunk_rows if plan.replication else 2000
+            return [
+                f"every table compared in chunks of {rows} rows (checksums, as before the window): the target's "
+                "snapshot, opened at the promotion before its fence lifted, against the source, read-only at its "
+                "final position (proven again)",
+                "a difference is reported naming the table and the chunk (report, status, exit code 4): the run is "
+                "committed",
+            ]
         what = " and ".join(
             n for n, on in (("row counts", verify.row_counts), ("CHECKSUM TABLE", verify.checksum)) if on
         )
@@ -57,20 +75,22 @@ class Audit(Step):
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         rt = runtime(ctx)
         verify = rt.plan.database.verify
-        if replicate_run(ctx):
-            return AuditResult(status="not_needed", reason="replicate mode: compared before the window").journal()
+        replicate = replicate_run(ctx)
         if not (verify.row_counts or verify.checksum):
-            return AuditResult(status="off", reason="database.verify asks for neither").journal()
-        self._stop_left_over(ctx)
-        held = audit.forget(ctx.run_id) or audit.Held()
+            return AuditResult(status="off", reason="database.verify asks for neither",
+                               method="chunks" if replicate else "figures").journal()  # fmt: skip
+        if not replicate:
+            self._stop_left_over(ctx)
+        held = audit.forget(rt)
         try:
-            result = self._audit(ctx, held)
+            result = self._audit_replica(ctx, held) if replicate else self._audit(ctx, held)
         finally:
             if held.snapshot is not None:
                 rt.release(held.snapshot)  # ends the snapshot's transaction: the target's purge goes on
         log = ctx.log.warning if result.status != "equal" else ctx.log.info
-        log("audit", status=result.status, reason=result.reason, tables=result.tables,
-            differences=result.differences[:20], live_differences=result.live_differences[:20])  # fmt: skip
+        log("audit", status=result.status, reason=result.reason, tables=result.tables, rows=result.rows,
+            chunks=result.chunks, seconds=result.seconds, differences=result.differences[:20],
+            live_differences=result.live_differences[:20])  # fmt: skip
         return result.journal()
 
     def _audit(self, ctx: StepContext, held: audit.Held) -> AuditResult:
@@ -117,6 +137,81 @@ class Audit(Step):
             update={"source_seconds": timing.get("source"), "target_seconds": timing.get("target"),
                     "seconds": round(time.monotonic() - started, 3)}
         )  # fmt: skip
+
+    def _audit_replica(self, ctx: StepContext, held: audit.Held) -> AuditResult:
+        """Replicate mode: the held target snapshot against the read-only source, chunk by chunk."""
+        rt = runtime(ctx)
+        final_text = SwitchResult.of(ctx.output(SWITCH_STEP)).final_gtid
+        if held.snapshot is None:
+            return AuditResult(method="chunks", status="not_run", reason="no snapshot of the target: the process "
+                               "that opened it at the promotion is gone (the run was resumed); the target has taken "
+                               "writes since the commit, so it is not compared now")  # fmt: skip
+        if not final_text:
+            return AuditResult(method="chunks", status="not_run", reason="the switch journaled no final position")
+        final = repl.GtidPosition.parse(final_text)
+        settings = rt.plan.replication
+        chunk_rows = settings.chunk_rows if settings else 2000
+        pause = settings.compare_pause if settings else 0.0
+        started = time.monotonic()
+        found: replica_audit.ChunkedAudit | None = None
+        engines: dict[str, str] = {}
+        last_log = 0.0
+
+        def _progress(table: str, done: int, total: int) -> None:
+            nonlocal last_log
+            now = time.monotonic()
+            if now - last_log >= LOG_EVERY or done == total:
+                last_log = now
+                ctx.log.info("audit.progress", table=table, chunk=done, of=total)
+
+        def _cut_short(why: str) -> AuditResult:
+            return AuditResult(method="chunks", status="incomplete", reason=why, at_gtid=str(final),
+                               seconds=round(time.monotonic() - started, 3))  # fmt: skip
+
+        source = None
+        try:
+            with mysql.read_timeout(held.snapshot, audit.READ_TIMEOUT):
+                isolation = replica_audit.snapshot_isolation(held.snapshot)
+                if isolation.upper().replace(" ", "-") != "REPEATABLE-READ":
+                    return _cut_short(f"the target's session ran in {isolation}, not REPEATABLE READ: its snapshot "
+                                      "was not consistent, nothing was compared")  # fmt: skip
+                source = rt.db("source", read_timeout=audit.READ_TIMEOUT)
+                snapshot = repl.open_consistent_snapshot(source)
+                if not repl.same_position(final, snapshot.gtid):
+                    return _cut_short(f"the source stands at {snapshot.gtid or 'nothing'}, not at the final position "
+                                      f"{final}: it changed since the switch, nothing was compared")  # fmt: skip
+                tables = mysql.list_tables(source, rt.plan.database.schemas)
+                engines = replica_audit.table_engines(source)
+                ctx.log.info("audit.compare_started", tables=len(tables), at=str(final), chunk_rows=chunk_rows)
+                found = replica_audit.compare_snapshots(source, held.snapshot, tables, chunk_rows=chunk_rows,
+                                                        pause_ratio=pause, on_chunk=_progress)  # fmt: skip
+        except Exception as exc:  # committed: any failure is reported, never raised
+            return _cut_short(f"{type(exc).__name__}: {exc}")
+        finally:
+            if source is not None:
+                with contextlib.suppress(Exception):
+                    repl.close_snapshot(source)
+                rt.release(source)
+        assert found is not None
+        return self._compare_chunks(found, engines, final).model_copy(
+            update={"seconds": round(time.monotonic() - started, 3)}
+        )
+
+    @staticmethod
+    def _compare_chunks(found: replica_audit.ChunkedAudit, engines: dict[str, str],
+                        final: repl.GtidPosition) -> AuditResult:  # fmt: skip
+        """The verdict: a differing chunk of a transactional table is a difference; of another engine (read live,
+        outside the snapshot), reported apart as maybe a write since the commit."""
+        lines = [(d.table, d.describe()) for d in found.differences]
+        lines += [(table, f"{table}: missing on the target") for table in found.missing]
+        live = [text for table, text in lines if not audit.transactional(engines.get(table, "innodb"))]
+        lost = [text for _, text in lines if text not in live]
+        unread = sorted(found.unread)
+        status = "differs" if lost else "incomplete" if unread else "equal"
+        reason = (f"{len(unread)} table(s) could not be compared: "
+                  + "; ".join(f"{t} ({found.unread[t]})" for t in unread[:5])) if unread else None  # fmt: skip
+        return AuditResult(method="chunks", status=status, reason=reason, tables=found.tables, chunks=found.chunks,
+                           rows=found.rows, at_gtid=str(final), differences=lost, live_differences=live)  # fmt: skip
 
     def _source(
         self, ctx: StepContext, launch: audit.ServerLaunch, tables: list[str], wanted: dict[str, bool]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator import probes
+from orchestrator import owned, probes
 from orchestrator.contracts import Host, Which, runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan, Service
@@ -226,7 +226,7 @@ def tracked_prepass(ctx: StepContext, tree: FileTree, presync: TreeFigures | Non
             command = final_pass_command(
                 tree.source, rsync.target_spec(plan, tree.target), changes.path, ssh=rsync.target_ssh_command(plan),
                 exclude=tree.exclude, chown=tree.owner, timeout=plan.transfer.rsync_timeout,
-                whole_file=plan.transfer.whole_file,
+                whole_file=plan.transfer.whole_file, extra=rsync.remote_rsync(plan),
             )  # fmt: skip
             stats, _ = rsync.push_live(rt.source, plan, command, what=f"pre-window pass of tree {tree.name}",
                                        retry=plan.retry)  # fmt: skip
@@ -251,7 +251,9 @@ def open_window_route(ctx: StepContext) -> None:
         return  # no trees, a route already open, or a runtime that has none (offline tests)
     started = time.monotonic()
     try:
-        route = rsync_daemon.open_route(rt.plan, rt.source, rt.target)  # type: ignore[arg-type]  # SshHosts: it needs their connections
+        owner = owned.owner(rt.plan.name, rt.plan_path, ctx.run_id)
+        # SshHosts: the route needs their connections.
+        route = rsync_daemon.open_route(rt.plan, rt.source, rt.target, owner)  # type: ignore[arg-type]  # see above
     except rsync_daemon.RouteUnavailable as exc:
         ctx.log.warning("window_route_unavailable", reason=str(exc), instead="rsync -e ssh inside the window")
         return

@@ -292,7 +292,7 @@ class Cutover(Step):
         except (TransportError, OSError) as exc:
             ctx.log.warning("cutover.server_command_line_unread", error=str(exc))
             return
-        audit.held(ctx.run_id).source = launch
+        audit.held(rt).source = launch
         ctx.log.info("cutover.server_command_line", binary=launch.binary if launch else None)
 
     def reattach(self, ctx: StepContext) -> None:

@@ -139,7 +139,8 @@ class FilesFinal(Step):
             except TransportError as exc:
                 window.check(f"the final copy of tree {tree.name}")
                 ctx.log.warning("window_route_failed", tree=tree.name, error=str(exc), instead="rsync -e ssh")
-        return push(rsync.target_spec(plan, tree.target), ssh=rsync.target_ssh_command(plan)), "ssh"
+        hop = rsync.target_ssh_command(plan)
+        return push(rsync.target_spec(plan, tree.target), ssh=hop, extra=rsync.remote_rsync(plan)), "ssh"
 
     def full_scan(self, ctx: StepContext, tree: FileTree, presync: TreeFigures | None, reason: str) -> TreeFigures:
         """The whole tree's delta: every file stat'ed on both hosts. Said loudly, with why and what it costs."""

@@ -31,7 +31,6 @@ from orchestrator.steps.repl_common import (
     close_tunnel,
     end_tunnels,
     forget_replication_on,
-    forward_tunnel_names,
     open_tunnel,
     replica_source,
     replicate_run,
@@ -103,9 +102,8 @@ class Finish(Step):
         if plan.finish.drain_seconds:
             lines.append(f"wait {plan.finish.drain_seconds:g} s for traffic to leave the source")
         if plan.reverse_of is not None:
-            tunnels = ", ".join(forward_tunnel_names(plan.reverse_of, runtime(ctx).plan_path))
-            lines.append(f"the forward run's replication ends on both sides (RESET SLAVE ALL) and its tunnels "
-                         f"({tunnels}) are ended")  # fmt: skip
+            lines.append("the forward run's replication ends on both sides (RESET SLAVE ALL) and its tunnels "
+                         f"(plan {plan.reverse_of}'s, on the old source) are ended")  # fmt: skip
         elif replicate_run(ctx):
             keep = plan.replication.keep_reverse if plan.replication else 0.0
             lines.append(
@@ -242,9 +240,10 @@ class Finish(Step):
         # The old source runs (promoted, or restarted on a copy); the target's database runs only in replicate mode
         # (the shutdown mode stopped it).
         failures = forget_replication_on(rt, ("target", "source") if replicate_run(ctx) else ("target",), retry=False)
-        tunnels = forward_tunnel_names(plan.reverse_of, rt.plan_path)
+        tunnels: list[str] = []
         try:
-            end_tunnels(rt.target, tunnels)  # started on the old source
+            ended = end_tunnels(rt.target, plan.reverse_of, rt.plan_path)  # started on the old source
+            tunnels = [found.path for found in ended if found.kind == "tunnel"]
         except TransportError as exc:
             failures.append(f"tunnels: {exc}")
         if failures:

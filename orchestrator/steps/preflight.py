@@ -26,6 +26,7 @@ from orchestrator.steps.repl_common import (
     replicate_run,
     reverse_over_replica,
 )
+from orchestrator.steps.run_owned import end_left_by_runs, waiting_guards
 from orchestrator.transports import grants, mysql, rsync
 from orchestrator.transports.ssh import TransportError
 
@@ -128,6 +129,10 @@ class Preflight(Step):
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         problems = Problems()
         figures: dict[str, Any] = {}
+        # What earlier runs of this plan left (a killed run nobody resumed, a kept tunnel whose journal went) is
+        # ended before this run starts anything: none of it is ever taken for this run's.
+        for problem in waiting_guards(end_left_by_runs(ctx, keep_this_run=True)):
+            problems.add(problem)
         reachable = {which: self._ssh(ctx, which, problems) for which in ("source", "target")}
         for which in ("source", "target"):
             if reachable[which]:
@@ -157,6 +162,11 @@ class Preflight(Step):
             raise StepError(f"preflight: {count} problem{'s' if count > 1 else ''}: " + "; ".join(problems.items))
         ctx.log.info("preflight_passed", **{k: v for k, v in figures.items() if not isinstance(v, dict)})
         return figures
+
+    def undo(self, ctx: StepContext) -> None:
+        """The rollback's last compensation: what this run (or an earlier one) left on the hosts and no other
+        compensation ended — a tunnel, the rsync route's password file or daemon of a run killed in its window."""
+        end_left_by_runs(ctx, keep_this_run=False)
 
     def _cutover_mode(self, ctx: StepContext, problems: Problems, figures: dict[str, Any]) -> None:
         """The cut-over mode this run resolved to, and why (one line each); in replicate mode, what it needs:

@@ -7,7 +7,6 @@ Not a step: steps import this module, never each other.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import shlex
 import time
@@ -18,7 +17,7 @@ from typing import Any
 import pymysql
 from ruamel.yaml import YAML
 
-from orchestrator import probes
+from orchestrator import owned, probes
 from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import Plan, ReplicationEndpoint, static_mode
@@ -42,8 +41,8 @@ TORN_DOWN = "replication_torn_down"
 # A reverse run over the reverse replica: the port the old source's replica reads the target through (journaled
 # before the promotion: a rolled-back reverse switch makes it a replica again).
 REPLICA_PORT = "replica_port"
-# Where the tunnels keep their control socket and log on the source.
-TUNNEL_DIR = "/tmp"
+# Where the tunnels keep their control socket and log on the source (named by orchestrator/owned.py).
+TUNNEL_DIR = owned.RUN_DIR
 # The password of the replication account travels to a host only in this environment variable's value.
 REPL_PASSWORD_ENV = "MIGRATE_REPL_PASSWORD"
 DB_PASSWORD_ENV = "MIGRATE_DB_PASSWORD"
@@ -171,15 +170,12 @@ def forget_replication_on(rt: StepRuntime, sides: tuple[Which, ...], *, retry: b
     return failures
 
 
-def end_tunnels(host: Any, names: list[str]) -> None:
-    """End the tunnels named (their ssh control masters on `host`, the source they were started on); idempotent."""
-    for name in names:
-        spec = repl.TunnelSpec(name, "local", ("ssh", "tunnel"), 0, "", 0, TUNNEL_DIR)
-        host.run(repl.tunnel_down_command(spec), timeout=COMMAND_TIMEOUT, check=False)
-
-
-def forward_tunnel_names(forward_name: str, plan_path: Path) -> list[str]:
-    return [tunnel_name(forward_name, plan_path, direction) for direction in ("remote", "local")]
+def end_tunnels(host: Any, plan_name: str, plan_path: Path) -> list[owned.Leftover]:
+    """End every tunnel (and rsync leftover) of the plan `plan_name` on `host` (the source they were started on),
+    whichever run started it, through what each recorded there (orchestrator/owned.py); idempotent."""
+    key = owned.plan_key(plan_name, plan_path)
+    result = host.run(owned.sweep_command(key, end=True), timeout=COMMAND_TIMEOUT, check=False)
+    return owned.parse_sweep(result.stdout)
 
 
 # --- can this pair of servers replicate? ----------------------------------------------------------------------
@@ -298,6 +294,7 @@ def seed_spec(plan: Plan, *, source_datadir: str | None = None, target_datadir: 
         throttle=settings.seed_throttle,
         nice=settings.seed_nice,
         no_defaults=False,
+        target_sudo=plan.target.become == "sudo",
     )
 
 
@@ -338,15 +335,10 @@ def tunnel_spec(plan: Plan, facts: TunnelFacts) -> repl.TunnelSpec:
     return repl.TunnelSpec(facts.name, "local", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
 
 
-def tunnel_scope(plan_path: Path) -> str:
-    """What tells one plan file's tunnels from another's: two plans of the same name (two checkouts, two operators)
-    moving services through one source must never end each other's tunnels."""
-    return hashlib.sha1(str(Path(plan_path).resolve()).encode()).hexdigest()[:8]
-
-
-def tunnel_name(plan_name: str, plan_path: Path, direction: str) -> str:
-    """The tunnel's name on the source (its control socket's): the plan's name, its file, the direction."""
-    return f"{plan_name}-{tunnel_scope(plan_path)}-{'fwd' if direction == 'remote' else 'rev'}"
+def tunnel_name(plan_name: str, plan_path: Path, direction: str, run_id: str) -> str:
+    """The tunnel's name on the source (its control socket's): its owner, the plan and the run (orchestrator/owned.py),
+    and the direction. A run asks only after its own: an earlier run's tunnel is never taken for this one's."""
+    return f"{owned.owner(plan_name, plan_path, run_id)}-{'fwd' if direction == 'remote' else 'rev'}"
 
 
 def replica_source(rt: StepRuntime, port: int) -> repl.ReplicaSource:
@@ -368,7 +360,7 @@ def open_tunnel(ctx: StepContext, direction: str, key: str, *, attempts: int = 5
     for _ in range(attempts):
         if facts is None:
             port = repl.parse_port(listening.run(repl.free_port_command(), timeout=COMMAND_TIMEOUT).stdout)
-            facts = TunnelFacts(tunnel_name(plan.name, rt.plan_path, direction), direction, port)
+            facts = TunnelFacts(tunnel_name(plan.name, rt.plan_path, direction, ctx.run_id), direction, port)
             ctx.save(key, facts.journal())
         result = rt.source.run(repl.tunnel_up_command(tunnel_spec(plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
         if result.exit_status == 0 and repl.parse_tunnel_pid(result.stdout) is not None:

@@ -40,7 +40,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SeedResult
 from orchestrator.steps.common import resolved_datadir, throttle_text
-from orchestrator.steps.repl_common import DB_PASSWORD_ENV, SEED_POSITION, seed_spec
+from orchestrator.steps.repl_common import SEED_POSITION, seed_spec
 from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
@@ -178,7 +178,8 @@ class ReplSeed(Step):
                 ctx.log.info("seed_progress", bytes=streamed, pct=pct)
 
         password = runtime(ctx).db_password()
-        env = {DB_PASSWORD_ENV: password} if password and spec.password_env else None
+        # The password goes to the script's stdin, which gives it to mariadb-backup alone (transports/replication.py).
+        stdin = (password or "") + "\n" if spec.password_env else None
         ctx.save(STREAMING, True)
         started = time.monotonic()
         thresholds = Thresholds.of(rt.plan)
@@ -186,9 +187,9 @@ class ReplSeed(Step):
             # Under `nocache` like the pre-syncs (transfer.nocache, where the source has it): the backup's reads of
             # every data file leave the live server's page cache as they found it.
             command = live_command(repl.seed_stream_command(spec), nocache=rt.plan.transfer.nocache, group_marker=None)
-            streamed = rt.source.stream(command, _line, timeout=SEED_TIMEOUT, env=env)
+            streamed = rt.source.stream(command, _line, timeout=SEED_TIMEOUT, input=stdin)
         else:
-            streamed = self._throttled(ctx, spec, thresholds, _line, env, result)
+            streamed = self._throttled(ctx, spec, thresholds, _line, stdin, result)
         result.stream_seconds = round(time.monotonic() - started, 3)
         stages = repl.parse_backup_stages(streamed.stdout)
         result.backup_stages = {s.stage: f"{s.started[-8:]}-{s.finished[-8:]}" for s in stages}
@@ -203,7 +204,7 @@ class ReplSeed(Step):
         spec: repl.SeedSpec,
         thresholds: Thresholds,
         line: Callable[[str], None],
-        env: dict[str, str] | None,
+        stdin: str | None,
         result: SeedResult,
     ) -> Any:
         """The stream in a process group of its own, paused while the source is loaded or the app slow, within the
@@ -226,7 +227,7 @@ class ReplSeed(Step):
                                 may_not_stop=repl.seed_locking_command(log_path), on_pause=guard.pause_began,
                                 must_resume=guard.must_resume, paused_check_interval=PAUSED_CHECK_SECONDS)  # fmt: skip
             with throttle:
-                streamed = rt.source.stream(command, line, timeout=SEED_TIMEOUT, env=env)
+                streamed = rt.source.stream(command, line, timeout=SEED_TIMEOUT, input=stdin)
         finally:
             rt.release(conn)
         result.throttled_seconds = round(throttle.throttled_seconds, 3)

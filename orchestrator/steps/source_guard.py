@@ -1,8 +1,9 @@
 """The guard on the source as the steps that block its writes use it: the cut-over (shutdown mode) and the switch
 (replicate mode). orchestrator/guard.py is the guard itself; this module is what a step does with it.
 
-- `start` before the window: the guard's deadline (the budget, every backoff between lock tries, a margin, on the
-  source's clock), journaled under `guard` before the guard exists, then its pid; the run's heartbeat begins.
+- `start` before the window: the guard's deadline (the budget and a margin from the first block, on the source's
+  clock: the backoffs between lock tries do not count, writes are let in between them), journaled under `guard`
+  before the guard exists, then its pid; the run's heartbeat begins.
 - `refuse_if_restored` on a re-entered step: a guard that restored the source means the source took writes since,
   so the run must not block it again (it rolls back).
 - `reattach` in a new process taking over the run: the heartbeat again, so a live run is never raced.
@@ -16,10 +17,9 @@ from __future__ import annotations
 
 import time
 
-from orchestrator import guard
+from orchestrator import guard, owned
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext, StepError
-from orchestrator.steps.common import backoff_delays
 from orchestrator.transports.ssh import TransportError
 
 GUARD = "guard"
@@ -49,10 +49,11 @@ def start(ctx: StepContext, *, clock_offset: float | None, marks: tuple[str, ...
     c = rt.plan.cutover
     endpoint = rt.plan.database.source
     plan = guard.GuardPlan(
-        directory=guard.guard_dir(ctx.run_id),
-        deadline=guard.deadline(
-            time.time() + sum(backoff_delays(c.lock_attempts, c.lock_retry_backoff)), c.max_write_block, clock_offset
-        ),
+        directory=guard.guard_dir(owned.owner(rt.plan.name, rt.plan_path, ctx.run_id)),
+        # From the moment writes were first blocked (now, when the guard starts just before): a run that dies
+        # leaves the source blocked for at most the budget and the margin, whatever its lock tries would have
+        # waited between them.
+        deadline=guard.deadline(ctx.window.blocked_at or time.time(), c.max_write_block, clock_offset),
         db_start=endpoint.start,
         db_stop=endpoint.stop,
         fence_off=rt.plan.services.fence.disable,

@@ -10,6 +10,7 @@ Every command runs inside the downtime window, so its timeout is bounded by what
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from orchestrator.contracts import runtime
@@ -22,6 +23,35 @@ from orchestrator.transports.ssh import TransportError
 DB_READY_TIMEOUT = 120.0
 # Journaled before the target's fence goes up, so a rollback or the DNS flip knows it was put there by this run.
 TARGET_FENCED = "target_fenced"
+# Journaled before the target's database start command runs: the lock that command holds on the target while it
+# runs. An undo (in this process after an interruption, or in a later `migrate rollback` after a kill -9) waits for
+# that lock, so it never stops a database that is still starting and then watches it come up behind its back.
+DB_START_LOCK = "target_db_start_lock"
+
+
+def start_lock_path(run_id: str) -> str:
+    return f"/tmp/migrate-db-start-{run_id}.lock"
+
+
+def held_while_running(lock: str, command: str) -> str:
+    """`command` run under an exclusive lock on `lock`, held by flock itself (-o: the database the command starts
+    in the background does not inherit it) until the command ends, the lock file then removed; without flock on the
+    host, the command alone. Its exit status is the command's."""
+    quoted = shlex.quote(lock)
+    return (
+        f"if command -v flock >/dev/null 2>&1; then flock -o {quoted} sh -c {shlex.quote(command)}; rc=$?; "
+        f"rm -f {quoted}; exit $rc; else sh -c {shlex.quote(command)}; fi"
+    )
+
+
+def wait_for_start_command(lock: str, seconds: float) -> str:
+    """Returns once the start command holding `lock` has ended (or at once when none holds it), bounded in time;
+    the lock file goes."""
+    quoted = shlex.quote(lock)
+    return (
+        f"if command -v flock >/dev/null 2>&1 && [ -e {quoted} ]; then flock -w {int(seconds)} {quoted} true; "
+        f"fi; rm -f {quoted}"
+    )
 
 
 class StartTarget(Step):
@@ -66,8 +96,10 @@ class StartTarget(Step):
                 raise StepError(f"fencing the target: {exc}") from None
             ctx.log.info("target_fenced")
         window.check("starting the target database")
+        lock = start_lock_path(ctx.run_id)
+        ctx.save(DB_START_LOCK, lock)
         try:
-            rt.target.run(plan.database.target.start, timeout=_timeout())
+            rt.target.run(held_while_running(lock, plan.database.target.start), timeout=_timeout())
         except TransportError as exc:
             raise StepError(f"starting the target database: {exc}") from None
         ready_seconds = wait_db_answers(ctx, "target", window.timeout(DB_READY_TIMEOUT) or DB_READY_TIMEOUT)
@@ -121,9 +153,17 @@ class StartTarget(Step):
             ctx, rt.target, reversed(plan.services.target), "stop", event="target_service_stopped", keep_going=True
         )
         failures = stopped.failures
+        lock = ctx.saved(DB_START_LOCK)
         try:
+            if lock:
+                # An interrupted start may still be starting the database: its stop must come after, not before.
+                rt.target.run(wait_for_start_command(str(lock), DB_READY_TIMEOUT), timeout=DB_READY_TIMEOUT + 30)
             rt.target.run(plan.database.target.stop, timeout=COMMAND_TIMEOUT)
-            ctx.log.info("target_database_stopped")
+            # Its effect checked, not assumed: a database that still answers was not stopped.
+            if lock and rt.db_answers("target"):
+                failures.append("database: it still answers after its stop command")
+            else:
+                ctx.log.info("target_database_stopped")
         except TransportError as exc:
             failures.append(f"database: {exc}")
         if failures:

@@ -5,7 +5,10 @@ one absent on both (the whole trees were compared before the window). Replicate 
 mode: the datadir files the final pass copied were checksummed on both hosts by db_final. Row counts and CHECKSUM
 TABLE read every row, so they are not read here: this step opens a read-only consistent snapshot on the still-fenced
 target (one round trip) and keeps the session open; the `audit` step reads it after the commit and compares it with
-the stopped source (orchestrator/audit.py).
+the stopped source (orchestrator/audit.py). Replicate mode: the same snapshot of the promoted, still fenced target,
+one statement on the connection that has just read the target's GTID position (one round trip on that thread, which
+runs beside the source's position and the trees' comparison), compared after the commit in chunks with the frozen
+source (orchestrator/replica_audit.py).
 
 All of it runs while writes are blocked: every try, query and comparison is bounded by what is left of the
 write-block budget, so a verification that cannot finish in time fails (and the run rolls back) instead of
@@ -21,7 +24,7 @@ from typing import Any
 
 import pymysql
 
-from orchestrator import audit, health
+from orchestrator import audit, health, replica_audit
 from orchestrator.contracts import Which, runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan
@@ -53,7 +56,8 @@ def tree_verification(
         if route is not None:
             destination, ssh, extra = route.url(tree), None, route.options()
         else:
-            destination, ssh, extra = rsync.target_spec(plan, tree.target), rsync.target_ssh_command(plan), []
+            destination, ssh = rsync.target_spec(plan, tree.target), rsync.target_ssh_command(plan)
+            extra = rsync.remote_rsync(plan)
         command = verify_listed_command(
             tree.source, destination, final.change_list, ssh=ssh, exclude=tree.exclude, chown=tree.owner, extra=extra
         )  # fmt: skip
@@ -84,10 +88,16 @@ class VerifyTarget(Step):
         if replicate:
             if lines:
                 lines = [f"{line} (run by the switch side by side with its wait; here if it did not)" for line in lines]
+            snapshot = (
+                ["beside them, open a read-only consistent snapshot on the promoted, still fenced target and keep it: "
+                 "the audit after the commit compares it in chunks with the read-only source"]
+                if verify.row_counts or verify.checksum else []
+            )  # fmt: skip
             return [
                 *lines,
                 "GTID positions: the source still at its final position, the target executed exactly it "
                 "(the database was compared before the window; nothing inside it reads whole tables)",
+                *snapshot,
                 *trees,
             ]
         if verify.row_counts or verify.checksum:
@@ -106,33 +116,52 @@ class VerifyTarget(Step):
         checks = health.checks_for(plan.health, health.INSIDE, replicate=replicate_run(ctx))
         return health.run_checks(ctx, checks, plan.health)
 
-    def snapshot(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
+    @staticmethod
+    def audit_wanted(ctx: StepContext) -> bool:
+        verify = runtime(ctx).plan.database.verify
+        return verify.row_counts or verify.checksum
+
+    def snapshot(self, ctx: StepContext, conn: Any = None) -> tuple[dict[str, Any], list[str]]:
         """A read-only consistent snapshot of the fenced target, held open for the after-commit audit: O(1) (plus
-        the list of tables), bounded by the budget. A target that cannot open one is not healthy."""
+        the list of tables), bounded by the budget. A target that cannot open one is not healthy. Replicate mode:
+        one statement on `conn`, the connection that just read the target's GTID position (held from then on)."""
         rt = runtime(ctx)
         plan = rt.plan
-        verify = plan.database.verify
-        if not (verify.row_counts or verify.checksum):
+        if not self.audit_wanted(ctx):
             return {}, []
         window = ctx.window
         doing = "opening the target's snapshot for the audit"
         window.check(doing)
-        conn = None
+        replicate = replicate_run(ctx)
         try:
-            conn = rt.db("target", read_timeout=window.timeout(plan.database.read_timeout))
+            conn = conn or rt.db("target", read_timeout=window.timeout(plan.database.read_timeout))
             with mysql.read_timeout(conn, window.timeout(plan.database.read_timeout)):
-                engines = audit.open_snapshot(conn, plan.database.schemas)
+                if replicate:
+                    # One statement: the tables and their engines are read on the frozen source after the commit.
+                    replica_audit.open_target_snapshot(conn)
+                    engines: dict[str, str] = {}
+                else:
+                    engines = audit.open_snapshot(conn, plan.database.schemas)
         except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
             if conn is not None:
                 rt.release(conn)
             window.check(doing)  # cut short by the budget: say so
             return {}, [f"{doing}: {exc}"]
-        held = audit.held(ctx.run_id)
+        held = audit.held(rt)
         if held.snapshot is not None:  # a re-run of this step in the same process: the newer one stands
             rt.release(held.snapshot)
         held.snapshot, held.snapshot_at, held.engines = conn, time.time(), engines
-        ctx.log.info("audit_snapshot_opened", tables=len(engines))
+        ctx.log.info("audit_snapshot_opened", tables=None if replicate else len(engines))
         return {"audit_snapshot_at": held.snapshot_at}, []
+
+    def undo(self, ctx: StepContext) -> None:
+        """The run will not commit: the audit's snapshot is closed now rather than when the run ends (an open
+        transaction on the target holds its purge back while the rollback runs)."""
+        rt = runtime(ctx)
+        held = audit.forget(rt)
+        if held.snapshot is not None:
+            rt.release(held.snapshot)
+            ctx.log.info("audit_snapshot_closed", why="rolling back")
 
     def trees(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
         """Every path the final pass handled is equal on both hosts (rsync --dry-run --checksum lists no change):
@@ -192,33 +221,46 @@ class VerifyTarget(Step):
         final = repl.GtidPosition.parse(str(final_text))
         timeout = ctx.window.timeout(rt.plan.database.read_timeout)
 
-        def _read(which: Which) -> str | None:
-            """The problem with that side's position, or None (each side in its own thread: two connections)."""
+        held: dict[str, Any] = {}
 
-            def _position(ping_spare: bool) -> repl.GtidPosition:
-                conn = rt.db(which, read_timeout=timeout, ping_spare=ping_spare)
-                try:
-                    return repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
-                finally:
-                    rt.release(conn)
+        def _read(which: Which) -> list[str]:
+            """The problems with that side's position (each side in its own thread: two connections). On the
+            target, the audit's snapshot is then opened on the same connection, which it keeps: one statement more
+            on that thread, no connection of its own."""
+            problems: list[str] = []
+
+            def _position(conn: Any) -> repl.GtidPosition:
+                return repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
 
             try:
+                # The spare opened before the window, unpinged: the read itself is the check (one round trip).
+                conn = rt.db(which, read_timeout=timeout, ping_spare=False)
+                kept = False
                 try:
-                    # The spare opened before the window, unpinged: the read itself is the check (one round trip).
-                    now = _position(False)
-                except (pymysql.OperationalError, pymysql.InterfaceError):
-                    now = _position(True)  # that connection was gone: another one (a read, safe to repeat)
+                    try:
+                        now = _position(conn)
+                    except (pymysql.OperationalError, pymysql.InterfaceError):
+                        rt.release(conn)  # that connection was gone: another one (a read, safe to repeat)
+                        conn = rt.db(which, read_timeout=timeout)
+                        now = _position(conn)
+                    if which == "target" and self.audit_wanted(ctx):
+                        figures, problems = self.snapshot(ctx, conn)
+                        held.update(figures)
+                        kept = not problems
+                finally:
+                    if not kept:
+                        rt.release(conn)
             except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
                 ctx.window.check("comparing GTID positions")
-                return f"reading the {which}'s GTID position: {exc}"
+                return [f"reading the {which}'s GTID position: {exc}"]
             if not repl.same_position(final, now):
-                return f"the {which} stands at GTID {now or 'nothing'}, not the final position {final}"
-            return None
+                problems.append(f"the {which} stands at GTID {now or 'nothing'}, not the final position {final}")
+            return problems
 
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gtid") as pool:
             futures = [pool.submit(contextvars.copy_context().run, _read, which) for which in ("source", "target")]
-            problems = [problem for future in futures if (problem := future.result()) is not None]
-        return {}, problems
+            problems = [problem for future in futures for problem in future.result()]
+        return held, problems
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         ctx.window.check("starting the verification")
@@ -227,6 +269,9 @@ class VerifyTarget(Step):
             # Side by side, as below: the positions and the trees' final pass (the file trees move by rsync in
             # both modes) in threads carrying the log context, the health checks here, unless the switch ran them
             # side by side with its wait and promotion (they passed then).
+            # The audit's snapshot of the target is opened by the positions' thread on the connection that read the
+            # target's position: after the promotion (the switch has returned), before the commit (the commit point,
+            # switch_traffic or the DNS flip, lifts the target's fence after this step).
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
                 positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
                 trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)
@@ -234,14 +279,14 @@ class VerifyTarget(Step):
                     tries, problems = switched.health_tries, list[str]()
                 else:
                     tries, problems = self.health(ctx)
-                problems += positions_future.result()[1]
+                snapshot_figures, position_problems = positions_future.result()
                 tree_figures, tree_problems = trees_future.result()
-            problems += tree_problems
+            problems += position_problems + tree_problems
             if problems:
                 raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
             ctx.window.check("the verification")
             ctx.log.info("target_verified", gtid=ctx.output(SWITCH_STEP).get("final_gtid"))
-            return VerifyResult(health_tries=tries, **tree_figures).journal()
+            return VerifyResult(health_tries=tries, **snapshot_figures, **tree_figures).journal()
         # The three checks are independent and each takes time inside the downtime window: run them side by side
         # (the database and the trees in threads, carrying the log context; the health checks here). Each is
         # bounded by the budget, so leaving the pool (which waits for both threads) is bounded too.

@@ -111,8 +111,10 @@ class SeedSpec:
 
     `ssh_to_target`: the ssh argv as run ON THE SOURCE to reach the target, login last (the hop rsync uses, host
     key verified). The source's database is reached on `source_socket` (or the client's default) as `source_user`;
-    a password, when the user has one, comes from the environment variable `password_env` on the source (pass its
-    value with the command's env, never on a command line). `throttle` is mariadb-backup's --throttle: data-file read
+    a password, when the user has one (`password_env`, the name it is known by), is the first line of the command's
+    stdin (pass it as the command's input, never on a command line): the script keeps it in a shell variable and
+    hands it to mariadb-backup alone, in that one process's environment (MYSQL_PWD), not to dd, ssh or anything else
+    the script runs. `throttle` is mariadb-backup's --throttle: data-file read
     operations per second, a coarse knob that is NOT a rate (measured on 10.11 on the lab, 256 MiB: unthrottled
     ~70 MB/s, --throttle=20 7.6 MB/s, --throttle=2 1.4 MB/s; Percona's 10 MiB-per-operation figure does not hold).
     nice/ionice (`nice`) is what protects a live source in every case.
@@ -128,6 +130,8 @@ class SeedSpec:
     throttle: int | None = None
     nice: bool = True
     no_defaults: bool = False
+    # The target's plan says `become: sudo`: the hop logs in as a non-root user, the receiver runs through sudo.
+    target_sudo: bool = False
     parallel: int = 1
     log_copy_interval_ms: int = 10
 
@@ -173,9 +177,13 @@ def seed_stream_command(spec: SeedSpec, *, log_path: str | None = None) -> str:
         backup.append(f"--throttle={spec.throttle}")
     staging = shlex.quote(spec.staging_dir)
     receive = f"rm -rf {staging} && mkdir -p {staging} && mbstream -x -C {staging}"
-    password = f'MYSQL_PWD="${{{spec.password_env}}}" ' if spec.password_env else ""
+    if spec.target_sudo:
+        receive = shlex.join(["sudo", "-n", "--", "sh", "-c", receive])
+    password = 'MYSQL_PWD="$password" ' if spec.password_env else ""
+    # The password: the first line of stdin, in a variable the script never exports; stdin is then closed.
+    read_password = "IFS= read -r password || true; exec </dev/null\n" if spec.password_env else ""
     script = f"""set -o pipefail
-log={shlex.quote(log_path) if log_path else "$(mktemp)"}; trap 'rm -f "$log"' EXIT
+{read_password}log={shlex.quote(log_path) if log_path else "$(mktemp)"}; trap 'rm -f "$log"' EXIT
 exec 4>&1
 {stamp_log(spec.nice)}
 {password}{shlex.join(backup)} 2>&5 5>&- | dd bs=1M status=progress 2>&4 5>&- | \

@@ -145,6 +145,14 @@ def open_master_command(plan: Plan) -> str:
     return f"{target_ssh_command(plan)} {shlex.quote(login)} true"
 
 
+def remote_rsync(plan: Plan, *, nice: bool = False) -> list[str]:
+    """How rsync's remote end is started on the target over the hop: as root through sudo when the target's plan says
+    `become: sudo` (the hop logs in as its non-root user), niced when `nice`. [] when plain `rsync` will do."""
+    argv = [*NICE] if nice else []
+    argv += ["sudo", "-n", "--"] if plan.target.become == "sudo" else []  # inner: sudo allows rsync, not nice
+    return ["--rsync-path=" + shlex.join([*argv, "rsync"])] if argv else []
+
+
 def close_master_command(plan: Plan) -> str:
     """Run on the source: ends the shared SSH connection to the target, if there is one."""
     login = f"{plan.target.user}@{plan.target.address}"
@@ -189,8 +197,7 @@ def push_command(
     argv += list(extra)
     if live and transfer.bwlimit:
         argv.append(f"--bwlimit={transfer.bwlimit}")
-    if nice:
-        argv.append("--rsync-path=" + shlex.join([*NICE, "rsync"]))
+    argv += remote_rsync(plan, nice=nice)
     # Incremental recursion (rsync's default) keeps rsync's memory flat on a tree of millions of files; the whole
     # list up front (--no-inc-recursive) would only make progress2's percentage exact.
     argv += ["--info=progress2", "--stats"]
@@ -217,8 +224,7 @@ def compare_command(
     argv += ["rsync", *_common(plan, exclude, chown), "--dry-run", "--checksum", "--itemize-changes"]
     if live:
         argv.append("--info=progress2")
-    if nice:
-        argv.append("--rsync-path=" + shlex.join([*NICE, "rsync"]))
+    argv += remote_rsync(plan, nice=nice)
     argv += ["-e", target_ssh_command(plan), _slash(source_dir), target_spec(plan, target_dir)]
     return shlex.join(argv)
 

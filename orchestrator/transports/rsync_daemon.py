@@ -74,9 +74,10 @@ def config_text(trees: list[FileTree]) -> tuple[str, str]:
     return "\n".join(globals_) + "\n", "\n".join(modules) + "\n"
 
 
-def target_script(globals_: str, modules: str) -> str:
+def target_script(globals_: str, modules: str, owner: str = "run") -> str:
     """Run on the target in a session of ours: reads the password from its first stdin line, starts the daemon on a
-    free loopback port, prints `port=N pid=P dir=D`, then waits for the end of its stdin and cleans up."""
+    free loopback port, prints `port=N pid=P dir=D`, then waits for the end of its stdin and cleans up. Its directory
+    is named after `owner` (orchestrator/owned.py: the plan and the run), so a later run finds it should it stay."""
     port_check = (
         # LISTEN (0A) on 127.0.0.1 (0100007F) and our port, in /proc/net/tcp: no `ss` needed. Another's listener on
         # that port cannot pass for ours: the route is proven with our password before it is used.
@@ -88,7 +89,7 @@ def target_script(globals_: str, modules: str) -> str:
     )
     return (
         "set -u; umask 077; "
-        'd=$(mktemp -d "${TMPDIR:-/tmp}/migrate-rsyncd.XXXXXX") || exit 3; pid=; '
+        f'd=$(mktemp -d "${{TMPDIR:-/tmp}}/migrate-rsyncd.{owner}.XXXXXX") || exit 3; pid=; '
         "trap 'exit 0' HUP INT TERM PIPE; "
         'trap \'[ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid"; rm -rf "$d"\' EXIT; '
         "IFS= read -r secret || exit 3; "
@@ -140,16 +141,18 @@ def _forward_command(plan: Plan, local_port: int, remote_port: int, *, cancel: b
     return f"{rsync.target_ssh_command(plan)} -O {'cancel' if cancel else 'forward'} -L {spec} {shlex.quote(login)}"
 
 
-def open_route(plan: Plan, source: SshHost, target: SshHost) -> DaemonRoute:
+def open_route(plan: Plan, source: SshHost, target: SshHost, owner: str = "run") -> DaemonRoute:
     """Start the daemon on the target, forward a source port to it, and prove the route end to end (one module
-    answers our password). Raises RouteUnavailable (and leaves nothing running) when it cannot."""
+    answers our password). Raises RouteUnavailable (and leaves nothing running) when it cannot. `owner` names the
+    directories on both hosts (orchestrator/owned.py): a run killed before it closed the route leaves them where
+    the next run, or the rollback, finds and ends them."""
     trees = list(plan.files)
     if not trees:
         raise RouteUnavailable("no file trees")
     globals_, modules_conf = config_text(trees)
     secret = secrets.token_urlsafe(24)
     try:
-        script = target_script(globals_, modules_conf)
+        script = target_script(globals_, modules_conf, owner)
         daemon = target.start_tethered(script, input=secret + "\n", ready="port=", timeout=START_TIMEOUT)
     except TransportError as exc:
         raise RouteUnavailable(f"starting the rsync daemon on the target: {exc}") from None
@@ -158,7 +161,8 @@ def open_route(plan: Plan, source: SshHost, target: SshHost) -> DaemonRoute:
         said = ready_fields(daemon.ready_line)
         remote_port = int(said["port"])
         client = source.run(
-            'umask 077; d=$(mktemp -d "${TMPDIR:-/tmp}/migrate-rsync.XXXXXX") && cat > "$d/password" && echo "$d"',
+            f'umask 077; d=$(mktemp -d "${{TMPDIR:-/tmp}}/migrate-rsync.{owner}.XXXXXX") && cat > "$d/password" && '
+            'echo "$d"',
             input=secret + "\n", timeout=START_TIMEOUT,
         )  # fmt: skip
         client_dir = client.stdout.strip()

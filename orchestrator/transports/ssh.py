@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import asyncssh
 import structlog
 
-from orchestrator.plan.model import Host, Retry
+from orchestrator.plan.model import Host, JumpHost, Retry
 from orchestrator.retry import call_with_retry
 from orchestrator.secrets import redact
 from orchestrator.transports.meter import RoundTrips
@@ -112,7 +112,19 @@ def _call(coro: Coroutine[Any, Any, T]) -> T:
 _TRANSIENT = (OSError, asyncio.TimeoutError, asyncssh.ConnectionLost, asyncssh.ChannelOpenError, EOFError)
 
 
-def _connect_error(name: str, host: Host, known_hosts: Path, exc: BaseException) -> TransportError:
+# How a host whose plan says `become: sudo` runs every command of the migration: as root, never asking for a password.
+SUDO = ("sudo", "-n", "--")
+
+
+def as_root(host: Host, command: str) -> str:
+    """The command as the host runs it: unchanged, or through passwordless sudo (`become: sudo`) in a shell of its
+    own, so pipes, redirections and `cd` of the command all happen as root."""
+    if host.become != "sudo":
+        return command
+    return shlex.join([*SUDO, "sh", "-c", command])
+
+
+def _connect_error(name: str, host: Host | JumpHost, known_hosts: Path, exc: BaseException) -> TransportError:
     where = f"ssh {host.user}@{host.address}:{host.ssh_port} ({name})"
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
         return TransportError(
@@ -325,6 +337,8 @@ class SshHost:
         self._ending = threading.Lock()  # one thread ends them; the others wait for it
         self._records = itertools.count(1)
         self._token = os.urandom(8).hex()
+        self._bastions: list[asyncssh.SSHClientConnection] = []  # connections to the jump host (plan `jump:`)
+        self._sudo_checked = False
 
     def __repr__(self) -> str:
         return f"SshHost({self.name}: {self.host.user}@{self.host.address}:{self.host.ssh_port})"
@@ -339,27 +353,50 @@ class SshHost:
 
     # --- connection ---
 
-    async def _open(self) -> asyncssh.SSHClientConnection:
+    def _options(self, host: Host | JumpHost, known_hosts: Path) -> dict[str, Any]:
         options: dict[str, Any] = {
-            "port": self.host.ssh_port,
-            "username": self.host.user,
-            "known_hosts": str(self.known_hosts),
+            "port": host.ssh_port,
+            "username": host.user,
+            "known_hosts": str(known_hosts),
             "keepalive_interval": KEEPALIVE_INTERVAL,
             "keepalive_count_max": KEEPALIVE_COUNT_MAX,
-            "connect_timeout": self.host.connect_timeout,
-            "agent_forwarding": self.forward_agent,
+            "connect_timeout": host.connect_timeout,
             # Only what the plan says: no surprise from ~/.ssh/config.
             "config": [],
         }
-        if self.host.key is not None:
-            options["client_keys"] = [str(self._path(self.host.key))]
-            if not self.host.agent:
+        if host.key is not None:
+            options["client_keys"] = [str(self._path(host.key))]
+            if not host.agent:
                 options["agent_path"] = None
-        return await asyncssh.connect(self.host.address, **options)
+        return options
+
+    async def _open(self) -> asyncssh.SSHClientConnection:
+        options = self._options(self.host, self.known_hosts)
+        options["agent_forwarding"] = self.forward_agent
+        jump = self.host.jump
+        if jump is None:
+            return await asyncssh.connect(self.host.address, **options)
+        # Through the bastion: its own key verified against its own known_hosts first, then the host's through it.
+        jump_known_hosts = self._path(jump.known_hosts)
+        try:
+            bastion = await asyncssh.connect(jump.address, **self._options(jump, jump_known_hosts))
+        except Exception as exc:
+            raise _connect_error(f"jump host of {self.name}", jump, jump_known_hosts, exc) from None
+        try:
+            conn = await asyncssh.connect(self.host.address, tunnel=bastion, **options)
+        except BaseException:
+            bastion.close()
+            raise
+        self._bastions.append(bastion)
+        return conn
 
     def _connect_once(self) -> asyncssh.SSHClientConnection:
         if not self.known_hosts.is_file():
             raise TransportError(f"ssh {self.name}: known_hosts file {self.known_hosts} is missing", False)
+        jump = self.host.jump
+        if jump is not None and not self._path(jump.known_hosts).is_file():
+            missing = self._path(jump.known_hosts)
+            raise TransportError(f"ssh {self.name}: the jump host's known_hosts file {missing} is missing", False)
         try:
             return _call(self._open())
         except TransportError:
@@ -371,9 +408,37 @@ class SshHost:
         """The host's connection, opened (with retries of transient failures) on first use or after a loss."""
         with self._lock:
             if self._conn is None or self._conn.is_closed():
-                self._conn = call_with_retry(self._connect_once, self.retry, what=f"ssh {self.name}")
+                conn = call_with_retry(self._connect_once, self.retry, what=f"ssh {self.name}")
+                if not self._sudo_checked:
+                    self._check_sudo(conn)
+                self._conn = conn
                 self._sessions = asyncio.Semaphore(MAX_SESSIONS_PER_CONNECTION)
             return self._conn
+
+    def _check_sudo(self, conn: asyncssh.SSHClientConnection) -> None:
+        """With `become: sudo`, the very command every other one goes through, once: a refusal (a password asked,
+        the command not allowed) is one line naming it and the account, before anything is changed."""
+        if self.host.become != "sudo":
+            return
+        probe = as_root(self.host, "true")
+
+        async def _probe() -> asyncssh.SSHCompletedProcess:
+            return await conn.run(probe, check=False, timeout=self.host.connect_timeout + 20)
+
+        try:
+            done = _call(_probe())
+        except (asyncssh.Error, *_TRANSIENT) as exc:
+            conn.close()
+            raise TransportError(f"ssh {self.name}: checking sudo: {exc.__class__.__name__}: {exc}", True) from None
+        if done.exit_status != 0:
+            conn.close()
+            said = " ".join(str(done.stderr or "").split())[:300] or f"exit {done.exit_status}"
+            raise TransportError(
+                f"ssh {self.name}: sudo refused `{shlex.join([*SUDO, 'sh', '-c', '…'])}` for {self.host.user}@"
+                f"{self.host.address} (become: sudo needs it passwordless): {said}",
+                False,
+            )
+        self._sudo_checked = True
 
     def _lost(self, exc: BaseException, what: str) -> TransportError:
         if isinstance(exc, asyncssh.TimeoutError | asyncio.TimeoutError):
@@ -418,7 +483,9 @@ class SshHost:
                 assert sessions is not None
                 async with sessions:
                     return await conn.run(
-                        script, check=False, timeout=CUT_SHORT_TIMEOUT + (CUT_SHORT_GRACE + 5) * len(pending)
+                        as_root(self.host, script),
+                        check=False,
+                        timeout=CUT_SHORT_TIMEOUT + (CUT_SHORT_GRACE + 5) * len(pending),
                     )
 
             what = f"ending {len(pending)} command(s) cut short"
@@ -485,7 +552,7 @@ class SshHost:
         async def _run() -> asyncssh.SSHCompletedProcess:
             assert self._sessions is not None
             async with self._sessions:
-                proc = await conn.create_process(full, input=data, errors="replace")
+                proc = await conn.create_process(as_root(self.host, full), input=data, errors="replace")
                 try:
                     return await proc.wait(check=False, timeout=timeout)
                 except asyncssh.TimeoutError:
@@ -519,7 +586,7 @@ class SshHost:
             assert sessions is not None
             await sessions.acquire()  # held while the shell lives: it is one of the connection's sessions
             try:
-                proc = await conn.create_process("sh", encoding=None)
+                proc = await conn.create_process(as_root(self.host, "sh"), encoding=None)
                 shell = _KeptShell(proc, f"__migrate_{os.urandom(8).hex()}")
                 shell.sessions = sessions
                 await asyncio.wait_for(shell.ready(), SHELL_READY_TIMEOUT)
@@ -569,19 +636,21 @@ class SshHost:
         env: dict[str, str] | None = None,
         keep: Callable[[str], bool] | None = None,
         short: bool = False,
+        input: str | None = None,
     ) -> CommandResult:
         """Run a command, calling `on_line` (in this thread) for each stdout line split on \\r or \\n.
 
         The full stdout is also returned (without empty lines), e.g. for rsync's --stats block; `keep` limits it to
         the lines worth keeping (rsync prints a progress line per file: a million of them must not pile up here).
         `short`: the caller knows the output is small (O(changes)): with a kept shell the command runs there and its
-        lines are handed over once it ended, instead of a new session streaming them.
+        lines are handed over once it ended, instead of a new session streaming them. `input`: the command's stdin
+        (a secret goes there, or in `env`, never in `command`).
         """
         conn = self.connection()
         self._end_cut_short(conn)
-        prefix, data = _env_prefix(env, None)
+        prefix, data = _env_prefix(env, input)
         shell = self._shell
-        if short and shell is not None and not prefix and shell.busy.acquire(blocking=False):
+        if short and shell is not None and data is None and shell.busy.acquire(blocking=False):
             try:
                 self.meter.add("ssh")
                 record = self._record_file(shell) if timeout is not None else None
@@ -609,7 +678,7 @@ class SshHost:
         async def _stream() -> tuple[int | None, str]:
             assert self._sessions is not None
             async with self._sessions:
-                proc = await conn.create_process(full, errors="replace")
+                proc = await conn.create_process(as_root(self.host, full), errors="replace")
                 try:
                     if data is not None:
                         proc.stdin.write(data)
@@ -701,7 +770,7 @@ class SshHost:
             await sessions.acquire()  # held while the process lives: it is one of the connection's sessions
             proc = None
             try:
-                proc = await conn.create_process(command, encoding="utf-8", errors="replace")
+                proc = await conn.create_process(as_root(self.host, command), encoding="utf-8", errors="replace")
                 proc.stdin.write(input)
                 async with asyncio.timeout(timeout):
                     while True:
@@ -732,6 +801,7 @@ class SshHost:
         with self._lock:
             conn, self._conn = self._conn, None
             listeners, self._listeners = self._listeners, []
+            bastions, self._bastions = self._bastions, []
 
         async def _close() -> None:
             for listener in listeners:
@@ -739,8 +809,11 @@ class SshHost:
             if conn is not None:
                 conn.close()
                 await conn.wait_closed()
+            for bastion in bastions:
+                bastion.close()
+                await bastion.wait_closed()
 
-        if conn is not None or listeners:
+        if conn is not None or listeners or bastions:
             # Closing is best effort: the peer may already be gone.
             with contextlib.suppress(Exception):
                 _submit(_close()).result(timeout=10)

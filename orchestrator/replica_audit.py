@@ -1,0 +1,126 @@
+"""The replicate mode's after-commit audit: the source, read-only and frozen at its final position, against the
+target's snapshot opened at the promotion, in the same primary-key chunks as repl_catchup's comparison.
+
+repl_catchup compared the replica before the window; a change made on the replica after that comparison (a write
+with the binary log off, by an account that may write through read_only, or by hand) reaches no GTID, so the
+switch's proof (the replica executed exactly the source's final position) cannot see it. This audit can: after the
+commit, nothing on the source changes (read_only, fenced, no replication into it until finish), and the target's
+side is read in the consistent snapshot verify_target opened on the promoted, still fenced target (held on the
+run's runtime, orchestrator/audit.py), so the target's writes since the commit are outside it.
+
+Why that snapshot holds the target exactly as migrated: it is opened after the promotion (verify_target runs after
+the switch has returned) and before the commit (the commit point, switch_traffic with a front door on the source or
+else the DNS flip, lifts the target's fence after verify_target has returned): no write of the application can be
+in it. A write made by another hand meanwhile is in it, and differs
+from the source: that is what the audit is for. The session's isolation level is checked afterwards (a snapshot
+under READ COMMITTED would see the writes since the commit): a session not in REPEATABLE READ is reported, not
+compared. The source's side is proven frozen too: its own snapshot's binary-log position must be the final GTID
+position the switch journaled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import pymysql
+
+from orchestrator.transports import replication as repl
+
+# A table missing on one side (ER_NO_SUCH_TABLE).
+NO_SUCH_TABLE = 1146
+# The connection is gone: nothing more can be read on it (CR_SERVER_GONE_ERROR, CR_SERVER_LOST).
+CONNECTION_GONE = (2006, 2013)
+SNAPSHOT_STATEMENT = "START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT"
+
+
+class AuditUnreadable(Exception):
+    """One side could not be read at all (its connection is gone): nothing was proven."""
+
+
+@dataclass
+class ChunkedAudit:
+    """What the chunked comparison found and what it cost."""
+
+    differences: list[repl.ChunkDiff] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # tables the source has and the target's snapshot does not
+    unread: dict[str, str] = field(default_factory=dict)  # table -> why it could not be compared
+    tables: int = 0
+    chunks: int = 0
+    rows: int = 0  # the source's rows compared
+    seconds: float = 0.0
+
+
+def open_target_snapshot(conn: pymysql.Connection) -> None:
+    """One statement, one round trip: the read view is made when it returns."""
+    with conn.cursor() as cur:
+        cur.execute(SNAPSHOT_STATEMENT)
+
+
+def snapshot_isolation(conn: pymysql.Connection) -> str:
+    """The held session's isolation level ('REPEATABLE-READ' for a true consistent snapshot)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@SESSION.tx_isolation")
+        row = cur.fetchone()
+    return str(row[0]) if row else ""
+
+
+def table_engines(conn: pymysql.Connection) -> dict[str, str]:
+    """Each base table's engine, lower case, by 'schema.table'."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT TABLE_SCHEMA, TABLE_NAME, ENGINE FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'"
+        )
+        return {f"{schema}.{table}": str(engine or "").lower() for schema, table, engine in cur.fetchall()}
+
+
+def _gone(exc: pymysql.MySQLError) -> bool:
+    return bool(exc.args) and exc.args[0] in CONNECTION_GONE
+
+
+def compare_snapshots(
+    source: pymysql.Connection,
+    target: pymysql.Connection,
+    tables: Iterable[tuple[str, str]],
+    *,
+    chunk_rows: int,
+    pause_ratio: float = 0.0,
+    on_chunk: Callable[[str, int, int], None] | None = None,
+) -> ChunkedAudit:
+    """Both sides' checksums over the source's primary-key chunks (repl.chunk_bounds / repl.chunk_checksum, as
+    repl_catchup compares). A table one side cannot read is listed with why and the others go on; a connection
+    that is gone ends it (AuditUnreadable). `pause_ratio`: after each chunk, that many times its duration (the
+    live target's share)."""
+    found = ChunkedAudit()
+    started = time.monotonic()
+    for schema, table in tables:
+        found.tables += 1
+        name = f"{schema}.{table}"
+        side = "source"
+        try:
+            shape = repl.table_shape(source, schema, table)
+            chunks = repl.chunk_bounds(source, shape, chunk_rows)
+            for chunk in chunks:
+                began = time.monotonic()
+                side = "source"
+                ours = repl.chunk_checksum(source, shape, chunk)
+                side = "target"
+                theirs = repl.chunk_checksum(target, shape, chunk)
+                found.chunks += 1
+                found.rows += ours.rows
+                if ours != theirs:
+                    found.differences.append(repl.ChunkDiff(shape.name, chunk, shape.key, ours, theirs))
+                if on_chunk is not None:
+                    on_chunk(name, chunk.index + 1, len(chunks))
+                if pause_ratio > 0:
+                    time.sleep((time.monotonic() - began) * pause_ratio)
+        except pymysql.MySQLError as exc:
+            if _gone(exc):
+                raise AuditUnreadable(f"the {side}'s connection is gone at {name}: {exc}") from None
+            if side == "target" and exc.args and exc.args[0] == NO_SUCH_TABLE:
+                found.missing.append(name)
+            else:
+                found.unread[name] = f"on the {side}: {exc}"
+    found.seconds = round(time.monotonic() - started, 3)
+    return found
