@@ -6,8 +6,9 @@ What the steps call, each a no-op when the plan has no front door for that host:
   the source's HAProxy holds every new request until what is left of `cutover.max_write_block` plus HOLD_MARGIN (a
   deadline on the HAProxy host's clock, journaled before it is set), then in-flight requests get `drain_timeout` to
   finish. The fence still goes up behind it. `prepare_hold(ctx)` reads, before the window, what the hold needs
-  (whether it can hold writes alone, the door's pid and clock, that it sends requests to the source's app), so the
-  window spends only the hold's own round trips on the door (one command, then the drain).
+  (whether it can hold writes alone, the door's pid and clock, that it sends requests to the source's app: one
+  batch, which opens the door's kept admin connection), so the window spends only the hold's own round trips on the
+  door (one exchange sets the hold and lists the requests in flight; the drain asks again only while some are).
 - `keep_holding_for_rollback(ctx)` / `release_source(ctx)` (that step's undo, and between its tries when it lets
   writes in): the hold is stretched while the source takes writes again (its database started or made writable,
   its fence lifted), then released: held requests go to the source, none fails.

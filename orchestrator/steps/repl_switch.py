@@ -7,7 +7,9 @@ process, so undo and a resume clear it) → the source's final GTID position (jo
 target for it, bounded by what is left of `cutover.max_write_block` → the promotion with its proof (`promoting`
 journaled first): replication stopped, the target executed exactly the source's final position, replication
 forgotten, read_only off. No file copy, no server start, no full row count: the work is what the replica had not
-applied yet.
+applied yet. Each side costs one round trip: read_only with the final position (one compound statement, beside the
+fence), then the wait with the promotion and its proof (another; a replica slower than a first slice of the wait is
+waited for in slices and promoted on its own, as before).
 
 The target's services stay fenced: the DNS flip lifts the fence (the commit point). Once the source's fence and
 read_only are up, the uploads' final delta (files_final) starts beside the rest of this step (`start_next_beside`):
