@@ -24,7 +24,6 @@ from orchestrator.transports.haproxy import (
     parse_sessions,
     parse_stat,
     requests_of,
-    split_answers,
     unix_socket,
 )
 
@@ -268,14 +267,6 @@ def test_release_clears_a_hold_of_the_writes_too_in_one_round_trip(admin: FakeAd
     admin.answers["set map /m.map hold_until"] = "unknown map identifier.\n\n"
     with pytest.raises(HaproxyRefused, match="hold_until"):
         front.release()
-
-
-def test_answers_of_a_batch_are_split_on_their_empty_lines() -> None:
-    commands = ["show map /m.map", "set map /m.map hold_until 0", "show info"]
-    text = SHOW_MAP + "\n" + SHOW_INFO
-    assert split_answers(commands, text) == [SHOW_MAP[:-1], "", SHOW_INFO[:-1]]
-    with pytest.raises(HaproxyRefused, match="2 answer"):
-        split_answers(commands, SHOW_MAP + "\n")
 
 
 def test_forward_repoints_and_releases_in_one_connection(admin: FakeAdminSocket) -> None:

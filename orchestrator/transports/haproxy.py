@@ -160,23 +160,6 @@ class HaproxyRefused(HaproxyError):
 # --- parsers (pure) --------------------------------------------------------------------------------------------
 
 
-def split_answers(commands: list[str], text: str) -> list[str]:
-    """The answers of commands sent on one line separated by ';': HAProxy ends each command's answer with an
-    empty line (a command answering nothing, e.g. a `set` that worked, with that line alone)."""
-    answers: list[str] = []
-    current: list[str] = []
-    lines = text.split("\n")
-    for line in lines[:-1] if lines[-1] == "" else lines:  # what follows the last newline is no line
-        if line:
-            current.append(line + "\n")
-            continue
-        answers.append("".join(current))
-        current = []
-        if len(answers) == len(commands):
-            return answers
-    raise HaproxyRefused("; ".join(commands), f"{len(answers)} answer(s) to {len(commands)} commands")
-
-
 PROMPT = "> "
 
 
@@ -410,28 +393,6 @@ class DoorState:
 
 
 # --- the adapter -----------------------------------------------------------------------------------------------
-
-
-def ask(endpoint: Endpoint, command: str, *, timeout: float = COMMAND_TIMEOUT) -> str:
-    """Send one command to the runtime API and return its whole answer (it closes the connection after it)."""
-    where = endpoint if isinstance(endpoint, str) else f"{endpoint[0]}:{endpoint[1]}"
-    family = socket.AF_UNIX if isinstance(endpoint, str) else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(endpoint)
-            sock.sendall(command.encode() + b"\n")
-            chunks: list[bytes] = []
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-    except TimeoutError:
-        raise AdminSocketUnreachable(where, f"no answer to `{command}` within {timeout:g} s") from None
-    except OSError as exc:
-        raise AdminSocketUnreachable(where, exc.strerror or type(exc).__name__) from None
-    if not chunks:
-        # HAProxy ends every answer with a newline: zero bytes means the socket behind a tunnel did not open.
-        raise AdminSocketUnreachable(where, "the connection closed without an answer (no HAProxy behind it)")
-    return b"".join(chunks).decode(errors="replace")
 
 
 class _Closed(Exception):
