@@ -82,8 +82,9 @@ def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> N
     """Each part counts what its step does at what one operation costs on the hosts now: a host twice as slow to
     run a command makes the parts made of commands twice as long, and every part says what it is made of."""
     parts = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=SHAPE)}
-    # The tracked pass: two commands on the source and one rsync, not the whole tree's comparison (4 s).
-    assert parts["files_final"].seconds == 2 * 0.5 + 1.0
+    # The tracked pass: one command on the source (the change list with its trust probe) and one rsync, not the
+    # whole tree's comparison (4 s).
+    assert parts["files_final"].seconds == 1 * 0.5 + 1.0
     # With a front door on the source the commit is made there: the guard told on the source, 2 HAProxy exchanges
     # (the hold checked; the door repointed and released in one batch), the target's fence lift; no DNS call inside
     # the window.
@@ -101,7 +102,7 @@ def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> N
     assert parts["db_final"].seconds == round(0.5 + 0.25 + 0.5 + 1.0 + 3 * 1.0, 3)
     assert all(part.basis.startswith(("measured:", "assumed:")) for part in parts.values())
     slow = {p.step: p for p in estimates.predict_window(TRANSFERS, units(ssh_source=1.0), plan_shape=SHAPE)}
-    assert slow["files_final"].seconds == 2 * 1.0 + 1.0
+    assert slow["files_final"].seconds == 1 * 1.0 + 1.0
     # Without a change tracker on the source, the final pass compares the whole tree.
     untracked = {p.step: p for p in estimates.predict_window(TRANSFERS, units(tracked=False), plan_shape=SHAPE)}
     assert untracked["files_final"].seconds == 4.0 + 0.25
