@@ -49,7 +49,9 @@ def install() -> None:
     for name in ("zone_id", "find_records", "get_record", "set_content"):
         original = getattr(cloudflare.DnsClient, name)
         setattr(cloudflare.DnsClient, name, timed("dns", lambda *_a, _n=name, **_k: _n, original))
-    haproxy.ask = timed("haproxy", lambda _e, command, **_k: command, haproxy.ask)
+    haproxy.AdminSession.exchange = timed(  # type: ignore[method-assign]
+        "haproxy", lambda _s, line, *_a, **_k: line, haproxy.AdminSession.exchange
+    )
     pymysql.cursors.Cursor.execute = timed(  # type: ignore[method-assign]
         "sql", lambda _c, query, *_a, **_k: " ".join(str(query).split()), pymysql.cursors.Cursor.execute
     )

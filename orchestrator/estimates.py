@@ -256,17 +256,23 @@ class UnitCosts:
 # How many operations each part of the window makes, as the steps make them (counted in steps/cutover.py, db_final.py,
 # files_final.py, start_target.py, verify_target.py, dns_flip.py, repl_switch.py and frontdoor.py, and checked
 # against real runs with bench/window_profile.py): commands on each host in sequence, SQL statements, HAProxy
-# runtime-API commands, DNS API calls per record. Commands a step runs side by side count once.
-SHUTDOWN_CUTOVER = {"ssh_source": 3, "sql": 8, "haproxy": 10}  # + the fence; the guard's marker, the stop, the
-# wait for InnoDB's files to be released
+# runtime-API exchanges (each one round trip on the door's kept connection, a batch of commands on one line
+# included), DNS API calls per record. Commands a step runs side by side count once.
+SHUTDOWN_CUTOVER = {"ssh_source": 3, "sql": 8, "haproxy": 4}  # + the fence; the guard's marker, the stop, the
+# wait for InnoDB's files to be released; the door: the target's read, what the hold needs (one batch), the hold
+# with the requests in flight (one batch), the drain's poll
 DB_FINAL = {"ssh_source": 1, "ssh_target": 1, "ssh_both": 1}  # changed-file list, mtimes, checksums on both sides
-FILES_FINAL_TRACKED = {"ssh_source": 2}  # per tree: the change list, its trust probe; then the rsync
+FILES_FINAL_TRACKED = {"ssh_source": 1}  # per tree: the change list with its trust probe (one command); the rsync
 FLIP = {"dns_per_record": 5, "haproxy": 11}  # find, edit, read back, two converging reads; + the target's fence lift
 # The commit at the source's front door (switch_traffic): its hold checked, the guard told, the target's fence lifted,
 # the door pointed at the target's and released (the target's door released beside it). No DNS call: it comes after.
-DOOR_COMMIT = {"ssh_source": 1, "haproxy": 6}
-SWITCH = {"sql": 9, "haproxy": 7}  # + the fence; + the drain of the writes in flight
-VERIFY_SQL = 3
+# One exchange checks the hold; one repoints and releases the source's door (the target's released beside it).
+DOOR_COMMIT = {"ssh_source": 1, "haproxy": 2}
+# read_only with the final position (one compound statement), the replica's wait with its promotion (one more); the
+# hold with the requests in flight (one batch), the drain's poll. + the fence (beside read_only: counted in full
+# here); + the drain of the writes in flight.
+SWITCH = {"sql": 2, "haproxy": 2}
+VERIFY_SQL = 1  # each side's position, side by side, on a spare connection opened before the window
 DRAIN_POLL = 0.05  # frontdoor's poll while writes in flight drain
 
 
@@ -305,7 +311,7 @@ def predict_window(transfers: list[TransferEstimate], units: UnitCosts, *, plan_
         per_tree, _ = _ssh_part("", FILES_FINAL_TRACKED, units)
         uploads_seconds = shape.trees * (per_tree + units.rsync_pass)
         uploads_basis = (
-            f"measured: per tree, {FILES_FINAL_TRACKED['ssh_source']} commands on the source and one rsync of the "
+            f"measured: per tree, {FILES_FINAL_TRACKED['ssh_source']} command(s) on the source and one rsync of the "
             f"tracked changes ({units.rsync_pass:.2f} s for an empty list)"
         )
     else:
@@ -562,7 +568,12 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
         door = plan.proxy.source
         front = over_ssh(rt.source, door.admin_socket, frontend=door.frontend, backend=door.backend,  # type: ignore[arg-type]  # an SshHost, see frontdoor
                          server=door.server, hold_map=door.hold_map)  # fmt: skip
-        haproxy_rtt = _median([_timed(lambda: front.ask("show info")) for _ in range(ROUND_TRIP_SAMPLES)])
+        # The window's commands ride a connection opened before it: its opening is not what one of them costs.
+        front.connect()
+        try:
+            haproxy_rtt = _median([_timed(lambda: front.ask("show info")) for _ in range(ROUND_TRIP_SAMPLES)])
+        finally:
+            front.close()
     # The quickest round for the checks inside the window (the app they ask serves nobody else then: its clients are
     # held or fenced), the median for a request of the live source's (the writes in flight the switch drains).
     rounds, health_basis = _health_rounds(rt, mode)

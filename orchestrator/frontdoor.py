@@ -6,8 +6,9 @@ What the steps call, each a no-op when the plan has no front door for that host:
   the source's HAProxy holds every new request until what is left of `cutover.max_write_block` plus HOLD_MARGIN (a
   deadline on the HAProxy host's clock, journaled before it is set), then in-flight requests get `drain_timeout` to
   finish. The fence still goes up behind it. `prepare_hold(ctx)` reads, before the window, what the hold needs
-  (whether it can hold writes alone, the door's pid and clock, that it sends requests to the source's app), so the
-  window spends only the hold's own round trips on the door (one command, then the drain).
+  (whether it can hold writes alone, the door's pid and clock, that it sends requests to the source's app: one
+  batch, which opens the door's kept admin connection), so the window spends only the hold's own round trips on the
+  door (one exchange sets the hold and lists the requests in flight; the drain asks again only while some are).
 - `keep_holding_for_rollback(ctx)` / `release_source(ctx)` (that step's undo, and between its tries when it lets
   writes in): the hold is stretched while the source takes writes again (its database started or made writable,
   its fence lifted), then released: held requests go to the source, none fails.
@@ -48,11 +49,16 @@ from orchestrator.transports.haproxy import (
     HOLD_KEY,
     HOLD_WRITES_KEY,
     READ_METHODS,
+    WRITES_ONLY_CAPABILITY,
     AdminSocketUnreachable,
     FrontDoor,
     HaproxyError,
+    HaproxyRefused,
+    host_clock,
     over_ssh,
     parse_info,
+    parse_map,
+    parse_servers_state,
     requests_of,
 )
 
@@ -178,17 +184,27 @@ def prepare_hold(ctx: StepContext, *, source_serves_reads: bool = False) -> Hold
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "target", "reading where it sends requests", exc) from None
     try:
-        writes_only = source_serves_reads and config.hold == "writes" and _can_hold_writes_only(ctx, front)
-        server = front.server_state()
+        # One round trip: what the action can hold, the map, where the server points, the pid, the host's clock. It
+        # also opens the door's kept connection, which the window's commands then reuse.
+        commands = ["frontdoor version", f"show map {front.hold_map}", f"show servers state {front.backend}",
+                    "show info", "show activity"]  # fmt: skip
+        asked = time.time()
+        version, held, servers, info, activity = front.batch(commands)
+        offset = host_clock(activity) - (asked + time.time()) / 2
+        writes_only = False
+        if source_serves_reads and config.hold == "writes":
+            writes_only = WRITES_ONLY_CAPABILITY in version.split() and HOLD_WRITES_KEY in parse_map(held)
+            if not writes_only:
+                _holding_reads_too(ctx, front)
+        server = next((s for s in parse_servers_state(servers) if s.server == front.server), None)
+        if server is None:
+            raise HaproxyRefused(commands[2], f"no server {front.server} in {front.backend}")
         if (server.address, server.port) != (config.app.address, config.app.port):
             raise StepError(
                 f"the source's front door sends requests to {server.address}:{server.port}, not to the source's "
                 f"app {config.app.address}:{config.app.port} (proxy.source.app): not holding, the fence did not go up"
             )
-        pid = _pid(front)
-        asked = time.time()
-        host_now = front.host_now()
-        offset = host_now - (asked + time.time()) / 2
+        pid = parse_info(info).get("Pid", "")
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "holding requests", exc) from None
     return HoldReady(writes_only, pid, offset, target_at_own_app)
@@ -218,37 +234,30 @@ def hold_source(
     facts: dict[str, Any] = {"seconds": round(seconds, 3), "writes_only": writes_only}
     ctx.save(SOURCE_HOLD, facts)  # before: a crash still knows a hold may stand
     try:
-        deadline = front.hold(seconds, writes_only=writes_only, host_now=time.time() + ready.clock_offset)
-        # Holding writes alone: only the writes in flight must end before the fence and read_only (reads in flight
-        # meet neither), so the drain waits for those only.
-        in_flight = front.writes_at_server() if writes_only else set()
+        # The hold and the requests in flight in one round trip. Holding writes alone: only the writes in flight
+        # must end before the fence and read_only (reads in flight meet neither), so the drain waits for those only.
+        deadline, in_flight = front.hold_and_in_flight(seconds, writes_only=writes_only,
+                                                       host_now=time.time() + ready.clock_offset)  # fmt: skip
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "holding requests", exc) from None
     ctx.save(SOURCE_HOLD, {**facts, "deadline": deadline, "pid": pid})
     ctx.log.info("frontdoor.source_held", seconds=round(seconds, 3), deadline=deadline, writes_only=writes_only)
     bound = min(config.drain_timeout, ctx.window.timeout() or config.drain_timeout) if config.drain_timeout else 0
     try:
-        if not bound:
-            drained = True
-        elif writes_only:  # reads go on: wait for the writes that were in flight when the hold began
-            drained = front.wait_finished(in_flight, bound)
-        else:
-            drained = front.wait_drained(bound)
+        # Wait for the requests that were in flight when the hold began (none: no round trip at all).
+        drained = front.wait_finished(in_flight, bound) if bound else True
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "waiting for in-flight requests", exc) from None
     # Not drained in time: those requests meet the fence (and the database lock) as they would without a door.
     ctx.log.info("frontdoor.source_drained", drained=drained, within_s=bound)
 
 
-def _can_hold_writes_only(ctx: StepContext, front: FrontDoor) -> bool:
-    if front.holds_writes_only():
-        return True
+def _holding_reads_too(ctx: StepContext, front: FrontDoor) -> None:
     ctx.log.warning(
         "frontdoor.holding_reads_too",
         why=f"proxy.source.hold is 'writes', but the HAProxy hold action (or its map {front.hold_map}) cannot hold "
         "writes alone: `frontdoor version` does not answer hold_writes, or the map has no hold_writes_until line",
     )
-    return False
 
 
 def _hold_key(held: dict[str, Any]) -> str:

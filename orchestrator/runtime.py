@@ -107,12 +107,19 @@ class Runtime:
         ref = self.plan.database.password
         return None if ref is None else self.secret(ref)
 
-    def db(self, which: Which, *, retry: bool = True, read_timeout: float | None = None) -> pymysql.Connection:
-        """A new autocommit connection to that host's database through an SSH tunnel (closed by close())."""
-        database = self.plan.database
-        spare = self._take_spare(which, read_timeout or database.read_timeout)
+    def db(
+        self, which: Which, *, retry: bool = True, read_timeout: float | None = None, ping_spare: bool = True
+    ) -> pymysql.Connection:
+        """A new autocommit connection to that host's database through an SSH tunnel (closed by close()), or a spare
+        one (keep_spare). `ping_spare=False`: a spare is handed out without its ping (one round trip less); the
+        caller's first statement is the check, and on a connection error it asks for a connection again."""
+        spare = self._take_spare(which, read_timeout or self.plan.database.read_timeout, ping=ping_spare)
         if spare is not None:
             return spare
+        return self._new_db(which, retry=retry, read_timeout=read_timeout)
+
+    def _new_db(self, which: Which, *, retry: bool, read_timeout: float | None) -> pymysql.Connection:
+        database = self.plan.database
         password = self.db_password()
         local_host, local_port = self._tunnel(which)
 
@@ -141,14 +148,16 @@ class Runtime:
         Best effort: one that cannot be opened now is opened when asked for, as without a spare."""
         for _ in range(count):
             try:
-                conn = self.db(which, retry=False)
+                # A new one each time: db() would hand back the spare just kept, and `count` would keep one.
+                conn = self._new_db(which, retry=False, read_timeout=None)
             except Exception:
                 return
             with self._spares_lock:
                 self._spares.setdefault(which, []).append(conn)
 
-    def _take_spare(self, which: Which, read_timeout: float) -> pymysql.Connection | None:
-        """A spare connection, alive (one ping) and bounded like a new one; None when there is none left."""
+    def _take_spare(self, which: Which, read_timeout: float, *, ping: bool = True) -> pymysql.Connection | None:
+        """A spare connection, alive (one ping, unless `ping` is False) and bounded like a new one; None when there
+        is none left."""
         while True:
             with self._spares_lock:
                 spares = self._spares.get(which) or []
@@ -156,8 +165,9 @@ class Runtime:
                     return None
                 conn = spares.pop()
             try:
-                with mysql.read_timeout(conn, read_timeout):
-                    conn.ping(reconnect=False)
+                if ping:
+                    with mysql.read_timeout(conn, read_timeout):
+                        conn.ping(reconnect=False)
             except Exception:  # gone since it was opened: the next one, or a new connection
                 self.release(conn)
                 continue

@@ -67,6 +67,11 @@ NETWORK_FILESYSTEMS = frozenset(
 LOCAL_FUSE = frozenset({"fuseblk"})
 
 
+# Markers of the change list's command (ChangeTracker.changes): its exit status, then the trust probe's output.
+CHANGES_EXIT = "changes_exit="
+PROBE_MARK = "--trust-probe--"
+
+
 class RemoteHost(Protocol):
     def run(self, command: str, *, timeout: float | None = None, check: bool = True) -> CommandResult: ...
 
@@ -451,8 +456,10 @@ class ChangeTracker:
 
     def trust(self) -> Trust:
         """Every reason the recorded changes may be incomplete (none: trusted)."""
-        result = self.host.run(self.probe_command(), timeout=120, check=False)
-        head, _, rest = result.stdout.partition("--stderr--\n")
+        return self._trust_from(self.host.run(self.probe_command(), timeout=120, check=False).stdout)
+
+    def _trust_from(self, probe_stdout: str) -> Trust:
+        head, _, rest = probe_stdout.partition("--stderr--\n")
         stderr, _, mounts = rest.partition("--mounts--\n")
         return trust_from_probe(self.root, parse_probe(head), stderr, mounts)
 
@@ -491,14 +498,26 @@ class ChangeTracker:
         Trust is read AFTER the list is made: a queue overflow or a death before the barrier shows in it.
         """
         target = list_file or self.list_file
-        result = self.host.run(self.changes_command(target, wait=min(timeout, 60.0)), timeout=timeout, check=False)
-        if result.exit_status != 0:
-            last = (result.stderr.strip().splitlines() or ["no message"])[-1]
-            trust = self.trust()
+        # One round trip: the list (in a subshell: its `set -e` ends it alone, its messages on stdout), its exit
+        # status, then the trust probe, in that order on the host.
+        command = (
+            f"( {self.changes_command(target, wait=min(timeout, 60.0))} ) 2>&1; echo {CHANGES_EXIT}$?; "
+            f"echo {PROBE_MARK}; {self.probe_command()}"
+        )
+        result = self.host.run(command, timeout=timeout, check=False)
+        listed, marked, probe = result.stdout.partition(f"\n{PROBE_MARK}\n")
+        lines = [line for line in listed.splitlines() if line.strip()]
+        if not marked or not lines or not lines[-1].startswith(CHANGES_EXIT):
+            # Cut short before the probe (a deadline, a lost connection): the list cannot be trusted.
+            said = (result.stderr.strip() or result.stdout.strip() or "no message").splitlines()[-1]
+            return ChangeList(target, 0, Trust((f"the change list could not be made: {said}",), 0))
+        trust = self._trust_from(probe)
+        if lines[-1] != f"{CHANGES_EXIT}0":
+            last = lines[-2] if len(lines) > 1 else "no message"
             reasons = trust.reasons or (f"the change list could not be made: {last}",)
             return ChangeList(target, 0, Trust(tuple(reasons), trust.events_bytes))
-        count = int(parse_probe(result.stdout).get("count", "0"))
-        return ChangeList(target, count, self.trust())
+        count = int(parse_probe("\n".join(lines[:-1])).get("count", "0"))
+        return ChangeList(target, count, trust)
 
     def stop(self) -> bool:
         """Stop the tracker this state directory recorded, only if that pid is still an inotifywait on our root."""

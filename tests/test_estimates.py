@@ -82,25 +82,27 @@ def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> N
     """Each part counts what its step does at what one operation costs on the hosts now: a host twice as slow to
     run a command makes the parts made of commands twice as long, and every part says what it is made of."""
     parts = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=SHAPE)}
-    # The tracked pass: two commands on the source and one rsync, not the whole tree's comparison (4 s).
-    assert parts["files_final"].seconds == 2 * 0.5 + 1.0
-    # With a front door on the source the commit is made there: the guard told on the source, 6 HAProxy commands,
-    # the target's fence lift; no DNS call inside the window.
+    # The tracked pass: one command on the source (the change list with its trust probe) and one rsync, not the
+    # whole tree's comparison (4 s).
+    assert parts["files_final"].seconds == 1 * 0.5 + 1.0
+    # With a front door on the source the commit is made there: the guard told on the source, 2 HAProxy exchanges
+    # (the hold checked; the door repointed and released in one batch), the target's fence lift; no DNS call inside
+    # the window.
     assert "dns_flip" not in parts
-    assert parts["switch_traffic"].seconds == round(0.5 + 6 * 0.01 + 0.25, 3)
+    assert parts["switch_traffic"].seconds == round(0.5 + 2 * 0.01 + 0.25, 3)
     # Without one, DNS is the commit: 5 DNS calls per record, 11 HAProxy commands (none: no door), the target's
     # fence lift and the guard told on the source.
     no_door = dataclasses.replace(SHAPE, front_door=False)
     flip = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=no_door)}["dns_flip"]
     assert flip.seconds == round(10 * 0.02 + 0.25 + 0.5, 3)
-    # The fence, 3 commands of the cut-over on the source, 8 SQL statements, 10 HAProxy commands, the shutdown.
-    assert parts["cutover"].seconds == round(4 * 0.5 + 8 * 0.01 + 10 * 0.01 + estimates.ASSUMED_SHUTDOWN_SECONDS, 3)
+    # The fence, 3 commands of the cut-over on the source, 8 SQL statements, 4 HAProxy exchanges, the shutdown.
+    assert parts["cutover"].seconds == round(4 * 0.5 + 8 * 0.01 + 4 * 0.01 + estimates.ASSUMED_SHUTDOWN_SECONDS, 3)
     # 3 commands (the changed list, the mtimes, the checksums side by side), one rsync, the changed files read three
     # times at the checksum rate (rsync's delta on both hosts, then the verification).
     assert parts["db_final"].seconds == round(0.5 + 0.25 + 0.5 + 1.0 + 3 * 1.0, 3)
     assert all(part.basis.startswith(("measured:", "assumed:")) for part in parts.values())
     slow = {p.step: p for p in estimates.predict_window(TRANSFERS, units(ssh_source=1.0), plan_shape=SHAPE)}
-    assert slow["files_final"].seconds == 2 * 1.0 + 1.0
+    assert slow["files_final"].seconds == 1 * 1.0 + 1.0
     # Without a change tracker on the source, the final pass compares the whole tree.
     untracked = {p.step: p for p in estimates.predict_window(TRANSFERS, units(tracked=False), plan_shape=SHAPE)}
     assert untracked["files_final"].seconds == 4.0 + 0.25
@@ -110,8 +112,10 @@ def test_the_replicate_window_has_no_shutdown_nor_datadir_pass() -> None:
     parts = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=SHAPE, mode="replicate")}
     assert set(parts) == {"repl_switch", "files_final", "start_target", "verify_target", "switch_traffic"}
     assert parts["start_target"].seconds == 0.0
-    # The fence, 9 SQL statements, 7 HAProxy commands, and the drain of the writes in flight (about one request).
-    assert parts["repl_switch"].seconds == round(0.5 + 9 * 0.01 + 7 * 0.01 + 0.4 + estimates.DRAIN_POLL, 3)
+    # The fence, 2 SQL round trips (read_only with the final position; the wait with the promotion), 2 HAProxy
+    # exchanges (the hold with the requests in flight; the drain's poll), and the drain of the writes in flight
+    # (about one request).
+    assert parts["repl_switch"].seconds == round(0.5 + 2 * 0.01 + 2 * 0.01 + 0.4 + estimates.DRAIN_POLL, 3)
     assert parts["verify_target"].seconds == 0.3
 
 

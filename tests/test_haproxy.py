@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from orchestrator.transports import haproxy
 from orchestrator.transports.haproxy import (
@@ -23,7 +24,6 @@ from orchestrator.transports.haproxy import (
     parse_sessions,
     parse_stat,
     requests_of,
-    split_answers,
     unix_socket,
 )
 
@@ -78,7 +78,7 @@ SHOW_SESS = (
     "00h,fd=9] scb=[8,1h,fd=-1] exp= rc=0 c_exp=\n\n"
 )
 
-SHOW_ACTIVITY = "thread_id: 1 (1..1)\ndate_now: 1795437180.266151\nctxsw: 24911\n"
+SHOW_ACTIVITY = "thread_id: 1 (1..1)\ndate_now: 1795437180.266151\nctxsw: 24911\n\n"
 
 # Answers HAProxy gave to commands it refused.
 UNKNOWN_MAP = "Unknown map identifier. Please use #<id> or <file>.\n\n"
@@ -162,13 +162,19 @@ def test_hold_lua_names_its_map_and_action() -> None:
 
 
 class FakeAdminSocket:
-    """A unix socket that answers every command with canned text, as HAProxy does (then closes); several commands
-    on one line, separated by ';', each get their answer, in order (each canned answer ends with its empty line)."""
+    """A unix socket that answers every command with canned text, as HAProxy does; several commands on one line,
+    separated by ';', each get their answer, in order (each canned answer ends with its empty line). As HAProxy's:
+    without `prompt` it closes after one line; after `prompt` (the interactive mode) it keeps the connection open and
+    ends each answer with the prompt "> ". A canned answer of "" closes the connection without a byte (what an SSH
+    tunnel does when the socket behind it cannot be opened); `idle_close` closes a kept connection after each line
+    (what HAProxy's `stats timeout` does to an idle one)."""
 
     def __init__(self, path: Path, answers: dict[str, str]) -> None:
         self.path = path
         self.answers = answers
         self.commands: list[str] = []
+        self.connections = 0
+        self.idle_close = False
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
         self.server.listen(8)
@@ -181,13 +187,31 @@ class FakeAdminSocket:
                 conn, _ = self.server.accept()
             except OSError:
                 return
-            with conn:
-                line = conn.makefile("rb").readline().decode().strip()
-                out = ""
-                for command in (part.strip() for part in line.split(";")):
-                    self.commands.append(command)
-                    out += next((text for prefix, text in self.answers.items() if command.startswith(prefix)), "\n")
-                conn.sendall(out.encode())
+            self.connections += 1
+            threading.Thread(target=self.converse, args=(conn,), daemon=True).start()
+
+    def converse(self, conn: socket.socket) -> None:
+        with conn:
+            self.exchanges(conn)
+
+    def exchanges(self, conn: socket.socket) -> None:
+        prompt = False
+        for raw in conn.makefile("rb"):
+            line = raw.decode().strip()
+            if line == "prompt":
+                prompt = True
+                conn.sendall(b"\n> ")
+                continue
+            out = ""
+            for command in (part.strip() for part in line.split(";")):
+                self.commands.append(command)
+                text = next((text for prefix, text in self.answers.items() if command.startswith(prefix)), "\n")
+                if text == "":
+                    return
+                out += text + ("> " if prompt else "")
+            conn.sendall(out.encode())
+            if not prompt or self.idle_close:
+                return
 
     def close(self) -> None:
         self.server.close()
@@ -243,14 +267,6 @@ def test_release_clears_a_hold_of_the_writes_too_in_one_round_trip(admin: FakeAd
     admin.answers["set map /m.map hold_until"] = "unknown map identifier.\n\n"
     with pytest.raises(HaproxyRefused, match="hold_until"):
         front.release()
-
-
-def test_answers_of_a_batch_are_split_on_their_empty_lines() -> None:
-    commands = ["show map /m.map", "set map /m.map hold_until 0", "show info"]
-    text = SHOW_MAP + "\n" + SHOW_INFO
-    assert split_answers(commands, text) == [SHOW_MAP[:-1], "", SHOW_INFO[:-1]]
-    with pytest.raises(HaproxyRefused, match="2 answer"):
-        split_answers(commands, SHOW_MAP + "\n")
 
 
 def test_forward_repoints_and_releases_in_one_connection(admin: FakeAdminSocket) -> None:
@@ -330,5 +346,69 @@ def test_show_sess_all_tells_the_writes_in_flight_from_the_reads() -> None:
 
 
 def test_a_hold_of_the_writes_waits_only_for_the_writes_in_flight(admin: FakeAdminSocket) -> None:
-    admin.answers = {"show sess all": SHOW_SESS_ALL, **admin.answers}
+    admin.answers = {"show sess all": SHOW_SESS_ALL + "\n", **admin.answers}
     assert door(admin.path).writes_at_server() == {("0x5576ba59b960", "0x20")}
+
+
+# --- the kept connection (the runtime API's interactive mode) ----------------------------------------------------
+
+# HAProxy 2.6.12 in its interactive mode, one line of three commands (`show servers state be; set server be/app addr
+# 127.0.0.1 port 10; help nothing`), answers shortened: each answer, its empty line, the prompt.
+PROMPTED = (
+    "1\n# be_id be_name srv_id srv_name srv_addr\n3 be 1 app 127.0.0.1\n\n> "
+    "no need to change the addr, port changed from '9' to '10' by 'stats socket command'\n\n> "
+    "\n> "
+)
+
+
+def test_answers_in_the_interactive_mode_end_with_an_empty_line_and_the_prompt() -> None:
+    assert haproxy.split_prompted(PROMPTED, 3) == [
+        "1\n# be_id be_name srv_id srv_name srv_addr\n3 be 1 app 127.0.0.1\n",
+        "no need to change the addr, port changed from '9' to '10' by 'stats socket command'\n",
+        "",
+    ]
+    assert haproxy.split_prompted(PROMPTED[:-3], 3) is None  # the last answer has not come yet
+    assert haproxy.split_prompted("\n> " + PROMPTED, 4) == ["", *(haproxy.split_prompted(PROMPTED, 3) or [])]
+
+
+def test_a_door_keeps_one_connection_each_command_one_exchange(admin: FakeAdminSocket) -> None:
+    meter = haproxy.RoundTrips()
+    front = FrontDoor(unix_socket(str(admin.path)), frontend="app_front", backend="app_backend", server="app",
+                      hold_map="/m.map", meter=meter)  # fmt: skip
+    with structlog.contextvars.bound_contextvars(step="repl_switch"):
+        front.connect()
+        front.hold(30, host_now=1000.0)
+        front.release()
+        assert front.server_state().address == "127.0.0.2"
+    assert admin.connections == 1
+    # One for the connection's opening, then one per exchange (the release's two commands are one).
+    assert meter.by_step() == {"repl_switch": {"haproxy": 1 + 4}}
+    assert admin.commands == ["show info", "set map /m.map hold_until 1030.0", "set map /m.map hold_until 0",
+                              "set map /m.map hold_writes_until 0", "show servers state app_backend"]  # fmt: skip
+    front.close()
+
+
+def test_a_kept_connection_haproxy_closed_is_opened_again_and_the_command_answered(admin: FakeAdminSocket) -> None:
+    front = door(admin.path)
+    admin.idle_close = True  # HAProxy's `stats timeout`: the kept connection is closed after each answer
+    for _ in range(3):
+        assert front.pid_and_hold() == (parse_info(SHOW_INFO)["Pid"], 0.0)
+    assert admin.connections == 3
+    front.close()
+
+
+def test_the_hold_and_the_requests_in_flight_in_one_exchange(admin: FakeAdminSocket) -> None:
+    admin.answers = {"show sess all": SHOW_SESS_ALL + "\n", **admin.answers}
+    front = door(admin.path)
+    deadline, writes = front.hold_and_in_flight(30, writes_only=True, host_now=1000.0)
+    assert deadline == 1030.0 and writes == {("0x5576ba59b960", "0x20")}  # the POST; the GET may go on
+    assert admin.commands[-2:] == ["set map /m.map hold_writes_until 1030.0", "show sess all"]
+    _, every = front.hold_and_in_flight(30, host_now=1000.0)
+    assert every == {("0x5576ba5863f0", "0x20"), ("0x5576ba59b960", "0x20")}
+    asked = len(admin.commands)
+    assert front.wait_finished(set(), timeout=1.0)  # nothing in flight: nothing asked
+    assert len(admin.commands) == asked
+    admin.answers["set map"] = UNKNOWN_MAP
+    with pytest.raises(HaproxyRefused, match="hold_until"):
+        front.hold_and_in_flight(30, host_now=1000.0)
+    front.close()

@@ -444,6 +444,11 @@ def test_read_only_waits_for_a_table_lock_no_longer_than_told(pair: Pair) -> Non
             repl.set_read_only(fence, True, lock_wait_timeout=1)
         assert "error 1205" in str(failed.value)  # lock wait timeout: the fence gave up, nothing changed
         assert not repl.is_read_only(fence)
+        # The same in one round trip with the final position: the compound statement stops at the lock's error.
+        with pytest.raises(repl.ReplicationError) as failed:
+            repl.read_only_and_position(fence, lock_wait_timeout=1)
+        assert "error 1205" in str(failed.value)
+        assert not repl.is_read_only(fence)
     finally:
         holder.close()
         fence.close()
@@ -459,6 +464,10 @@ def test_a_replica_behind_the_final_position_is_not_promoted(pair: Pair) -> None
             f"INSERT INTO {lab.db_name}.reviews (id, author) VALUES (%s, 'late')", (f"late-{pair.tunnel.listen_port}",)
         )
     final = repl.gtid_binlog_pos(pair.source)
+    # The one-round-trip form does not reach it (the replica is stopped behind): nothing changed.
+    first = repl.wait_and_promote(pair.target, final, 0.2)
+    assert not first.reached and not first.promoted
+    assert repl.replica_status(pair.target) is not None and repl.is_read_only(pair.target)
     with pytest.raises(repl.PositionMismatch):
         repl.promote(pair.target, expected=final)
     # Not promoted: still a read-only replica of the source, which resumes and catches up.
@@ -469,20 +478,45 @@ def test_a_replica_behind_the_final_position_is_not_promoted(pair: Pair) -> None
 
 
 @pytest.mark.lab
+def test_a_replica_past_the_final_position_is_not_promoted_by_the_servers_proof(pair: Pair) -> None:
+    """MASTER_GTID_WAIT is satisfied by any later position: the proof inside the compound statement must still
+    refuse a replica that executed more than the source's final position (a write past it), leaving it stopped,
+    read-only and a replica (its settings intact)."""
+    lab = pair.lab
+    assert pair.catch_up().outcome == "reached"
+    stale_final = repl.gtid_binlog_pos(pair.source)
+    with pair.source.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {lab.db_name}.reviews (id, author) VALUES (%s, 'past')", (f"past-{pair.tunnel.listen_port}",)
+        )
+    assert pair.catch_up().outcome == "reached"
+    with pytest.raises(repl.PositionMismatch, match="final position is " + str(stale_final)):
+        repl.wait_and_promote(pair.target, stale_final, 2.0)
+    status = repl.replica_status(pair.target)
+    assert status is not None and not status.sql_running and status.master_port == pair.tunnel.listen_port
+    assert repl.is_read_only(pair.target)
+    repl.start_replica(pair.target)
+    assert pair.catch_up().outcome == "reached"
+
+
+@pytest.mark.lab
 def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair) -> None:
     lab = pair.lab
     assert pair.catch_up().outcome == "reached"
     fence = connect(lab.source, lab.migrate_user, pair.secrets[lab.db_password_env])
 
-    # The window: read_only on the source → its final position → the target waits for it → promoted → proof.
+    # The window as the switch makes it: read_only on the source with its final position (one round trip), the
+    # target's wait for it with the promotion and its proof (one more).
     began = time.monotonic()
-    repl.set_read_only(fence, True, lock_wait_timeout=3)
+    final = repl.read_only_and_position(fence, lock_wait_timeout=3)
     fenced = time.monotonic()
-    final = repl.gtid_binlog_pos(fence)
-    waited = repl.wait_for_position(pair.target, final, timeout=30)
-    executed = repl.promote(pair.target, expected=final)
+    promotion = repl.wait_and_promote(pair.target, final, repl.WAIT_SLICE)
+    if not promotion.reached:  # the replica needed longer than a slice: the switch's own fallback
+        assert repl.wait_for_position(pair.target, final, timeout=30).outcome == "reached"
+        promotion = repl.Promotion(True, True, repl.promote(pair.target, expected=final), 0.0)
+    executed = promotion.executed
     ended = time.monotonic()
-    assert waited.outcome == "reached", waited
+    assert promotion.promoted and repl.replica_status(pair.target) is None
     assert repl.same_position(final, executed), (final, executed)
     assert not repl.is_read_only(pair.target)
 
@@ -541,7 +575,7 @@ def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair)
     finally:
         pair.source_ssh.run(repl.tunnel_down_command(back), check=False)
     print(
-        f"\nswitch: read_only took {(fenced - began) * 1000:.0f} ms, wait {waited.waited * 1000:.0f} ms, "
+        f"\nswitch: read_only took {(fenced - began) * 1000:.0f} ms, wait {promotion.waited * 1000:.0f} ms, "
         f"read_only → promoted {(ended - began) * 1000:.0f} ms; {len(refused_writes)} writes refused by read_only"
     )
 

@@ -7,7 +7,9 @@ process, so undo and a resume clear it) → the source's final GTID position (jo
 target for it, bounded by what is left of `cutover.max_write_block` → the promotion with its proof (`promoting`
 journaled first): replication stopped, the target executed exactly the source's final position, replication
 forgotten, read_only off. No file copy, no server start, no full row count: the work is what the replica had not
-applied yet.
+applied yet. Each side costs one round trip: read_only with the final position (one compound statement, beside the
+fence), then the wait with the promotion and its proof (another; a replica slower than a first slice of the wait is
+waited for in slices and promoted on its own, as before).
 
 The target's services stay fenced: the DNS flip lifts the fence (the commit point). Once the source's fence and
 read_only are up, the uploads' final delta (files_final) starts beside the rest of this step (`start_next_beside`):
@@ -126,7 +128,7 @@ class ReplSwitch(Step):
                     result.hold_seconds = round(time.monotonic() - began, 3)
                     fenced = pool.submit(contextvars.copy_context().run, self._fence, ctx)
                     try:
-                        result.read_only_seconds = self._read_only(ctx, source)
+                        result.read_only_seconds, final = self._read_only(ctx, source)
                     finally:
                         fence_failure = fenced.exception()  # waited for: undo finds the fence up, not going up
                     if fence_failure is not None:
@@ -136,26 +138,12 @@ class ReplSwitch(Step):
                 # Nothing can write the uploads now (the app's fence is up): their final delta (files_final) runs
                 # beside the replica's last transactions and the promotion instead of after them.
                 ctx.start_next_beside()
-                final = self._final_position(ctx, source)
+                self._final_position(ctx, final)
                 result.final_gtid = str(final)
                 window.check("waiting for the replica")
-                waited = repl.wait_for_position(target, final, window.timeout() or plan.cutover.max_write_block)
-                result.wait_seconds = round(waited.waited, 3)
-                if waited.outcome == "replica_failed":
-                    raise StepError(f"the replica stopped inside the window: {waited.error}")
-                if waited.outcome != "reached":
-                    window.check(f"waiting for the replica to reach {final}")
-                    raise StepError(f"the replica did not reach the source's final position {final} in time")
                 if checks.done():
                     self._checked(checks, result)  # a failure by now stops the switch before the promotion
-                window.check("promoting the replica")
-                ctx.save(PROMOTING, True)
-                promoted = time.monotonic()
-                try:
-                    executed = repl.promote(target, expected=final)
-                except repl.PositionMismatch as exc:
-                    raise StepError(f"not promoted: {exc}") from None
-                result.promote_seconds = round(time.monotonic() - promoted, 3)
+                executed = self._wait_and_promote(ctx, target, final, result)
                 result.executed_gtid = str(executed)
                 ctx.save(PROMOTED, str(executed))
                 self._checked(checks, result)
@@ -247,8 +235,46 @@ class ReplSwitch(Step):
         ctx.log.info("repl.switch.fenced", fence=bool(fence), seconds=seconds)
         return seconds
 
-    def _read_only(self, ctx: StepContext, source: Any) -> float:
-        """read_only on the source, each try bounded by the budget, retried with backoff like the lock."""
+    def _wait_and_promote(
+        self, ctx: StepContext, target: Any, final: repl.GtidPosition, result: SwitchResult
+    ) -> repl.GtidPosition:
+        """The replica's wait and its promotion with proof. Usually one round trip: the replica reaches the final
+        position within a first slice of the wait and is promoted in the same compound statement
+        (repl.wait_and_promote). Else the wait goes on in slices that notice a broken replica, then the promotion
+        as its own statements. `promoting` is journaled before each action that may promote."""
+        window = ctx.window
+        budget = runtime(ctx).plan.cutover.max_write_block
+        window.check("promoting the replica")
+        ctx.save(PROMOTING, True)
+        started = time.monotonic()
+        try:
+            first = repl.wait_and_promote(target, final, min(repl.WAIT_SLICE, window.timeout() or budget))
+            if first.promoted:
+                result.wait_seconds = round(first.waited, 3)
+                result.promote_seconds = round(time.monotonic() - started - first.waited, 3)
+                return first.executed
+            # Not reached within the slice: nothing changed on the target, which the journal says again (its undo
+            # need not touch a target that was never promoted), until the promotion below.
+            ctx.save(PROMOTING, False)
+            waited = repl.wait_for_position(target, final, window.timeout() or budget)
+            result.wait_seconds = round(time.monotonic() - started, 3)
+            if waited.outcome == "replica_failed":
+                raise StepError(f"the replica stopped inside the window: {waited.error}")
+            if waited.outcome != "reached":
+                window.check(f"waiting for the replica to reach {final}")
+                raise StepError(f"the replica did not reach the source's final position {final} in time")
+            window.check("promoting the replica")
+            ctx.save(PROMOTING, True)
+            promoted = time.monotonic()
+            executed = repl.promote(target, expected=final)
+            result.promote_seconds = round(time.monotonic() - promoted, 3)
+            return executed
+        except repl.PositionMismatch as exc:
+            raise StepError(f"not promoted: {exc}") from None
+
+    def _read_only(self, ctx: StepContext, source: Any) -> tuple[float, repl.GtidPosition]:
+        """read_only on the source, each try bounded by the budget, retried with backoff like the lock; with it, in
+        the same round trip, the source's final position (read once read_only is set)."""
         c = runtime(ctx).plan.cutover
         window = ctx.window
         started = time.monotonic()
@@ -256,10 +282,12 @@ class ReplSwitch(Step):
         for attempt in range(1, c.lock_attempts + 1):
             window.check(f"setting read_only on the source (try {attempt})")
             try:
-                repl.set_read_only(source, True, lock_wait_timeout=min(c.lock_wait_timeout, window.timeout() or 1.0))
+                final = repl.read_only_and_position(
+                    source, lock_wait_timeout=min(c.lock_wait_timeout, window.timeout() or 1.0)
+                )
                 seconds = round(time.monotonic() - started, 3)
                 ctx.log.info("repl.switch.source_read_only", attempt=attempt, seconds=seconds)
-                return seconds
+                return seconds, final
             except repl.ReplicationError as exc:
                 ctx.log.warning("repl.switch.read_only_wait_timeout", attempt=attempt, error=str(exc))
                 if attempt == c.lock_attempts:
@@ -272,12 +300,10 @@ class ReplSwitch(Step):
                 delay *= 2
         raise AssertionError("unreachable")
 
-    def _final_position(self, ctx: StepContext, source: Any) -> repl.GtidPosition:
-        """The source's last position, read once it is read-only (journaled before the target waits for it)."""
-        final = repl.gtid_binlog_pos(source)
+    def _final_position(self, ctx: StepContext, final: repl.GtidPosition) -> None:
+        """The source's last position, read once it is read-only: journaled before the target waits for it."""
         ctx.save(FINAL_GTID, str(final))
         ctx.log.info("repl.switch.final_position", gtid=str(final))
-        return final
 
     def _already_promoted(self, ctx: StepContext, target: Any) -> bool:
         """A crash between the promotion and its journal record: the target is no replica, writable, and at the

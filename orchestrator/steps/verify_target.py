@@ -228,11 +228,21 @@ class VerifyTarget(Step):
             target, the audit's snapshot is then opened on the same connection, which it keeps: one statement more
             on that thread, no connection of its own."""
             problems: list[str] = []
+
+            def _position(conn: Any) -> repl.GtidPosition:
+                return repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
+
             try:
-                conn = rt.db(which, read_timeout=timeout)
+                # The spare opened before the window, unpinged: the read itself is the check (one round trip).
+                conn = rt.db(which, read_timeout=timeout, ping_spare=False)
                 kept = False
                 try:
-                    now = repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
+                    try:
+                        now = _position(conn)
+                    except (pymysql.OperationalError, pymysql.InterfaceError):
+                        rt.release(conn)  # that connection was gone: another one (a read, safe to repeat)
+                        conn = rt.db(which, read_timeout=timeout)
+                        now = _position(conn)
                     if which == "target" and self.audit_wanted(ctx):
                         figures, problems = self.snapshot(ctx, conn)
                         held.update(figures)

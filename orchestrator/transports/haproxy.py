@@ -37,6 +37,14 @@ What it does to the service's clients, as measured on HAProxy 2.6.12 (Debian 12)
 The runtime API answers every command with text: nothing (just an empty line) or a confirmation on success, an
 error sentence otherwise. An answer of zero bytes means nobody answered (a tunnel whose far end could not open the
 socket closes the connection without a byte).
+
+One connection per door is kept open in the runtime API's interactive mode (`prompt`: the connection stays open and
+each answer ends with an empty line and the prompt "> "), so a command (or a batch of them on one line) costs one
+exchange, not a forwarded channel's opening and then the exchange. HAProxy closes an idle one after its `stats
+timeout` (10 s by default): a kept connection found closed is opened again, and a command whose connection closed
+before its answer is sent once more on a new one (every command the orchestrator sends is idempotent: a `set` to a
+value, or a `show`). Measured on HAProxy 2.6.12: a batch in this mode answers each command with its text, an empty
+line and the prompt.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import select
 import socket
 import threading
 import time
@@ -151,21 +160,26 @@ class HaproxyRefused(HaproxyError):
 # --- parsers (pure) --------------------------------------------------------------------------------------------
 
 
-def split_answers(commands: list[str], text: str) -> list[str]:
-    """The answers of commands sent on one line separated by ';': HAProxy ends each command's answer with an
-    empty line (a command answering nothing, e.g. a `set` that worked, with that line alone)."""
+PROMPT = "> "
+
+
+def split_prompted(text: str, count: int) -> list[str] | None:
+    """The answers of `count` commands in the interactive mode, or None while some are still to come: each answer
+    is its lines, an empty line, then the prompt (an answer of nothing is the empty line alone). An answer never
+    holds an empty line of its own (the empty line is the protocol's end of an answer)."""
     answers: list[str] = []
-    current: list[str] = []
-    lines = text.split("\n")
-    for line in lines[:-1] if lines[-1] == "" else lines:  # what follows the last newline is no line
-        if line:
-            current.append(line + "\n")
+    start = 0
+    while len(answers) < count:
+        if text.startswith("\n" + PROMPT, start):
+            answers.append("")
+            start += 1 + len(PROMPT)
             continue
-        answers.append("".join(current))
-        current = []
-        if len(answers) == len(commands):
-            return answers
-    raise HaproxyRefused("; ".join(commands), f"{len(answers)} answer(s) to {len(commands)} commands")
+        end = text.find("\n\n" + PROMPT, start)
+        if end < 0:
+            return None
+        answers.append(text[start : end + 1])
+        start = end + 2 + len(PROMPT)
+    return answers
 
 
 def requests_of(stat: str, frontend: str) -> int:
@@ -381,26 +395,97 @@ class DoorState:
 # --- the adapter -----------------------------------------------------------------------------------------------
 
 
-def ask(endpoint: Endpoint, command: str, *, timeout: float = COMMAND_TIMEOUT) -> str:
-    """Send one command to the runtime API and return its whole answer (it closes the connection after it)."""
-    where = endpoint if isinstance(endpoint, str) else f"{endpoint[0]}:{endpoint[1]}"
-    family = socket.AF_UNIX if isinstance(endpoint, str) else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
+class _Closed(Exception):
+    """The connection ended before the whole answer came."""
+
+
+class AdminSession:
+    """One kept connection to the runtime API in its interactive mode (see the module's docstring): each exchange,
+    one command or a batch on one line, costs one round trip; opening it (again) one more (the forwarded channel)."""
+
+    def __init__(self, endpoint: Callable[[], Endpoint], *, timeout: float, meter: RoundTrips) -> None:
+        self._endpoint = endpoint
+        self._timeout = timeout
+        self._meter = meter
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._at: Endpoint | None = None
+
+    def exchange(self, line: str, count: int) -> tuple[str, list[str]]:
+        """Send one line of `count` commands; (where, their answers). Raises AdminSocketUnreachable."""
+        with self._lock:
+            endpoint = self._endpoint()
+            where = endpoint if isinstance(endpoint, str) else f"{endpoint[0]}:{endpoint[1]}"
+            for _ in range(2):
+                fresh = self._sock is None or self._at != endpoint or self._closed_by_peer()
+                try:
+                    if fresh:
+                        self.close()
+                        self._open(endpoint)
+                    assert self._sock is not None
+                    self._meter.add("haproxy")
+                    # A new connection enters the interactive mode with the same line: `prompt` answers nothing.
+                    self._sock.sendall(("prompt\n" if fresh else "").encode() + line.encode() + b"\n")
+                    answers = self._read(count + (1 if fresh else 0))
+                    return where, answers[1:] if fresh else answers
+                except _Closed:
+                    self.close()
+                    if fresh:
+                        # HAProxy ends every answer with a newline: nothing means no HAProxy behind the socket.
+                        raise AdminSocketUnreachable(
+                            where, "the connection closed without an answer (no HAProxy behind it)"
+                        ) from None
+                    # A kept connection HAProxy closed (its idle `stats timeout`) just as we sent: once more.
+                except TimeoutError:
+                    self.close()
+                    raise AdminSocketUnreachable(where, f"no answer to `{line}` within {self._timeout:g} s") from None
+                except OSError as exc:
+                    self.close()
+                    if not fresh and isinstance(exc, BrokenPipeError | ConnectionResetError):
+                        continue  # as above: closed by HAProxy while idle
+                    raise AdminSocketUnreachable(where, exc.strerror or type(exc).__name__) from None
+            raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def _open(self, endpoint: Endpoint) -> None:
+        family = socket.AF_UNIX if isinstance(endpoint, str) else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self._timeout)
             sock.connect(endpoint)
-            sock.sendall(command.encode() + b"\n")
-            chunks: list[bytes] = []
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-    except TimeoutError:
-        raise AdminSocketUnreachable(where, f"no answer to `{command}` within {timeout:g} s") from None
-    except OSError as exc:
-        raise AdminSocketUnreachable(where, exc.strerror or type(exc).__name__) from None
-    if not chunks:
-        # HAProxy ends every answer with a newline: zero bytes means the socket behind a tunnel did not open.
-        raise AdminSocketUnreachable(where, "the connection closed without an answer (no HAProxy behind it)")
-    return b"".join(chunks).decode(errors="replace")
+        except BaseException:
+            sock.close()
+            raise
+        self._meter.add("haproxy")  # the forwarded channel's opening (through SSH), before the first exchange
+        self._sock, self._at = sock, endpoint
+
+    def _closed_by_peer(self) -> bool:
+        """Whether the kept connection has been closed by HAProxy (or holds bytes no command asked for)."""
+        assert self._sock is not None
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+    def _read(self, count: int) -> list[str]:
+        assert self._sock is not None
+        deadline = time.monotonic() + self._timeout
+        data = b""
+        while True:
+            self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise _Closed()
+            data += chunk
+            if data.endswith(PROMPT.encode()):
+                answers = split_prompted(data.decode(errors="replace"), count)
+                if answers is not None:
+                    return answers
 
 
 class FrontDoor:
@@ -418,8 +503,8 @@ class FrontDoor:
         timeout: float = COMMAND_TIMEOUT,
         meter: RoundTrips | None = None,
     ) -> None:
-        self._endpoint = endpoint
         self._meter = meter if meter is not None else RoundTrips()
+        self._session = AdminSession(endpoint, timeout=timeout, meter=self._meter)
         self.frontend = frontend
         self.backend = backend
         self.server = server
@@ -431,11 +516,21 @@ class FrontDoor:
         return f"FrontDoor({self.name}: {self.frontend} → {self.backend}/{self.server})"
 
     def ask(self, command: str) -> str:
-        self._meter.add("haproxy")
+        """One command's answer, on the door's kept connection (one round trip)."""
+        return self._exchange(command, 1)[0]
+
+    def _exchange(self, line: str, count: int) -> list[str]:
         try:
-            return ask(self._endpoint(), command, timeout=self.timeout)
+            return self._session.exchange(line, count)[1]
         except AdminSocketUnreachable as exc:
             raise AdminSocketUnreachable(f"{exc.where} ({self.name})", exc.reason) from None
+
+    def connect(self) -> None:
+        """Open the kept connection now (before the window), so the window's first command costs one round trip."""
+        self.ask("show info")
+
+    def close(self) -> None:
+        self._session.close()
 
     def change(self, command: str) -> str:
         """A command that changes something: its answer, or HaproxyRefused."""
@@ -447,7 +542,7 @@ class FrontDoor:
         run, in order)."""
         if any(";" in command or "\n" in command for command in commands):
             raise ValueError(f"a command of a batch holds ';' or a newline: {commands}")
-        return split_answers(commands, self.ask("; ".join(commands)))
+        return self._exchange("; ".join(commands), len(commands))
 
     # --- readers ---
 
@@ -521,6 +616,29 @@ class FrontDoor:
         deadline = round((self.host_now() if host_now is None else host_now) + seconds, 3)
         self.change(f"set map {self.hold_map} {HOLD_WRITES_KEY if writes_only else HOLD_KEY} {deadline}")
         return deadline
+
+    def hold_and_in_flight(
+        self, seconds: float, *, writes_only: bool = False, host_now: float
+    ) -> tuple[float, set[tuple[str, str]]]:
+        """hold(), and in the same round trip the requests already past the rules (at a server or queued for one;
+        with `writes_only` only the writes among them): those the drain waits for. Returns (deadline, those).
+
+        `show sess` runs with HAProxy's threads isolated (no stream is between the hold's check and its backend
+        while it lists them), after the `set map` of the same line: a request it does not list as past the rules
+        reads the new deadline at its next check and is held."""
+        if seconds <= 0:
+            raise ValueError("a hold lasts a positive number of seconds")
+        deadline = round(host_now + seconds, 3)
+        commands = [f"set map {self.hold_map} {HOLD_WRITES_KEY if writes_only else HOLD_KEY} {deadline}",
+                    "show sess all"]  # fmt: skip
+        answers = self.batch(commands)
+        check_answer(commands[0], answers[0])
+        in_flight = {
+            (s.id, s.epoch) for s, method in parse_sessions_all(answers[1])
+            if s.frontend == self.frontend and s.backend != "<NONE>"
+            and not (writes_only and method in READ_METHOD_CODES)
+        }  # fmt: skip
+        return deadline, in_flight
 
     def _release_commands(self) -> list[str]:
         return [f"set map {self.hold_map} {HOLD_KEY} 0", f"set map {self.hold_map} {HOLD_WRITES_KEY} 0"]
@@ -598,13 +716,15 @@ class FrontDoor:
     def wait_finished(self, requests: set[tuple[str, str]], timeout: float, poll: float = 0.05) -> bool:
         """Wait until these requests (from at_server()) are answered, whatever came after; True if they were."""
         deadline = time.monotonic() + timeout
-        while True:
-            left = requests & {(s.id, s.epoch) for s in self.streams()}
+        left = set(requests)
+        while left:
+            left &= {(s.id, s.epoch) for s in self.streams()}
             if not left:
                 return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(poll)
+        return True  # none in flight: nothing to ask
 
     def wait_drained(self, timeout: float, poll: float = 0.05) -> bool:
         """Wait until no request is at a server or in the queue (in-flight requests finished); True if drained."""

@@ -17,7 +17,8 @@ import structlog
 
 # What one unit of each kind costs in network round trips between us and the host (or the API): a command in the
 # kept shell is one exchange; a command in a new SSH session opens a channel first (the counts say which); a
-# front-door command opens a forwarded channel to the admin socket, then exchanges; an SQL statement rides an open
+# front-door exchange (one command, or a batch of them on one line) rides the door's kept admin connection, whose
+# opening (a forwarded channel) counts one more; an SQL statement (a compound statement included) rides an open
 # tunnel; an HTTP check and a DNS call each one request (on an open connection).
 KINDS = ("ssh", "ssh_session", "sql", "haproxy", "http", "dns")
 

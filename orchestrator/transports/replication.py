@@ -796,6 +796,26 @@ def set_read_only(conn: pymysql.Connection, on: bool, *, lock_wait_timeout: floa
     )
 
 
+def read_only_and_position(conn: pymysql.Connection, *, lock_wait_timeout: float) -> GtidPosition:
+    """set_read_only(on) and then the position this server has written to its binlog (its final one: nothing
+    without READ ONLY ADMIN commits after read_only), in one round trip: one compound statement (MariaDB's `BEGIN
+    NOT ATOMIC`), whose statements run in order and stop at the first error (read_only not set: the lock wait's
+    error, and no position)."""
+    seconds = max(1, int(lock_wait_timeout + 0.999))
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                f"BEGIN NOT ATOMIC SET SESSION lock_wait_timeout = {seconds}; SET GLOBAL read_only = 1; "
+                "SELECT @@GLOBAL.gtid_binlog_pos; END"
+            )
+            row = cur.fetchone()
+    except pymysql.MySQLError as exc:
+        raise ReplicationError(str(db_error("SET GLOBAL read_only = 1", exc))) from None
+    if row is None:
+        raise ReplicationError("SET GLOBAL read_only = 1: no binlog position came back")
+    return GtidPosition.parse(str(row[0] or ""))
+
+
 def is_read_only(conn: pymysql.Connection) -> bool:
     return int(str(_scalar(conn, "SELECT @@GLOBAL.read_only"))) == 1
 
@@ -816,6 +836,64 @@ def promote(conn: pymysql.Connection, expected: GtidPosition | None = None) -> G
         )
     _run(conn, "promoting the replica", "RESET SLAVE ALL", "SET GLOBAL read_only = 0")
     return executed
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """What wait_and_promote did: the replica reached the position (within the wait) or not; when it did, it was
+    stopped, and promoted only if it executed exactly that position."""
+
+    reached: bool
+    promoted: bool
+    executed: GtidPosition  # gtid_slave_pos read after STOP SLAVE (empty when not reached)
+    waited: float  # seconds the replica took to reach the position, on the server's clock
+
+
+def wait_and_promote(conn: pymysql.Connection, expected: GtidPosition, wait: float) -> Promotion:
+    """MASTER_GTID_WAIT(expected, wait) and, once reached, promote() with its proof, in one round trip: one compound
+    statement (MariaDB's `BEGIN NOT ATOMIC`) that stops replication, reads what the replica executed, and only when
+    that is exactly `expected` in each of its domains (same_position, checked on the server: gtid_slave_pos holds
+    one GTID per domain, so `expected`'s GTID of a domain is in that list exactly when the replica stands there)
+    forgets replication and allows writes. Checked again here from what it read. Not reached within `wait`:
+    nothing changed (the caller waits in slices, then promotes, as before). Reached but not that position: left
+    stopped and read-only, its replication settings intact, as promote() leaves it (PositionMismatch)."""
+    proof = (
+        " AND ".join(
+            f"FIND_IN_SET('{int(g.domain)}-{int(g.server_id)}-{int(g.seq)}', REPLACE(executed, ' ', '')) > 0"
+            for g in expected.gtids
+        )
+        or "TRUE"
+    )
+    block = (
+        "BEGIN NOT ATOMIC "
+        "DECLARE began DATETIME(6) DEFAULT SYSDATE(6); DECLARE reached INT DEFAULT NULL; "
+        "DECLARE waited BIGINT DEFAULT 0; DECLARE executed TEXT DEFAULT ''; DECLARE promoted INT DEFAULT 0; "
+        "SET reached = MASTER_GTID_WAIT(%s, %s); "
+        "SET waited = TIMESTAMPDIFF(MICROSECOND, began, SYSDATE(6)); "
+        "IF reached = 0 THEN "
+        "STOP SLAVE; SET executed = @@GLOBAL.gtid_slave_pos; "
+        f"IF {proof} THEN RESET SLAVE ALL; SET GLOBAL read_only = 0; SET promoted = 1; END IF; "
+        "END IF; "
+        "SELECT reached, promoted, executed, waited; "
+        "END"
+    )
+    try:
+        with read_timeout(conn, wait + 10), conn.cursor() as cur:
+            cur.execute(block, (str(expected), max(0.0, wait)))
+            row = cur.fetchone()
+    except pymysql.MySQLError as exc:
+        raise ReplicationError(str(db_error("promoting the replica", exc))) from None
+    if row is None:
+        raise ReplicationError("promoting the replica: nothing came back")
+    reached, promoted = row[0] is not None and int(str(row[0])) == 0, int(str(row[1] or 0)) == 1
+    executed = GtidPosition.parse(str(row[2] or "")) if reached else GtidPosition()
+    outcome = Promotion(reached, promoted, executed, int(str(row[3] or 0)) / 1e6)
+    if reached and not same_position(expected, executed):
+        raise PositionMismatch(
+            f"the replica executed {executed or 'nothing'}, the source's final position is {expected}"
+            + (" (and the server promoted it: a defect of the proof)" if promoted else "")
+        )
+    return outcome
 
 
 def same_position(source_final: GtidPosition, executed: GtidPosition) -> bool:
