@@ -292,7 +292,9 @@ class OfflineRuntime:
         return self.plan.database.source if which == "source" else self.plan.database.target
 
     # A FakeSession: what the steps use of a database connection (the protocol names pymysql's class).
-    def db(self, which: Which, *, retry: bool = True, read_timeout: float | None = None) -> Any:
+    def db(
+        self, which: Which, *, retry: bool = True, read_timeout: float | None = None, ping_spare: bool = True
+    ) -> Any:
         self.session = FakeSession(which)
         return self.session
 
