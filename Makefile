@@ -28,9 +28,10 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The lab tests mostly wait on real servers, so several pytest-xdist workers (each with a lab of its own, whole
-# test files per worker) share the 2 cores; measured, 3 and 5 workers took as long (5 only made each lab test twice
-# as slow), so 3, the lighter load: about 7 minutes. TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 3
+# test files per worker) share the 2 cores. Measured on a quiet machine with 1,449 tests: 3 workers 650 s, 4 workers
+# 600 s (earlier, with fewer tests, 5 only made each lab test twice as slow). TEST_WORKERS=0 runs everything in one
+# process.
+TEST_WORKERS ?= 4
 
 test: venv system-packages lint docs
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

@@ -255,7 +255,7 @@ def test_a_failing_then_slow_dns_api_after_the_commit_at_the_door_holds_no_write
         assert any(r["method"] in ("PATCH", "PUT") for r in after), after
 
         # The API answers again, every call slowly: `migrate apply` finishes the flip (the window is long closed).
-        cf_control(state, "faults", {"mode": "slow", "delay": 1.5, "count": -1})
+        cf_control(state, "faults", {"mode": "slow", "delay": 0.5, "count": -1})
         try:
             done = migrate_apply(state, plan)
         finally:

@@ -543,10 +543,12 @@ def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_
     assert_replication_torn_down(state, plan, events)
 
 
-def test_killed_between_the_target_fence_and_the_door_switch_resumes_committed(live: LabState, tmp_path: Path) -> None:
-    """The commit at the front door: kill -9 after the target's fence is lifted (the run journaled committed) and
-    before the source's door forwards to it; the resume finishes forward (SIGTERM right after its commit step only
-    noted: a committed run is finished, never rolled back), DNS converges on the target, nothing is lost."""
+def test_killed_at_the_door_commit_then_while_dns_converges_resumes_committed(live: LabState, tmp_path: Path) -> None:
+    """The commit at the front door, killed twice under load. First kill -9 after the target's fence is lifted (the
+    run journaled committed) and before the source's door forwards to it; the resume finishes forward (SIGTERM right
+    after its commit step is only noted: a committed run is finished, never rolled back) until, the DNS API answering
+    slowly, kill -9 again while the DNS flip after the window waits on it. The last resume re-reads where the records
+    point and completes: DNS on the target, nothing lost, no rollback."""
     state = live
     pid_file = state.path / "replkill-door.pid"
     hooks = {
@@ -566,31 +568,18 @@ def test_killed_between_the_target_fence_and_the_door_switch_resumes_committed(l
     )
     with plan.open("w") as out:
         yaml.dump(data, out)
-    report = resumed_under_load(state, plan, tmp_path / "load", str(tmp_path / "nothing-to-remove"))
-    events = journal_events(state, plan)
-    assert Path(used).exists(), "the fence command did not kill the run"
-    runs = [i for i, e in enumerate(events) if e.get("event") == "run_resumed"]
-    assert runs, "the run was not resumed"
-    # Committed before the kill: the resume went forward (no rollback), the commit step re-entered once.
-    assert any(e.get("event") == "committed" for e in events[: runs[0]])
-    assert not any(e.get("event") == "rollback_started" for e in events)
-    assert next(s for s in report["steps"] if s["name"] == "switch_traffic")["attempts"] == 2
-    assert report["committed_at_door"] is not None and report["dns_flipped_at"] > report["committed_at_door"]
-
-
-def test_killed_while_dns_converges_after_the_door_commit_resumes_and_loses_nothing(
-    live: LabState, tmp_path: Path
-) -> None:
-    """kill -9 while the DNS flip after the window waits on a slow API (every answer delayed): writes flowed since
-    the commit at the door; the resume re-reads where the records point and completes, nothing lost."""
-    state = live
-    plan = replicate_plan(state, "replkill-dns")
     journal = state.path / ".migrate" / plan_name(plan) / "journal.jsonl"
     load_dir = tmp_path / "load"
     load = start_load(state, load_dir, 300)
-    cf_control(state, "faults", {"mode": "slow", "delay": 2, "count": -1, "methods": ["PATCH", "PUT"]})
     try:
-        run = subprocess.Popen(
+        acks = load_dir / "acks.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
+            time.sleep(0.05)
+        run_killed(state, plan)
+        assert Path(used).exists(), "the fence command did not kill the run"
+        cf_control(state, "faults", {"mode": "slow", "delay": 2, "count": -1, "methods": ["PATCH", "PUT"]})
+        resumed = subprocess.Popen(
             [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)],
             env={k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -600,11 +589,11 @@ def test_killed_while_dns_converges_after_the_door_commit_resumes_and_loses_noth
             e.get("event") == "step_saved" and e.get("step") == "dns_flip" and e.get("key") == "edits"
             for e in journal_events(state, plan)
         ):
-            assert run.poll() is None, f"the run ended (exit {run.returncode}) before its DNS edits"
+            assert resumed.poll() is None, f"the resumed run ended (exit {resumed.returncode}) before its DNS edits"
             assert time.monotonic() < deadline, "no DNS edit sent"
             time.sleep(0.02)
-        run.kill()
-        run.wait(timeout=60)
+        resumed.kill()
+        resumed.wait(timeout=60)
         cf_control(state, "faults", {"mode": "none"})
         result = migrate_apply(state, plan, timeout=TIMEOUT)
         assert result.returncode == exit_codes.OK, outcome(result)
@@ -618,11 +607,19 @@ def test_killed_while_dns_converges_after_the_door_commit_resumes_and_loses_noth
     assert verify.acknowledged_lost == 0, verify.lost
     assert dns_contents(state) == {name: state.target.address for name in state.records}
     events = journal_events(state, plan)
+    resumes = [i for i, e in enumerate(events) if e.get("event") == "run_resumed"]
+    assert len(resumes) == 2, "resumed twice"
+    # Committed before the first kill: every resume went forward (no rollback), the commit step re-entered once.
+    assert any(e.get("event") == "committed" for e in events[: resumes[0]])
     assert not any(e.get("event") == "rollback_started" for e in events)
+    report = run_report(state, plan_name(plan))
+    assert report["status"] == "completed"
+    assert next(s for s in report["steps"] if s["name"] == "switch_traffic")["attempts"] == 2
     # The window closed at the door, before any DNS edit was sent.
     switched = next(e for e in events if e.get("event") == "step_completed" and e.get("step") == "switch_traffic")
     first_edit = next(e for e in events if e.get("step") == "dns_flip" and e.get("key") == "edits")
     assert switched["ts"] < first_edit["ts"]
+    assert report["committed_at_door"] is not None and report["dns_flipped_at"] > report["committed_at_door"]
 
 
 def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_source(
