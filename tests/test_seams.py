@@ -263,3 +263,41 @@ def test_the_fakes_stand_in_for_their_protocols() -> None:
     assert lines == ["a", "b"]
     host = RecordingHost([("^uname", "Linux")])
     assert host.run("uname -s", timeout=3).stdout == "Linux" and host.timeouts == [3]
+
+
+# --- the DNS flip after a commit at the front door -----------------------------------------------------------------
+
+
+def test_after_the_door_commit_the_dns_flip_is_no_commit_point_and_retries_until_its_own_bound() -> None:
+    """DnsFlip(commits=False): re-entered on resume (its result carries when DNS was seen converged), the whole flip
+    tried again with backoff, the write budget never asked; past dns.converge_timeout the run stays committed with
+    one line saying DNS is pending."""
+    from orchestrator.steps.dns_flip import DnsFlip
+
+    target = plan().dns_content
+    step = DnsFlip(commits=False)
+    assert step.commit_point is False and "after the commit" in step.title
+    dns = FakeDns({"example.com": "zone-1"}, _records(SOURCE_ADDRESS, SOURCE_ADDRESS))
+    rt = OfflineRuntime(plan(), dns=dns)
+    # The budget is long spent (writes flow since the door's switch): it must not bound the flip.
+    rt.window.begin(0.0)
+    dns.failures["set_content"] = [DnsError("fake DNS: HTTP 503: try again", transient=True)] * 3
+    saved: dict[str, Any] = {}
+    result = step.run(context(rt, "dns_flip", saved=saved))
+    assert result is not None and result["flipped_at"] and {r.content for r in dns.records.values()} == {target}
+    assert set(saved["old_records"]) == {"id0", "id1"}  # journaled before the edits
+    # Every record at the target now: a resumed run still re-enters the step (one read), for its result.
+    assert step.check(context(rt, "dns_flip", saved=saved)) is False
+    # An API refusing every edit: one line, the run committed (the engine finishes it forward), DNS pending.
+    refusing = FakeDns({"example.com": "zone-1"}, _records(SOURCE_ADDRESS, SOURCE_ADDRESS))
+    refusing.failures["set_content"] = [DnsError("fake DNS: HTTP 403: refused", transient=False)] * 1000
+    base = plan()
+    pending = base.model_copy(
+        update={
+            "dns": base.dns.model_copy(update={"converge_timeout": 0.5}),
+            "retry": base.retry.model_copy(update={"attempts": 1}),
+        }
+    )
+    with pytest.raises(StepError, match=r"^committed, DNS pending: .*dns\.converge_timeout 0\.5 s") as caught:
+        step.run(context(OfflineRuntime(pending, dns=refusing), "dns_flip"))
+    assert "\n" not in str(caught.value) and "forwards every client" in str(caught.value)
