@@ -279,3 +279,27 @@ def keep_shells(ctx: StepContext) -> None:
             keep()
         except TransportError as exc:
             ctx.log.warning("shell_not_kept", host=which, error=str(exc))
+
+
+# Journaled once the target's fence is lifted (by the step that commits): a resumed run lifts it again if not.
+TARGET_FENCE_LIFTED = "target_fence_lifted"
+TARGET_FENCE_TIMEOUT = 120.0
+
+
+def lift_target_fence(ctx: StepContext, *, committed_because: str) -> bool:
+    """Let the target take writes: the plan's `services.target_fence.disable`, journaled once done. Called after the
+    commit is journaled (a failure then needs `migrate apply`, never a rollback); `committed_because` says in the
+    error why the run was committed. False when the plan declares no target fence."""
+    fence = runtime(ctx).plan.services.target_fence
+    if not (fence.enable and fence.disable):
+        return False
+    try:
+        runtime(ctx).target.run(fence.disable, timeout=TARGET_FENCE_TIMEOUT)
+    except TransportError as exc:
+        raise StepError(
+            f"{committed_because} but lifting the target's fence failed ({exc}): it refuses writes until "
+            "`migrate apply` lifts it"
+        ) from None
+    ctx.save(TARGET_FENCE_LIFTED, True)
+    ctx.log.info("target_fence_lifted")
+    return True

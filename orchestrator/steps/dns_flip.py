@@ -54,6 +54,7 @@ from orchestrator.plan.model import Retry
 from orchestrator.results import DnsFlipResult, RecordSnapshot
 from orchestrator.retry import call_with_retry
 from orchestrator.steps import source_guard
+from orchestrator.steps.common import TARGET_FENCE_LIFTED, lift_target_fence
 from orchestrator.transports.ssh import TransportError
 
 OLD_RECORDS = "old_records"
@@ -66,8 +67,6 @@ RECORDS_NOW = "records_now"
 IN_FLIGHT_MARGIN = 2.0
 # Reads made while waiting for records to settle.
 SETTLE_POLL = 0.25
-# Journaled once the target's fence is lifted: a resumed run that finds every record flipped still lifts it if not.
-TARGET_FENCE_LIFTED = "target_fence_lifted"
 FENCE_COMMAND_TIMEOUT = 120.0
 # API calls made side by side (one per record, at most this many at once).
 MAX_PARALLEL_CALLS = 8
@@ -495,16 +494,7 @@ class DnsFlip(Step):
         # Committed before the command: if it fails (or half-works) the target may take writes, and a rollback
         # would lose them. `migrate apply` lifts it again.
         self._commit(ctx, "every DNS record points at the target: lifting the target's fence")
-        try:
-            runtime(ctx).target.run(fence.disable, timeout=FENCE_COMMAND_TIMEOUT)
-        except TransportError as exc:
-            raise StepError(
-                f"every DNS record points at the target but lifting its fence failed ({exc}): it refuses writes "
-                "until `migrate apply` lifts it"
-            ) from None
-        ctx.save(TARGET_FENCE_LIFTED, True)
-        ctx.log.info("dns_flip.target_fence_lifted")
-        return True
+        return lift_target_fence(ctx, committed_because="every DNS record points at the target")
 
     def _moved_after_failure(
         self, ctx: StepContext, zone_id: str, new: str, flipped: list[str], *, attempted: bool

@@ -24,11 +24,10 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchTrafficResult
 from orchestrator.steps import source_guard
-from orchestrator.transports.ssh import TransportError
+from orchestrator.steps.common import TARGET_FENCE_LIFTED, lift_target_fence
 
-# Journaled facts: when the run committed here, and once the target's fence is lifted.
+# Journaled: when the run committed here (the target's fence lifted is journaled as steps.common says).
 COMMITTED_AT = "committed_at"
-TARGET_FENCE_LIFTED = "target_fence_lifted"
 FENCE_COMMAND_TIMEOUT = 120.0
 
 
@@ -94,18 +93,6 @@ class SwitchTraffic(Step):
         forward, never rolled back (the way back is `migrate rollback`'s reverse run)."""
 
     def _lift_target_fence(self, ctx: StepContext) -> bool:
-        fence = runtime(ctx).plan.services.target_fence
-        if not (fence.enable and fence.disable):
-            return False
         if ctx.saved(TARGET_FENCE_LIFTED):
             return True
-        try:
-            runtime(ctx).target.run(fence.disable, timeout=FENCE_COMMAND_TIMEOUT)
-        except TransportError as exc:
-            raise StepError(
-                f"committed, but lifting the target's fence failed ({exc}): it refuses writes until `migrate apply` "
-                "lifts it"
-            ) from None
-        ctx.save(TARGET_FENCE_LIFTED, True)
-        ctx.log.info("switch_traffic.target_fence_lifted")
-        return True
+        return lift_target_fence(ctx, committed_because="committed,")
