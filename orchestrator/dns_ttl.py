@@ -13,6 +13,7 @@ from typing import Any
 
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext, StepError
+from orchestrator.engine.view import JournalView, Records
 from orchestrator.retry import call_with_retry
 from orchestrator.transports.dns import DnsRecord
 
@@ -23,18 +24,14 @@ WAIT_UNTIL = "wait_until"  # saved by lower_ttl: when every answer cached with a
 PROGRESS_EVERY = 30.0  # seconds between "still waiting" lines
 
 
-def old_ttl_expires_at(events: list[dict[str, Any]]) -> float | None:
+def old_ttl_expires_at(events: Records) -> float | None:
     """When the last run's lowered records stop being served from old caches (None: no TTL was lowered)."""
-    starts = [i for i, ev in enumerate(events) if ev.get("event") == "run_started"]
-    until = None
-    for ev in events[starts[-1] if starts else 0 :]:
-        if ev.get("event") == "step_saved" and ev.get("step") == LOWER_TTL_STEP and ev.get("key") == WAIT_UNTIL:
-            until = float(ev["value"])
-    return until
+    until = JournalView.of(events).last_run().saved(LOWER_TTL_STEP, WAIT_UNTIL)
+    return float(until) if until is not None else None
 
 
 def wait_out_old_ttl(
-    events: list[dict[str, Any]],
+    events: Records,
     log: Any,
     *,
     clock: Callable[[], float] = time.time,

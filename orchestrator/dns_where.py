@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from orchestrator import secrets
 from orchestrator.engine.journal import RunState, RunStatus
+from orchestrator.engine.view import JournalView, Records
 from orchestrator.plan.model import Plan
 
 # The journal key of every reading (a step_saved event of the DNS flip step):
@@ -125,21 +126,17 @@ def problem(reading: Reading | None, serving: Literal["source", "target"] | None
     return None
 
 
-def end_problem(events: list[dict[str, Any]], state: RunState | None, *, reverse: bool = False) -> str | None:
+def end_problem(events: Records, state: RunState | None, *, reverse: bool = False) -> str | None:
     """The verdict on the reading the run made at its end (None without one: an older reading may be stale)."""
     reading = journaled(events, reverse=reverse)
     return problem(reading, serving_host(state, reverse=reverse)) if reading is not None and reading.end else None
 
 
-def journaled(events: list[dict[str, Any]], *, reverse: bool = False) -> Reading | None:
+def journaled(events: Records, *, reverse: bool = False) -> Reading | None:
     """The last reading journaled in the last run of `events` (None: the run never read its records)."""
-    found: dict[str, Any] | None = None
-    for event in events:
-        if event.get("event") == "run_started":
-            found = None
-        elif event.get("event") == "step_saved" and event.get("key") == RECORDS_NOW and event.get("value"):
-            found = event["value"]
-    if not found or not isinstance(found.get("records"), dict):
+    readings = [v for v in JournalView.of(events).last_run().saved_values(None, RECORDS_NOW) if v]
+    found = readings[-1] if readings else None
+    if not isinstance(found, dict) or not isinstance(found.get("records"), dict):
         return None
     return Reading(
         at=float(found.get("at", 0.0)),
@@ -152,17 +149,16 @@ def journaled(events: list[dict[str, Any]], *, reverse: bool = False) -> Reading
     )
 
 
-def source_contents(plan: Plan, events: list[dict[str, Any]]) -> list[str]:
+def source_contents(plan: Plan, events: Records) -> list[str]:
     """What the records held before the run moved them (journaled), and the source's own DNS content."""
     contents = {plan.source.dns_content}
-    for event in events:
-        value = event.get("value")
-        if event.get("event") == "step_saved" and event.get("key") == OLD_RECORDS and isinstance(value, dict):
+    for value in JournalView.of(events).saved_values(None, OLD_RECORDS):
+        if isinstance(value, dict):
             contents |= {str(r.get("content")) for r in value.values() if isinstance(r, dict)}
     return sorted(contents)
 
 
-def read_live(plan: Plan, plan_path: Path, events: list[dict[str, Any]], *, timeout: float = LIVE_TIMEOUT) -> Reading:
+def read_live(plan: Plan, plan_path: Path, events: Records, *, timeout: float = LIVE_TIMEOUT) -> Reading:
     """Every record of the plan, read now through its DNS provider (reads only, each call bounded).
 
     Raises `LiveReadError` (one line) when the token is not at hand or the API does not answer."""
@@ -192,7 +188,7 @@ class LiveReadError(Exception):
     pass
 
 
-def now(plan: Plan, plan_path: Path, events: list[dict[str, Any]], *, live: bool) -> Reading | None:
+def now(plan: Plan, plan_path: Path, events: Records, *, live: bool) -> Reading | None:
     """Where the records point: read live when possible, else the journal's last reading (with why not live)."""
     if live:
         try:

@@ -124,13 +124,7 @@ def _pid(front: FrontDoor) -> str:
 
 def _saved_by(ctx: StepContext, step: str | None, key: str) -> Any:
     """A value a step (any step: None) journaled in this run, the last one saved."""
-    value = None
-    for event in ctx.history():
-        if event.get("event") == "run_started":
-            value = None
-        elif event.get("event") == "step_saved" and step in (None, event.get("step")) and event.get("key") == key:
-            value = event.get("value")
-    return value
+    return ctx.history().last_run().saved(step, key)
 
 
 def engaged(ctx: StepContext) -> bool:
@@ -138,7 +132,7 @@ def engaged(ctx: StepContext) -> bool:
     cut-over journals its hold (a run whose history predates it leaves them alone)."""
     if section(ctx, "source") is None:
         return section(ctx, "target") is not None
-    return any(e.get("event") == "step_saved" and e.get("key") == SOURCE_HOLD for e in ctx.history())
+    return bool(ctx.history().saves(None, SOURCE_HOLD))
 
 
 def describe(ctx: StepContext, side: Side) -> list[str]:

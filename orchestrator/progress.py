@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from orchestrator.engine.journal import RunState, RunStatus, StepState
+from orchestrator.engine.view import Records
 from orchestrator.window import journaled_blocked_at
 
 TRANSFER_EVENT = "transfer_progress"
@@ -158,7 +159,7 @@ class Phase:
 
 
 def phase_of(
-    state: RunState | None, events: list[dict[str, Any]], order: list[str], budget: float | None, lag: float | None
+    state: RunState | None, events: Records, order: list[str], budget: float | None, lag: float | None
 ) -> Phase:
     """The phase of the run a journal describes (`order`: the plan's step names in run order)."""
     if state is None:
@@ -179,7 +180,7 @@ def phase_of(
     )
 
 
-def blocked_since(state: RunState, events: list[dict[str, Any]]) -> float | None:
+def blocked_since(state: RunState, events: Records) -> float | None:
     """When writes were blocked, if they are blocked now (until the DNS flip, the commit or the cut-over's undo)."""
     since = journaled_blocked_at(events)
     if since is None or state.committed or state.status in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK):

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import dns_where
-from orchestrator.engine.journal import RunState, replay
+from orchestrator.engine.journal import RunState
+from orchestrator.engine.view import JournalView, Records
 from orchestrator.results import (
     AuditResult,
     CatchupResult,
@@ -32,22 +33,15 @@ from orchestrator.secrets import redact_obj
 from orchestrator.window import RESERVE_KEY
 
 
-def run_events(events: list[dict[str, Any]], run_id: str | None = None) -> list[dict[str, Any]]:
+def run_events(events: Records, run_id: str | None = None) -> JournalView:
     """The events of one run (the last one, or `run_id`'s) out of a journal that may hold several."""
-    starts = [i for i, ev in enumerate(events) if ev.get("event") == "run_started"]
-    if run_id is not None:
-        starts = [i for i in starts if events[i].get("run_id") == run_id]
-    if not starts:
-        return []
-    begin = starts[-1]
-    following = [i for i in range(begin + 1, len(events)) if events[i].get("event") == "run_started"]
-    end = following[0] if following else len(events)
-    return events[begin:end]
+    return JournalView.of(events).run(run_id)
 
 
-def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> dict[str, Any]:
+def build_report(events: Records, *, now: float | None = None) -> dict[str, Any]:
     """The report of the (last) run recorded in `events`. `now` closes a step still running (the caller)."""
-    state = replay(run_events(events))
+    run = run_events(events)
+    state = run.state()
     if state is None:
         return {"run_id": None, "status": "no run", "steps": []}
     now = time.time() if now is None else now
@@ -124,8 +118,8 @@ def build_report(events: list[dict[str, Any]], *, now: float | None = None) -> d
         "checks": checks_where(outputs),
         "peak_rss_mib": FinishResult.of(outputs.get("finish")).peak_rss_mib,
         "reverse_replication": FinishResult.of(outputs.get("finish")).reverse_replication,
-        "dns": dns_report(run_events(events), state),
-        "rollback_reserve": reserve_report(run_events(events)),
+        "dns": dns_report(run, state),
+        "rollback_reserve": reserve_report(run),
     }
     return redact_obj(report)
 
@@ -210,7 +204,7 @@ def seed_hold_text(seed: dict[str, Any]) -> str | None:
     )
 
 
-def dns_report(events: list[dict[str, Any]], state: RunState) -> dict[str, Any] | None:
+def dns_report(events: Records, state: RunState) -> dict[str, Any] | None:
     """Where every record pointed at the run's last journaled reading (its end reading, when it made one), and
     whether that is a problem (split, or at the host that does not serve)."""
     reading = dns_where.journaled(events)
@@ -219,13 +213,10 @@ def dns_report(events: list[dict[str, Any]], state: RunState) -> dict[str, Any] 
     return {**reading.as_dict(), "problem": dns_where.end_problem(events, state)}
 
 
-def reserve_report(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def reserve_report(events: Records) -> dict[str, Any] | None:
     """The seconds kept back from the budget for the rollback's own work, and how they were derived."""
-    found = None
-    for ev in events:
-        if ev.get("event") == "step_saved" and ev.get("key") == RESERVE_KEY and isinstance(ev.get("value"), dict):
-            found = ev["value"]
-    return found
+    found = [v for v in JournalView.of(events).saved_values(None, RESERVE_KEY) if isinstance(v, dict)]
+    return found[-1] if found else None
 
 
 def final_pass_trees(outputs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

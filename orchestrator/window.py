@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from orchestrator.engine.events import StepCompleted, StepSaved
 from orchestrator.engine.step import StepError
+from orchestrator.engine.view import JournalView, Records
 from orchestrator.plan.model import Retry
 
 # The shortest timeout given to an action inside the window: even an action started with a few milliseconds of
@@ -41,51 +43,42 @@ RESERVE_SHARE = 0.25
 RESERVE_MIN = 8.0
 RESERVE_MAX = 30.0
 
-History = Callable[[], list[dict[str, Any]]]
+History = Callable[[], JournalView]
 P = TypeVar("P", bound=Retry)
 
 
-def journaled_blocked_at(events: list[dict[str, Any]]) -> float | None:
+def journaled_blocked_at(events: Records) -> float | None:
     """The first moment writes were blocked in the journal's last run, or None."""
-    starts = [i for i, ev in enumerate(events) if ev.get("event") == "run_started"]
-    for ev in events[starts[-1] if starts else 0 :]:
-        kind = ev.get("event")
-        if kind == "step_saved" and ev.get("key") == BLOCKED_AT_KEY and ev.get("value"):
-            return float(ev["value"])
-        if kind == "step_completed" and (ev.get("result") or {}).get(BLOCKED_AT_KEY):
-            return float(ev["result"][BLOCKED_AT_KEY])
+    for ev in JournalView.of(events).last_run():
+        if isinstance(ev, StepSaved) and ev.key == BLOCKED_AT_KEY and ev.value:
+            return float(ev.value)
+        if isinstance(ev, StepCompleted) and ev.result.get(BLOCKED_AT_KEY):
+            return float(ev.result[BLOCKED_AT_KEY])
     return None
 
 
-def _last_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    starts = [i for i, ev in enumerate(events) if ev.get("event") == "run_started"]
-    return events[starts[-1] if starts else 0 :]
-
-
-def journaled_intervals(events: list[dict[str, Any]]) -> list[list[float | None]]:
+def journaled_intervals(events: Records) -> list[list[float | None]]:
     """The intervals writes were blocked in the journal's last run, [start, end] (end None: blocked still)."""
     intervals: list[list[float | None]] = []
-    for ev in _last_run(events):
-        kind = ev.get("event")
-        if kind == "step_completed" and not intervals and (ev.get("result") or {}).get(BLOCKED_AT_KEY):
-            intervals.append([float(ev["result"][BLOCKED_AT_KEY]), None])
-        if kind != "step_saved" or ev.get("value") in (None, False):
+    for ev in JournalView.of(events).last_run():
+        if isinstance(ev, StepCompleted) and not intervals and ev.result.get(BLOCKED_AT_KEY):
+            intervals.append([float(ev.result[BLOCKED_AT_KEY]), None])
+        if not isinstance(ev, StepSaved) or ev.value in (None, False):
             continue
-        key = ev.get("key")
         open_now = bool(intervals) and intervals[-1][1] is None
-        if (key == BLOCKED_AT_KEY and not intervals) or (key == BLOCKED_AGAIN_AT_KEY and not open_now):
-            intervals.append([float(ev["value"]), None])
-        elif key == LIFTED_AT_KEY and open_now:
-            intervals[-1][1] = float(ev["value"])
+        if (ev.key == BLOCKED_AT_KEY and not intervals) or (ev.key == BLOCKED_AGAIN_AT_KEY and not open_now):
+            intervals.append([float(ev.value), None])
+        elif ev.key == LIFTED_AT_KEY and open_now:
+            intervals[-1][1] = float(ev.value)
     return intervals
 
 
-def journaled_reserve(events: list[dict[str, Any]]) -> float | None:
+def journaled_reserve(events: Records) -> float | None:
     """The seconds the run kept back for its rollback's own work, as journaled (None: not yet)."""
     found = None
-    for ev in _last_run(events):
-        if ev.get("event") == "step_saved" and ev.get("key") == RESERVE_KEY and ev.get("value") is not None:
-            found = float((ev["value"] or {}).get("seconds", 0.0)) if isinstance(ev["value"], dict) else None
+    for value in JournalView.of(events).last_run().saved_values(None, RESERVE_KEY):
+        if value is not None:
+            found = float(value.get("seconds", 0.0) or 0.0) if isinstance(value, dict) else None
     return found
 
 

@@ -13,6 +13,7 @@ import pytest
 import structlog
 
 from orchestrator import dns_where, guard
+from orchestrator.engine.events import StepStarted
 from orchestrator.engine.hooks import HookRunner
 from orchestrator.engine.journal import Journal, RunStatus, StepState
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
@@ -402,7 +403,7 @@ def test_every_run_ends_with_a_look_at_its_outcome_and_a_resume_reattaches(tmp_p
     journal = Journal(tmp_path / "resumed.jsonl")
     first = _engine([Observing("cutover", actions), Observing("dns_flip", actions, fail_run=True)], journal)
     first.start_run()
-    first._append("step_started", step="cutover", title="cutover")  # killed inside the cut-over
+    first._append(StepStarted(step="cutover", title="cutover"))  # killed inside the cut-over
     actions.clear()
     second = _engine([Observing("cutover", actions), Observing("dns_flip", actions)], journal)
     second.resume_run()

@@ -11,11 +11,30 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from orchestrator.engine.events import (
+    Committed,
+    Event,
+    RollbackCompleted,
+    RollbackStarted,
+    RunCompleted,
+    RunResumed,
+    RunStarted,
+    StepCompleted,
+    StepEvent,
+    StepFailed,
+    StepSaved,
+    StepStarted,
+    UndoCompleted,
+    UndoFailed,
+    UndoStarted,
+    parse,
+)
 from orchestrator.redaction import redact_obj
 
 
@@ -83,60 +102,59 @@ class RunState:
         return {name: rec.result for name, rec in self.steps.items() if rec.state == StepState.DONE}
 
 
-def replay(events: list[dict[str, Any]]) -> RunState | None:
-    """The state of the run recorded in `events` (None for an empty journal)."""
+def replay(events: Iterable[Mapping[str, Any] | Event]) -> RunState | None:
+    """The state of the run recorded in `events` (None for an empty journal); records are typed as they come."""
     state: RunState | None = None
     for ev in events:
-        kind = ev.get("event")
-        if kind == "run_started":
+        ev = ev if isinstance(ev, Event) else parse(ev)
+        if isinstance(ev, RunStarted):
             state = RunState(
-                run_id=ev["run_id"],
-                plan_sha256=ev["plan_sha256"],
-                plan_path=ev["plan_path"],
-                plan_text=ev.get("plan_text", ""),
-                started_at=ev["ts"],
+                run_id=ev.run_id,
+                plan_sha256=ev.plan_sha256,
+                plan_path=ev.plan_path,
+                plan_text=ev.plan_text,
+                started_at=ev.ts,
             )
-            for name in ev.get("steps", []):
+            for name in ev.steps:
                 state.step(name)
             continue
         if state is None:
             continue
-        step = ev.get("step")
-        rec = state.step(step) if step else None
-        if kind == "run_resumed":
+        rec = state.step(ev.step) if isinstance(ev, StepEvent) and ev.step else None
+        if isinstance(ev, RunResumed):
             state.resumes += 1
             if state.status == RunStatus.FAILED_AFTER_COMMIT:
                 state.status = RunStatus.RUNNING
-        elif kind == "step_started" and rec:
-            rec.state, rec.started_at, rec.ended_at, rec.error = StepState.RUNNING, ev["ts"], None, None
+        elif isinstance(ev, StepStarted) and rec:
+            rec.state, rec.started_at, rec.ended_at, rec.error = StepState.RUNNING, ev.ts, None, None
             rec.attempts += 1
-        elif kind == "step_saved" and rec:
-            rec.saved[ev["key"]] = ev.get("value")
-        elif kind == "step_completed" and rec:
-            rec.state, rec.ended_at, rec.result = StepState.DONE, ev["ts"], ev.get("result") or {}
-            if ev.get("commit_point"):
+        elif isinstance(ev, StepSaved) and rec:
+            rec.saved[ev.key] = ev.value
+        elif isinstance(ev, StepCompleted) and rec:
+            rec.state, rec.ended_at, rec.result = StepState.DONE, ev.ts, dict(ev.result)
+            if ev.commit_point:
                 state.committed = True
-        elif kind == "committed":
+        elif isinstance(ev, Committed):
             state.committed = True
-        elif kind == "step_failed" and rec:
-            rec.state, rec.ended_at, rec.error = StepState.FAILED, ev["ts"], ev.get("error")
-            state.error = ev.get("error")
+        elif isinstance(ev, StepFailed) and rec:
+            rec.state, rec.ended_at, rec.error = StepState.FAILED, ev.ts, ev.error
+            state.error = ev.error
             if state.committed:
                 state.status = RunStatus.FAILED_AFTER_COMMIT
-        elif kind == "rollback_started":
+        elif isinstance(ev, RollbackStarted):
             state.status = RunStatus.ROLLING_BACK
-            state.rollback_reason = ev.get("reason")
-        elif kind == "undo_started" and rec:
-            rec.state, rec.undo_started_at = StepState.UNDOING, ev["ts"]
-        elif kind == "undo_completed" and rec:
-            rec.state, rec.undo_ended_at = StepState.UNDONE, ev["ts"]
-        elif kind == "undo_failed" and rec:
-            rec.state, rec.undo_ended_at, rec.error = StepState.UNDO_FAILED, ev["ts"], ev.get("error")
+            state.rollback_reason = ev.reason
+        elif isinstance(ev, UndoStarted) and rec:
+            rec.state, rec.undo_started_at = StepState.UNDOING, ev.ts
+        elif isinstance(ev, UndoCompleted) and rec:
+            rec.state, rec.undo_ended_at = StepState.UNDONE, ev.ts
+        elif isinstance(ev, UndoFailed) and rec:
+            rec.state, rec.undo_ended_at, rec.error = StepState.UNDO_FAILED, ev.ts, ev.error
             state.status = RunStatus.ROLLBACK_FAILED
-        elif kind == "rollback_completed":
-            state.status, state.ended_at = RunStatus.ROLLED_BACK, ev["ts"]
-        elif kind == "run_completed":
-            state.status, state.ended_at = RunStatus.COMPLETED, ev["ts"]
+        elif isinstance(ev, RollbackCompleted):
+            state.status, state.ended_at = RunStatus.ROLLED_BACK, ev.ts
+        elif isinstance(ev, RunCompleted):
+            state.status, state.ended_at = RunStatus.COMPLETED, ev.ts
     return state
 
 
@@ -146,6 +164,7 @@ class Journal:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._events: list[dict[str, Any]] = read_events(path) if path is not None else []
+        self._typed: list[Event] = [parse(record) for record in self._events]  # the same records, typed
         self._seq = self._events[-1]["seq"] if self._events else 0
         # A step running beside another (engine/machine.py) journals from its own thread: one writer at a time.
         self._lock = threading.Lock()
@@ -154,21 +173,31 @@ class Journal:
     def events(self) -> list[dict[str, Any]]:
         return list(self._events)
 
+    @property
+    def typed_events(self) -> list[Event]:
+        """The records as typed events (engine/events.py); readers use engine/view.py's `JournalView.of(journal)`."""
+        return list(self._typed)
+
     def state(self) -> RunState | None:
-        return replay(self._events)
+        return replay(self._typed)
 
     def durable_state(self) -> RunState | None:
         """The state the file says (re-read and replayed): what a resume would see."""
         return replay(read_events(self.path)) if self.path is not None else self.state()
 
-    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+    def append(self, event: str | Event, **fields: Any) -> dict[str, Any]:
+        """Journal one event: a typed one (engine/events.py), or a kind and its fields (the same record on disk)."""
+        kind = event if isinstance(event, str) else event.kind
+        if isinstance(event, Event):
+            fields = {**event.on_disk(), **fields}
         with self._lock:
             self._seq += 1
-            record: dict[str, Any] = {"seq": self._seq, "ts": time.time(), "event": event}
+            record: dict[str, Any] = {"seq": self._seq, "ts": time.time(), "event": kind}
             record.update(fields)
             record = redact_obj(record)
             self._persist(record)
             self._events.append(record)
+            self._typed.append(parse(record))
             return record
 
     def _persist(self, record: dict[str, Any]) -> None:

@@ -39,10 +39,29 @@ from typing import Any
 
 import structlog
 
+from orchestrator.engine.events import (
+    Committed,
+    Event,
+    GateConfirmed,
+    GateDeclined,
+    RollbackCompleted,
+    RollbackStarted,
+    RunCompleted,
+    RunResumed,
+    RunStarted,
+    StepCompleted,
+    StepFailed,
+    StepSaved,
+    StepStarted,
+    UndoCompleted,
+    UndoFailed,
+    UndoStarted,
+)
 from orchestrator.engine.hooks import EVENTS, HookFailed, HookRunner
 from orchestrator.engine.interrupt import Interrupted, Interruptions
 from orchestrator.engine.journal import Journal, RunState, RunStatus, StepState
 from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.engine.view import JournalView
 from orchestrator.redaction import redact
 
 __all__ = ["Engine", "EngineConfig", "Interrupted", "Outcome", "StepPlan"]
@@ -114,18 +133,18 @@ class Engine:
         self._pool: ThreadPoolExecutor | None = None
         self._thread = threading.get_ident()  # the thread signals are acted on in (the one running forward)
 
-    def _append(self, event: str, **fields: Any) -> None:
+    def _append(self, event: Event) -> None:
         """Journal a transition; no signal lands between the durable record and the in-memory state."""
         if threading.get_ident() != self._thread:
             # A step running beside: signals are acted on in the engine's own thread only, so nothing can split
             # this record from its state here (the journal serialises the two threads' writers).
-            self.journal.append(event, **fields)
-            if event == "committed":
+            self.journal.append(event)
+            if isinstance(event, Committed):
                 self.interruptions.finish_forward = True
             return
         with self.interruptions.recording():
-            self.journal.append(event, **fields)
-            if event == "committed" or (event == "step_completed" and fields.get("commit_point")):
+            self.journal.append(event)
+            if isinstance(event, Committed) or (isinstance(event, StepCompleted) and event.commit_point):
                 self.interruptions.finish_forward = True
 
     def _fire(self, event: str, *, interruptible: bool = True, **env: str) -> None:
@@ -161,14 +180,15 @@ class Engine:
     def start_run(self) -> RunState:
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
         self._append(
-            "run_started",
-            run_id=run_id,
-            plan_path=self.config.plan_path,
-            plan_name=self.config.plan_name,
-            plan_sha256=self.config.plan_sha256,
-            plan_text=self.config.plan_text,
-            steps=[s.name for s in self.steps],
-            dry_run=self.config.dry_run,
+            RunStarted(
+                run_id=run_id,
+                plan_path=self.config.plan_path,
+                plan_name=self.config.plan_name,
+                plan_sha256=self.config.plan_sha256,
+                plan_text=self.config.plan_text,
+                steps=tuple(s.name for s in self.steps),
+                dry_run=self.config.dry_run,
+            )
         )
         state = self._require_state()
         structlog.contextvars.bind_contextvars(run_id=state.run_id)
@@ -178,7 +198,7 @@ class Engine:
     def resume_run(self) -> RunState:
         state = self._require_state()
         structlog.contextvars.bind_contextvars(run_id=state.run_id)
-        self._append("run_resumed", status=state.status.value)
+        self._append(RunResumed(status=state.status.value))
         state = self._require_state()
         self._reattach(state)
         self.interruptions.finish_forward = state.committed
@@ -216,11 +236,12 @@ class Engine:
                 self._safe_point()
                 if rec.state in (StepState.RUNNING, StepState.FAILED) and self._effect_in_place(step, ctx):
                     self._append(
-                        "step_completed",
-                        step=step.name,
-                        result={"already_in_place": True},
-                        commit_point=step.commit_point,
-                        duration=0.0,
+                        StepCompleted(
+                            step=step.name,
+                            result={"already_in_place": True},
+                            duration=0.0,
+                            commit_point=step.commit_point,
+                        )
                     )
                     state = self._require_state()
                     continue
@@ -231,25 +252,21 @@ class Engine:
                     with self.interruptions.interruptible():
                         confirmed = self.confirm(step)
                     if not confirmed:
-                        self._append("gate_declined", step=step.name)
+                        self._append(GateDeclined(step=step.name))
                         self.log.warning("not confirmed: stopping before the downtime; nothing past this was done")
                         return Outcome.DECLINED
-                    self._append("gate_confirmed", step=step.name)
+                    self._append(GateConfirmed(step=step.name))
                     self._fire("before-cutover", **self._hook_env(state, step, index))  # type: ignore[arg-type]  # MIGRATE_* keys only: none fills `interruptible`
                 self._fire("before-step", **self._hook_env(state, step, index))  # type: ignore[arg-type]  # as above
                 self._safe_point()
-                self._append("step_started", step=step.name, title=step.title)
+                self._append(StepStarted(step=step.name, title=step.title))
                 self.log.info("step started", title=step.title, index=f"{index + 1}/{len(self.steps)}")
                 began = time.monotonic()
                 with self.interruptions.interruptible():
                     result = step.run(ctx) or {}
                 duration = time.monotonic() - began
                 self._append(
-                    "step_completed",
-                    step=step.name,
-                    result=result,
-                    duration=duration,
-                    commit_point=step.commit_point,
+                    StepCompleted(step=step.name, result=result, duration=duration, commit_point=step.commit_point)
                 )
                 following = self.steps[index + 1].title if index + 1 < len(self.steps) else "the end of the run"
                 self.log.info("step done", duration=f"{duration:.2f}s", next=following)
@@ -267,7 +284,7 @@ class Engine:
         failed = self._join_beside(wait=True)
         if failed is not None:
             return self._on_failure(*failed)
-        self._append("run_completed")
+        self._append(RunCompleted())
         state = self._require_state()
         self._observe_at_end(state)
         self._safe_point(act=False)
@@ -289,7 +306,7 @@ class Engine:
             return
         # Journaled, started and tracked as one: a signal landing in between would leave it running untracked.
         with self.interruptions.recording():
-            self._append("step_started", step=step.name, title=step.title, beside=self.steps[index].name)
+            self._append(StepStarted(step=step.name, title=step.title, beside=self.steps[index].name))
             ctx = self._context(step, self._require_state())
             env = self._hook_env(state, step, index + 1)
             if self._pool is None:
@@ -307,7 +324,7 @@ class Engine:
         began = time.monotonic()
         result = step.run(ctx) or {}
         duration = time.monotonic() - began
-        self._append("step_completed", step=step.name, result=result, duration=duration, commit_point=step.commit_point)
+        self._append(StepCompleted(step=step.name, result=result, duration=duration, commit_point=step.commit_point))
         self.log.info("step done", duration=f"{duration:.2f}s", beside=True)
         return result, duration
 
@@ -332,7 +349,7 @@ class Engine:
         if failed is not None:
             step, exc = failed
             error = _one_line(exc)
-            self._append("step_failed", step=step.name, error=error, kind=type(exc).__name__)
+            self._append(StepFailed(step=step.name, error=error, error_type=type(exc).__name__))
             self.log.error("step failed", step=step.name, error=error)
 
     def _effect_in_place(self, step: Step, ctx: StepContext) -> bool:
@@ -347,7 +364,7 @@ class Engine:
 
     def _on_failure(self, step: Step, exc: Exception) -> Outcome:
         error = _one_line(exc)
-        self._append("step_failed", step=step.name, error=error, kind=type(exc).__name__)
+        self._append(StepFailed(step=step.name, error=error, error_type=type(exc).__name__))
         # Decided from the journal on disk: a `committed` record written just before an interruption counts.
         state = self.durable_state() or self._require_state()
         self.log.error("step failed", error=error)
@@ -394,7 +411,7 @@ class Engine:
     def _rollback(self, *, reason: str) -> Outcome:
         state = self._require_state()
         if state.status != RunStatus.ROLLING_BACK:
-            self._append("rollback_started", reason=reason)
+            self._append(RollbackStarted(reason=reason))
             self.log.warning("rolling back", reason=reason)
         else:
             self.log.warning("resuming the rollback", reason=state.rollback_reason)
@@ -409,14 +426,14 @@ class Engine:
             ctx = self._context(step, state)
             structlog.contextvars.bind_contextvars(step=step.name)
             try:
-                self._append("undo_started", step=step.name)
+                self._append(UndoStarted(step=step.name))
                 began = time.monotonic()
                 step.undo(ctx)
-                self._append("undo_completed", step=step.name, duration=time.monotonic() - began)
+                self._append(UndoCompleted(step=step.name, duration=time.monotonic() - began))
                 self._safe_point(act=False)
             except Exception as exc:
                 error = _one_line(exc)
-                self._append("undo_failed", step=step.name, error=error)
+                self._append(UndoFailed(step=step.name, error=error))
                 self.log.error("compensation failed; the rollback goes on with the others", error=error)
                 failed.append((step.name, error))
             finally:
@@ -433,7 +450,7 @@ class Engine:
             last = next(s for s in self.steps if s.name == failed[-1][0])
             self._fire("on-failure", interruptible=False, **self._hook_env(state, last), MIGRATE_ERROR=summary)
             return Outcome.NEEDS_ATTENTION
-        self._append("rollback_completed")
+        self._append(RollbackCompleted())
         state = self._require_state()
         self.log.warning("rolled back: the source serves as before", reason=state.rollback_reason)
         self._fire(
@@ -453,7 +470,7 @@ class Engine:
                 step.settle_after_rollback(self._context(step, state))
             except Exception as exc:
                 error = _one_line(exc)
-                self._append("undo_failed", step=step.name, error=error)
+                self._append(UndoFailed(step=step.name, error=error))
                 self.log.error("could not settle after the rollback", error=error)
                 failed.append((step.name, error))
             finally:
@@ -508,13 +525,13 @@ class Engine:
             _saved=dict(rec.saved),
             _outputs=state.outputs,
             _save=self._save,
-            _history=lambda: self.journal.events,
-            _commit=lambda step, reason: self._append("committed", step=step, reason=reason),
+            _history=lambda: JournalView.of(self.journal),
+            _commit=lambda step, reason: self._append(Committed(step=step, reason=reason)),
             _start_next=lambda: self._start_beside(self.steps.index(step)),
         )
 
     def _save(self, step: str, key: str, value: Any) -> None:
-        self._append("step_saved", step=step, key=key, value=value)
+        self._append(StepSaved(step=step, key=key, value=value))
 
     def _hook_env(self, state: RunState, step: Step | None, index: int | None = None) -> dict[str, str]:
         if step is not None and index is None:

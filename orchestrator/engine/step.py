@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
+from orchestrator.engine.view import JournalView, Records
+
 P = TypeVar("P")
 
 
@@ -27,7 +29,7 @@ class StepError(Exception):
 class WriteWindow(Protocol):
     """The downtime window as steps see it (the domain's implementation comes with the runtime, `rt.window`)."""
 
-    def bind(self, history: Callable[[], list[dict[str, Any]]]) -> WriteWindow: ...
+    def bind(self, history: Callable[[], JournalView]) -> WriteWindow: ...
     def begin(self, at: float | None = None) -> float: ...
     def remaining(self) -> float | None: ...
     def timeout(self, cap: float | None = None) -> float | None: ...
@@ -57,7 +59,8 @@ class StepContext:
     _saved: dict[str, Any] = field(default_factory=dict)
     _outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     _save: Callable[[str, str, Any], None] | None = None
-    _history: Callable[[], list[dict[str, Any]]] | None = None
+    # The run's journal so far: a view, or records (a test's hand-written history), read through `JournalView.of`.
+    _history: Callable[[], Records] | None = None
     _commit: Callable[[str, str], None] | None = None
     _start_next: Callable[[], None] | None = None
     started_at: float = field(default_factory=time.time)
@@ -97,9 +100,9 @@ class StepContext:
         if self._start_next is not None:
             self._start_next()
 
-    def history(self) -> list[dict[str, Any]]:
-        """The run's journal so far, oldest first (empty in a dry-run)."""
-        return self._history() if self._history is not None else []
+    def history(self) -> JournalView:
+        """The run's journal so far, oldest first (empty in a dry-run): `ctx.history().last_run().saved(...)`."""
+        return JournalView.of(self._history()) if self._history is not None else JournalView()
 
     def output(self, step: str) -> dict[str, Any]:
         """The result dict of an earlier completed step ({} if it has none)."""

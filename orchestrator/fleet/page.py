@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchestrator.engine.view import JournalView
 from orchestrator.fleet.loader import FleetMember, LoadedFleet
 from orchestrator.fleet.status import FleetStatus, fleet_status
 from orchestrator.report import build_report, run_events
@@ -38,11 +39,11 @@ main{max-width:none;margin:0 16px}
 
 def plan_view(member: FleetMember, clients: dict[str, Any] | None) -> RunView | None:
     """The run page's view of the plan's latest run, or None when it never ran."""
-    events = read_journal(member.journal_path)
-    runs = [ev for ev in events if ev.get("event") == "run_started"]
-    if not runs:
+    events = JournalView.of(read_journal(member.journal_path))
+    started = events.started()
+    if started is None:
         return None
-    run_id = str(runs[-1]["run_id"])
+    run_id = started.run_id
     report_path = member.state_dir / f"report-{run_id}.json"
     try:
         report = json.loads(report_path.read_text())

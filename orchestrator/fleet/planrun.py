@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import exit_codes
-from orchestrator.engine.journal import Journal, RunState, StepState
+from orchestrator.engine.journal import RunState, StepState
 from orchestrator.engine.lock import is_locked
+from orchestrator.engine.view import JournalView
 from orchestrator.fleet.schedule import PlanEnd, PlanSpec
 from orchestrator.plan.loader import PlanError, load_plan
 from orchestrator.run.policy import state_dir_of
@@ -53,7 +54,7 @@ def state_dir(plan_path: Path) -> Path | None:
 
 
 def journal_state(journal_path: Path) -> RunState | None:
-    return Journal(journal_path).state() if journal_path.exists() else None
+    return JournalView.read(journal_path).state()
 
 
 def progress_of(state: RunState | None) -> dict[str, Any]:

@@ -47,6 +47,8 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from orchestrator.engine.events import RollbackCompleted, StepCompleted, StepSaved
+from orchestrator.engine.view import JournalView
 from orchestrator.lab.app import review_digest
 from orchestrator.lab.state import APP_LOAD_MODULES, LabState
 from orchestrator.plan.model import Cutover
@@ -103,38 +105,32 @@ def journal_window(path: Path) -> dict[str, Any] | None:
     flip completed; when the run never flipped, until its rollback completed (or its last event). None when the
     journal has no writes_blocked_at (or cannot be read)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        events = JournalView.read(path)
     except OSError:
         return None
-    events: list[dict[str, Any]] = []
-    for line in lines:
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            break  # a torn last line
     blocked_at: float | None = None
     for event in events:
         value = None
-        if event.get("event") == "step_saved" and event.get("key") == "writes_blocked_at":
-            value = event.get("value")
-        elif event.get("event") == "step_completed":
-            value = (event.get("result") or {}).get("writes_blocked_at")
+        if isinstance(event, StepSaved) and event.key == "writes_blocked_at":
+            value = event.value
+        elif isinstance(event, StepCompleted):
+            value = event.result.get("writes_blocked_at")
         if isinstance(value, int | float):
             blocked_at = float(value)
             break
     if blocked_at is None:
         return None
-    later = [e for e in events if float(e.get("ts", 0)) >= blocked_at]
+    later = [e for e in events if e.ts >= blocked_at]
     for until, matches in (
         # The commit at the front door (writes flow through it; DNS follows), else the DNS flip.
-        ("switch_traffic", lambda e: e.get("event") == "step_completed" and e.get("step") == "switch_traffic"),
-        ("dns_flip", lambda e: e.get("event") == "step_completed" and e.get("step") == "dns_flip"),
-        ("rollback", lambda e: e.get("event") == "rollback_completed"),
+        ("switch_traffic", lambda e: isinstance(e, StepCompleted) and e.step == "switch_traffic"),
+        ("dns_flip", lambda e: isinstance(e, StepCompleted) and e.step == "dns_flip"),
+        ("rollback", lambda e: isinstance(e, RollbackCompleted)),
     ):
         end = next((e for e in later if matches(e)), None)
         if end is not None:
-            return {"from": round(blocked_at, 3), "to": round(float(end["ts"]), 3), "until": until}
-    last = float(later[-1]["ts"]) if later else blocked_at
+            return {"from": round(blocked_at, 3), "to": round(end.ts, 3), "until": until}
+    last = later[-1].ts if later else blocked_at
     return {"from": round(blocked_at, 3), "to": round(last, 3), "until": "last event"}
 
 

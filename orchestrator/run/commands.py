@@ -19,6 +19,7 @@ from orchestrator.engine.journal import Journal, RunState, RunStatus, StepState
 from orchestrator.engine.lock import LockHeld, PlanLock, is_locked
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
 from orchestrator.engine.step import Step
+from orchestrator.engine.view import JournalView
 from orchestrator.plan.model import Plan
 from orchestrator.progress import Phase, phase_of, ttl_wait_until
 from orchestrator.results import AuditResult
@@ -240,7 +241,7 @@ def apply(
             )
 
         def confirm(step: Step) -> bool:
-            wait_out_old_ttl(journal.events, log)  # the pre-syncs ran meanwhile: only what is left of it
+            wait_out_old_ttl(JournalView.of(journal), log)  # the pre-syncs ran meanwhile: only what is left of it
             wait_while_postponed(plan, plan_path, step)
             with mlog.live_paused():  # a prompt must not be drawn over
                 return ask(plan, step)
@@ -249,7 +250,7 @@ def apply(
         order = [s.name for s in steps]
 
         def phase(lag: float | None) -> Phase:
-            return phase_of(journal.state(), journal.events, order, plan.cutover.max_write_block, lag)
+            return phase_of(journal.state(), JournalView.of(journal), order, plan.cutover.max_write_block, lag)
 
         try:
             with mlog.live_phase(phase):
@@ -290,7 +291,7 @@ def apply(
         if final is not None and final.status == RunStatus.FAILED_AFTER_COMMIT and final.error:
             # Committed (the target serves): one line saying what is left, e.g. "committed, DNS pending: …".
             result.message = final.error if final.error.startswith("committed") else f"committed; {final.error}"
-        split = dns_where.end_problem(journal.events, final, reverse=reverse)
+        split = dns_where.end_problem(JournalView.of(journal), final, reverse=reverse)
         if split is not None and outcome in (Outcome.COMPLETED, Outcome.ROLLED_BACK):
             # The run did its part, but clients following DNS do not all reach the host that serves.
             log.error("the run ended with DNS not all at the host that serves", problem=split)
@@ -328,7 +329,7 @@ def _write_report(state_dir: Path, journal: Journal) -> tuple[str, Path]:
     from orchestrator.report_html import write_report_and_page
     from orchestrator.run.rehearse import estimate_beside
 
-    report = build_report(journal.events)
+    report = build_report(JournalView.of(journal))
     beside = estimate_beside(state_dir, report)  # the rehearsal's estimate, when there was one
     if beside:
         report["estimate"] = beside
@@ -398,7 +399,7 @@ def rollback(
             engine.interruptions.uninstall()
             compose.close_runtime(engine.rt)
         final = journal.state() or state
-        split = dns_where.end_problem(journal.events, final, reverse=reverse)
+        split = dns_where.end_problem(JournalView.of(journal), final, reverse=reverse)
         if outcome == Outcome.ROLLED_BACK and split is None:
             return RollbackResult(True, state.run_id, f"run {state.run_id} rolled back: the source serves as before")
         return RollbackResult(
@@ -426,13 +427,13 @@ def status(
     load_env(env_file)
     subj.plan = compose.resolve_mode(subj.plan, plan_path, subj.journal_path, probe=False)
     steps = compose.steps_factory(subj.plan)
-    journal = Journal(subj.journal_path) if subj.journal_path.exists() else None
-    state = journal.state() if journal is not None else None
+    events = JournalView.read(subj.journal_path)
+    state = events.state()
     holder = is_locked(subj.state_dir / "lock")
     flag = postpone_flag(subj.plan, plan_path)
     interruption = None
-    if journal is not None and state is not None and holder is None:
-        interruption = interruption_of(state, journal.events, steps, subj.plan.cutover.max_write_block, reverse)
+    if state is not None and holder is None:
+        interruption = interruption_of(state, events, steps, subj.plan.cutover.max_write_block, reverse)
     report = StatusReport(
         plan_name=subj.plan.name,
         state=state,
@@ -446,7 +447,6 @@ def status(
     )
     report.replication = _replication_status(subj, state) or reverse_status(plan_path, state, reverse, state_dir)
     if state is not None:
-        events = journal.events if journal is not None else []
         report.dns = dns_where.now(subj.plan, plan_path, events, live=live_dns)
         back = None if reverse else reverse_state(plan_path, subj.loaded.plan)
         serving = dns_where.serving_host(

@@ -72,14 +72,15 @@ def _with_mode(plan: Plan, mode: str) -> Plan:
 
 def journaled_mode(journal_path: Path) -> str | None:
     """The mode an unfinished or completed run began with (its journaled step list), None without one."""
-    from orchestrator.engine.journal import Journal, RunStatus
+    from orchestrator.engine.journal import RunStatus
+    from orchestrator.engine.view import JournalView
     from orchestrator.steps.repl_common import SWITCH_STEP
 
-    state = Journal(journal_path).state() if journal_path.exists() else None
+    journal = JournalView.read(journal_path)
+    state = journal.state()
     if state is None or state.status == RunStatus.ROLLED_BACK:
         return None
-    started = [ev for ev in Journal(journal_path).events if ev.get("event") == "run_started"]
-    steps = list(started[-1].get("steps") or []) if started else []
+    steps = journal.run_steps()
     if not steps:
         return None
     return "replicate" if SWITCH_STEP in steps else "shutdown"
@@ -87,11 +88,11 @@ def journaled_mode(journal_path: Path) -> str | None:
 
 def forward_kept_until(plan_path: Path, forward_name: str) -> float | None:
     """Until when the forward run of `forward_name` keeps its reverse path (None: not kept, or no such run)."""
-    from orchestrator.engine.journal import Journal
+    from orchestrator.engine.view import JournalView
     from orchestrator.steps.repl_common import FINISH_STEP, reverse_kept_until
 
     path = plan_path.resolve().parent / ".migrate" / forward_name / "journal.jsonl"
-    state = Journal(path).state() if path.exists() else None
+    state = JournalView.read(path).state()
     if state is None or FINISH_STEP not in state.steps:
         return None
     if state.status.value != "completed":

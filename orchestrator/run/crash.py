@@ -7,8 +7,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from orchestrator.engine.events import GateDeclined, StepCompleted, StepSaved
 from orchestrator.engine.journal import RunState, RunStatus, StepState
 from orchestrator.engine.step import Step
+from orchestrator.engine.view import JournalView, Records
 from orchestrator.run.policy import next_action
 from orchestrator.run.results import Interruption
 from orchestrator.window import blocked_seconds, journaled_intervals, journaled_reserve
@@ -18,7 +20,7 @@ UNFINISHED = (RunStatus.RUNNING, RunStatus.ROLLING_BACK, RunStatus.ROLLBACK_FAIL
 
 def interruption_of(
     state: RunState,
-    events: list[dict[str, Any]],
+    records: Records,
     steps: Sequence[Step],
     budget: float,
     reverse: bool = False,
@@ -29,7 +31,8 @@ def interruption_of(
     """
     if state.status not in UNFINISHED:
         return None
-    if state.status == RunStatus.RUNNING and events and events[-1].get("event") == "gate_declined":
+    events = JournalView.of(records)
+    if state.status == RunStatus.RUNNING and isinstance(events.last(), GateDeclined):
         return None  # stopped on purpose before the downtime: nothing is blocked, `apply` asks again
     now = time.time() if now is None else now
     downtime = next((s for s in steps if s.begins_downtime), None)
@@ -66,14 +69,10 @@ def interruption_of(
     return found
 
 
-def guard_line(events: list[dict[str, Any]], now: float) -> str | None:
+def guard_line(events: Records, now: float) -> str | None:
     """What the guard on the source will do, from what the run journaled of it (None: no guard was started)."""
-    saved: dict[str, Any] | None = None
-    for event in events:
-        if event.get("event") == "run_started":
-            saved = None
-        elif event.get("event") == "step_saved" and event.get("key") == "guard":
-            saved = event["value"] if isinstance(event.get("value"), dict) else None
+    value = JournalView.of(events).last_run().saved(None, "guard")
+    saved: dict[str, Any] | None = value if isinstance(value, dict) else None
     if not saved or saved.get("deadline") is None:
         return None
     deadline = float(saved["deadline"])
@@ -87,25 +86,20 @@ def guard_line(events: list[dict[str, Any]], now: float) -> str | None:
     return f"the guard on the source was due at {when}: with no heartbeat since, it restored the source (see {where})"
 
 
-def dns_now(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def dns_now(events: Records) -> dict[str, Any] | None:
     """Where every DNS record pointed at the run's last journaled read: {"at": ts, "records": {name: [contents]}}."""
-    found: dict[str, Any] | None = None
-    for event in events:
-        if event.get("event") == "run_started":
-            found = None
-        elif event.get("event") == "step_saved" and event.get("key") == "records_now" and event.get("value"):
-            found = event["value"]
-    return found
+    readings = [v for v in JournalView.of(events).last_run().saved_values(None, "records_now") if v]
+    return readings[-1] if readings else None
 
 
-def _writes_blocked_at(events: list[dict[str, Any]]) -> float | None:
+def _writes_blocked_at(events: JournalView) -> float | None:
     """The journaled moment writes were blocked (saved by the step that blocks them, or in its result)."""
     found: float | None = None
     for event in events:
-        if event.get("event") == "step_saved" and event.get("key") == "writes_blocked_at":
-            found = _number(event.get("value"))
-        elif event.get("event") == "step_completed":
-            value = _number((event.get("result") or {}).get("writes_blocked_at"))
+        if isinstance(event, StepSaved) and event.key == "writes_blocked_at":
+            found = _number(event.value)
+        elif isinstance(event, StepCompleted):
+            value = _number(event.result.get("writes_blocked_at"))
             found = value if value is not None else found
     return found
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from orchestrator import exit_codes, secrets
 from orchestrator import logging as mlog
-from orchestrator.engine.journal import Journal, RunState, RunStatus, StepState
+from orchestrator.engine.journal import RunState, RunStatus, StepState
 from orchestrator.engine.lock import is_locked
 from orchestrator.engine.step import Step
+from orchestrator.engine.view import JournalView
 from orchestrator.plan.loader import LoadedPlan
 from orchestrator.plan.model import Plan
 from orchestrator.run.results import RunError, StepRow
@@ -35,7 +36,7 @@ class Subject:
         return self.state_dir / "journal.jsonl"
 
     def saved_state(self) -> RunState | None:
-        return Journal(self.journal_path).state() if self.journal_path.exists() else None
+        return JournalView.read(self.journal_path).state()
 
 
 def load(plan_path: Path) -> LoadedPlan:
@@ -81,7 +82,7 @@ def reverse_state(plan_path: Path, forward: Plan) -> RunState | None:
         path = state_dir_of(plan_path, forward.reversed(), None) / "journal.jsonl"
     except ValueError:  # a plan that cannot be reversed has no reverse run
         return None
-    return Journal(path).state() if path.exists() else None
+    return JournalView.read(path).state()
 
 
 def moved_back(forward: RunState, back: RunState) -> bool:
@@ -97,7 +98,7 @@ def require_forward_committed(plan_path: Path, forward: Plan) -> None:
     """A reverse run carries the target's writes back: there must be a forward run past its DNS flip."""
     sdir = state_dir_of(plan_path, forward, None)
     journal_path = sdir / "journal.jsonl"
-    state = Journal(journal_path).state() if journal_path.exists() else None
+    state = JournalView.read(journal_path).state()
     if state is not None and state.status == RunStatus.FAILED_AFTER_COMMIT:
         raise RunError(
             exit_codes.REFUSED,

@@ -20,8 +20,10 @@ import time
 from pathlib import Path
 
 from orchestrator import exit_codes
+from orchestrator.engine.events import StepSaved
 from orchestrator.engine.journal import Journal, RunState, RunStatus
 from orchestrator.engine.lock import LockHeld, PlanLock
+from orchestrator.engine.view import JournalView
 from orchestrator.plan.model import Plan
 from orchestrator.run import compose
 from orchestrator.run.policy import moved_back, prepare_secrets, reverse_state, state_dir_of, subject
@@ -46,9 +48,7 @@ def _replicated(state: RunState) -> bool:
 
 def _began_over_replica(journal_path: Path) -> bool:
     """The reverse run journaled there began over the reverse replica (its step list has the switch)."""
-    events = Journal(journal_path).events if journal_path.exists() else []
-    started = [ev for ev in events if ev.get("event") == "run_started"]
-    return bool(started) and SWITCH_STEP in (started[-1].get("steps") or [])
+    return SWITCH_STEP in JournalView.read(journal_path).run_steps()
 
 
 def kept_until(state: RunState | None) -> float | None:
@@ -146,7 +146,7 @@ def end_reverse_path(plan_path: Path, *, env_file: Path | None, state_dir: Path 
         raise RunError(exit_codes.REFUSED, str(exc)) from None
     try:
         _tear_down(subj.plan, plan_path)
-        Journal(subj.journal_path).append("step_saved", step=FINISH_STEP, key=TORN_DOWN, value=True)
+        Journal(subj.journal_path).append(StepSaved(step=FINISH_STEP, key=TORN_DOWN, value=True))
     finally:
         lock.release()
     return (

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import dns_where, exit_codes
-from orchestrator.engine.journal import Journal, RunState, RunStatus
+from orchestrator.engine.events import GateDeclined
+from orchestrator.engine.journal import RunState, RunStatus
+from orchestrator.engine.view import JournalView, Records
 from orchestrator.progress import LAG_KEY, PROGRESS_KEY, TRANSFER_EVENT, Phase, TransferProgress, phase_of
 from orchestrator.results import AuditResult
 from orchestrator.run.commands import status
@@ -80,7 +82,7 @@ class WatchView:
     waiting_for_start: bool = False
 
 
-def outcome_code(state: RunState, events: list[dict[str, Any]]) -> int:
+def outcome_code(state: RunState, events: Records) -> int:
     """The exit code of a run that is not running: what its `migrate apply` returned (or would have)."""
     if state.status in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK) and dns_where.end_problem(events, state):
         return exit_codes.NEEDS_ATTENTION  # it did its part, but its end reading found DNS split or pointing away
@@ -91,7 +93,7 @@ def outcome_code(state: RunState, events: list[dict[str, Any]]) -> int:
         return exit_codes.OK
     if state.status == RunStatus.ROLLED_BACK:
         return exit_codes.FAILED
-    if events and events[-1].get("event") == "gate_declined":
+    if isinstance(JournalView.of(events).last(), GateDeclined):
         return exit_codes.REFUSED
     return exit_codes.NEEDS_ATTENTION  # a failed compensation, a failure after the flip, or an interrupted run
 
@@ -100,7 +102,7 @@ def look(plan_path: Path, tail: LogTail, *, state_dir: Path | None = None, rever
     subj = subject(plan_path, reverse=reverse, state_dir=state_dir)
     # The journal's DNS reading: a live read at every look would query the API once a second.
     report = status(plan_path, state_dir=state_dir, reverse=reverse, live_dns=False)
-    events = Journal(subj.journal_path).events if subj.journal_path.exists() else []
+    events = JournalView.read(subj.journal_path)
     state = report.state
     if state is not None:
         tail.follow(subj.state_dir / f"run-{state.run_id}.log.jsonl")

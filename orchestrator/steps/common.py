@@ -46,9 +46,8 @@ def resolved_datadir(ctx: StepContext, which: Which) -> str:
 
 def presync_began(ctx: StepContext) -> float | None:
     """When this run's datadir pre-sync started (orchestrator clock), from the journal; None if unknown."""
-    events = ctx.history()
-    starts = [ev["ts"] for ev in events if ev.get("event") == "step_started" and ev.get("step") == "db_presync"]
-    return float(starts[0]) if starts else None
+    starts = ctx.history().starts("db_presync")
+    return starts[0].ts if starts else None
 
 
 def throttle_text(plan: Plan) -> str:

@@ -60,8 +60,7 @@ COMMAND_TIMEOUT = 60.0
 
 def run_steps(ctx: StepContext) -> list[str]:
     """The step names this run started with (journaled in run_started)."""
-    started = [ev for ev in ctx.history() if ev.get("event") == "run_started"]
-    return list(started[-1].get("steps") or []) if started else []
+    return ctx.history().run_steps()
 
 
 def replicate_run(ctx: StepContext) -> bool:
@@ -77,8 +76,7 @@ def replicate_run(ctx: StepContext) -> bool:
 def declared_mode(ctx: StepContext) -> str:
     """The cut-over mode the plan's author wrote (or left to its default, auto), before the run resolved it: the
     plan text journaled in run_started says; without it, the plan this run has."""
-    started = [ev for ev in ctx.history() if ev.get("event") == "run_started"]
-    text = started[-1].get("plan_text") if started else None
+    text = ctx.history().plan_text()
     if text:
         try:
             data = YAML(typ="safe").load(io.StringIO(str(text)))
@@ -384,13 +382,7 @@ def close_tunnel(ctx: StepContext, key: str, facts: TunnelFacts | None = None) -
 
 def saved_from(ctx: StepContext, step: str, key: str) -> Any:
     """A value another step of this run journaled (step_saved), the latest one."""
-    value = None
-    events = ctx.history()
-    starts = [i for i, ev in enumerate(events) if ev.get("event") == "run_started"]
-    for ev in events[starts[-1] if starts else 0 :]:
-        if ev.get("event") == "step_saved" and ev.get("step") == step and ev.get("key") == key:
-            value = ev.get("value")
-    return value
+    return ctx.history().last_run().saved(step, key)
 
 
 def repl_error(what: str, exc: Exception) -> StepError:

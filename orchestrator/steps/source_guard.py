@@ -111,12 +111,8 @@ def release(ctx: StepContext, failures: list[str]) -> None:
 
 def journaled_directory(ctx: StepContext) -> str | None:
     """The guard's directory on the source as whichever step started it journaled it in this run (None: none)."""
-    found = None
-    for ev in ctx.history():
-        if ev.get("event") == "run_started":
-            found = None
-        elif ev.get("event") == "step_saved" and ev.get("key") == GUARD and isinstance(ev.get("value"), dict):
-            found = ev["value"].get("dir")
+    guards = [v for v in ctx.history().last_run().saved_values(None, GUARD) if isinstance(v, dict)]
+    found = guards[-1].get("dir") if guards else None
     return str(found) if found else None
 
 
