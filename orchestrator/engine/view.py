@@ -73,7 +73,7 @@ class JournalView:
     def runs(self) -> list[JournalView]:
         """One view per run, each from its `run_started` to the next one's (records before the first are left out)."""
         starts = [i for i, ev in enumerate(self._events) if isinstance(ev, RunStarted)]
-        ends = [*starts[1:], len(self._events)]
+        ends = [*starts[1:], len(self._events)] if starts else []
         return [JournalView(self._events[begin:end]) for begin, end in zip(starts, ends, strict=True)]
 
     def last_run(self) -> JournalView:
