@@ -49,6 +49,8 @@ _WRAPPED: dict[type[BaseException], type[DriverError]] = {}
 
 def wrapped(exc: pymysql.MySQLError) -> DriverError:
     """The same error as a DatabaseError: a class that is both the seam's DriverError and `exc`'s own class."""
+    if isinstance(exc, DriverError):
+        return exc
     kind = type(exc)
     cls = _WRAPPED.get(kind)
     if cls is None:
@@ -66,8 +68,6 @@ def _counted_and_wrapped(conn: pymysql.Connection, meter: RoundTrips | None) -> 
             meter.add("sql")
         try:
             return query(sql, unbuffered)
-        except DriverError:
-            raise
         except pymysql.MySQLError as exc:
             raise wrapped(exc) from None
 
@@ -76,8 +76,6 @@ def _counted_and_wrapped(conn: pymysql.Connection, meter: RoundTrips | None) -> 
             meter.add("sql")
         try:
             ping(*args, **kwargs)
-        except DriverError:
-            raise
         except pymysql.MySQLError as exc:
             raise wrapped(exc) from None
 

@@ -29,7 +29,8 @@ class DatabaseError(Exception):
     errors apart; nothing outside the engine relies on that."""
 
     def __init__(self, message: str, transient: bool = False, code: int | None = None) -> None:
-        super().__init__(redact(message))
+        # Not super(): a subclass may have a second base (its driver's error class) with an __init__ of its own.
+        Exception.__init__(self, redact(message))
         self.transient = transient
         self.code = code
 
