@@ -120,6 +120,7 @@ def test_each_driver_error_keeps_its_number_and_says_what_a_caller_may_do(
     assert wrapped.code == error.args[0]
     assert wrapped.server_answered == (error.args[0] < 2000)
     assert type(mariadb.wrapped(error)) is type(wrapped)  # one class per driver class, made once
+    assert wrapped.about("reading") == f"reading: {error.args[1]} (error {error.args[0]})"
 
 
 def test_the_fence_still_reads_a_lock_wait_timeout_as_not_held_and_anything_else_as_a_database_error() -> None:

@@ -35,6 +35,9 @@ class DriverError(DatabaseError):
         self.code = args[0] if args and isinstance(args[0], int) else None
         self.transient = mysql.db_error("", self).transient
 
+    def about(self, what: str) -> str:
+        return str(mysql.db_error(what, self))
+
     @property
     def connection_lost(self) -> bool:
         return isinstance(self, pymysql.err.InterfaceError) or self.code in _GONE

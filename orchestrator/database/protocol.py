@@ -45,6 +45,10 @@ class DatabaseError(Exception):
         not. Engines set it for their driver's "lost the connection" errors."""
         return False
 
+    def about(self, what: str) -> str:
+        """One line: `what` failed, in the server's words (with its error number when it gave one)."""
+        return f"{what}: {self}"
+
     @property
     def statement_refused(self) -> bool:
         """The server refused this statement (a table it does not have, a syntax it does not know); the session

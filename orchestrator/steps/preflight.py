@@ -26,7 +26,7 @@ from orchestrator.steps.repl_common import (
     reverse_over_replica,
 )
 from orchestrator.steps.run_owned import end_left_by_runs, waiting_guards
-from orchestrator.transports import grants, mysql, rsync
+from orchestrator.transports import grants, rsync
 from orchestrator.transports.dns import DnsError
 from orchestrator.transports.ssh import TransportError
 
@@ -215,7 +215,7 @@ class Preflight(Step):
                     held += [found.text() for found in grants.held(show, name, host, WRITES_THROUGH_READ_ONLY)]
         except DatabaseError as exc:
             return [
-                f"replicate mode: {mysql.db_error('the grants of replication.app_users', exc)} (SHOW GRANTS FOR each"
+                f"replicate mode: {exc.about('the grants of replication.app_users')} (SHOW GRANTS FOR each"
                 " of its accounts needs SELECT on the mysql schema)"
             ]
         finally:
