@@ -157,7 +157,7 @@ class Runtime:
         try:
             conn = call_with_retry(_connect, self.plan.retry, what=f"database {which}") if retry else _connect()
         except DatabaseError as exc:
-            raise DatabaseError(f"{which} {exc}", exc.transient, exc.code) from None
+            raise exc.prefixed(which) from None
         self._connections.append(conn)
         return conn
 

@@ -19,6 +19,7 @@ from orchestrator.database.protocol import Database, DatabaseError
 from orchestrator.plan.loader import PlanError, load_plan
 from orchestrator.plan.model import Database as DatabaseSection
 from orchestrator.runtime import DatabaseUnreachable, Runtime
+from orchestrator.transports import mysql
 from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.ssh import TransportError
 from tests.fakes import plan
@@ -166,5 +167,26 @@ def test_a_tunnel_that_cannot_open_is_a_database_error_and_still_the_hosts(
         # Whether the database answers is no question while its host cannot be reached: the host's error stands.
         with pytest.raises(TransportError):
             rt.db_answers("source")
+    finally:
+        rt.close()
+
+
+def test_a_refused_login_says_which_side_and_still_counts_as_the_server_answering(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rt = Runtime(plan(), PLAN_FILE, dry_run=True)
+
+    def refused(*_: Any, **__: Any) -> Any:
+        raise mysql.DbError("cannot connect to the database as migrate: Access denied (error 1045)", False, 1045)
+
+    monkeypatch.setattr(rt, "_tunnel", lambda which: ("127.0.0.1", 9))
+    monkeypatch.setattr(rt, "db_password", lambda: None)
+    monkeypatch.setattr(rt.database, "connect", refused)
+    try:
+        with pytest.raises(DatabaseError) as caught:
+            rt.db("target", retry=False)
+        assert str(caught.value) == "target cannot connect to the database as migrate: Access denied (error 1045)"
+        assert caught.value.server_answered and caught.value.code == 1045 and not caught.value.transient
+        assert rt.db_answers("target"), "a server that refuses our login is up"
     finally:
         rt.close()

@@ -22,9 +22,6 @@ from orchestrator.transports.replication import set_read_only
 if TYPE_CHECKING:
     from orchestrator.transports.meter import RoundTrips
 
-# Client error numbers meaning the session is gone (server gone away, lost during a query, not connected).
-_GONE = {2006, 2013, 2055}
-
 
 class DriverError(DatabaseError):
     """A pymysql error as it left a session: `args` are the driver's (its error number first), so `str()` reads as
@@ -39,8 +36,13 @@ class DriverError(DatabaseError):
         return str(mysql.db_error(what, self))
 
     @property
+    def server_answered(self) -> bool:
+        return self.code is not None and self.code < mysql.CLIENT_ERRORS
+
+    @property
     def connection_lost(self) -> bool:
-        return isinstance(self, pymysql.err.InterfaceError) or self.code in _GONE
+        # The client's own errors (2000 and up: gone away, lost during a query, cannot connect) or a closed one.
+        return isinstance(self, pymysql.err.InterfaceError) or (self.code or 0) >= mysql.CLIENT_ERRORS
 
     @property
     def statement_refused(self) -> bool:

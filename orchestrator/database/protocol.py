@@ -9,6 +9,7 @@ plan names (`database.engine`). This module imports no driver: a second engine (
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -28,16 +29,26 @@ class DatabaseError(Exception):
     engine. An engine may keep its driver's own class as a second base, so its own code still tells its driver's
     errors apart; nothing outside the engine relies on that."""
 
-    def __init__(self, message: str, transient: bool = False, code: int | None = None) -> None:
+    def __init__(
+        self, message: str, transient: bool = False, code: int | None = None, *, server_answered: bool = False
+    ) -> None:
         # Not super(): a subclass may have a second base (its driver's error class) with an __init__ of its own.
         Exception.__init__(self, redact(message))
         self.transient = transient
         self.code = code
+        self._server_answered = server_answered
 
     @property
     def server_answered(self) -> bool:
-        """The server itself refused (e.g. access denied), as opposed to nothing answering at all."""
-        return self.code is not None and self.code < 2000
+        """The server itself refused (e.g. access denied), as opposed to nothing answering at all. Engines say
+        which of their driver's errors are the server's own answers."""
+        return self._server_answered
+
+    def prefixed(self, where: str) -> DatabaseError:
+        """The same failure (same class, same figures), `where` it happened said first."""
+        error = copy.copy(self)
+        error.args = (f"{where} {self}",)
+        return error
 
     @property
     def connection_lost(self) -> bool:

@@ -20,6 +20,8 @@ SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
 # Client error codes meaning "could not reach / lost the server": trying again may help.
 _TRANSIENT_CODES = {2002, 2003, 2006, 2013, 2055, 1040, 1053, 1205, 1213}
 ER_LOCK_WAIT_TIMEOUT = 1205
+# The client library's error numbers start here (below: the server's own answers).
+CLIENT_ERRORS = 2000
 QUERY_SUMMARY_CHARS = 80
 # A statement that may carry a password (SET PASSWORD, IDENTIFIED BY [PASSWORD] / AS / USING / VIA, PASSWORD(),
 # MASTER_PASSWORD=, ...) has EVERY string literal masked: listing the forms one by one always misses one.
@@ -30,6 +32,10 @@ _LITERAL = re.compile(r"""'(?:[^'\\]|\\.|'')*(?:'|$)|"(?:[^"\\]|\\.|"")*(?:"|$)"
 
 class DbError(DatabaseError):
     """A MariaDB failure (the seam's DatabaseError): a one-line message (no secrets), whether retrying may help."""
+
+    @property
+    def server_answered(self) -> bool:
+        return self.code is not None and self.code < CLIENT_ERRORS
 
 
 def db_error(what: str, exc: BaseException) -> DbError:
