@@ -24,9 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import pymysql
-
 from orchestrator.contracts import Host
+from orchestrator.database.protocol import DatabaseError, Session
 from orchestrator.transports import mysql
 
 # Options appended to the source server's own command line (later options win over earlier ones and its files).
@@ -63,7 +62,7 @@ class Held:
     """What one run keeps between verify_target and the audit (on its runtime: `Runtime.audit_hold`)."""
 
     source: ServerLaunch | None = None
-    snapshot: pymysql.connections.Connection | None = None
+    snapshot: Session | None = None
     snapshot_at: float | None = None
     engines: dict[str, str] = field(default_factory=dict)
 
@@ -268,7 +267,7 @@ def source_figures(
     return parse_figures(server.query(sql, timeout=READ_TIMEOUT, force=True), tables)
 
 
-def open_snapshot(conn: pymysql.connections.Connection, schemas: list[str] | None) -> dict[str, str]:
+def open_snapshot(conn: Session, schemas: list[str] | None) -> dict[str, str]:
     """A read-only consistent snapshot on `conn` (kept open by the caller), and each table's engine, lower case."""
     with conn.cursor() as cur:
         cur.execute("START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT")
@@ -284,7 +283,7 @@ def open_snapshot(conn: pymysql.connections.Connection, schemas: list[str] | Non
 
 
 def snapshot_figures(
-    conn: pymysql.connections.Connection, tables: list[str], *, counts: bool, checksums: bool
+    conn: Session, tables: list[str], *, counts: bool, checksums: bool
 ) -> tuple[dict[str, int], dict[str, int | None]]:
     """Row counts and checksums read in the held snapshot; a table that cannot be read is left out."""
     got_counts: dict[str, int] = {}
@@ -294,13 +293,15 @@ def snapshot_figures(
             try:
                 if counts:
                     cur.execute(f"SELECT COUNT(*) FROM {_quoted(name)}")
-                    got_counts[name] = int(str(cur.fetchone()[0]))  # type: ignore[index]  # COUNT(*) has one row
+                    got_counts[name] = int(str(cur.fetchone()[0]))  # COUNT(*) has one row
                 if checksums:
                     cur.execute(f"CHECKSUM TABLE {_quoted(name)}")
                     row = cur.fetchone()
                     got_sums[name] = None if not row or row[1] is None else int(str(row[1]))
-            except pymysql.err.ProgrammingError:  # the table is missing on the target
-                continue
+            except DatabaseError as exc:
+                if not exc.statement_refused:
+                    raise
+                continue  # the table is missing on the target
     return got_counts, got_sums
 
 

@@ -1,5 +1,6 @@
 """What steps depend on, as protocols: a host they run commands on, and the runtime that hands them hosts,
-database connections, the DNS provider (`transports.dns.DnsProvider`) and the downtime window.
+the database engine (`database.protocol.Database`) and its sessions, the DNS provider (`transports.dns.DnsProvider`)
+and the downtime window.
 
 `orchestrator.runtime.Runtime` is the real implementation; offline tests give steps the shared fakes of
 `tests/fakes.py` (checked against these protocols by mypy). `runtime(ctx)` is the typed view of `ctx.rt`.
@@ -12,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    import pymysql
-
+    from orchestrator.database.protocol import Database, Session
     from orchestrator.engine.step import StepContext
     from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
     from orchestrator.transports.dns import DnsProvider
@@ -74,15 +74,19 @@ class StepRuntime(Protocol):
 
     def endpoint(self, which: Which) -> DatabaseEndpoint: ...
 
+    @property
+    def database(self) -> Database:
+        """The plan's database engine (`database.engine`): what steps do with a session from db()."""
+
     def db(
         self, which: Which, *, retry: bool = True, read_timeout: float | None = None, ping_spare: bool = True
-    ) -> pymysql.Connection: ...
+    ) -> Session: ...
 
     def keep_spare(self, which: Which, count: int) -> None: ...
 
     def db_answers(self, which: Which) -> bool: ...
 
-    def release(self, conn: pymysql.Connection) -> None: ...
+    def release(self, conn: Session) -> None: ...
 
     def db_password(self) -> str | None: ...
 

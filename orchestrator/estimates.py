@@ -22,12 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import pymysql
-
 from orchestrator.contracts import StepRuntime, Which
+from orchestrator.database.protocol import DatabaseError
 from orchestrator.plan.model import Plan
 from orchestrator.steps.common import DATADIR_EXCLUDES
-from orchestrator.transports import mysql, rsync
+from orchestrator.transports import rsync
 
 # Assumptions for the parts of the window a read-only rehearsal cannot time (NOTES: a lab datadir's clean shutdown
 # took about 1.5 s, a start about 0.25 s): `migrate rehearse` on the target times them for real.
@@ -466,7 +465,7 @@ def _health_rounds(rt: StepRuntime, mode: str) -> tuple[list[float], str]:
         try:
             rounds = [_checks_once(rt, checks, "target") for _ in range(ROUND_TRIP_SAMPLES)]
             return rounds, f"{len(checks)} check(s) side by side, on the target"
-        except (OSError, CheckUnanswered, pymysql.MySQLError, mysql.DbError):
+        except (OSError, CheckUnanswered, DatabaseError):
             pass  # not running yet (the seed comes later): the source's answers stand for it
     rounds = [_checks_once(rt, checks, "source") for _ in range(ROUND_TRIP_SAMPLES)]
     return rounds, f"{len(checks)} check(s) side by side, aimed at the source"
@@ -678,7 +677,7 @@ def measure_compare(rt: StepRuntime) -> tuple[float, int] | None:
     chunk_rows = plan.replication.chunk_rows
     conn = rt.db("source", retry=False, read_timeout=120.0)
     try:
-        tables = mysql.list_tables(conn, plan.database.schemas)
+        tables = rt.database.list_tables(conn, plan.database.schemas)
         if not tables:
             return 0.0, 0
         with conn.cursor() as cur:

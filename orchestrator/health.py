@@ -15,12 +15,10 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-import pymysql
-
 from orchestrator.contracts import runtime
+from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import StepContext, WriteWindow
 from orchestrator.plan.model import CommandCheck, HealthCheck, HealthChecks, HttpCheck, SqlCheck, TcpCheck
-from orchestrator.transports import mysql
 from orchestrator.transports.ssh import TransportError
 
 BEFORE = "before"
@@ -76,7 +74,7 @@ def _sql(ctx: StepContext, check: SqlCheck, window: WriteWindow) -> None:
         with conn.cursor() as cur:
             cur.execute(check.query)
             row = cur.fetchone()
-    except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
+    except DatabaseError as exc:
         raise CheckFailed(str(exc)) from None
     finally:
         if conn is not None:

@@ -24,8 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import pymysql
-
+from orchestrator.database.protocol import DatabaseError, Session
 from orchestrator.transports import replication as repl
 
 # A table missing on one side (ER_NO_SUCH_TABLE).
@@ -52,13 +51,13 @@ class ChunkedAudit:
     seconds: float = 0.0
 
 
-def open_target_snapshot(conn: pymysql.Connection) -> None:
+def open_target_snapshot(conn: Session) -> None:
     """One statement, one round trip: the read view is made when it returns."""
     with conn.cursor() as cur:
         cur.execute(SNAPSHOT_STATEMENT)
 
 
-def snapshot_isolation(conn: pymysql.Connection) -> str:
+def snapshot_isolation(conn: Session) -> str:
     """The held session's isolation level ('REPEATABLE-READ' for a true consistent snapshot)."""
     with conn.cursor() as cur:
         cur.execute("SELECT @@SESSION.tx_isolation")
@@ -66,7 +65,7 @@ def snapshot_isolation(conn: pymysql.Connection) -> str:
     return str(row[0]) if row else ""
 
 
-def table_engines(conn: pymysql.Connection) -> dict[str, str]:
+def table_engines(conn: Session) -> dict[str, str]:
     """Each base table's engine, lower case, by 'schema.table'."""
     with conn.cursor() as cur:
         cur.execute(
@@ -75,13 +74,13 @@ def table_engines(conn: pymysql.Connection) -> dict[str, str]:
         return {f"{schema}.{table}": str(engine or "").lower() for schema, table, engine in cur.fetchall()}
 
 
-def _gone(exc: pymysql.MySQLError) -> bool:
+def _gone(exc: DatabaseError) -> bool:
     return bool(exc.args) and exc.args[0] in CONNECTION_GONE
 
 
 def compare_snapshots(
-    source: pymysql.Connection,
-    target: pymysql.Connection,
+    source: Session,
+    target: Session,
     tables: Iterable[tuple[str, str]],
     *,
     chunk_rows: int,
@@ -115,7 +114,7 @@ def compare_snapshots(
                     on_chunk(name, chunk.index + 1, len(chunks))
                 if pause_ratio > 0:
                     time.sleep((time.monotonic() - began) * pause_ratio)
-        except pymysql.MySQLError as exc:
+        except DatabaseError as exc:
             if _gone(exc):
                 raise AuditUnreadable(f"the {side}'s connection is gone at {name}: {exc}") from None
             if side == "target" and exc.args and exc.args[0] == NO_SUCH_TABLE:

@@ -11,15 +11,15 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import pymysql
-
 from orchestrator import audit, secrets
+from orchestrator.database import engines
+from orchestrator.database.protocol import Database, DatabaseError, Session
 from orchestrator.engine.step import StepError
 from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
 from orchestrator.retry import call_with_retry
-from orchestrator.transports import dns_providers, mysql, rsync, rsync_daemon
+from orchestrator.transports import dns_providers, rsync, rsync_daemon
 from orchestrator.transports.meter import RoundTrips
-from orchestrator.transports.ssh import SshHost
+from orchestrator.transports.ssh import SshHost, TransportError
 from orchestrator.window import DowntimeWindow
 
 if TYPE_CHECKING:
@@ -27,6 +27,14 @@ if TYPE_CHECKING:
     from orchestrator.transports.haproxy import FrontDoor
 
 Which = Literal["source", "target"]
+
+
+class DatabaseUnreachable(DatabaseError, TransportError):
+    """The SSH tunnel to a database could not be opened: a DatabaseError for the steps (db() raises no other kind),
+    still the TransportError it was for callers that tell the two apart."""
+
+    def __init__(self, exc: TransportError) -> None:
+        DatabaseError.__init__(self, str(exc), exc.transient)
 
 
 class Runtime:
@@ -39,11 +47,12 @@ class Runtime:
         self.window = DowntimeWindow(plan.cutover.max_write_block)
         self._hosts: dict[str, SshHost] = {}
         self._tunnels: dict[str, tuple[object, tuple[str, int]]] = {}
-        self._connections: list[pymysql.Connection] = []
+        self._connections: list[Session] = []
         # Connections opened before the downtime window for db() to hand out inside it (keep_spare).
-        self._spares: dict[str, list[pymysql.Connection]] = {}
+        self._spares: dict[str, list[Session]] = {}
         self._spares_lock = threading.Lock()
         self._dns: DnsProvider | None = None
+        self._database: Database | None = None
         self._lock = threading.Lock()
         # The run's heartbeat for the guard on the source (orchestrator/guard.py), while this process drives it.
         self.heartbeat: Any = None
@@ -86,6 +95,13 @@ class Runtime:
 
     # --- databases ---
 
+    @property
+    def database(self) -> Database:
+        """The plan's database engine (`database.engine`), its sessions counted on the run's round trips."""
+        if self._database is None:
+            self._database = engines.open_database(self.plan, meter=self.round_trips)
+        return self._database
+
     def endpoint(self, which: Which) -> DatabaseEndpoint:
         return self.plan.database.source if which == "source" else self.plan.database.target
 
@@ -109,7 +125,7 @@ class Runtime:
 
     def db(
         self, which: Which, *, retry: bool = True, read_timeout: float | None = None, ping_spare: bool = True
-    ) -> pymysql.Connection:
+    ) -> Session:
         """A new autocommit connection to that host's database through an SSH tunnel (closed by close()), or a spare
         one (keep_spare). `ping_spare=False`: a spare is handed out without its ping (one round trip less); the
         caller's first statement is the check, and on a connection error it asks for a connection again."""
@@ -118,13 +134,17 @@ class Runtime:
             return spare
         return self._new_db(which, retry=retry, read_timeout=read_timeout)
 
-    def _new_db(self, which: Which, *, retry: bool, read_timeout: float | None) -> pymysql.Connection:
+    def _new_db(self, which: Which, *, retry: bool, read_timeout: float | None) -> Session:
         database = self.plan.database
+        engine = self.database
         password = self.db_password()
-        local_host, local_port = self._tunnel(which)
+        try:
+            local_host, local_port = self._tunnel(which)
+        except TransportError as exc:
+            raise DatabaseUnreachable(exc) from None
 
-        def _connect() -> pymysql.Connection:
-            return mysql.connect(
+        def _connect() -> Session:
+            return engine.connect(
                 local_host,
                 local_port,
                 user=database.user,
@@ -136,9 +156,8 @@ class Runtime:
 
         try:
             conn = call_with_retry(_connect, self.plan.retry, what=f"database {which}") if retry else _connect()
-        except mysql.DbError as exc:
-            raise mysql.DbError(f"{which} {exc}", exc.transient, exc.code) from None
-        _metered(conn, self.round_trips)
+        except DatabaseError as exc:
+            raise exc.prefixed(which) from None
         self._connections.append(conn)
         return conn
 
@@ -155,7 +174,7 @@ class Runtime:
             with self._spares_lock:
                 self._spares.setdefault(which, []).append(conn)
 
-    def _take_spare(self, which: Which, read_timeout: float, *, ping: bool = True) -> pymysql.Connection | None:
+    def _take_spare(self, which: Which, read_timeout: float, *, ping: bool = True) -> Session | None:
         """A spare connection, alive (one ping, unless `ping` is False) and bounded like a new one; None when there
         is none left."""
         while True:
@@ -166,32 +185,34 @@ class Runtime:
                 conn = spares.pop()
             try:
                 if ping:
-                    with mysql.read_timeout(conn, read_timeout):
-                        conn.ping(reconnect=False)
+                    with self.database.bounded(conn, read_timeout):
+                        self.database.ping(conn)
             except Exception:  # gone since it was opened: the next one, or a new connection
                 self.release(conn)
                 continue
-            conn._read_timeout = conn._write_timeout = read_timeout  # type: ignore[attr-defined]  # pymysql has no public setter; its stubs leave these out
+            self.database.set_timeouts(conn, read_timeout)
             return conn
 
-    def db_source(self) -> pymysql.Connection:
+    def db_source(self) -> Session:
         return self.db("source")
 
-    def db_target(self) -> pymysql.Connection:
+    def db_target(self) -> Session:
         return self.db("target")
 
     def db_answers(self, which: Which) -> bool:
         """Is that database server up? One try: it answers SELECT 1, or at least refuses us itself."""
         try:
             conn = self.db(which, retry=False, read_timeout=10.0)
-        except mysql.DbError as exc:
+        except TransportError:
+            raise  # the way to the host (the tunnel): not an answer from its database
+        except DatabaseError as exc:
             return exc.server_answered
         try:
-            return mysql.answers(conn)
+            return self.database.answers(conn)
         finally:
             self.release(conn)
 
-    def release(self, conn: pymysql.Connection) -> None:
+    def release(self, conn: Session) -> None:
         """Close a connection from db() before close() would."""
         if conn in self._connections:
             self._connections.remove(conn)
@@ -248,20 +269,3 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _metered(conn: pymysql.Connection, meter: RoundTrips) -> None:
-    """Count every statement (and ping) this connection sends: each is one round trip through its tunnel."""
-    query, ping = conn.query, conn.ping
-
-    def counted_query(sql: str | bytes, unbuffered: bool = False) -> int:
-        meter.add("sql")
-        return query(sql, unbuffered)
-
-    def counted_ping(*args: Any, **kwargs: Any) -> None:
-        meter.add("sql")
-        ping(*args, **kwargs)
-
-    # Per connection: pymysql has no hook for counting what it sends.
-    conn.query = counted_query  # type: ignore[method-assign]  # see above
-    conn.ping = counted_ping  # type: ignore[method-assign]  # see above

@@ -4,8 +4,10 @@ file, so `_implements` below fails the lint when a fake drifts from its protocol
 - `RecordingHost` (a `contracts.Host`): records every command, answers from fixtures;
 - `LocalHost` (a `contracts.Host`): runs the command on this machine, as SshHost runs it on a host;
 - `FakeDns` (a `transports.dns.DnsProvider`): zones and records in memory, every call recorded, failures injected;
-- `OfflineRuntime` (a `contracts.StepRuntime`): the plan, the window, recording hosts, a `FakeDns` and database
-  sessions whose answers the test sets (`FakeSession`);
+- `FakeDatabase` (a `database.protocol.Database`): the MariaDB engine's SQL over offline sessions (`FakeSession`:
+  every statement recorded, answered like a small source database), so a test reads exactly what a step sent;
+- `OfflineRuntime` (a `contracts.StepRuntime`): the plan, the window, recording hosts, a `FakeDns`, a `FakeDatabase`
+  and database sessions whose answers the test sets (`FakeSession`);
 - `context(rt, step, ...)`: a StepContext over such a runtime, its saves kept in a dict the test reads.
 
 What these stand for on real hosts and the real API is proven on the lab (test_cutover, test_steps_live, test_e2e,
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from orchestrator import audit
+from orchestrator.database.mariadb import MariaDb
 from orchestrator.engine.step import StepContext
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
@@ -34,6 +37,7 @@ from orchestrator.window import DowntimeWindow
 
 if TYPE_CHECKING:
     from orchestrator.contracts import Host, StepRuntime, Which
+    from orchestrator.database.protocol import Database
     from orchestrator.transports.haproxy import FrontDoor
 
 PLAN_FILE = Path(__file__).parents[1] / "plans" / "course-review.yaml"
@@ -257,6 +261,28 @@ class FakeSession:
         self.closed = True
 
 
+class FakeDatabase(MariaDb):
+    """The MariaDB engine whose sessions are FakeSessions: its SQL is the real engine's, nothing is connected."""
+
+    def __init__(self) -> None:
+        super().__init__("mariadb")
+        self.opened: list[FakeSession] = []
+
+    def connect(
+        self,
+        host: str,
+        port: int,
+        *,
+        user: str,
+        password: str | None,
+        connect_timeout: float,
+        read_timeout: float,
+        write_timeout: float,
+    ) -> FakeSession:
+        self.opened.append(FakeSession("target" if host.endswith(".3") else "source"))
+        return self.opened[-1]
+
+
 # --- the runtime ------------------------------------------------------------------------------------------------
 
 
@@ -279,6 +305,7 @@ class OfflineRuntime:
         self.source = source or RecordingHost()
         self.target = target or RecordingHost()
         self.dns = dns or FakeDns()
+        self.database = FakeDatabase()
         self.answers: dict[str, bool] = {"source": True, "target": False}
         self.audit_hold = audit.Held()
         self.front_doors: dict[str, FrontDoor] = {}
@@ -291,7 +318,7 @@ class OfflineRuntime:
     def endpoint(self, which: Which) -> DatabaseEndpoint:
         return self.plan.database.source if which == "source" else self.plan.database.target
 
-    # A FakeSession: what the steps use of a database connection (the protocol names pymysql's class).
+    # A FakeSession: a session of the FakeDatabase.
     def db(
         self, which: Which, *, retry: bool = True, read_timeout: float | None = None, ping_spare: bool = True
     ) -> Any:
@@ -349,5 +376,6 @@ def _implements(example: Plan) -> None:
     recording: Host = RecordingHost()
     local: Host = LocalHost()
     dns: DnsProvider = FakeDns()
+    database: Database = FakeDatabase()
     rt: StepRuntime = OfflineRuntime(example)
-    del recording, local, dns, rt
+    del recording, local, dns, database, rt

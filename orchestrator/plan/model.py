@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from orchestrator.database.names import EngineName
 from orchestrator.plan.checks import (
     MAX_SOCKET_BYTES,
     Location,
@@ -376,7 +377,7 @@ class PresyncRounds(Strict):
 
 
 class Database(Strict):
-    engine: Literal["mariadb", "mysql"] = "mariadb"
+    engine: EngineName = Field(default="mariadb", description="the database engine (orchestrator/database/engines.py)")
     user: Annotated[str, Field(min_length=1, max_length=80), AfterValidator(_plain_text)] = "root"
     password: SecretRef | None = Field(default=None, description="reference to the password; none for socket auth")
     source: DatabaseEndpoint

@@ -15,9 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import pymysql
-
 from orchestrator import estimates, exit_codes
+from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.journal import RunStatus
 from orchestrator.engine.step import StepError
 from orchestrator.estimates import size_text
@@ -26,7 +25,6 @@ from orchestrator.redaction import redact
 from orchestrator.run.policy import load_env, resolve_secrets, state_dir_of, subject
 from orchestrator.run.results import RunError
 from orchestrator.runtime import Runtime
-from orchestrator.transports import mysql
 from orchestrator.transports.dns import DnsError
 from orchestrator.transports.ssh import TransportError
 
@@ -52,7 +50,7 @@ def rehearse(plan_path: Path, *, env_file: Path | None = None, state_dir: Path |
     try:
         mode, reason = resolve_mode(rt)
         estimate = estimates.estimate(rt, mode, last_rehearsal(subj.state_dir))
-    except (TransportError, StepError, mysql.DbError, pymysql.MySQLError, DnsError) as exc:
+    except (TransportError, StepError, DatabaseError, DnsError) as exc:
         raise RunError(exit_codes.FAILED, f"rehearsal: {redact(str(exc))}") from None
     finally:
         rt.close()
@@ -296,7 +294,7 @@ def rehearse_for_real(
         second_pass = [estimates.TransferEstimate("files_presync", "uploads", 0, 0, 0, stages["uploads delta"], 0.0)]
         units = estimates.with_rehearsal(estimates.measure_units(rt, mode, second_pass, rate), measured)
         window = estimates.predict_window(second_pass, units, plan_shape=estimates.PlanShape.of(plan), mode=mode)
-    except (TransportError, StepError, mysql.DbError, pymysql.MySQLError, DnsError) as exc:
+    except (TransportError, StepError, DatabaseError, DnsError) as exc:
         failures.append(redact(str(exc)))
     finally:
         try:

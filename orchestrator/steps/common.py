@@ -14,11 +14,12 @@ from typing import Any, Literal
 
 from orchestrator import owned, probes
 from orchestrator.contracts import Host, Which, runtime
+from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan, Service
 from orchestrator.results import TreeFigures
 from orchestrator.tracking import ChangeTracker, TrackingError, final_pass_command
-from orchestrator.transports import mysql, rsync, rsync_daemon
+from orchestrator.transports import rsync, rsync_daemon
 from orchestrator.transports.ssh import TransportError
 
 # Runtime files of a server that must never travel with its datadir.
@@ -183,7 +184,9 @@ def wait_db_answers(ctx: StepContext, which: Which, timeout: float, *, refusal_i
             conn = rt.db(which, retry=False, read_timeout=10.0)
             rt.release(conn)
             return time.monotonic() - started
-        except mysql.DbError as exc:
+        except TransportError:
+            raise  # the way to the host (the tunnel), not a server starting up: nothing to wait for
+        except DatabaseError as exc:
             if exc.server_answered:
                 if refusal_is_up:
                     return time.monotonic() - started

@@ -25,7 +25,7 @@ event after it). Otherwise the run fails, saying exactly what moved, and rolls b
 "Stopped" is proven, not assumed: a stop command may return while the server is still shutting down (MariaDB
 closes client connections early, before InnoDB has flushed), so after it the step waits until no process on
 the source holds the datadir's InnoDB files open. Everything after the fence is bounded by the downtime window.
-The SQL lives in `transports.mysql`, the host probes in `orchestrator.probes`.
+The SQL lives behind `runtime(ctx).database` (the plan's engine), the host probes in `orchestrator.probes`.
 """
 
 from __future__ import annotations
@@ -34,16 +34,13 @@ import shlex
 import time
 from typing import Any
 
-import pymysql
-
 from orchestrator import audit, estimates, frontdoor, guard, probes
 from orchestrator.contracts import runtime
+from orchestrator.database.protocol import Database, DatabaseError, Session
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CutoverResult, DbPresyncResult, FinalState, LockFigures
 from orchestrator.steps import source_guard
 from orchestrator.steps.common import backoff_delays, resolved_datadir, wait_db_answers
-from orchestrator.transports import mysql
-from orchestrator.transports.replication import set_read_only
 from orchestrator.transports.ssh import TransportError
 from orchestrator.window import BLOCKED_AGAIN_AT_KEY, LIFTED_AT_KEY, RESERVE_KEY, estimate_reserve, reserve_from
 
@@ -72,7 +69,8 @@ class Cutover(Step):
     begins_downtime = True
 
     def __init__(self) -> None:
-        self._lock_conn: pymysql.connections.Connection | None = None
+        self._lock_conn: Session | None = None
+        self._lock_db: Database | None = None  # the engine that opened it
         self._datadir = ""
         # The database server's processes, seen holding its InnoDB files before the stop: they must be gone after.
         self._server_pids: set[int] = set()
@@ -179,14 +177,14 @@ class Cutover(Step):
                 rt.source.run(plan.database.source.start, timeout=SOURCE_DB_START_TIMEOUT)
                 wait_db_answers(ctx, "source", SOURCE_DB_START_TIMEOUT, refusal_is_up=True)
                 ctx.save(SOURCE_DB_STOPPED, False)
-            except (TransportError, StepError, mysql.DbError) as exc:
+            except (TransportError, StepError, DatabaseError) as exc:
                 failures.append(f"starting the source database: {exc}")
         read_only = ctx.saved(SOURCE_READ_ONLY)
         if isinstance(read_only, dict) and read_only.get("set") and not failures:
             try:
                 self._restore_read_only(ctx, bool(read_only.get("was")))
                 ctx.save(SOURCE_READ_ONLY, {**read_only, "set": False})
-            except (mysql.DbError, StepError, OSError) as exc:
+            except (DatabaseError, StepError, OSError) as exc:
                 failures.append(f"turning read_only off on the source database: {exc}")
         try:
             self._let_writes_in(ctx, timeout=FENCE_COMMAND_TIMEOUT)
@@ -253,8 +251,8 @@ class Cutover(Step):
         rt = runtime(ctx)
         conn = rt.db("source", read_timeout=30.0)
         try:
-            if mysql.is_read_only(conn) != was:
-                set_read_only(conn, was, lock_wait_timeout=rt.plan.cutover.lock_wait_timeout)
+            if rt.database.is_read_only(conn) != was:
+                rt.database.set_read_only(conn, was, lock_wait_timeout=rt.plan.cutover.lock_wait_timeout)
             ctx.log.info("cutover.undo.read_only_restored", read_only=was)
         finally:
             rt.release(conn)
@@ -346,7 +344,7 @@ class Cutover(Step):
         measured: dict[str, float | None] = {
             "ssh_source_s": slowest(lambda: rt.source.run("true", timeout=10)),
             "ssh_target_s": slowest(lambda: rt.target.run("true", timeout=10)),
-            "db_round_trip_s": slowest(lambda: mysql.ping(conn)) if conn is not None else None,
+            "db_round_trip_s": slowest(lambda: rt.database.round_trip(conn)) if conn is not None else None,
             "dns_read_s": slowest(lambda: self._read_every_record(ctx), times=1),
             "db_start_s": self._last_db_start(ctx),
         }
@@ -366,7 +364,7 @@ class Cutover(Step):
         if conn is None:
             return None
         try:
-            log_path = mysql.error_log_path(conn)
+            log_path = runtime(ctx).database.error_log_path(conn)
             if not log_path:
                 return None
             if not log_path.startswith("/"):
@@ -376,31 +374,33 @@ class Cutover(Step):
             ctx.log.warning("cutover.db_start_not_measured", error=str(exc))
             return None
 
-    def _refuse_writes_in_the_database(self, ctx: StepContext, conn: pymysql.connections.Connection) -> None:
+    def _refuse_writes_in_the_database(self, ctx: StepContext, conn: Session) -> None:
         """SET GLOBAL read_only under our lock: it outlives our session, so writes queued behind the lock (or sent
         by anyone bypassing the app's fence) fail instead of committing when the lock goes with the shutdown."""
-        was = mysql.is_read_only(conn)
+        database = runtime(ctx).database
+        was = database.is_read_only(conn)
         ctx.save(SOURCE_READ_ONLY, {"set": True, "was": was})
         directory = source_guard.directory(ctx)
         if directory is not None:  # the guard restarts a read-only database it finds running
             guard.mark(runtime(ctx).source, directory, guard.READ_ONLY, timeout=ctx.window.timeout(30.0))
         if not was:
-            set_read_only(conn, True, lock_wait_timeout=1)
+            database.set_read_only(conn, True, lock_wait_timeout=1)
         ctx.log.info("cutover.read_only", was=was)
 
-    def _open_lock_session(self, ctx: StepContext) -> pymysql.connections.Connection:
+    def _open_lock_session(self, ctx: StepContext) -> Session:
         rt = runtime(ctx)
         c = rt.plan.cutover
         # The session must outlive the longest lock wait: a client read timeout would drop it (and the lock).
         conn = rt.db("source", read_timeout=max(rt.plan.database.read_timeout, c.lock_wait_timeout + 30))
-        self._lock_conn = conn
-        mysql.set_lock_wait_timeout(conn, c.lock_wait_timeout)
+        self._lock_conn, self._lock_db = conn, rt.database
+        rt.database.set_lock_wait_timeout(conn, c.lock_wait_timeout)
         return conn
 
-    def _take_lock(self, ctx: StepContext, conn: pymysql.connections.Connection) -> LockFigures:
+    def _take_lock(self, ctx: StepContext, conn: Session) -> LockFigures:
         """FTWRL with a bounded wait per attempt; between attempts the fence is lifted (writes flow) during the
         backoff, so a lock that cannot be had costs the service one attempt's wait at a time, never the backoff."""
         c = runtime(ctx).plan.cutover
+        database = runtime(ctx).database
         window = ctx.window
         delays = backoff_delays(c.lock_attempts, c.lock_retry_backoff)
         waited = 0.0
@@ -415,11 +415,11 @@ class Cutover(Step):
                     f"cutover.max_write_block {c.max_write_block:g} s: {max(left, 0):.1f} s remain after the "
                     f"rollback's reserve ({window.reserve:g} s); last try blocked by {last}"
                 )
-            mysql.set_lock_wait_timeout(conn, min(c.lock_wait_timeout, int(left)))
+            database.set_lock_wait_timeout(conn, min(c.lock_wait_timeout, int(left)))
             asked = time.monotonic()
             try:
-                locked = mysql.flush_tables_with_read_lock(conn)
-            except mysql.DbError as exc:
+                locked = database.lock_writes(conn)
+            except DatabaseError as exc:
                 raise StepError(str(exc)) from None
             waited += time.monotonic() - asked
             if locked:
@@ -427,10 +427,10 @@ class Cutover(Step):
                 return LockFigures(
                     lock_attempts=attempt, lock_wait_seconds=round(waited, 3), lock_acquired_at=time.time()
                 )
-            holders = mysql.find_lock_holders(conn, waited=time.monotonic() - asked)
-            blockers = mysql.find_blockers(conn)
-            in_use = mysql.tables_in_use(conn)
-            last = mysql.summarize_blockers(blockers, in_use, holders=holders)
+            holders = database.find_lock_holders(conn, waited=time.monotonic() - asked)
+            blockers = database.find_blockers(conn)
+            in_use = database.tables_in_use(conn)
+            last = database.summarize_blockers(blockers, in_use, holders=holders)
             ctx.log.warning(
                 "cutover.lock_wait_timeout",
                 attempt=attempt,
@@ -461,10 +461,10 @@ class Cutover(Step):
         doing = "reading the source's binary log position and tables under the lock"
         window.check(doing)
         try:
-            with mysql.read_timeout(conn, window.timeout()):
-                tables = mysql.list_tables(conn, rt.plan.database.schemas)
-                binlog = mysql.binlog_position(conn)
-        except pymysql.err.MySQLError:
+            with rt.database.bounded(conn, window.timeout()):
+                tables = rt.database.list_tables(conn, rt.plan.database.schemas)
+                binlog = rt.database.final_position(conn)
+        except DatabaseError:
             window.check(doing)  # a query cut short by the budget: say so
             raise
         state = FinalState.model_validate(
@@ -586,10 +586,10 @@ class Cutover(Step):
         conn = self._lock_conn
         if conn is not None:
             # The session holding the lock dies with the server: a live session means it is still up.
-            return mysql.session_alive(conn)
+            return runtime(ctx).database.alive(conn)
         return runtime(ctx).db_answers("source")
 
     def _release_lock(self) -> None:
         conn, self._lock_conn = self._lock_conn, None
-        if conn is not None:
-            mysql.close_quietly(conn)  # closing the session releases FTWRL
+        if conn is not None and self._lock_db is not None:
+            self._lock_db.close_quietly(conn)  # closing the session releases FTWRL

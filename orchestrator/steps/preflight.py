@@ -11,10 +11,9 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-import pymysql
-
 from orchestrator import probes, storage
 from orchestrator.contracts import StepRuntime, Which, runtime
+from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.checks import protected_problem
 from orchestrator.secrets import redact
@@ -27,7 +26,7 @@ from orchestrator.steps.repl_common import (
     reverse_over_replica,
 )
 from orchestrator.steps.run_owned import end_left_by_runs, waiting_guards
-from orchestrator.transports import grants, mysql, rsync
+from orchestrator.transports import grants, rsync
 from orchestrator.transports.dns import DnsError
 from orchestrator.transports.ssh import TransportError
 
@@ -178,7 +177,7 @@ class Preflight(Step):
         replicate = replicate_run(ctx)
         try:
             found = probe_replication(rt) if replicate or declared == "auto" else []
-        except (TransportError, mysql.DbError, pymysql.MySQLError) as exc:
+        except (DatabaseError, TransportError) as exc:
             found = [f"the servers could not be asked: {exc}"]
         if replicate:
             for problem in found:
@@ -204,7 +203,7 @@ class Preflight(Step):
         held: list[str] = []
         try:
             conn = rt.db("source")
-        except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
+        except DatabaseError as exc:
             return [f"replicate mode: the application accounts' privileges cannot be read: {exc}"]
         try:
             show = grants.show_grants_on(conn)
@@ -214,9 +213,9 @@ class Preflight(Step):
                     missing.append(user)
                 for name, host in accounts:
                     held += [found.text() for found in grants.held(show, name, host, WRITES_THROUGH_READ_ONLY)]
-        except pymysql.MySQLError as exc:
+        except DatabaseError as exc:
             return [
-                f"replicate mode: {mysql.db_error('the grants of replication.app_users', exc)} (SHOW GRANTS FOR each"
+                f"replicate mode: {exc.about('the grants of replication.app_users')} (SHOW GRANTS FOR each"
                 " of its accounts needs SELECT on the mysql schema)"
             ]
         finally:
@@ -313,15 +312,13 @@ class Preflight(Step):
 
     def _source_db(self, ctx: StepContext, problems: Problems, figures: dict[str, Any]) -> str | None:
         try:
-            conn = runtime(ctx).db("source")
-            version = mysql.server_version(conn)
-            missing = mysql.missing_privileges(conn, NEEDED_PRIVILEGES)
-        except mysql.DbError as exc:
+            rt = runtime(ctx)
+            conn = rt.db("source")
+            version = rt.database.server_version(conn)
+            missing = rt.database.missing_privileges(conn, NEEDED_PRIVILEGES)
+        except DatabaseError as exc:
             hint = ": check database.user and its password" if exc.code == ER_ACCESS_DENIED else ""
             problems.add(f"source database: {exc}{hint}")
-            return None
-        except (pymysql.MySQLError, TransportError) as exc:
-            problems.add(f"source database: {exc}")
             return None
         figures["source_version"] = version
         if missing:
@@ -356,7 +353,7 @@ class Preflight(Step):
             datadir, server_real = resolved[0], resolved[1]
             links = probes.ask(rt.source, probes.links_in(datadir, MAX_LINKS_LISTED), timeout=COMMAND_TIMEOUT)
             _pids, blind = probes.innodb_files_visible(rt.source, datadir)
-        except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
+        except (DatabaseError, TransportError) as exc:
             problems.add(f"source datadir: {exc}")
             return
         if server_real != datadir:
@@ -392,7 +389,8 @@ class Preflight(Step):
         if source_version is None:
             return
         try:
-            source_major, target_major = mysql.major_version(source_version), mysql.major_version(target_version)
+            database = runtime(ctx).database
+            source_major, target_major = database.major_version(source_version), database.major_version(target_version)
         except ValueError as exc:
             problems.add(f"database versions: {exc}")
             return
@@ -499,7 +497,7 @@ def survey_storage(rt: StepRuntime) -> storage.StorageReport:
             facts.mounts[role] = probes.ask(host, probes.mount_facts(paths[index]), timeout=COMMAND_TIMEOUT)
         try:
             facts.settings = _db_settings(rt, which) if which == "source" or rt.db_answers(which) else {}
-        except (mysql.DbError, pymysql.MySQLError, TransportError):
+        except DatabaseError:
             facts.settings = {}
         if which == "target" and not facts.settings:
             # A stopped target will run with what its option files say (the datadir carries no settings).

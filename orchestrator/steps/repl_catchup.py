@@ -23,7 +23,6 @@ from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CatchupResult, FilesResult
 from orchestrator.steps.common import keep_shells, open_window_route, tracked_prepass
 from orchestrator.steps.repl_common import reverse_over_replica
-from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl
 
 LOG_EVERY = 2.0
@@ -108,7 +107,7 @@ class ReplCatchup(Step):
         rt = runtime(ctx)
         settings = rt.plan.replication
         assert settings is not None
-        tables = mysql.list_tables(source, rt.plan.database.schemas)
+        tables = rt.database.list_tables(source, rt.plan.database.schemas)
         snapshot_conn = rt.db("source", read_timeout=max(rt.plan.database.read_timeout, 600.0))
         started = time.monotonic()
         chunks = 0

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pymysql
 from ruamel.yaml import YAML
 
 from orchestrator import owned, probes
 from orchestrator.contracts import StepRuntime, Which, runtime
+from orchestrator.database.protocol import Session
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import Plan, ReplicationEndpoint, static_mode
 from orchestrator.transports import replication as repl
@@ -179,7 +179,7 @@ def end_tunnels(host: Any, plan_name: str, plan_path: Path) -> list[owned.Leftov
 # --- can this pair of servers replicate? ----------------------------------------------------------------------
 
 
-def server_variables(conn: pymysql.Connection) -> dict[str, str]:
+def server_variables(conn: Session) -> dict[str, str]:
     names = REPLICATION_VARIABLES
     with conn.cursor() as cur:
         cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names)

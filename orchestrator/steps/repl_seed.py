@@ -34,14 +34,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pymysql
-
 from orchestrator.contracts import runtime
+from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SeedResult
 from orchestrator.steps.common import resolved_datadir, throttle_text
 from orchestrator.steps.repl_common import SEED_POSITION, seed_spec
-from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 from orchestrator.transports.throttle import Thresholds, Throttle, group_marker, live_command
@@ -216,13 +214,13 @@ class ReplSeed(Step):
                                group_marker=marker, max_load=thresholds.max_load)  # fmt: skip
         try:
             conn = rt.db("source", read_timeout=30.0)
-        except mysql.DbError as exc:
+        except DatabaseError as exc:
             raise StepError(f"seeding the target: the throttle cannot read the source's redo log: {exc}") from None
         try:
             try:
                 guard = RedoGuard(lambda: repl.redo_lsn(conn), repl.redo_capacity(conn))
-            except pymysql.MySQLError as exc:
-                raise StepError(f"seeding the target: {mysql.db_error('the source redo log size', exc)}") from None
+            except DatabaseError as exc:
+                raise StepError(f"seeding the target: {exc.about('the source redo log size')}") from None
             throttle = Throttle(rt.source, marker, thresholds, what="seed",
                                 may_not_stop=repl.seed_locking_command(log_path), on_pause=guard.pause_began,
                                 must_resume=guard.must_resume, paused_check_interval=PAUSED_CHECK_SECONDS)  # fmt: skip

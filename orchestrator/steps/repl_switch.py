@@ -31,10 +31,9 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import pymysql
-
 from orchestrator import frontdoor, guard, health, probes
 from orchestrator.contracts import runtime
+from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
 from orchestrator.steps import source_guard
@@ -154,7 +153,7 @@ class ReplSwitch(Step):
         except repl.ReplicationError as exc:
             window.check("the switch")
             raise StepError(f"the switch: {exc}") from None
-        except pymysql.MySQLError as exc:
+        except DatabaseError as exc:
             window.check("the switch")
             raise StepError(f"the switch: {exc}") from None
         finally:

@@ -22,10 +22,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pymysql
-
 from orchestrator import audit, health, replica_audit
 from orchestrator.contracts import Which, runtime
+from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan
 from orchestrator.results import FilesResult, SwitchResult, TreeFigures, VerifyResult
@@ -142,7 +141,7 @@ class VerifyTarget(Step):
                     engines: dict[str, str] = {}
                 else:
                     engines = audit.open_snapshot(conn, plan.database.schemas)
-        except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
+        except DatabaseError as exc:
             if conn is not None:
                 rt.release(conn)
             window.check(doing)  # cut short by the budget: say so
@@ -239,7 +238,9 @@ class VerifyTarget(Step):
                 try:
                     try:
                         now = _position(conn)
-                    except (pymysql.OperationalError, pymysql.InterfaceError):
+                    except DatabaseError as lost:
+                        if not lost.connection_lost:
+                            raise
                         rt.release(conn)  # that connection was gone: another one (a read, safe to repeat)
                         conn = rt.db(which, read_timeout=timeout)
                         now = _position(conn)
@@ -250,7 +251,7 @@ class VerifyTarget(Step):
                 finally:
                     if not kept:
                         rt.release(conn)
-            except (mysql.DbError, pymysql.MySQLError, TransportError) as exc:
+            except DatabaseError as exc:
                 ctx.window.check("comparing GTID positions")
                 return [f"reading the {which}'s GTID position: {exc}"]
             if not repl.same_position(final, now):

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import pymysql
+from orchestrator.database.protocol import Session
 
 # A global grant: the privileges before ` ON *.* TO ` are plain words (column lists only appear on table grants).
 _GLOBAL = re.compile(r"^GRANT (?P<privs>[A-Za-z_ ,]+) ON \*\.\* TO (?P<grantee>.+)$")
@@ -127,14 +127,14 @@ def held(show_grants: ShowGrants, name: str, host: str, wanted: Iterable[str]) -
     return found
 
 
-def accounts_named(conn: pymysql.Connection, name: str) -> list[tuple[str, str]]:
+def accounts_named(conn: Session, name: str) -> list[tuple[str, str]]:
     """The accounts (name, host) called `name` on the server (roles excluded)."""
     with conn.cursor() as cur:
         cur.execute("SELECT User, Host FROM mysql.user WHERE User = %s AND is_role = 'N' ORDER BY Host", (name,))
         return [(str(user), str(host)) for user, host in cur.fetchall()]
 
 
-def show_grants_on(conn: pymysql.Connection) -> ShowGrants:
+def show_grants_on(conn: Session) -> ShowGrants:
     """SHOW GRANTS through `conn` (the lines may carry a password hash: they are parsed, never logged)."""
 
     def _show(name: str, host: str | None) -> list[str]:

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
 
 import pymysql
 
+from orchestrator.database.protocol import Blocker, DatabaseError, Session, TableLimit
 from orchestrator.secrets import redact
 
 SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
 # Client error codes meaning "could not reach / lost the server": trying again may help.
 _TRANSIENT_CODES = {2002, 2003, 2006, 2013, 2055, 1040, 1053, 1205, 1213}
 ER_LOCK_WAIT_TIMEOUT = 1205
+# The client library's error numbers start here (below: the server's own answers).
+CLIENT_ERRORS = 2000
 QUERY_SUMMARY_CHARS = 80
 # A statement that may carry a password (SET PASSWORD, IDENTIFIED BY [PASSWORD] / AS / USING / VIA, PASSWORD(),
 # MASTER_PASSWORD=, ...) has EVERY string literal masked: listing the forms one by one always misses one.
@@ -28,18 +30,12 @@ _SECRET_STATEMENT = re.compile(r"PASSWORD|IDENTIFIED|\bUSING\s+['\"]", re.IGNORE
 _LITERAL = re.compile(r"""'(?:[^'\\]|\\.|'')*(?:'|$)|"(?:[^"\\]|\\.|"")*(?:"|$)""", re.DOTALL)
 
 
-class DbError(Exception):
-    """A database failure with a one-line message (no secrets) and whether retrying may help."""
-
-    def __init__(self, message: str, transient: bool, code: int | None = None) -> None:
-        super().__init__(redact(message))
-        self.transient = transient
-        self.code = code
+class DbError(DatabaseError):
+    """A MariaDB failure (the seam's DatabaseError): a one-line message (no secrets), whether retrying may help."""
 
     @property
     def server_answered(self) -> bool:
-        """The server itself refused (e.g. access denied), as opposed to nothing answering at all."""
-        return self.code is not None and self.code < 2000
+        return self.code is not None and self.code < CLIENT_ERRORS
 
 
 def db_error(what: str, exc: BaseException) -> DbError:
@@ -58,7 +54,7 @@ def connect(
     read_timeout: float,
     write_timeout: float,
     database: str | None = None,
-) -> pymysql.Connection:
+) -> Session:
     """An autocommit connection; raises DbError.
 
     Without TLS: the address is always the near end of an SSH tunnel (the runtime's), which already encrypts and
@@ -83,14 +79,14 @@ def connect(
         raise db_error(f"cannot connect to the database as {user}", exc) from None
 
 
-def _scalar(conn: pymysql.Connection, sql: str, args: object = None) -> object:
+def _scalar(conn: Session, sql: str, args: object = None) -> object:
     with conn.cursor() as cur:
         cur.execute(sql, args)
         row = cur.fetchone()
     return row[0] if row else None
 
 
-def server_version(conn: pymysql.Connection) -> str:
+def server_version(conn: Session) -> str:
     """The full version string, e.g. '10.11.6-MariaDB-0+deb12u1'."""
     return str(_scalar(conn, "SELECT VERSION()"))
 
@@ -103,7 +99,7 @@ def major_version(version: str) -> str:
     return f"{match.group(1)}.{match.group(2)}"
 
 
-def user_grants(conn: pymysql.Connection) -> list[str]:
+def user_grants(conn: Session) -> list[str]:
     with conn.cursor() as cur:
         cur.execute("SHOW GRANTS")
         return [str(row[0]) for row in cur.fetchall()]
@@ -112,7 +108,7 @@ def user_grants(conn: pymysql.Connection) -> list[str]:
 _GRANT = re.compile(r"^GRANT (?P<privs>.+?) ON (?P<on>\S+) TO ", re.IGNORECASE)
 
 
-def missing_privileges(conn: pymysql.Connection, needed: Iterable[str]) -> set[str]:
+def missing_privileges(conn: Session, needed: Iterable[str]) -> set[str]:
     """Global privileges (ON *.*) among `needed` that the current user lacks."""
     return missing_from_grants(user_grants(conn), needed)
 
@@ -131,7 +127,7 @@ def missing_from_grants(grants: Iterable[str], needed: Iterable[str]) -> set[str
     return {p.upper() for p in needed} - held
 
 
-def list_tables(conn: pymysql.Connection, schemas: list[str] | None = None) -> list[tuple[str, str]]:
+def list_tables(conn: Session, schemas: list[str] | None = None) -> list[tuple[str, str]]:
     """Base tables (no views) of the given schemas, or of every non-system schema, sorted."""
     sql = "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'"
     args: list[str] = list(SYSTEM_SCHEMAS)
@@ -151,13 +147,8 @@ def _quoted(schema: str, table: str) -> str:
     return "`" + schema.replace("`", "``") + "`.`" + table.replace("`", "``") + "`"
 
 
-# Called before each table's query with "schema.table": may raise to stop there, and returns how many seconds that
-# query may take (None: the connection's own read timeout).
-TableLimit = Callable[[str], float | None]
-
-
 @contextlib.contextmanager
-def read_timeout(conn: pymysql.Connection, seconds: float | None) -> Iterator[None]:
+def read_timeout(conn: Session, seconds: float | None) -> Iterator[None]:
     """Bound the reads of the next statements to `seconds` (None: unchanged); the connection's timeout after.
 
     pymysql applies `_read_timeout` to its socket before every read, so changing it bounds the next query. A query
@@ -177,7 +168,7 @@ def read_timeout(conn: pymysql.Connection, seconds: float | None) -> Iterator[No
 
 
 def _per_table(
-    conn: pymysql.Connection, tables: Iterable[tuple[str, str]], sql: str, limit: TableLimit | None
+    conn: Session, tables: Iterable[tuple[str, str]], sql: str, limit: TableLimit | None
 ) -> dict[str, tuple[object, ...] | None]:
     rows: dict[str, tuple[object, ...] | None] = {}
     with conn.cursor() as cur:
@@ -190,23 +181,21 @@ def _per_table(
     return rows
 
 
-def row_counts(
-    conn: pymysql.Connection, tables: Iterable[tuple[str, str]], *, limit: TableLimit | None = None
-) -> dict[str, int]:
+def row_counts(conn: Session, tables: Iterable[tuple[str, str]], *, limit: TableLimit | None = None) -> dict[str, int]:
     """Exact row counts (COUNT(*)), keyed "schema.table". `limit`: see TableLimit (one query per table)."""
     rows = _per_table(conn, tables, "SELECT COUNT(*) FROM {table}", limit)
     return {name: int(str(row[0])) if row else 0 for name, row in rows.items()}
 
 
 def checksums(
-    conn: pymysql.Connection, tables: Iterable[tuple[str, str]], *, limit: TableLimit | None = None
+    conn: Session, tables: Iterable[tuple[str, str]], *, limit: TableLimit | None = None
 ) -> dict[str, int | None]:
     """CHECKSUM TABLE of each table (reads whole tables), keyed "schema.table"; None for a missing table."""
     rows = _per_table(conn, tables, "CHECKSUM TABLE {table}", limit)
     return {name: None if not row or row[1] is None else int(str(row[1])) for name, row in rows.items()}
 
 
-def answers(conn: pymysql.Connection) -> bool:
+def answers(conn: Session) -> bool:
     try:
         return _scalar(conn, "SELECT 1") == 1
     except pymysql.MySQLError:
@@ -216,13 +205,13 @@ def answers(conn: pymysql.Connection) -> bool:
 # --- the cut-over's lock session ---
 
 
-def set_lock_wait_timeout(conn: pymysql.Connection, seconds: float) -> None:
+def set_lock_wait_timeout(conn: Session, seconds: float) -> None:
     """Bound this session's wait for a lock (whole seconds: MariaDB refuses a fractional lock_wait_timeout)."""
     with conn.cursor() as cur:
         cur.execute("SET SESSION lock_wait_timeout = %s", (max(1, round(seconds)),))
 
 
-def flush_tables_with_read_lock(conn: pymysql.Connection) -> bool:
+def flush_tables_with_read_lock(conn: Session) -> bool:
     """FLUSH TABLES WITH READ LOCK: True once held (until the session closes), False when the wait timed out.
 
     Any other failure raises DbError (message redacted).
@@ -237,50 +226,34 @@ def flush_tables_with_read_lock(conn: pymysql.Connection) -> bool:
     return True
 
 
-def is_read_only(conn: pymysql.Connection) -> bool:
+def is_read_only(conn: Session) -> bool:
     """Is the server refusing writes to accounts without READ ONLY ADMIN (SET GLOBAL read_only)?"""
     return int(str(_scalar(conn, "SELECT @@GLOBAL.read_only"))) == 1
 
 
-def ping(conn: pymysql.Connection) -> None:
+def ping(conn: Session) -> None:
     """One round trip to the server (SELECT 1)."""
     _scalar(conn, "SELECT 1")
 
 
-def error_log_path(conn: pymysql.Connection) -> str:
+def error_log_path(conn: Session) -> str:
     """The server's error log (@@log_error): absolute, relative to the datadir, or empty (stderr / the journal)."""
     return str(_scalar(conn, "SELECT @@GLOBAL.log_error") or "").strip()
 
 
-def session_alive(conn: pymysql.Connection) -> bool:
+def session_alive(conn: Session) -> bool:
     """Does this session's server still answer? (A session dies with its server.)"""
     try:
-        conn.ping(reconnect=False)
+        cast(pymysql.Connection, conn).ping(reconnect=False)
     except (pymysql.err.MySQLError, OSError):
         return False
     return True
 
 
-def close_quietly(conn: pymysql.Connection) -> None:
+def close_quietly(conn: Session) -> None:
     """Close a session (releasing its locks); a server already gone released them too."""
     with contextlib.suppress(pymysql.err.MySQLError, OSError):
         conn.close()
-
-
-@dataclass(frozen=True)
-class Blocker:
-    """A session that held up FLUSH TABLES WITH READ LOCK."""
-
-    id: int
-    user: str
-    command: str
-    seconds: int
-    state: str
-    query: str
-
-    def summary(self) -> str:
-        query = f": {self.query}" if self.query else ""
-        return f"#{self.id} {self.user} {self.command} for {self.seconds}s{query}"
 
 
 def mask_query(text: str | None, limit: int = QUERY_SUMMARY_CHARS) -> str:
@@ -309,7 +282,7 @@ def blockers_from_rows(rows: Iterable[tuple[Any, ...]]) -> list[Blocker]:
     ]
 
 
-def find_blockers(conn: pymysql.Connection) -> list[Blocker]:
+def find_blockers(conn: Session) -> list[Blocker]:
     """Sessions other than ours that are running something, longest first."""
     with conn.cursor() as cur:
         cur.execute(
@@ -325,7 +298,7 @@ _WAITING_STATES = ("Waiting for table metadata lock", "Waiting for backup lock",
                    "Waiting for global read lock")  # fmt: skip
 
 
-def find_lock_holders(conn: pymysql.Connection, waited: float = 0.0) -> list[Blocker]:
+def find_lock_holders(conn: Session, waited: float = 0.0) -> list[Blocker]:
     """Sessions holding the locks others wait for, even idle ones (LOCK TABLES … WRITE then nothing).
 
     Where the server shows metadata locks (information_schema.METADATA_LOCK_INFO, a MariaDB plugin) they name the
@@ -367,7 +340,7 @@ def find_lock_holders(conn: pymysql.Connection, waited: float = 0.0) -> list[Blo
         return blockers_from_rows(cur.fetchall())
 
 
-def tables_in_use(conn: pymysql.Connection, limit: int = 10) -> list[str]:
+def tables_in_use(conn: Session, limit: int = 10) -> list[str]:
     """Tables some session holds open or locked (LOCK TABLES leaves no running query to show)."""
     with conn.cursor() as cur:
         cur.execute("SHOW OPEN TABLES WHERE In_use > 0")
@@ -404,7 +377,7 @@ def summarize_blockers(
 BINLOG_STATUS_STATEMENTS = ("SHOW BINLOG STATUS", "SHOW BINARY LOG STATUS", "SHOW MASTER STATUS")
 
 
-def binlog_position(conn: pymysql.Connection) -> dict[str, Any] | None:
+def binlog_position(conn: Session) -> dict[str, Any] | None:
     """The binlog file and position (and GTID when known), or None when binary logging is off."""
     row: tuple[Any, ...] | None = None
     for statement in BINLOG_STATUS_STATEMENTS:
@@ -424,7 +397,7 @@ def binlog_position(conn: pymysql.Connection) -> dict[str, Any] | None:
     return position
 
 
-def gtid_binlog_pos(conn: pymysql.Connection) -> str | None:
+def gtid_binlog_pos(conn: Session) -> str | None:
     """MariaDB's GTID of the last event in the binary log (None where the server has no such variable)."""
     try:
         value = _scalar(conn, "SELECT @@GLOBAL.gtid_binlog_pos")

@@ -28,10 +28,11 @@ import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 import pymysql
 
+from orchestrator.database.protocol import Session
 from orchestrator.secrets import redact, register
 from orchestrator.transports.mysql import db_error, read_timeout
 
@@ -255,7 +256,7 @@ def seed_locking_command(log_path: str) -> str:
     return f"grep -qF {shlex.quote(LOCKING_STAGE)} {shlex.quote(log_path)} 2>/dev/null"
 
 
-def redo_lsn(conn: pymysql.Connection) -> int:
+def redo_lsn(conn: Session) -> int:
     """The source's current redo log sequence number (bytes of redo written since the server was made)."""
     rows = _rows(conn, "SHOW GLOBAL STATUS LIKE 'Innodb_lsn_current'")
     if not rows:
@@ -263,7 +264,7 @@ def redo_lsn(conn: pymysql.Connection) -> int:
     return int(str(rows[0][1]))
 
 
-def redo_capacity(conn: pymysql.Connection) -> int:
+def redo_capacity(conn: Session) -> int:
     """Bytes of redo the server keeps before writing over the oldest (its circular redo log's size)."""
     return int(str(_scalar(conn, "SELECT @@innodb_log_file_size")))
 
@@ -593,18 +594,18 @@ def parse_probe(stdout: str) -> bool:
 # --- SQL helpers ------------------------------------------------------------------------------------------------
 
 
-def _rows(conn: pymysql.Connection, sql: str, args: object = None) -> list[tuple[object, ...]]:
+def _rows(conn: Session, sql: str, args: object = None) -> list[tuple[object, ...]]:
     with conn.cursor() as cur:
         cur.execute(sql, args)
         return list(cur.fetchall())
 
 
-def _scalar(conn: pymysql.Connection, sql: str, args: object = None) -> object:
+def _scalar(conn: Session, sql: str, args: object = None) -> object:
     rows = _rows(conn, sql, args)
     return rows[0][0] if rows else None
 
 
-def _run(conn: pymysql.Connection, what: str, *statements: str) -> None:
+def _run(conn: Session, what: str, *statements: str) -> None:
     try:
         with conn.cursor() as cur:
             for statement in statements:
@@ -613,16 +614,16 @@ def _run(conn: pymysql.Connection, what: str, *statements: str) -> None:
         raise ReplicationError(str(db_error(what, exc))) from None
 
 
-def gtid_binlog_pos(conn: pymysql.Connection) -> GtidPosition:
+def gtid_binlog_pos(conn: Session) -> GtidPosition:
     """What this server has written to its binlog: what a replica of it receives."""
     return GtidPosition.parse(str(_scalar(conn, "SELECT @@GLOBAL.gtid_binlog_pos") or ""))
 
 
-def gtid_current_pos(conn: pymysql.Connection) -> GtidPosition:
+def gtid_current_pos(conn: Session) -> GtidPosition:
     return GtidPosition.parse(str(_scalar(conn, "SELECT @@GLOBAL.gtid_current_pos") or ""))
 
 
-def gtid_slave_pos(conn: pymysql.Connection) -> GtidPosition:
+def gtid_slave_pos(conn: Session) -> GtidPosition:
     """What this server has applied as a replica."""
     return GtidPosition.parse(str(_scalar(conn, "SELECT @@GLOBAL.gtid_slave_pos") or ""))
 
@@ -642,7 +643,7 @@ class ReplicaSource:
     heartbeat_period: float = 1.0
 
 
-def start_binlog_at(conn: pymysql.Connection, position: GtidPosition) -> None:
+def start_binlog_at(conn: Session, position: GtidPosition) -> None:
     """On a freshly seeded server: its binlog starts at the copy's position (RESET MASTER, gtid_binlog_state).
 
     The copy carries no binlog. With this, the target's first binlog lists the source's last GTID, so after the
@@ -654,7 +655,7 @@ def start_binlog_at(conn: pymysql.Connection, position: GtidPosition) -> None:
     _run(conn, "setting the seeded binlog state", "RESET MASTER", f"SET GLOBAL gtid_binlog_state = '{position}'")
 
 
-def point_replica(conn: pymysql.Connection, source: ReplicaSource, start_at: GtidPosition) -> None:
+def point_replica(conn: Session, source: ReplicaSource, start_at: GtidPosition) -> None:
     """Make this server a GTID replica of `source` from `start_at` (not started: see start_replica).
 
     The password goes into CHANGE MASTER as a bound parameter and is registered for redaction; an error message
@@ -676,7 +677,7 @@ def point_replica(conn: pymysql.Connection, source: ReplicaSource, start_at: Gti
         raise ReplicationError(redact(message)) from None
 
 
-def forget_replication(conn: pymysql.Connection) -> None:
+def forget_replication(conn: Session) -> None:
     """STOP SLAVE and RESET SLAVE ALL: no more replication, and master.info (which holds the replication password
     in clear) deleted. A no-op on a server that is not a replica."""
     if replica_status(conn) is None:
@@ -684,11 +685,11 @@ def forget_replication(conn: pymysql.Connection) -> None:
     _run(conn, "forgetting replication", "STOP SLAVE", "RESET SLAVE ALL")
 
 
-def start_replica(conn: pymysql.Connection) -> None:
+def start_replica(conn: Session) -> None:
     _run(conn, "START SLAVE", "START SLAVE")
 
 
-def stop_replica(conn: pymysql.Connection) -> None:
+def stop_replica(conn: Session) -> None:
     _run(conn, "STOP SLAVE", "STOP SLAVE")
 
 
@@ -723,9 +724,9 @@ class ReplicaStatus:
         return None
 
 
-def replica_status(conn: pymysql.Connection) -> ReplicaStatus | None:
+def replica_status(conn: Session) -> ReplicaStatus | None:
     """None when the server is not a replica."""
-    with conn.cursor(pymysql.cursors.DictCursor) as cur:
+    with cast(pymysql.Connection, conn).cursor(pymysql.cursors.DictCursor) as cur:
         cur.execute("SHOW SLAVE STATUS")
         row = cur.fetchone()
     if not row:
@@ -759,7 +760,7 @@ class WaitResult:
 
 
 def wait_for_position(
-    conn: pymysql.Connection, wanted: GtidPosition, timeout: float, *, require_running: bool = True
+    conn: Session, wanted: GtidPosition, timeout: float, *, require_running: bool = True
 ) -> WaitResult:
     """MASTER_GTID_WAIT(wanted), at most `timeout` seconds, in slices: a replica that stops with an error ends the
     wait at once with its error (MASTER_GTID_WAIT alone would sit out the whole timeout)."""
@@ -782,7 +783,7 @@ def wait_for_position(
 # --- the switch -------------------------------------------------------------------------------------------------
 
 
-def set_read_only(conn: pymysql.Connection, on: bool, *, lock_wait_timeout: float) -> None:
+def set_read_only(conn: Session, on: bool, *, lock_wait_timeout: float) -> None:
     """SET GLOBAL read_only. Global: it outlives this session (unlike FLUSH TABLES WITH READ LOCK), so a run that
     dies leaves it set and its undo must clear it. Turning it on waits for running commits and table locks, at most
     `lock_wait_timeout`. Accounts with READ ONLY ADMIN (or SUPER before MariaDB 11.0.1) still write, as do the
@@ -796,7 +797,7 @@ def set_read_only(conn: pymysql.Connection, on: bool, *, lock_wait_timeout: floa
     )
 
 
-def read_only_and_position(conn: pymysql.Connection, *, lock_wait_timeout: float) -> GtidPosition:
+def read_only_and_position(conn: Session, *, lock_wait_timeout: float) -> GtidPosition:
     """set_read_only(on) and then the position this server has written to its binlog (its final one: nothing
     without READ ONLY ADMIN commits after read_only), in one round trip: one compound statement (MariaDB's `BEGIN
     NOT ATOMIC`), whose statements run in order and stop at the first error (read_only not set: the lock wait's
@@ -816,11 +817,11 @@ def read_only_and_position(conn: pymysql.Connection, *, lock_wait_timeout: float
     return GtidPosition.parse(str(row[0] or ""))
 
 
-def is_read_only(conn: pymysql.Connection) -> bool:
+def is_read_only(conn: Session) -> bool:
     return int(str(_scalar(conn, "SELECT @@GLOBAL.read_only"))) == 1
 
 
-def promote(conn: pymysql.Connection, expected: GtidPosition | None = None) -> GtidPosition:
+def promote(conn: Session, expected: GtidPosition | None = None) -> GtidPosition:
     """The replica becomes a primary: replication stopped, the proof checked, replication forgotten, writes allowed.
 
     Returns the position it executed (gtid_slave_pos read after the stop). With `expected` (the source's final
@@ -849,7 +850,7 @@ class Promotion:
     waited: float  # seconds the replica took to reach the position, on the server's clock
 
 
-def wait_and_promote(conn: pymysql.Connection, expected: GtidPosition, wait: float) -> Promotion:
+def wait_and_promote(conn: Session, expected: GtidPosition, wait: float) -> Promotion:
     """MASTER_GTID_WAIT(expected, wait) and, once reached, promote() with its proof, in one round trip: one compound
     statement (MariaDB's `BEGIN NOT ATOMIC`) that stops replication, reads what the replica executed, and only when
     that is exactly `expected` in each of its domains (same_position, checked on the server: gtid_slave_pos holds
@@ -914,7 +915,7 @@ class Snapshot:
     gtid: GtidPosition
 
 
-def open_consistent_snapshot(conn: pymysql.Connection) -> Snapshot:
+def open_consistent_snapshot(conn: Session) -> Snapshot:
     """START TRANSACTION WITH CONSISTENT SNAPSHOT on this connection (it stays open: read the source's side of the
     comparison on it, then `close_snapshot`) and the binlog position it sees, as a GTID position.
 
@@ -935,11 +936,11 @@ def open_consistent_snapshot(conn: pymysql.Connection) -> Snapshot:
     return Snapshot(file, position, gtid)
 
 
-def close_snapshot(conn: pymysql.Connection) -> None:
+def close_snapshot(conn: Session) -> None:
     _run(conn, "closing the snapshot", "COMMIT")
 
 
-def stop_replica_at(conn: pymysql.Connection, position: GtidPosition, timeout: float) -> WaitResult:
+def stop_replica_at(conn: Session, position: GtidPosition, timeout: float) -> WaitResult:
     """Run the replica up to exactly `position` and leave it stopped there.
 
     Stop the replica BEFORE opening the source's snapshot: the replica must not be past the snapshot already.
@@ -984,7 +985,7 @@ def _ident(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def table_shape(conn: pymysql.Connection, schema: str, table: str) -> TableShape:
+def table_shape(conn: Session, schema: str, table: str) -> TableShape:
     columns = _rows(
         conn,
         "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
@@ -1050,7 +1051,7 @@ def _key_compare(key: tuple[str, ...], op: str) -> str:
     return f"({columns}) {op} ({marks})" if len(key) > 1 else f"{columns} {op} %s"
 
 
-def chunk_bounds(conn: pymysql.Connection, shape: TableShape, chunk_rows: int) -> list[Chunk]:
+def chunk_bounds(conn: Session, shape: TableShape, chunk_rows: int) -> list[Chunk]:
     """Primary-key ranges of about `chunk_rows` rows each, read on `conn` (the source's snapshot)."""
     if not shape.key:
         return [Chunk(0, None, None)]
@@ -1077,7 +1078,7 @@ def _row_digest(shape: TableShape) -> str:
     return f"CAST(CONV(LEFT(MD5(CONCAT_WS('#', {values}, CONCAT({nulls}))), 16), 16, 10) AS UNSIGNED)"
 
 
-def chunk_checksum(conn: pymysql.Connection, shape: TableShape, chunk: Chunk) -> ChunkSum:
+def chunk_checksum(conn: Session, shape: TableShape, chunk: Chunk) -> ChunkSum:
     conditions: list[str] = []
     args: list[object] = []
     if chunk.lower is not None:
@@ -1093,7 +1094,7 @@ def chunk_checksum(conn: pymysql.Connection, shape: TableShape, chunk: Chunk) ->
     return ChunkSum(int(str(count)), int(str(digest)))
 
 
-def sample_checksum_seconds(conn: pymysql.Connection, shape: TableShape, rows: int) -> tuple[float, int]:
+def sample_checksum_seconds(conn: Session, shape: TableShape, rows: int) -> tuple[float, int]:
     """A chunk's checksum over the table's first `rows` rows in key order, as compare_tables computes it, timed:
     (seconds, rows read). Read-only; what one chunk of the comparison costs on this server now."""
     order = f"ORDER BY {', '.join(_ident(c) for c in shape.key)}" if shape.key else ""
@@ -1107,8 +1108,8 @@ def sample_checksum_seconds(conn: pymysql.Connection, shape: TableShape, rows: i
 
 
 def compare_tables(
-    source: pymysql.Connection,
-    replica: pymysql.Connection,
+    source: Session,
+    replica: Session,
     tables: Iterable[tuple[str, str]],
     *,
     chunk_rows: int = 2000,

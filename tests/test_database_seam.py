@@ -1,0 +1,192 @@
+"""The database seam, offline: the engine chosen by `database.engine` through one registry and factory, a plan
+naming an engine the registry does not know refused with one line, and the driver's errors leaving a session as
+the one DatabaseError (still their driver's class inside the engine's own SQL modules)."""
+
+from __future__ import annotations
+
+import socket
+import typing
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+import structlog
+
+from orchestrator.database import engines, mariadb
+from orchestrator.database.names import EngineName
+from orchestrator.database.protocol import Database, DatabaseError
+from orchestrator.plan.loader import PlanError, load_plan
+from orchestrator.plan.model import Database as DatabaseSection
+from orchestrator.runtime import DatabaseUnreachable, Runtime
+from orchestrator.transports import mysql
+from orchestrator.transports.meter import RoundTrips
+from orchestrator.transports.ssh import TransportError
+from tests.fakes import plan
+
+PLAN_FILE = Path(__file__).resolve().parents[1] / "plans" / "course-review.yaml"
+
+
+def offline_session(failing: BaseException | None = None) -> pymysql.Connection:
+    """A real pymysql connection never connected (every statement fails as on a closed one), or one whose every
+    statement fails with `failing` as the server would answer it."""
+    conn = pymysql.connect(host="127.0.0.1", user="nobody", defer_connect=True, autocommit=True)
+    if failing is not None:
+
+        def refused(sql: str | bytes, unbuffered: bool = False) -> int:
+            raise failing
+
+        conn.query = refused  # type: ignore[method-assign]  # the server's answer, without a server
+    return conn
+
+
+# --- the registry and the factory ---------------------------------------------------------------------------------
+
+
+def test_the_plan_accepts_exactly_the_engines_the_registry_opens() -> None:
+    accepted = typing.get_args(DatabaseSection.model_fields["engine"].annotation)
+    assert accepted == typing.get_args(EngineName) == ("mariadb", "mysql")
+    assert set(engines.ENGINES) == set(accepted)
+    meter = RoundTrips()
+    example = plan()
+    for name in accepted:
+        section = example.database.model_copy(update={"engine": name})
+        engine = engines.open_database(example.model_copy(update={"database": section}), meter=meter)
+        assert isinstance(engine, Database) and engine.name == name
+        assert isinstance(engine, mariadb.MariaDb) and engine.meter is meter  # MySQL speaks MariaDB's SQL here
+
+
+def test_an_engine_the_registry_does_not_know_is_refused_in_one_line(tmp_path: Path) -> None:
+    assert engines.engine_problem("postgresql") == "unknown database engine 'postgresql' (known: mariadb, mysql)"
+    with pytest.raises(ValueError, match="unknown database engine 'postgresql'"):
+        engines.open_engine("postgresql")
+    text = PLAN_FILE.read_text().replace("database:\n  engine: mariadb\n", "database:\n  engine: postgresql\n", 1)
+    assert "engine: postgresql" in text
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    with pytest.raises(PlanError) as caught:
+        load_plan(path)
+    line = next(number for number, row in enumerate(text.splitlines(), 1) if row == "  engine: postgresql")
+    assert str(caught.value) == f"{path}:{line}:3: database.engine: must be 'mariadb' or 'mysql', got 'postgresql'"
+
+
+def test_the_runtime_opens_the_plans_engine_once_its_sessions_counted_on_the_run() -> None:
+    rt = Runtime(plan(), PLAN_FILE, dry_run=True)
+    try:
+        assert rt.database is rt.database
+        assert isinstance(rt.database, mariadb.MariaDb) and rt.database.meter is rt.round_trips
+    finally:
+        rt.close()
+
+
+# --- one error type --------------------------------------------------------------------------------------------
+
+
+def test_a_driver_error_leaves_a_session_as_a_database_error_its_text_unchanged() -> None:
+    meter = RoundTrips()
+    engine = mariadb.MariaDb(meter=meter)
+    conn = offline_session()
+    engine.adopt(conn)
+    with structlog.contextvars.bound_contextvars(step="verify_target"), pytest.raises(DatabaseError) as caught:
+        engine.server_version(conn)
+    error = caught.value
+    assert isinstance(error, pymysql.err.InterfaceError)  # the engine's own modules still tell it apart
+    assert error.connection_lost and not error.statement_refused and error.code == 0
+    assert str(error) == str(pymysql.err.InterfaceError(0, ""))
+    with structlog.contextvars.bound_contextvars(step="verify_target"):
+        with pytest.raises(DatabaseError):
+            engine.ping(conn)
+        assert not engine.alive(conn)
+        assert not engine.answers(conn)
+    # Every statement and ping sent counts as a round trip, failed or not (what the window's figures count).
+    assert meter.by_step() == {"verify_target": {"sql": 4}}
+
+
+@pytest.mark.parametrize(
+    ("error", "transient", "lost", "refused"),
+    [
+        (pymysql.err.OperationalError(2013, "Lost connection to server during query"), True, True, False),
+        (pymysql.err.OperationalError(1205, "Lock wait timeout exceeded"), True, False, False),
+        (pymysql.err.ProgrammingError(1146, "Table 'app.gone' doesn't exist"), False, False, True),
+        (pymysql.err.OperationalError(1045, "Access denied for user 'migrate'"), False, False, False),
+    ],
+)
+def test_each_driver_error_keeps_its_number_and_says_what_a_caller_may_do(
+    error: pymysql.MySQLError, transient: bool, lost: bool, refused: bool
+) -> None:
+    wrapped = mariadb.wrapped(error)
+    assert isinstance(wrapped, DatabaseError) and isinstance(wrapped, type(error))
+    assert wrapped.args == error.args and str(wrapped) == str(error)
+    assert (wrapped.transient, wrapped.connection_lost, wrapped.statement_refused) == (transient, lost, refused)
+    assert wrapped.code == error.args[0]
+    assert wrapped.server_answered == (error.args[0] < 2000)
+    assert type(mariadb.wrapped(error)) is type(wrapped)  # one class per driver class, made once
+    assert wrapped.about("reading") == f"reading: {error.args[1]} (error {error.args[0]})"
+
+
+def test_the_fence_still_reads_a_lock_wait_timeout_as_not_held_and_anything_else_as_a_database_error() -> None:
+    engine = mariadb.MariaDb()
+    timed_out = offline_session(pymysql.err.OperationalError(1205, "Lock wait timeout exceeded"))
+    engine.adopt(timed_out)
+    assert engine.lock_writes(timed_out) is False
+    denied = offline_session(pymysql.err.OperationalError(1227, "Access denied; you need the RELOAD privilege"))
+    engine.adopt(denied)
+    with pytest.raises(DatabaseError, match="FLUSH TABLES WITH READ LOCK failed: Access denied"):
+        engine.lock_writes(denied)
+
+
+def test_a_server_nobody_answers_for_is_a_transient_database_error() -> None:
+    # A bound socket that does not listen: connecting to it is refused, and nobody else can take the port meanwhile.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        with pytest.raises(DatabaseError) as caught:
+            mariadb.MariaDb().connect(
+                "127.0.0.1", port, user="migrate", password="s3cret-pw", connect_timeout=2, read_timeout=2,
+                write_timeout=2,
+            )  # fmt: skip
+    assert caught.value.transient and caught.value.code == 2003 and not caught.value.server_answered
+    assert "s3cret-pw" not in str(caught.value)
+
+
+def test_a_tunnel_that_cannot_open_is_a_database_error_and_still_the_hosts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rt = Runtime(plan(), PLAN_FILE, dry_run=True)
+
+    def no_way(which: str) -> Any:
+        raise TransportError("ssh source: connection refused", True)
+
+    monkeypatch.setattr(rt, "_tunnel", no_way)
+    monkeypatch.setattr(rt, "db_password", lambda: None)
+    try:
+        with pytest.raises(DatabaseError) as caught:
+            rt.db("source", retry=False)
+        assert isinstance(caught.value, DatabaseUnreachable) and isinstance(caught.value, TransportError)
+        assert str(caught.value) == "ssh source: connection refused" and caught.value.transient
+        # Whether the database answers is no question while its host cannot be reached: the host's error stands.
+        with pytest.raises(TransportError):
+            rt.db_answers("source")
+    finally:
+        rt.close()
+
+
+def test_a_refused_login_says_which_side_and_still_counts_as_the_server_answering(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rt = Runtime(plan(), PLAN_FILE, dry_run=True)
+
+    def refused(*_: Any, **__: Any) -> Any:
+        raise mysql.DbError("cannot connect to the database as migrate: Access denied (error 1045)", False, 1045)
+
+    monkeypatch.setattr(rt, "_tunnel", lambda which: ("127.0.0.1", 9))
+    monkeypatch.setattr(rt, "db_password", lambda: None)
+    monkeypatch.setattr(rt.database, "connect", refused)
+    try:
+        with pytest.raises(DatabaseError) as caught:
+            rt.db("target", retry=False)
+        assert str(caught.value) == "target cannot connect to the database as migrate: Access denied (error 1045)"
+        assert caught.value.server_answered and caught.value.code == 1045 and not caught.value.transient
+        assert rt.db_answers("target"), "a server that refuses our login is up"
+    finally:
+        rt.close()
