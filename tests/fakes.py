@@ -279,7 +279,7 @@ class FakeDatabase(MariaDb):
         read_timeout: float,
         write_timeout: float,
     ) -> FakeSession:
-        self.opened.append(FakeSession("target" if host.endswith(".3") else "source"))
+        self.opened.append(FakeSession())
         return self.opened[-1]
 
 

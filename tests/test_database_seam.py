@@ -4,6 +4,7 @@ the one DatabaseError (still their driver's class inside the engine's own SQL mo
 
 from __future__ import annotations
 
+import ast
 import socket
 import typing
 from pathlib import Path
@@ -190,3 +191,17 @@ def test_a_refused_login_says_which_side_and_still_counts_as_the_server_answerin
         assert rt.db_answers("target"), "a server that refuses our login is up"
     finally:
         rt.close()
+
+
+def test_only_the_mariadb_engine_and_the_lab_import_the_driver() -> None:
+    package = Path(__file__).resolve().parents[1] / "orchestrator"
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(name == "pymysql" or name.startswith("pymysql.") for name in names):
+                importers.add(path.relative_to(package).as_posix())
+    engine = {"database/mariadb.py", "transports/mysql.py", "transports/replication.py"}
+    assert {name for name in importers if not name.startswith("lab/")} == engine
