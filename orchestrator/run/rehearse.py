@@ -233,6 +233,8 @@ def rehearse_for_real(
     """Preflight, the target prepared, the pre-syncs for real, the deltas timed again while the source stays live,
     the target started fenced on a copy of its warm datadir and its health checked, the DNS records read; then the
     target stopped and left warm (the pre-synced data kept for the real run) or clean. The source is only read."""
+    from orchestrator.modes import mode_named
+    from orchestrator.plan.model import static_mode
     from orchestrator.results import DbPresyncResult
     from orchestrator.steps.common import RESOLVED_DATADIRS
     from orchestrator.steps.db_presync import DbPresync
@@ -260,9 +262,11 @@ def rehearse_for_real(
     datadir = warm = ""
     started_target = prepared = stopped = False
     mode: str = plan.cutover.mode
+    # The steps as a run without a journal would see them: the declared mode, an unresolved auto as shutdown's.
+    steps_mode = mode_named("replicate" if static_mode(plan) == "replicate" else "shutdown")
     try:
         mode, _reason = resolve_mode(rt)
-        figures = _timed(stages, "preflight", lambda: Preflight().run(_context(rt, Preflight()))) or {}
+        figures = _timed(stages, "preflight", lambda: Preflight(mode=steps_mode).run(_context(rt, Preflight()))) or {}
         # The target's datadir as preflight resolved it (a /var/lib/mysql link to another disk: the directory it
         # points at): the warm copy is moved aside and put back beside it, the link never renamed.
         real = (figures.get(RESOLVED_DATADIRS) or {}).get("target") or plan.database.target.datadir.rstrip("/")
@@ -280,14 +284,14 @@ def rehearse_for_real(
         started_target = True  # from here on, the finally puts the warm datadir back
         _timed(stages, "copy of the warm datadir", lambda: rt.target.run(
             f"rm -rf {warm} && mv {datadir} {warm} && cp -a {warm} {datadir}", timeout=3600))  # fmt: skip
-        _timed(stages, "target start (fenced)", lambda: StartTarget().run(_context(rt, StartTarget())))
+        _timed(stages, "target start (fenced)", lambda: StartTarget(mode=steps_mode).run(_context(rt, StartTarget())))
         _tries, health_failures = _timed(
-            stages, "health checks", lambda: VerifyTarget().health(_context(rt, VerifyTarget()))
+            stages, "health checks", lambda: VerifyTarget(mode=steps_mode).health(_context(rt, VerifyTarget()))
         )
         failures += health_failures
         _timed(stages, "DNS read", lambda: _read_records(rt))
         # The target's clean shutdown of a copy of the same data: what the source's shutdown in the window costs.
-        _timed(stages, "target stop", lambda: StartTarget().undo(_context(rt, StartTarget())))
+        _timed(stages, "target stop", lambda: StartTarget(mode=steps_mode).undo(_context(rt, StartTarget())))
         stopped = True
         rounds = db_result.rounds
         rate = rounds[0].bytes / rounds[0].seconds if rounds and rounds[0].seconds > 0 else 0.0
@@ -302,7 +306,7 @@ def rehearse_for_real(
         try:
             if started_target:
                 if not stopped:
-                    StartTarget().undo(_context(rt, StartTarget()))
+                    StartTarget(mode=steps_mode).undo(_context(rt, StartTarget()))
                 # The copy the database ran on goes; the untouched warm copy takes its place (or goes too).
                 restore = f"rm -rf {datadir} && mv {warm} {datadir}"
                 rt.target.run(restore + (f" && find {datadir} -mindepth 1 -delete" if clean else ""), timeout=3600)
