@@ -14,8 +14,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from orchestrator import audit
-from orchestrator.contracts import Which
+from orchestrator import audit, estimates
+from orchestrator.contracts import StepRuntime, Which
 from orchestrator.engine.step import StepContext
 from orchestrator.health import HealthCheck
 from orchestrator.plan.model import Plan
@@ -164,3 +164,33 @@ class CutoverMode(ABC):
     def undo_finish(self, ctx: StepContext, kit: FinishKit) -> None:
         """A forward run's finish undone, before the source's services start again."""
         return None
+
+    # -- the estimate (orchestrator/estimates.py: EstimatedMode; the arithmetic stays there)
+    @abstractmethod
+    def database_transfer(self, rt: StepRuntime) -> estimates.TransferEstimate:
+        """How the database travels before the window, measured read-only."""
+
+    @abstractmethod
+    def window_shell(self, host: Any) -> bool:
+        """Whether the window's short commands on `host` run in a shell kept open before it (kept open now if so)."""
+
+    @abstractmethod
+    def health_rounds(self, rt: StepRuntime) -> tuple[list[float], str]:
+        """One round of the health checks, timed where this mode can ask them before the window, and where."""
+
+    @abstractmethod
+    def datadir_delta(self, rt: StepRuntime) -> tuple[int, float]:
+        """The datadir's bytes the window copies and the rate the source checksums them at ((0, 0.0): none)."""
+
+    @abstractmethod
+    def window_parts(self, basis: estimates.WindowBasis) -> list[estimates.WindowPart]:
+        """The window's parts in this mode."""
+
+    @abstractmethod
+    def measure_compare(self, rt: StepRuntime) -> tuple[float, int] | None:
+        """What this mode's comparison before the window costs (None: it makes none)."""
+
+    @abstractmethod
+    def before_parts(self, units: estimates.UnitCosts, plan: Plan,
+                     compare: tuple[float, int] | None) -> list[estimates.WindowPart]:  # fmt: skip
+        """This mode's own steps before the window that move nothing of their own."""

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator import audit, health, replica_audit
-from orchestrator.contracts import runtime
+from orchestrator import audit, estimates, health, replica_audit
+from orchestrator.contracts import StepRuntime, runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.health import HealthCheck
 from orchestrator.modes.base import AuditKit, CutoverMode, FinishKit, VerifyKit, with_door
@@ -165,6 +165,33 @@ class Replicate(CutoverMode):
     def undo_finish(self, ctx: StepContext, kit: FinishKit) -> None:
         if not ctx.saved(TORN_DOWN):
             kit.tear_down(ctx)  # the old source stops following the target before it serves again
+
+    # -- the estimate
+    def database_transfer(self, rt: StepRuntime) -> estimates.TransferEstimate:
+        return estimates.seed_estimate(rt)  # the seed streams the datadir whatever the target holds
+
+    def window_shell(self, host: Any) -> bool:
+        # The window's short commands run in a shell kept open before it (steps/common.keep_shells).
+        if not hasattr(host, "keep_shell"):
+            return False
+        host.keep_shell()
+        return True
+
+    def health_rounds(self, rt: StepRuntime) -> tuple[list[float], str]:
+        return estimates.health_rounds(rt, on_target=True)  # the target serves, fenced, before the window
+
+    def datadir_delta(self, rt: StepRuntime) -> tuple[int, float]:
+        return 0, 0.0  # no datadir moves inside the window
+
+    def window_parts(self, basis: estimates.WindowBasis) -> list[estimates.WindowPart]:
+        return estimates.replicate_window(basis)
+
+    def measure_compare(self, rt: StepRuntime) -> tuple[float, int] | None:
+        return estimates.measure_compare(rt)
+
+    def before_parts(self, units: estimates.UnitCosts, plan: Plan,
+                     compare: tuple[float, int] | None) -> list[estimates.WindowPart]:  # fmt: skip
+        return [estimates.catchup_part(units, plan, compare)]
 
 
 class ReverseOverReplica(Replicate):

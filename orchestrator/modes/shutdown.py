@@ -8,8 +8,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator import audit, health
-from orchestrator.contracts import runtime
+from orchestrator import audit, estimates, health
+from orchestrator.contracts import StepRuntime, runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.health import HealthCheck
 from orchestrator.modes.base import AuditKit, CutoverMode, VerifyKit
@@ -89,3 +89,26 @@ class Shutdown(CutoverMode):
     def audit(self, ctx: StepContext, kit: AuditKit, held: audit.Held) -> AuditResult:
         kit.stop_left_over(ctx)  # a source an earlier (dead) try started for the audit
         return kit.audit_figures(ctx, held)
+
+    # -- the estimate
+    def database_transfer(self, rt: StepRuntime) -> estimates.TransferEstimate:
+        return estimates.datadir_estimate(rt)
+
+    def window_shell(self, host: Any) -> bool:
+        return False
+
+    def health_rounds(self, rt: StepRuntime) -> tuple[list[float], str]:
+        return estimates.health_rounds(rt)  # the target starts inside the window: aimed at the source
+
+    def datadir_delta(self, rt: StepRuntime) -> tuple[int, float]:
+        return estimates.datadir_delta(rt)
+
+    def window_parts(self, basis: estimates.WindowBasis) -> list[estimates.WindowPart]:
+        return estimates.shutdown_window(basis)
+
+    def measure_compare(self, rt: StepRuntime) -> tuple[float, int] | None:
+        return None
+
+    def before_parts(self, units: estimates.UnitCosts, plan: Plan,
+                     compare: tuple[float, int] | None) -> list[estimates.WindowPart]:  # fmt: skip
+        return []

@@ -21,6 +21,7 @@ from orchestrator import estimates, exit_codes
 from orchestrator.engine.journal import RunStatus
 from orchestrator.engine.step import StepError
 from orchestrator.estimates import size_text
+from orchestrator.modes import mode_named
 from orchestrator.plan.model import Plan
 from orchestrator.redaction import redact
 from orchestrator.run.policy import load_env, resolve_secrets, state_dir_of, subject
@@ -51,7 +52,7 @@ def rehearse(plan_path: Path, *, env_file: Path | None = None, state_dir: Path |
     rt = Runtime(subj.plan, plan_path)
     try:
         mode, reason = resolve_mode(rt)
-        estimate = estimates.estimate(rt, mode, last_rehearsal(subj.state_dir))
+        estimate = estimates.estimate(rt, mode_named(mode), last_rehearsal(subj.state_dir))
     except (TransportError, StepError, mysql.DbError, pymysql.MySQLError, DnsError) as exc:
         raise RunError(exit_codes.FAILED, f"rehearsal: {redact(str(exc))}") from None
     finally:
@@ -104,7 +105,7 @@ def dry_run_estimate(plan: Plan, plan_path: Path) -> DryRunEstimate:
     try:
         mode, reason = resolve_mode(rt)
         rehearsed = last_rehearsal(state_dir_of(plan_path, plan, None))
-        return DryRunEstimate(mode, reason, estimates.estimate(rt, mode, rehearsed))
+        return DryRunEstimate(mode, reason, estimates.estimate(rt, mode_named(mode), rehearsed))
     finally:
         rt.close()
 
@@ -233,7 +234,6 @@ def rehearse_for_real(
     """Preflight, the target prepared, the pre-syncs for real, the deltas timed again while the source stays live,
     the target started fenced on a copy of its warm datadir and its health checked, the DNS records read; then the
     target stopped and left warm (the pre-synced data kept for the real run) or clean. The source is only read."""
-    from orchestrator.modes import mode_named
     from orchestrator.plan.model import static_mode
     from orchestrator.results import DbPresyncResult
     from orchestrator.steps.common import RESOLVED_DATADIRS
@@ -298,8 +298,10 @@ def rehearse_for_real(
         measured = {"stages": stages, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         # Where a full scan would be the uploads' final pass (no change tracker), the second pass stands for it.
         second_pass = [estimates.TransferEstimate("files_presync", "uploads", 0, 0, 0, stages["uploads delta"], 0.0)]
-        units = estimates.with_rehearsal(estimates.measure_units(rt, mode, second_pass, rate), measured)
-        window = estimates.predict_window(second_pass, units, plan_shape=estimates.PlanShape.of(plan), mode=mode)
+        units = estimates.with_rehearsal(estimates.measure_units(rt, mode_named(mode), second_pass, rate), measured)
+        window = estimates.predict_window(
+            second_pass, units, plan_shape=estimates.PlanShape.of(plan), mode=mode_named(mode)
+        )
     except (TransportError, StepError, mysql.DbError, pymysql.MySQLError, DnsError) as exc:
         failures.append(redact(str(exc)))
     finally:
