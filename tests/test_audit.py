@@ -8,9 +8,9 @@ from typing import Any
 
 from orchestrator import audit, exit_codes, replica_audit
 from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
+from orchestrator.modes import REPLICATE, REVERSE_OVER_REPLICA, SHUTDOWN
 from orchestrator.results import AuditResult
 from orchestrator.run.watch import outcome_code
-from orchestrator.modes import REPLICATE, REVERSE_OVER_REPLICA, SHUTDOWN
 from orchestrator.steps import step_class
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.verify_target import VerifyTarget

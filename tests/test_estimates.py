@@ -94,7 +94,9 @@ def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> N
     # Without one, DNS is the commit: 5 DNS calls per record, 11 HAProxy commands (none: no door), the target's
     # fence lift and the guard told on the source.
     no_door = dataclasses.replace(SHAPE, front_door=False)
-    flip = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=no_door, mode=SHUTDOWN)}["dns_flip"]
+    flip = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=no_door, mode=SHUTDOWN)}[
+        "dns_flip"
+    ]
     assert flip.seconds == round(10 * 0.02 + 0.25 + 0.5, 3)
     # The fence, 3 commands of the cut-over on the source, 8 SQL statements, 4 HAProxy exchanges, the shutdown.
     assert parts["cutover"].seconds == round(4 * 0.5 + 8 * 0.01 + 4 * 0.01 + estimates.ASSUMED_SHUTDOWN_SECONDS, 3)
@@ -102,10 +104,14 @@ def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> N
     # times at the checksum rate (rsync's delta on both hosts, then the verification).
     assert parts["db_final"].seconds == round(0.5 + 0.25 + 0.5 + 1.0 + 3 * 1.0, 3)
     assert all(part.basis.startswith(("measured:", "assumed:")) for part in parts.values())
-    slow = {p.step: p for p in estimates.predict_window(TRANSFERS, units(ssh_source=1.0), plan_shape=SHAPE, mode=SHUTDOWN)}
+    slow = {
+        p.step: p for p in estimates.predict_window(TRANSFERS, units(ssh_source=1.0), plan_shape=SHAPE, mode=SHUTDOWN)
+    }
     assert slow["files_final"].seconds == 1 * 1.0 + 1.0
     # Without a change tracker on the source, the final pass compares the whole tree.
-    untracked = {p.step: p for p in estimates.predict_window(TRANSFERS, units(tracked=False), plan_shape=SHAPE, mode=SHUTDOWN)}
+    untracked = {
+        p.step: p for p in estimates.predict_window(TRANSFERS, units(tracked=False), plan_shape=SHAPE, mode=SHUTDOWN)
+    }
     assert untracked["files_final"].seconds == 4.0 + 0.25
 
 
