@@ -30,9 +30,9 @@ from cutover import MIGRATE, load_running, source_live
 from orchestrator import estimates
 from orchestrator.lab import hosts, planfile
 from orchestrator.lab.state import LabState
-from orchestrator.modes import mode_named
 from orchestrator.plan.loader import load_plan
 from orchestrator.runtime import Runtime
+from orchestrator.steps.modes import mode_named
 
 DNS_TTL = 3.0
 

@@ -58,7 +58,7 @@ class WindowPart:
 
 
 class EstimatedMode(Protocol):
-    """What an estimate asks of the cut-over mode it predicts (orchestrator/modes: each mode answers for itself; the
+    """What an estimate asks of the cut-over mode it predicts (steps/modes: each mode answers for itself; the
     arithmetic of each stays here, beside the unit costs it counts in)."""
 
     name: str

@@ -8,11 +8,11 @@ from typing import Any
 
 from orchestrator import audit, exit_codes, replica_audit
 from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
-from orchestrator.modes import REPLICATE, REVERSE_OVER_REPLICA, SHUTDOWN
 from orchestrator.results import AuditResult
 from orchestrator.run.watch import outcome_code
 from orchestrator.steps import step_class
 from orchestrator.steps.audit import Audit
+from orchestrator.steps.modes import REPLICATE, REVERSE_OVER_REPLICA, SHUTDOWN
 from orchestrator.steps.verify_target import VerifyTarget
 from orchestrator.transports import replication as repl
 from tests.fakes import FakeSession, OfflineRuntime, context, plan

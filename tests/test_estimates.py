@@ -21,7 +21,6 @@ from orchestrator import estimates
 from orchestrator.engine.step import StepContext
 from orchestrator.estimates import TransferEstimate
 from orchestrator.lab.state import LabState
-from orchestrator.modes import REPLICATE, SHUTDOWN
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Plan
 from orchestrator.results import DbPresyncResult, FilesResult
@@ -31,6 +30,7 @@ from orchestrator.run.rehearse import compare, compare_parts
 from orchestrator.runtime import Runtime
 from orchestrator.steps.db_presync import DbPresync
 from orchestrator.steps.files_presync import FilesPresync
+from orchestrator.steps.modes import REPLICATE, SHUTDOWN
 from tests.conftest import migrate
 from tests.test_e2e import live_lab, migrate_apply, outcome, plan_copy, plan_name, run_report
 

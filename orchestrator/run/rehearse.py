@@ -21,12 +21,12 @@ from orchestrator import estimates, exit_codes
 from orchestrator.engine.journal import RunStatus
 from orchestrator.engine.step import StepError
 from orchestrator.estimates import size_text
-from orchestrator.modes import mode_named
 from orchestrator.plan.model import Plan
 from orchestrator.redaction import redact
 from orchestrator.run.policy import load_env, resolve_secrets, state_dir_of, subject
 from orchestrator.run.results import RunError
 from orchestrator.runtime import Runtime
+from orchestrator.steps.modes import mode_named
 from orchestrator.transports import mysql
 from orchestrator.transports.dns import DnsError
 from orchestrator.transports.ssh import TransportError

@@ -4,7 +4,7 @@ Each step lives in its own module `orchestrator.steps.<name>` and is the one `St
 the module's name; `build_steps` finds it by that name. Steps never import each other: what they share lives in
 `orchestrator.steps.common` (and `orchestrator.probes`, `orchestrator.results`, `orchestrator.window`).
 
-The cut-over is chosen by `cutover.mode`: each mode is an object (orchestrator/modes) holding its sequence of steps
+The cut-over is chosen by `cutover.mode`: each mode is an object (steps/modes) holding its sequence of steps
 between the shared pre-sync of the file trees and the shared end (file delta, start, verify, DNS flip, finish), and
 what the shared steps do in it: `build_steps` hands the run's mode to each step that takes one. `auto` is resolved
 to one of them when the run starts (`orchestrator.run.compose.resolve_mode`), and the run's step list is journaled,
@@ -17,10 +17,10 @@ import importlib
 import inspect
 from collections.abc import Callable
 
-from orchestrator import modes
 from orchestrator.engine.step import Step
-from orchestrator.modes import BEFORE_CUTOVER, COMMIT_AT_DOOR, SHARED_END, UNRESOLVED_MODE, mode_named, mode_of
 from orchestrator.plan.model import Plan
+from orchestrator.steps import modes
+from orchestrator.steps.modes import BEFORE_CUTOVER, COMMIT_AT_DOOR, SHARED_END, UNRESOLVED_MODE, mode_named, mode_of
 
 __all__ = ["BEFORE_CUTOVER", "COMMIT_AT_DOOR", "SHARED_END", "UNRESOLVED_MODE", "build_steps", "step_class"]
 

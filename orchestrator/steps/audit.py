@@ -30,8 +30,8 @@ from typing import Any
 from orchestrator import audit, replica_audit
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext
-from orchestrator.modes import SHUTDOWN, CutoverMode
 from orchestrator.results import AuditResult, CutoverResult, SwitchResult
+from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import SWITCH_STEP
 from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl

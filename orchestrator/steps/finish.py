@@ -16,11 +16,11 @@ from orchestrator import frontdoor
 from orchestrator.contracts import runtime
 from orchestrator.dns_ttl import restore_original_ttls
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.modes import SHUTDOWN, CutoverMode
 from orchestrator.plan.model import Service
 from orchestrator.report import build_report
 from orchestrator.results import FilesResult, FinishResult
 from orchestrator.steps.common import run_services
+from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import (
     FORWARD_TUNNEL,
     REPLICA_STEP,

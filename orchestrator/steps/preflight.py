@@ -16,10 +16,10 @@ import pymysql
 from orchestrator import probes, storage
 from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.modes import SHUTDOWN, CutoverMode
 from orchestrator.plan.checks import protected_problem
 from orchestrator.secrets import redact
 from orchestrator.steps.common import RESOLVED_DATADIRS
+from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import declared_mode, mode_reason, probe_replication
 from orchestrator.steps.run_owned import end_left_by_runs, waiting_guards
 from orchestrator.transports import grants, mysql, rsync

@@ -1,4 +1,4 @@
-"""What the replicate cut-over's steps (and the replicate mode object, modes/replicate.py) share: whether the
+"""What the replicate cut-over's steps (and the replicate mode object, steps/modes/replicate.py) share: whether the
 servers allow replication, the seed's and the tunnels' specs, the replica's source, the facts the
 steps journal and read back.
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.modes import SHUTDOWN, CutoverMode
 from orchestrator.results import StartTargetResult
 from orchestrator.steps.common import COMMAND_TIMEOUT, run_services, wait_db_answers
+from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.transports.ssh import TransportError
 
 DB_READY_TIMEOUT = 120.0

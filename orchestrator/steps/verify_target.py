@@ -27,10 +27,10 @@ import pymysql
 from orchestrator import audit, health
 from orchestrator.contracts import Which, runtime
 from orchestrator.engine.step import Step, StepContext
-from orchestrator.modes import SHUTDOWN, CutoverMode
 from orchestrator.plan.model import FileTree, Plan
 from orchestrator.results import FilesResult, TreeFigures
 from orchestrator.steps.common import window_route
+from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import SWITCH_STEP
 from orchestrator.tracking import verify_listed_command
 from orchestrator.transports import mysql, rsync

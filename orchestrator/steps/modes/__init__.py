@@ -3,10 +3,10 @@ it. `mode_of(plan)` is the one a plan's run uses (`cutover.mode: auto` resolved 
 
 from __future__ import annotations
 
-from orchestrator.modes.base import BEFORE_CUTOVER, COMMIT_AT_DOOR, SHARED_END, CutoverMode, with_door
-from orchestrator.modes.replicate import Replicate, ReverseOverReplica
-from orchestrator.modes.shutdown import Shutdown
 from orchestrator.plan.model import Plan, static_mode
+from orchestrator.steps.modes.base import BEFORE_CUTOVER, COMMIT_AT_DOOR, SHARED_END, CutoverMode, with_door
+from orchestrator.steps.modes.replicate import Replicate, ReverseOverReplica
+from orchestrator.steps.modes.shutdown import Shutdown
 
 SHUTDOWN = Shutdown()
 REPLICATE = Replicate()

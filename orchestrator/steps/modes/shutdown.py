@@ -12,9 +12,9 @@ from orchestrator import audit, estimates, health
 from orchestrator.contracts import StepRuntime, runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.health import HealthCheck
-from orchestrator.modes.base import AuditKit, CutoverMode, VerifyKit
 from orchestrator.plan.model import Plan
 from orchestrator.results import AuditResult, VerifyResult
+from orchestrator.steps.modes.base import AuditKit, CutoverMode, VerifyKit
 
 
 class Shutdown(CutoverMode):

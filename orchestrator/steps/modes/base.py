@@ -5,7 +5,9 @@ The shared steps (preflight, start_target, verify_target, audit, finish) are bui
 step offers its mode to combine (its checks, its reads, its replication work) stays in the step's own file: a
 mode picks and orders, it holds no SQL of its own beyond naming which snapshot verify opens.
 
-Not a step: steps import this package, never each other; it imports no step module.
+Not a step: steps import this package, never each other; it imports no step module (only what steps share:
+steps/common.py, steps/repl_common.py). It lives under steps/ so that the package's __init__ (build_steps) is always
+loaded before it, whichever module is imported first.
 """
 
 from __future__ import annotations
