@@ -32,6 +32,7 @@ from orchestrator.lab import hosts, planfile
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.runtime import Runtime
+from orchestrator.steps.modes import mode_named
 
 DNS_TTL = 3.0
 
@@ -112,8 +113,10 @@ def remeasured(state: LabState, mode: str, estimate: dict[str, Any]) -> float:
     rt = Runtime(plan, state.plan_file)
     try:
         transfers = [estimates.TransferEstimate(**t) for t in estimate["transfers"]]
-        units = estimates.measure_units(rt, mode, transfers, float(estimate["rate_bytes_per_second"]))
-        parts = estimates.predict_window(transfers, units, plan_shape=estimates.PlanShape.of(plan), mode=mode)
+        units = estimates.measure_units(rt, mode_named(mode), transfers, float(estimate["rate_bytes_per_second"]))
+        parts = estimates.predict_window(
+            transfers, units, plan_shape=estimates.PlanShape.of(plan), mode=mode_named(mode)
+        )
     finally:
         rt.close()
     return round(sum(part.seconds for part in parts), 3)

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from orchestrator.contracts import StepRuntime, Which
 from orchestrator.database.protocol import DatabaseError
@@ -54,6 +54,21 @@ class WindowPart:
     seconds: float
     basis: str  # "measured: ..." or "assumed: ..."
     step: str = ""  # the step of the run that does this part ("" when unnamed)
+
+
+class EstimatedMode(Protocol):
+    """What an estimate asks of the cut-over mode it predicts (steps/modes: each mode answers for itself; the
+    arithmetic of each stays here, beside the unit costs it counts in)."""
+
+    name: str
+
+    def database_transfer(self, rt: StepRuntime) -> TransferEstimate: ...
+    def window_shell(self, host: Any) -> bool: ...
+    def health_rounds(self, rt: StepRuntime) -> tuple[list[float], str]: ...
+    def datadir_delta(self, rt: StepRuntime) -> tuple[int, float]: ...
+    def window_parts(self, basis: WindowBasis) -> list[WindowPart]: ...
+    def measure_compare(self, rt: StepRuntime) -> tuple[float, int] | None: ...
+    def before_parts(self, units: UnitCosts, plan: Plan, compare: tuple[float, int] | None) -> list[WindowPart]: ...
 
 
 @dataclass
@@ -132,7 +147,7 @@ def _dry_run(rt: StepRuntime, command: str, what: str) -> tuple[rsync.Stats, flo
     return stats, round(time.monotonic() - started, 3)
 
 
-def measure_transfers(rt: StepRuntime, mode: str = "shutdown") -> list[TransferEstimate]:
+def measure_transfers(rt: StepRuntime, mode: EstimatedMode) -> list[TransferEstimate]:
     """rsync --dry-run --stats of every pre-sync, as the steps will run it (predicted_seconds filled later); in the
     replicate mode the database travels as the seed instead: its size as mariadb-backup would stream it."""
     plan = rt.plan
@@ -145,9 +160,13 @@ def measure_transfers(rt: StepRuntime, mode: str = "shutdown") -> list[TransferE
         stats, seconds = _dry_run(rt, command, f"tree {tree.name}")
         found.append(TransferEstimate("files_presync", tree.name, stats.transferred_bytes, stats.files_transferred,
                                       stats.total_size, seconds, 0.0))  # fmt: skip
-    if mode == "replicate":
-        found.append(seed_estimate(rt))
-        return found
+    found.append(mode.database_transfer(rt))
+    return found
+
+
+def datadir_estimate(rt: StepRuntime) -> TransferEstimate:
+    """The shutdown mode's datadir pre-sync, as db_presync runs it (live, in place), with rsync's --dry-run."""
+    plan = rt.plan
     db = plan.database
     datadir = rsync.push_command(
         plan,
@@ -159,9 +178,8 @@ def measure_transfers(rt: StepRuntime, mode: str = "shutdown") -> list[TransferE
         extra=["--dry-run"],
     )
     stats, seconds = _dry_run(rt, datadir, "datadir")
-    found.append(TransferEstimate("db_presync", "datadir", stats.transferred_bytes, stats.files_transferred,
-                                  stats.total_size, seconds, 0.0))  # fmt: skip
-    return found
+    return TransferEstimate("db_presync", "datadir", stats.transferred_bytes, stats.files_transferred,
+                            stats.total_size, seconds, 0.0)  # fmt: skip
 
 
 def seed_size_command(datadir: str) -> str:
@@ -296,16 +314,44 @@ def _ssh_part(name: str, count: Mapping[str, float], units: UnitCosts) -> tuple[
     return seconds, f"{what} at the measured round trips ({units.ssh_how})" if what else name
 
 
+@dataclass(frozen=True)
+class WindowBasis:
+    """What every mode's window is predicted from: the plan's shape, the unit costs, the trees' scan (their dry-run
+    comparison), and the parts every mode shares: the uploads' delta, the health checks' round."""
+
+    shape: PlanShape
+    units: UnitCosts
+    trees_scan: float
+    uploads: WindowPart
+    health: str  # the health checks' basis, in words
+
+    def commit(self, source_commands: int) -> WindowPart:
+        """The commit: the DNS flip (`source_commands`: on the source besides), or the front door's switch."""
+        shape, units = self.shape, self.units
+        flip_count = {"ssh_target": 1 if shape.target_fence else 0,
+                      "haproxy": FLIP["haproxy"] * (1 if shape.front_door else 0)}  # fmt: skip
+        if source_commands:
+            flip_count["ssh_source"] = source_commands
+        flip_seconds, flip_basis = _ssh_part("DNS flip", flip_count, units)
+        dns_calls = FLIP["dns_per_record"] * shape.records
+        dns = WindowPart("DNS flip", round(flip_seconds + dns_calls * units.dns, 3),
+                         f"measured: {dns_calls} DNS API calls and {flip_basis}", "dns_flip")  # fmt: skip
+        if shape.front_door:
+            # The commit is made at the source's front door; DNS moves after the window.
+            fence_target = 1 if shape.target_fence else 0
+            commit_seconds, commit_basis = _ssh_part("commit", {**DOOR_COMMIT, "ssh_target": fence_target}, units)
+            dns = WindowPart("commit at the front door", round(commit_seconds, 3),
+                             f"measured: {commit_basis}; DNS flips after the window", "switch_traffic")  # fmt: skip
+        return dns
+
+
 def predict_window(transfers: list[TransferEstimate], units: UnitCosts, *, plan_shape: PlanShape,
-                   mode: str = "shutdown") -> list[WindowPart]:  # fmt: skip
+                   mode: EstimatedMode) -> list[WindowPart]:  # fmt: skip
     """The window's parts, each named after the step that does it, each the operations that step makes at the unit
-    costs measured on the hosts. In the replicate mode no database stops or copies inside the window: the switch
-    waits for the replica's last transactions, and the target's database already runs."""
+    costs measured on the hosts: what every mode shares here, the mode's own parts from it (shutdown_window,
+    replicate_window)."""
     shape = plan_shape
     trees_scan = sum(t.scan_seconds for t in transfers if t.step == "files_presync")
-    fence_source = 1 if shape.source_fence else 0
-    fence_target = 1 if shape.target_fence else 0
-    haproxy_scale = 1 if shape.front_door else 0
     if units.tracked:
         per_tree, _ = _ssh_part("", FILES_FINAL_TRACKED, units)
         uploads_seconds = shape.trees * (per_tree + units.rsync_pass)
@@ -317,35 +363,38 @@ def predict_window(transfers: list[TransferEstimate], units: UnitCosts, *, plan_
         uploads_seconds = trees_scan + units.ssh_target
         uploads_basis = "measured: the trees' dry-run comparison (no change tracker on the source: a full scan)"
     uploads = WindowPart("uploads delta", round(uploads_seconds, 3), uploads_basis, "files_final")
-    flip_count = {"ssh_target": fence_target, "haproxy": FLIP["haproxy"] * haproxy_scale}
-    if mode != "replicate":
-        flip_count["ssh_source"] = 1  # the cut-over's guard told of the commit
-    flip_seconds, flip_basis = _ssh_part("DNS flip", flip_count, units)
-    dns_calls = FLIP["dns_per_record"] * shape.records
-    dns = WindowPart("DNS flip", round(flip_seconds + dns_calls * units.dns, 3),
-                     f"measured: {dns_calls} DNS API calls and {flip_basis}", "dns_flip")  # fmt: skip
-    if shape.front_door:
-        # The commit is made at the source's front door; DNS moves after the window.
-        commit_seconds, commit_basis = _ssh_part("commit", {**DOOR_COMMIT, "ssh_target": fence_target}, units)
-        dns = WindowPart("commit at the front door", round(commit_seconds, 3),
-                         f"measured: {commit_basis}; DNS flips after the window", "switch_traffic")  # fmt: skip
     health = f"measured: the health checks once ({units.health_basis})"
-    if mode == "replicate":
-        switch_count = {"ssh_source": fence_source, **{k: v * (haproxy_scale if k == "haproxy" else 1)
-                                                      for k, v in SWITCH.items()}}  # fmt: skip
-        switch_seconds, switch_basis = _ssh_part("switch", switch_count, units)
-        # The writes in flight when the source's front door begins holding must end before read_only: about one
-        # request's time, polled.
-        drain = (units.request + DRAIN_POLL) if shape.front_door else 0.0
-        return [
-            WindowPart("fence, drain, read_only, the replica's last transactions and its promotion",
-                       round(switch_seconds + drain, 3), f"measured: {switch_basis}; the drain about one request",
-                       "repl_switch"),
-            uploads,
-            WindowPart("target start", 0.0, "none: its database and services already run", "start_target"),
-            WindowPart("verify", round(max(units.health, VERIFY_SQL * units.sql), 3), health, "verify_target"),
-            dns,
-        ]  # fmt: skip
+    return mode.window_parts(WindowBasis(shape, units, trees_scan, uploads, health))
+
+
+def replicate_window(basis: WindowBasis) -> list[WindowPart]:
+    """The replicate mode's window: no database stops or copies inside it; the switch waits for the replica's last
+    transactions, and the target's database and services already run (nothing starts)."""
+    shape, units = basis.shape, basis.units
+    haproxy_scale = 1 if shape.front_door else 0
+    switch_count = {"ssh_source": 1 if shape.source_fence else 0,
+                    **{k: v * (haproxy_scale if k == "haproxy" else 1) for k, v in SWITCH.items()}}  # fmt: skip
+    switch_seconds, switch_basis = _ssh_part("switch", switch_count, units)
+    # The writes in flight when the source's front door begins holding must end before read_only: about one
+    # request's time, polled.
+    drain = (units.request + DRAIN_POLL) if shape.front_door else 0.0
+    return [
+        WindowPart("fence, drain, read_only, the replica's last transactions and its promotion",
+                   round(switch_seconds + drain, 3), f"measured: {switch_basis}; the drain about one request",
+                   "repl_switch"),
+        basis.uploads,
+        WindowPart("verify", round(max(units.health, VERIFY_SQL * units.sql), 3), basis.health, "verify_target"),
+        basis.commit(source_commands=0),
+    ]  # fmt: skip
+
+
+def shutdown_window(basis: WindowBasis) -> list[WindowPart]:
+    """The shutdown mode's window: the source's database stopped under the lock, its datadir's delta copied, the
+    target started; the DNS flip tells the cut-over's guard of the commit (one command on the source)."""
+    shape, units, trees_scan = basis.shape, basis.units, basis.trees_scan
+    fence_source = 1 if shape.source_fence else 0
+    fence_target = 1 if shape.target_fence else 0
+    haproxy_scale = 1 if shape.front_door else 0
     cut_count = {**SHUTDOWN_CUTOVER, "haproxy": SHUTDOWN_CUTOVER["haproxy"] * haproxy_scale}
     cut_count["ssh_source"] += fence_source
     cut_seconds, cut_basis = _ssh_part("cutover", cut_count, units)
@@ -370,11 +419,11 @@ def predict_window(transfers: list[TransferEstimate], units: UnitCosts, *, plan_
         WindowPart("final datadir pass", round(db_seconds + units.rsync_pass + 3 * delta, 3),
                    f"measured: {db_basis}, one rsync, {size_text(units.datadir_delta_bytes)} the live server "
                    f"changed lately checksummed three times at {size_text(units.hash_rate)}/s", "db_final"),
-        uploads,
+        basis.uploads,
         start,
         WindowPart("verify", round(max(units.health, verify_trees, VERIFY_SQL * units.sql), 3),
-                   f"{health}, side by side with the trees' checksums of the tracked paths", "verify_target"),
-        dns,
+                   f"{basis.health}, side by side with the trees' checksums of the tracked paths", "verify_target"),
+        basis.commit(source_commands=1),
     ]  # fmt: skip
 
 
@@ -454,14 +503,14 @@ def parse_hash_rate(output: str) -> float | None:
     return count / (ended - began) if count and ended > began else None
 
 
-def _health_rounds(rt: StepRuntime, mode: str) -> tuple[list[float], str]:
+def health_rounds(rt: StepRuntime, *, on_target: bool = False) -> tuple[list[float], str]:
     """Every health check, side by side as verify_target runs them, ROUND_TRIP_SAMPLES times: against the target
-    where it already runs (the replicate mode's target serves, fenced, before the window), else the same checks aimed
-    at the source (its app and database, read-only): what one round of them costs on these hosts."""
+    where it already runs (`on_target`: the replicate mode's target serves, fenced, before the window), else the same
+    checks aimed at the source (its app and database, read-only): what one round of them costs on these hosts."""
     checks = list(rt.plan.health.checks)
     if not checks:
         return [0.0], "none declared"
-    if mode == "replicate":
+    if on_target:
         try:
             rounds = [_checks_once(rt, checks, "target") for _ in range(ROUND_TRIP_SAMPLES)]
             return rounds, f"{len(checks)} check(s) side by side, on the target"
@@ -507,7 +556,7 @@ def _checks_once(rt: StepRuntime, checks: list[Any], where: Which) -> float:
         return max(pool.map(one, checks))
 
 
-def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate], rate: float,
+def measure_units(rt: StepRuntime, mode: EstimatedMode, transfers: list[TransferEstimate], rate: float,
                   rehearsed: dict[str, Any] | None = None) -> UnitCosts:  # fmt: skip
     """The window's unit costs, read-only, on the hosts as they are now. The replicate mode runs the window's short
     commands in a shell kept open before it (steps/common.keep_shells): so are they measured."""
@@ -524,8 +573,7 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
             [_timed(functools.partial(host.run, "true", timeout=60)) for _ in range(ROUND_TRIP_SAMPLES)]
         )
         ssh[which] = fresh[which]
-        if mode == "replicate" and hasattr(host, "keep_shell"):
-            host.keep_shell()
+        if mode.window_shell(host):
             how = "kept shell"
             ssh[which] = _median(
                 [_timed(functools.partial(host.run, "true", timeout=60)) for _ in range(ROUND_TRIP_SAMPLES)]
@@ -575,14 +623,9 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
             front.close()
     # The quickest round for the checks inside the window (the app they ask serves nobody else then: its clients are
     # held or fenced), the median for a request of the live source's (the writes in flight the switch drains).
-    rounds, health_basis = _health_rounds(rt, mode)
+    rounds, health_basis = mode.health_rounds(rt)
     tracked = bool(plan.files) and probes.ask(rt.source, probes.has_program("inotifywait"))
-    delta, hash_rate = 0, 0.0
-    if mode != "replicate":
-        output = rt.source.run(delta_size_command(plan.database.source.datadir), timeout=120).stdout.strip()
-        delta = int(output) if output.isdigit() else 0
-        timed = rt.source.run(hash_rate_command(plan.database.source.datadir), timeout=60, check=False).stdout
-        hash_rate = parse_hash_rate(timed) or 0.0
+    delta, hash_rate = mode.datadir_delta(rt)
     units = UnitCosts(
         ssh_source=round(ssh["source"], 4), ssh_target=round(ssh["target"], 4), ssh_how=how,
         ssh_new_source=round(fresh["source"], 4), ssh_new_target=round(fresh["target"], 4),
@@ -592,6 +635,15 @@ def measure_units(rt: StepRuntime, mode: str, transfers: list[TransferEstimate],
         datadir_delta_bytes=delta, rate=rate, hash_rate=round(hash_rate, 1),
     )  # fmt: skip
     return with_rehearsal(units, rehearsed)
+
+
+def datadir_delta(rt: StepRuntime) -> tuple[int, float]:
+    """The shutdown mode's final datadir pass: the bytes the live server changed lately, and the rate the source
+    checksums a datadir file at now."""
+    datadir = rt.plan.database.source.datadir
+    output = rt.source.run(delta_size_command(datadir), timeout=120).stdout.strip()
+    timed = rt.source.run(hash_rate_command(datadir), timeout=60, check=False).stdout
+    return int(output) if output.isdigit() else 0, parse_hash_rate(timed) or 0.0
 
 
 def with_rehearsal(units: UnitCosts, rehearsed: dict[str, Any] | None) -> UnitCosts:
@@ -622,7 +674,7 @@ PREFLIGHT = {"ssh_source": 21, "ssh_target": 17, "sql": 32}
 PREFLIGHT_DNS = 2  # the zone, then each record
 
 
-def predict_before(units: UnitCosts, *, plan: Plan, mode: str, records_ttl: int | None,
+def predict_before(units: UnitCosts, *, plan: Plan, mode: EstimatedMode, records_ttl: int | None,
                    compare: tuple[float, int] | None) -> list[WindowPart]:  # fmt: skip
     """The steps before the window that move nothing of their own, at the unit costs measured (new sessions:
     before the window no shell is kept open)."""
@@ -645,25 +697,29 @@ def predict_before(units: UnitCosts, *, plan: Plan, mode: str, records_ttl: int 
                  if wait else "")  # fmt: skip
         parts.append(WindowPart("the TTLs lowered", round(calls * units.dns, 3),
                                 f"measured: {calls} DNS API calls{waits}", "lower_ttl"))  # fmt: skip
-    if mode == "replicate":
-        keep = units.ssh_new_source + units.ssh_new_target
-        trees = len(plan.files) * units.rsync_pass if units.tracked else 0.0
-        if compare is not None:
-            chunk_seconds, chunks = compare
-            pause = plan.replication.compare_pause if plan.replication else 0.0
-            # compare_tables checksums each chunk on the source, then on the replica, and finds its bounds first.
-            compared = chunks * chunk_seconds * 3 * (1 + pause)
-            what = (f"{chunks} chunk(s) of replication.chunk_rows, each {chunk_seconds * 1000:.0f} ms to checksum "
-                    "on the source now, on both sides")  # fmt: skip
-        else:
-            compared, what = 0.0, "no comparison (replication.compare off)"
-        parts.append(WindowPart(
-            "the comparison, the health checks, the trees' tracked pre-pass, the lag gate",
-            round(compared + units.request + trees + keep, 3),
-            f"measured: {what}; the checks' median round; the lag gate assumed passed at once (the replica "
-            "caught up)", "repl_catchup",
-        ))  # fmt: skip
-    return parts
+    return parts + mode.before_parts(units, plan, compare)
+
+
+def catchup_part(units: UnitCosts, plan: Plan, compare: tuple[float, int] | None) -> WindowPart:
+    """The replicate mode's step before the window that moves nothing of its own: the comparison, the checks, the
+    trees' tracked pre-pass and the lag gate (`compare`: one chunk's checksum and how many chunks, measured)."""
+    keep = units.ssh_new_source + units.ssh_new_target
+    trees = len(plan.files) * units.rsync_pass if units.tracked else 0.0
+    if compare is not None:
+        chunk_seconds, chunks = compare
+        pause = plan.replication.compare_pause if plan.replication else 0.0
+        # compare_tables checksums each chunk on the source, then on the replica, and finds its bounds first.
+        compared = chunks * chunk_seconds * 3 * (1 + pause)
+        what = (f"{chunks} chunk(s) of replication.chunk_rows, each {chunk_seconds * 1000:.0f} ms to checksum "
+                "on the source now, on both sides")  # fmt: skip
+    else:
+        compared, what = 0.0, "no comparison (replication.compare off)"
+    return WindowPart(
+        "the comparison, the health checks, the trees' tracked pre-pass, the lag gate",
+        round(compared + units.request + trees + keep, 3),
+        f"measured: {what}; the checks' median round; the lag gate assumed passed at once (the replica "
+        "caught up)", "repl_catchup",
+    )  # fmt: skip
 
 
 def measure_compare(rt: StepRuntime) -> tuple[float, int] | None:
@@ -697,7 +753,7 @@ def measure_compare(rt: StepRuntime) -> tuple[float, int] | None:
         rt.release(conn)
 
 
-def estimate(rt: StepRuntime, mode: str = "shutdown", rehearsed: dict[str, Any] | None = None) -> Estimate:
+def estimate(rt: StepRuntime, mode: EstimatedMode, rehearsed: dict[str, Any] | None = None) -> Estimate:
     """The whole estimate, read-only, for the cut-over mode given (`auto` resolved by the caller); `rehearsed`: the
     last `migrate rehearse --for-real`'s figures (rehearsal.json), whose timings replace assumptions."""
     plan = rt.plan
@@ -712,8 +768,8 @@ def estimate(rt: StepRuntime, mode: str = "shutdown", rehearsed: dict[str, Any] 
     units = measure_units(rt, mode, transfers, rate, rehearsed)
     window = predict_window(transfers, units, plan_shape=PlanShape.of(plan), mode=mode)
     before = predict_before(units, plan=plan, mode=mode, records_ttl=records_ttl(rt),
-                            compare=measure_compare(rt) if mode == "replicate" else None)  # fmt: skip
-    return Estimate(predict(transfers, rate), round(rate, 1), basis, size, window, mode, asdict(units), before)
+                            compare=mode.measure_compare(rt))  # fmt: skip
+    return Estimate(predict(transfers, rate), round(rate, 1), basis, size, window, mode.name, asdict(units), before)
 
 
 def records_ttl(rt: StepRuntime) -> int | None:

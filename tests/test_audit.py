@@ -10,15 +10,9 @@ from orchestrator import audit, exit_codes, replica_audit
 from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
 from orchestrator.results import AuditResult
 from orchestrator.run.watch import outcome_code
-from orchestrator.steps import (
-    AFTER_CUTOVER,
-    CUTOVER_MODES,
-    REVERSE_OVER_REPLICA,
-    after_cutover,
-    step_class,
-    step_order,
-)
+from orchestrator.steps import step_class
 from orchestrator.steps.audit import Audit
+from orchestrator.steps.modes import REPLICATE, REVERSE_OVER_REPLICA, SHUTDOWN
 from orchestrator.steps.verify_target import VerifyTarget
 from orchestrator.transports import replication as repl
 from tests.fakes import FakeSession, OfflineRuntime, context, plan
@@ -148,7 +142,7 @@ def test_replicate_verify_opens_the_audit_snapshot_with_one_statement_and_holds_
     rt = PositionsRuntime(_no_checks())
     rt.window.begin(time.time() - 1)
     ctx = context(rt, "verify_target", history=REPLICATE_STEPS, outputs={"repl_switch": {"final_gtid": "0-1-42"}})
-    figures, problems = VerifyTarget().positions(ctx)
+    figures, problems = VerifyTarget(mode=REPLICATE).positions(ctx)
     assert not problems and figures["audit_snapshot_at"] > 0
     # Inside the window: one statement more, on the connection that read the target's position (no connection of
     # its own, no ping); the tables are read on the frozen source after the commit.
@@ -156,10 +150,10 @@ def test_replicate_verify_opens_the_audit_snapshot_with_one_statement_and_holds_
     assert target.statements == ["SELECT @@GLOBAL.gtid_current_pos", replica_audit.SNAPSHOT_STATEMENT]
     assert source.statements == ["SELECT @@GLOBAL.gtid_binlog_pos"]
     assert audit.held(rt).snapshot is target and rt.released == [source], "the target's session is kept"
-    described = " ".join(VerifyTarget().describe(ctx))
+    described = " ".join(VerifyTarget(mode=REPLICATE).describe(ctx))
     assert "consistent snapshot on the promoted, still fenced target" in described
     # A run that rolls back (the flip failed) closes it at once: nothing keeps the target's purge back meanwhile.
-    VerifyTarget().undo(ctx)
+    VerifyTarget(mode=REPLICATE).undo(ctx)
     assert rt.released == [source, target] and audit.held(rt).snapshot is None
     # With the audit off (database.verify asks for neither), the target's session is released as before.
     off = _no_checks()
@@ -168,7 +162,7 @@ def test_replicate_verify_opens_the_audit_snapshot_with_one_statement_and_holds_
     quiet = PositionsRuntime(off)
     quiet.window.begin(time.time() - 1)
     switched = {"repl_switch": {"final_gtid": "0-1-42"}}
-    figures, problems = VerifyTarget().positions(
+    figures, problems = VerifyTarget(mode=REPLICATE).positions(
         context(quiet, "verify_target", history=REPLICATE_STEPS, outputs=switched)
     )
     assert not problems and not figures and audit.held(quiet).snapshot is None
@@ -180,7 +174,7 @@ def test_a_resumed_replicate_run_does_not_audit_a_target_that_took_writes_and_sa
     # runtime holds nothing, and the target has taken writes since the commit.
     rt = OfflineRuntime(plan())
     ctx = context(rt, "audit", history=REPLICATE_STEPS, outputs={"repl_switch": {"final_gtid": "0-1-42"}})
-    result = AuditResult.of(Audit().run(ctx))
+    result = AuditResult.of(Audit(mode=REPLICATE).run(ctx))
     assert result.status == "not_run" and result.method == "chunks"
     assert "resumed" in (result.reason or "") and "not compared" in (result.reason or "")
     assert not hasattr(rt, "session"), "no connection opened to either side"
@@ -215,10 +209,10 @@ def test_the_audit_snapshot_is_opened_after_the_promotion_and_before_the_commit_
     # verify_target opens the snapshot: it must run after the step that promotes (repl_switch) or starts the target,
     # and before the commit point (the step that lifts the target's fence), or the snapshot could hold the
     # application's writes (a false difference) or miss the promotion.
-    reverse = REVERSE_OVER_REPLICA[: -len(AFTER_CUTOVER)]
-    orders = [step_order(mode, door_commits=door) for mode in CUTOVER_MODES for door in (False, True)]
-    for steps in (*orders, (*reverse, *after_cutover(False)), (*reverse, *after_cutover(True))):
+    modes = (SHUTDOWN, REPLICATE, REVERSE_OVER_REPLICA)
+    for steps in [mode.steps(door_commits=door) for mode in modes for door in (False, True)]:
         commit = next(i for i, name in enumerate(steps) if step_class(name).commit_point)
         assert steps.index("verify_target") < commit < steps.index("audit"), steps
         before = "repl_switch" if "repl_switch" in steps else "start_target"
         assert steps.index(before) < steps.index("verify_target"), steps
+        assert "start_target" not in steps or steps.index("start_target") < steps.index("verify_target"), steps

@@ -30,6 +30,7 @@ from orchestrator.run.rehearse import compare, compare_parts
 from orchestrator.runtime import Runtime
 from orchestrator.steps.db_presync import DbPresync
 from orchestrator.steps.files_presync import FilesPresync
+from orchestrator.steps.modes import REPLICATE, SHUTDOWN
 from tests.conftest import migrate
 from tests.test_e2e import live_lab, migrate_apply, outcome, plan_copy, plan_name, run_report
 
@@ -81,7 +82,7 @@ TRANSFERS = [
 def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> None:
     """Each part counts what its step does at what one operation costs on the hosts now: a host twice as slow to
     run a command makes the parts made of commands twice as long, and every part says what it is made of."""
-    parts = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=SHAPE)}
+    parts = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=SHAPE, mode=SHUTDOWN)}
     # The tracked pass: one command on the source (the change list with its trust probe) and one rsync, not the
     # whole tree's comparison (4 s).
     assert parts["files_final"].seconds == 1 * 0.5 + 1.0
@@ -93,7 +94,9 @@ def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> N
     # Without one, DNS is the commit: 5 DNS calls per record, 11 HAProxy commands (none: no door), the target's
     # fence lift and the guard told on the source.
     no_door = dataclasses.replace(SHAPE, front_door=False)
-    flip = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=no_door)}["dns_flip"]
+    flip = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=no_door, mode=SHUTDOWN)}[
+        "dns_flip"
+    ]
     assert flip.seconds == round(10 * 0.02 + 0.25 + 0.5, 3)
     # The fence, 3 commands of the cut-over on the source, 8 SQL statements, 4 HAProxy exchanges, the shutdown.
     assert parts["cutover"].seconds == round(4 * 0.5 + 8 * 0.01 + 4 * 0.01 + estimates.ASSUMED_SHUTDOWN_SECONDS, 3)
@@ -101,17 +104,23 @@ def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> N
     # times at the checksum rate (rsync's delta on both hosts, then the verification).
     assert parts["db_final"].seconds == round(0.5 + 0.25 + 0.5 + 1.0 + 3 * 1.0, 3)
     assert all(part.basis.startswith(("measured:", "assumed:")) for part in parts.values())
-    slow = {p.step: p for p in estimates.predict_window(TRANSFERS, units(ssh_source=1.0), plan_shape=SHAPE)}
+    slow = {
+        p.step: p for p in estimates.predict_window(TRANSFERS, units(ssh_source=1.0), plan_shape=SHAPE, mode=SHUTDOWN)
+    }
     assert slow["files_final"].seconds == 1 * 1.0 + 1.0
     # Without a change tracker on the source, the final pass compares the whole tree.
-    untracked = {p.step: p for p in estimates.predict_window(TRANSFERS, units(tracked=False), plan_shape=SHAPE)}
+    untracked = {
+        p.step: p for p in estimates.predict_window(TRANSFERS, units(tracked=False), plan_shape=SHAPE, mode=SHUTDOWN)
+    }
     assert untracked["files_final"].seconds == 4.0 + 0.25
 
 
 def test_the_replicate_window_has_no_shutdown_nor_datadir_pass() -> None:
-    parts = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=SHAPE, mode="replicate")}
-    assert set(parts) == {"repl_switch", "files_final", "start_target", "verify_target", "switch_traffic"}
-    assert parts["start_target"].seconds == 0.0
+    parts = {p.step: p for p in estimates.predict_window(TRANSFERS, units(), plan_shape=SHAPE, mode=REPLICATE)}
+    # No target start: its database and services run (fenced) since the replica step, and the mode runs no
+    # start_target.
+    assert set(parts) == {"repl_switch", "files_final", "verify_target", "switch_traffic"}
+    assert "start_target" not in REPLICATE.steps(door_commits=True)
     # The fence, 2 SQL round trips (read_only with the final position; the wait with the promotion), 2 HAProxy
     # exchanges (the hold with the requests in flight; the drain's poll), and the drain of the writes in flight
     # (about one request).
@@ -123,7 +132,7 @@ def test_a_rehearsal_for_real_replaces_the_assumptions() -> None:
     rehearsed = {"stages": {"target start (fenced)": 3.5, "target stop": 1.25, "health checks": 0.75},
                  "measured_at": "2026-01-01T00:00:00Z"}  # fmt: skip
     measured = estimates.with_rehearsal(units(), rehearsed)
-    parts = {p.step: p for p in estimates.predict_window(TRANSFERS, measured, plan_shape=SHAPE)}
+    parts = {p.step: p for p in estimates.predict_window(TRANSFERS, measured, plan_shape=SHAPE, mode=SHUTDOWN)}
     assert parts["start_target"].seconds == 3.5 and "rehearsal of 2026-01-01" in parts["start_target"].basis
     assert "1.25 s" in parts["cutover"].basis and "assumed" not in parts["cutover"].basis
     assert parts["verify_target"].seconds == 1.0  # the trees' tracked checksums (one rsync) outlast the checks
@@ -315,7 +324,7 @@ def test_estimates_are_within_ten_percent_of_the_presyncs_that_follow(lab: LabSt
         # An empty target: the estimate has something real to predict.
         empty(lab.target.uploads)
         empty(lab.target.datadir)
-        estimate = estimates.estimate(rt)
+        estimate = estimates.estimate(rt, SHUTDOWN)
         moved: dict[str, int] = {}
         for step in (FilesPresync(), DbPresync()):
             ctx = StepContext(run_id="test", step=step.name, dry_run=False, rt=rt, log=structlog.get_logger())
@@ -427,12 +436,12 @@ def test_the_steps_before_the_window_have_their_durations() -> None:
     what it is made of; lower_ttl names the wait the cut-over will have (the records' TTL read now)."""
     plan = load_plan(Path(__file__).parents[1] / "plans" / "course-review.yaml").plan
     measured = dataclasses.replace(units(), ssh_new_source=0.5, ssh_new_target=0.25)
-    parts = {p.step: p for p in estimates.predict_before(measured, plan=plan, mode="shutdown", records_ttl=300,
+    parts = {p.step: p for p in estimates.predict_before(measured, plan=plan, mode=SHUTDOWN, records_ttl=300,
                                                          compare=None)}  # fmt: skip
     assert set(parts) == {"preflight", "lower_ttl"}
     assert parts["preflight"].seconds >= 2 * plan.preflight.fsync_seconds
     lowered = plan.model_copy(update={"dns": plan.dns.model_copy(update={"lower_ttl_to": 30})})
-    parts = {p.step: p for p in estimates.predict_before(measured, plan=lowered, mode="replicate", records_ttl=300,
+    parts = {p.step: p for p in estimates.predict_before(measured, plan=lowered, mode=REPLICATE, records_ttl=300,
                                                          compare=(0.01, 50))}  # fmt: skip
     records = len(plan.dns.records)
     assert parts["lower_ttl"].seconds == round(2 * records * 0.02, 3) and "300 s after it" in parts["lower_ttl"].basis

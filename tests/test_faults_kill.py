@@ -260,7 +260,7 @@ def test_kill9_in_the_replicate_window_without_resume_the_guard_restores_the_sou
     state = live
     budget = 10.0
     plan = replicate_plan(
-        state, "replguard", {"before-step": on_step("start_target", "kill -9 $PPID\n")}, max_write_block=budget,
+        state, "replguard", {"before-step": on_step("verify_target", "kill -9 $PPID\n")}, max_write_block=budget,
         compare=False,
     )  # fmt: skip
     load_dir = tmp_path / "load"

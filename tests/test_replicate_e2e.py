@@ -531,8 +531,8 @@ def test_killed_during_the_seed_resumes_and_loses_nothing(live: LabState, tmp_pa
 def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_path: Path) -> None:
     state = live
     # Inside the window: the source read-only and fenced, the target promoted (the switch done), the uploads' delta
-    # perhaps still running beside, DNS not flipped yet.
-    plan = replicate_plan(state, "replkill2", {"before-step": on_step("start_target", "kill -9 $PPID\n")})
+    # done beside it, DNS not flipped yet (the replicate mode runs no start_target: verify_target comes next).
+    plan = replicate_plan(state, "replkill2", {"before-step": on_step("verify_target", "kill -9 $PPID\n")})
     hook = state.path / "hooks-replkill2" / "before-step"
     report = resumed_under_load(state, plan, tmp_path / "load", str(hook))
     events = journal_events(state, plan)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,13 +18,18 @@ import pytest
 
 from orchestrator import probes
 from orchestrator.engine.step import StepError
-from orchestrator.plan.model import Retry
-from orchestrator.results import CutoverResult, DbPresyncResult, FilesResult, VerifyResult, result_of
-from orchestrator.steps import CUTOVER_MODES, STEP_ORDER, step_class, step_order
+from orchestrator.plan.model import Plan, Retry
+from orchestrator.results import AuditResult, CutoverResult, DbPresyncResult, FilesResult, VerifyResult, result_of
+from orchestrator.steps import CUTOVER_MODES, STEP_ORDER, build_steps, door_commits, step_class, step_order
+from orchestrator.steps.audit import Audit
 from orchestrator.steps.cutover import Cutover
 from orchestrator.steps.db_final import DbFinal
 from orchestrator.steps.finish import STOPPED_SERVICES, Finish
+from orchestrator.steps.modes import REPLICATE, REVERSE_OVER_REPLICA, SHUTDOWN, CutoverMode, mode_of
+from orchestrator.steps.preflight import Preflight
 from orchestrator.steps.prepare_target import PrepareTarget
+from orchestrator.steps.start_target import StartTarget
+from orchestrator.steps.verify_target import VerifyTarget
 from orchestrator.transports.mysql import blockers_from_rows
 from orchestrator.transports.ssh import TransportError
 from orchestrator.window import DowntimeWindow, journaled_blocked_at
@@ -200,6 +207,109 @@ def test_the_cutover_mode_chooses_the_steps_between_the_shared_ones() -> None:
     assert step_order("auto") == replicate  # unresolved: what a dry-run shows
     with pytest.raises(LookupError, match="sideways"):
         step_order("sideways")
+
+
+def in_mode(p: Plan, mode: str, *, reverse_of: str | None = None) -> Plan:
+    """The plan with another cut-over mode (a reverse run's when `reverse_of`), unvalidated: enough to build its
+    steps."""
+    moved = p.model_copy(update={"cutover": p.cutover.model_copy(update={"mode": mode})})
+    moved._reverse_of = reverse_of
+    return moved
+
+
+def test_each_mode_runs_only_the_steps_that_act_in_it() -> None:
+    # The replicate mode's target runs (fenced) since its replica step: no start_target in its sequence. The way back
+    # over the reverse replica keeps it: it starts the old source's services again when the forward finish stopped
+    # them.
+    assert "start_target" in SHUTDOWN.steps() and "start_target" not in REPLICATE.steps()
+    assert "start_target" in REVERSE_OVER_REPLICA.steps()
+    for mode in (SHUTDOWN, REPLICATE, REVERSE_OVER_REPLICA):
+        for door in (False, True):
+            names = mode.steps(door_commits=door)
+            assert len(set(names)) == len(names) and names[-2:] == ("audit", "finish"), names
+            assert ("switch_traffic" in names) == door and names.index("verify_target") < names.index("dns_flip")
+            assert all(step_class(name).name == name for name in names)
+
+
+def test_build_steps_hands_the_plans_mode_to_every_step_that_differs_by_mode() -> None:
+    p = plan()
+    cases: list[tuple[Plan, CutoverMode]] = [
+        (in_mode(p, "shutdown"), SHUTDOWN),
+        (in_mode(p, "replicate"), REPLICATE),
+        (in_mode(p, "auto"), SHUTDOWN),  # auto without a replication section can only be shutdown
+        (in_mode(p, "replicate", reverse_of="shop"), REVERSE_OVER_REPLICA),
+        (in_mode(p, "shutdown", reverse_of="shop"), SHUTDOWN),
+    ]
+    for built, mode in cases:
+        assert mode_of(built) is mode
+        steps = build_steps(built)
+        assert [s.name for s in steps] == list(mode.steps(door_commits=door_commits(built)))
+        given = {s.name: getattr(s, "mode", None) for s in steps if hasattr(s, "mode")}
+        shared = {"preflight", "start_target", "verify_target", "audit", "finish"} & {s.name for s in steps}
+        assert set(given) == shared and all(m is mode for m in given.values()), (mode, given)
+
+
+def test_the_shared_steps_act_as_their_mode_says_whatever_the_journal_lists() -> None:
+    p = plan()
+    replicating = [{"event": "run_started", "steps": list(REPLICATE.steps())}]
+    # Handed the shutdown mode, start_target fences and starts the target even in a run whose journal lists the
+    # replicate steps: the step follows its mode, never the journal.
+    rt = OfflineRuntime(p)
+    rt.window.begin(time.time())
+    StartTarget(mode=SHUTDOWN).run(context(rt, "start_target", history=replicating))
+    assert rt.target.commands[0] == p.services.target_fence.enable and len(rt.target.commands) > 2
+    # The replicate mode starts nothing inside the window (the replica step did, before it) and undoes nothing.
+    quiet = OfflineRuntime(p)
+    quiet.window.begin(time.time())
+    outputs = {"repl_replica": {"services": ["app"]}}
+    result = StartTarget(mode=REPLICATE).run(context(quiet, "start_target", outputs=outputs))
+    StartTarget(mode=REPLICATE).undo(context(quiet, "start_target", outputs=outputs))
+    assert quiet.target.commands == [] and result is not None
+    assert result["services"] == ["app"] and result["db_ready_seconds"] == 0.0
+    # The way back over the reverse replica to an old source whose services the forward finish stopped: they start.
+    stopped = p.model_copy(update={"finish": p.finish.model_copy(update={"source": "stop"})})
+    back = OfflineRuntime(stopped)
+    back.window.begin(time.time())
+    StartTarget(mode=REVERSE_OVER_REPLICA).run(context(back, "start_target", outputs=outputs))
+    assert back.target.commands == [service.start for service in stopped.services.target]
+
+
+def test_each_mode_describes_its_own_part_of_the_shared_steps() -> None:
+    rt = OfflineRuntime(plan())
+
+    def lines(step: Any) -> str:
+        return " ".join(step.describe(context(rt, step.name)))
+
+    assert "GTID positions" in lines(VerifyTarget(mode=REPLICATE)) and "GTID" not in lines(VerifyTarget())
+    assert "in chunks" in lines(Audit(mode=REPLICATE)) and "stopped source" in lines(Audit(mode=SHUTDOWN))
+    assert "reverse replication" in lines(Finish(mode=REPLICATE)) and "reverse" not in lines(Finish())
+    assert "replicate mode" in lines(StartTarget(mode=REVERSE_OVER_REPLICA))
+    assert "start the database" in lines(StartTarget(mode=SHUTDOWN))
+    assert "enough free space" in lines(Preflight(mode=REPLICATE))
+    assert "enough free space" not in lines(Preflight(mode=REVERSE_OVER_REPLICA))  # no datadir moves back
+    # The audit off (database.verify asks for neither): the method still says which mode's audit it would be.
+    p = plan()
+    off = p.model_copy(update={"database": p.database.model_copy(update={"verify": p.database.verify.model_copy(
+        update={"row_counts": False, "checksum": False})})})  # fmt: skip
+    for mode, method in ((SHUTDOWN, "figures"), (REPLICATE, "chunks")):
+        result = AuditResult.of(Audit(mode=mode).run(context(OfflineRuntime(off), "audit")))
+        assert result.status == "off" and result.method == method
+
+
+@pytest.mark.parametrize(
+    "first", ["orchestrator.steps.modes", "orchestrator.estimates", "orchestrator.steps.finish", "orchestrator.cli"]
+)
+def test_the_modes_load_whichever_module_is_imported_first(first: str) -> None:
+    # The modes use what the steps share (and the estimate's arithmetic, which imports steps/common.py): under
+    # steps/, the package's __init__ is always loaded first, so no import order meets a half-loaded module.
+    subprocess.run([sys.executable, "-c", f"import {first}"], check=True, timeout=120)
+
+
+def test_no_shared_step_asks_which_mode_it_is_in() -> None:
+    # The run's journaled step list is the engine's; the shared steps get their mode's behaviour at construction.
+    steps_dir = Path(__file__).parents[1] / "orchestrator" / "steps"
+    asking = [path.name for path in sorted(steps_dir.glob("*.py")) if "replicate_run(" in path.read_text()]
+    assert asking == []
 
 
 def test_no_step_imports_another_step() -> None:

@@ -25,6 +25,7 @@ from orchestrator.redaction import redact
 from orchestrator.run.policy import load_env, resolve_secrets, state_dir_of, subject
 from orchestrator.run.results import RunError
 from orchestrator.runtime import Runtime
+from orchestrator.steps.modes import mode_named
 from orchestrator.transports.dns import DnsError
 from orchestrator.transports.ssh import TransportError
 
@@ -49,7 +50,7 @@ def rehearse(plan_path: Path, *, env_file: Path | None = None, state_dir: Path |
     rt = Runtime(subj.plan, plan_path)
     try:
         mode, reason = resolve_mode(rt)
-        estimate = estimates.estimate(rt, mode, last_rehearsal(subj.state_dir))
+        estimate = estimates.estimate(rt, mode_named(mode), last_rehearsal(subj.state_dir))
     except (TransportError, StepError, DatabaseError, DnsError) as exc:
         raise RunError(exit_codes.FAILED, f"rehearsal: {redact(str(exc))}") from None
     finally:
@@ -102,7 +103,7 @@ def dry_run_estimate(plan: Plan, plan_path: Path) -> DryRunEstimate:
     try:
         mode, reason = resolve_mode(rt)
         rehearsed = last_rehearsal(state_dir_of(plan_path, plan, None))
-        return DryRunEstimate(mode, reason, estimates.estimate(rt, mode, rehearsed))
+        return DryRunEstimate(mode, reason, estimates.estimate(rt, mode_named(mode), rehearsed))
     finally:
         rt.close()
 
@@ -231,6 +232,7 @@ def rehearse_for_real(
     """Preflight, the target prepared, the pre-syncs for real, the deltas timed again while the source stays live,
     the target started fenced on a copy of its warm datadir and its health checked, the DNS records read; then the
     target stopped and left warm (the pre-synced data kept for the real run) or clean. The source is only read."""
+    from orchestrator.plan.model import static_mode
     from orchestrator.results import DbPresyncResult
     from orchestrator.steps.common import RESOLVED_DATADIRS
     from orchestrator.steps.db_presync import DbPresync
@@ -258,9 +260,11 @@ def rehearse_for_real(
     datadir = warm = ""
     started_target = prepared = stopped = False
     mode: str = plan.cutover.mode
+    # The steps as a run without a journal would see them: the declared mode, an unresolved auto as shutdown's.
+    steps_mode = mode_named("replicate" if static_mode(plan) == "replicate" else "shutdown")
     try:
         mode, _reason = resolve_mode(rt)
-        figures = _timed(stages, "preflight", lambda: Preflight().run(_context(rt, Preflight()))) or {}
+        figures = _timed(stages, "preflight", lambda: Preflight(mode=steps_mode).run(_context(rt, Preflight()))) or {}
         # The target's datadir as preflight resolved it (a /var/lib/mysql link to another disk: the directory it
         # points at): the warm copy is moved aside and put back beside it, the link never renamed.
         real = (figures.get(RESOLVED_DATADIRS) or {}).get("target") or plan.database.target.datadir.rstrip("/")
@@ -278,29 +282,31 @@ def rehearse_for_real(
         started_target = True  # from here on, the finally puts the warm datadir back
         _timed(stages, "copy of the warm datadir", lambda: rt.target.run(
             f"rm -rf {warm} && mv {datadir} {warm} && cp -a {warm} {datadir}", timeout=3600))  # fmt: skip
-        _timed(stages, "target start (fenced)", lambda: StartTarget().run(_context(rt, StartTarget())))
+        _timed(stages, "target start (fenced)", lambda: StartTarget(mode=steps_mode).run(_context(rt, StartTarget())))
         _tries, health_failures = _timed(
-            stages, "health checks", lambda: VerifyTarget().health(_context(rt, VerifyTarget()))
+            stages, "health checks", lambda: VerifyTarget(mode=steps_mode).health(_context(rt, VerifyTarget()))
         )
         failures += health_failures
         _timed(stages, "DNS read", lambda: _read_records(rt))
         # The target's clean shutdown of a copy of the same data: what the source's shutdown in the window costs.
-        _timed(stages, "target stop", lambda: StartTarget().undo(_context(rt, StartTarget())))
+        _timed(stages, "target stop", lambda: StartTarget(mode=steps_mode).undo(_context(rt, StartTarget())))
         stopped = True
         rounds = db_result.rounds
         rate = rounds[0].bytes / rounds[0].seconds if rounds and rounds[0].seconds > 0 else 0.0
         measured = {"stages": stages, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         # Where a full scan would be the uploads' final pass (no change tracker), the second pass stands for it.
         second_pass = [estimates.TransferEstimate("files_presync", "uploads", 0, 0, 0, stages["uploads delta"], 0.0)]
-        units = estimates.with_rehearsal(estimates.measure_units(rt, mode, second_pass, rate), measured)
-        window = estimates.predict_window(second_pass, units, plan_shape=estimates.PlanShape.of(plan), mode=mode)
+        units = estimates.with_rehearsal(estimates.measure_units(rt, mode_named(mode), second_pass, rate), measured)
+        window = estimates.predict_window(
+            second_pass, units, plan_shape=estimates.PlanShape.of(plan), mode=mode_named(mode)
+        )
     except (TransportError, StepError, DatabaseError, DnsError) as exc:
         failures.append(redact(str(exc)))
     finally:
         try:
             if started_target:
                 if not stopped:
-                    StartTarget().undo(_context(rt, StartTarget()))
+                    StartTarget(mode=steps_mode).undo(_context(rt, StartTarget()))
                 # The copy the database ran on goes; the untouched warm copy takes its place (or goes too).
                 restore = f"rm -rf {datadir} && mv {warm} {datadir}"
                 rt.target.run(restore + (f" && find {datadir} -mindepth 1 -delete" if clean else ""), timeout=3600)

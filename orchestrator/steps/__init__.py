@@ -4,10 +4,11 @@ Each step lives in its own module `orchestrator.steps.<name>` and is the one `St
 the module's name; `build_steps` finds it by that name. Steps never import each other: what they share lives in
 `orchestrator.steps.common` (and `orchestrator.probes`, `orchestrator.results`, `orchestrator.window`).
 
-The cut-over is chosen by `cutover.mode`: each mode is a sibling sequence of steps between the shared pre-sync of
-the file trees and the shared end (file delta, start, verify, DNS flip, finish). `auto` is resolved to one of them
-when the run starts (`orchestrator.run.compose.resolve_mode`), and the run's step list is journaled, so a resumed
-run keeps the mode it began with; the shared steps ask `repl_common.replicate_run(ctx)` which one it is.
+The cut-over is chosen by `cutover.mode`: each mode is an object (steps/modes) holding its sequence of steps
+between the shared pre-sync of the file trees and the shared end (file delta, start, verify, DNS flip, finish), and
+what the shared steps do in it: `build_steps` hands the run's mode to each step that takes one. `auto` is resolved
+to one of them when the run starts (`orchestrator.run.compose.resolve_mode`), and the run's step list is journaled,
+so a resumed run keeps the mode it began with.
 """
 
 from __future__ import annotations
@@ -17,47 +18,21 @@ import inspect
 from collections.abc import Callable
 
 from orchestrator.engine.step import Step
-from orchestrator.plan.model import Plan, static_mode
+from orchestrator.plan.model import Plan
+from orchestrator.steps import modes
+from orchestrator.steps.modes import BEFORE_CUTOVER, COMMIT_AT_DOOR, SHARED_END, UNRESOLVED_MODE, mode_named, mode_of
 
-BEFORE_CUTOVER: tuple[str, ...] = ("preflight", "lower_ttl", "prepare_target", "files_presync")
-CUTOVER_MODES: dict[str, tuple[str, ...]] = {
-    # Pre-sync the live datadir, stop the source database cleanly under the lock, copy its quiet datadir's delta.
-    "shutdown": ("db_presync", "cutover", "db_final"),
-    # Seed the target with a hot backup, keep it a GTID replica through an SSH tunnel, compare and catch up before
-    # the window; inside it, read_only on the source, the replica's last transactions, the promotion with proof.
-    "replicate": ("repl_seed", "repl_replica", "repl_catchup", "repl_switch"),
-}
-# `auto` before it is resolved (a dry-run or a status without a run): the replicate steps, the default where possible.
-UNRESOLVED_MODE = "replicate"
-# `audit` (after the commit): the shutdown mode's row counts and checksums of every table, kept out of the window.
-AFTER_CUTOVER: tuple[str, ...] = ("files_final", "start_target", "verify_target", "dns_flip", "audit", "finish")
-# With a front door on the source the commit is made there (`switch_traffic`: the target's fence lifted, the source's
-# door forwarding to the target's), and the DNS flip follows after the window, with all the patience a slow API
-# needs: every client reaches the target through the source's door whatever its DNS cache says.
-COMMIT_AT_DOOR = "switch_traffic"
-# The way back over the reverse replica (a reverse run in replicate mode): the old source already replicates from
-# the target and runs (read-only, fenced), so nothing is stopped, seeded or set up; the comparison ran forward.
-# The uploads are pre-synced back (their change trackers started), the lag gate and the switch run with the roles
-# swapped, and the shared end carries the uploads' delta and points DNS back.
-REVERSE_OVER_REPLICA: tuple[str, ...] = (
-    "preflight", "lower_ttl", "files_presync", "repl_catchup", "repl_switch", *AFTER_CUTOVER,
-)  # fmt: skip
+__all__ = ["BEFORE_CUTOVER", "COMMIT_AT_DOOR", "SHARED_END", "UNRESOLVED_MODE", "build_steps", "step_class"]
+
+# Each mode's own steps (between the pre-sync and the shared end), by name.
+CUTOVER_MODES: dict[str, tuple[str, ...]] = {name: mode.own_steps for name, mode in modes.MODES.items()}
+# The way back over the reverse replica (a reverse run in replicate mode): see modes/replicate.ReverseOverReplica.
+REVERSE_OVER_REPLICA: tuple[str, ...] = modes.REVERSE_OVER_REPLICA.steps()
 
 
 def step_order(mode: str, *, door_commits: bool = False) -> tuple[str, ...]:
     """Every step's name, in run order, for a cut-over mode (`door_commits`: the plan commits at the front door)."""
-    try:
-        return BEFORE_CUTOVER + CUTOVER_MODES[UNRESOLVED_MODE if mode == "auto" else mode] + after_cutover(door_commits)
-    except KeyError:
-        raise LookupError(f"no steps for cutover.mode {mode!r}") from None
-
-
-def after_cutover(door_commits: bool) -> tuple[str, ...]:
-    """The shared end of every mode: with a door that commits, the switch at the door comes before the DNS flip."""
-    if not door_commits:
-        return AFTER_CUTOVER
-    at = AFTER_CUTOVER.index("dns_flip")
-    return (*AFTER_CUTOVER[:at], COMMIT_AT_DOOR, *AFTER_CUTOVER[at:])
+    return mode_named(mode).steps(door_commits=door_commits)
 
 
 def door_commits(plan: Plan) -> bool:
@@ -79,18 +54,20 @@ def step_class(name: str) -> type[Step]:
 
 def plan_steps(plan: Plan) -> tuple[str, ...]:
     """The step names a plan runs: its cut-over mode's, or the way back over the reverse replica."""
-    door = door_commits(plan)
-    if plan.reverse_of is not None and plan.cutover.mode == "replicate":
-        return (*REVERSE_OVER_REPLICA[: -len(AFTER_CUTOVER)], *after_cutover(door))
-    return step_order(static_mode(plan), door_commits=door)
+    return mode_of(plan).steps(door_commits=door_commits(plan))
 
 
 def build_steps(plan: Plan) -> list[Step]:
-    """One instance of every step of the plan's cut-over mode, in run order (steps read the plan from the runtime).
-    The DNS flip is the commit point unless the front door commits before it."""
-    names = plan_steps(plan)
+    """One instance of every step of the plan's cut-over mode, in run order (steps read the plan from the runtime);
+    a step that takes a `mode` gets the run's. The DNS flip is the commit point unless the front door commits
+    before it."""
+    mode = mode_of(plan)
+    names = mode.steps(door_commits=door_commits(plan))
     steps: list[Step] = []
     for name in names:
         make: Callable[..., Step] = step_class(name)
-        steps.append(make(commits=COMMIT_AT_DOOR not in names) if name == "dns_flip" else make())
+        kwargs: dict[str, object] = {"mode": mode} if "mode" in inspect.signature(make).parameters else {}
+        if name == "dns_flip":
+            kwargs["commits"] = COMMIT_AT_DOOR not in names
+        steps.append(make(**kwargs))
     return steps

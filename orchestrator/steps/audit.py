@@ -31,7 +31,8 @@ from orchestrator import audit, replica_audit
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.results import AuditResult, CutoverResult, SwitchResult
-from orchestrator.steps.repl_common import SWITCH_STEP, replicate_run
+from orchestrator.steps.modes import SHUTDOWN, CutoverMode
+from orchestrator.steps.repl_common import SWITCH_STEP
 from orchestrator.transports import mysql
 from orchestrator.transports import replication as repl
 
@@ -45,29 +46,15 @@ class Audit(Step):
     name = "audit"
     title = "Audit (after the commit): row counts and checksums of every table, target snapshot against the source"
 
+    def __init__(self, *, mode: CutoverMode = SHUTDOWN) -> None:
+        self.mode = mode
+
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
         verify = plan.database.verify
         if not (verify.row_counts or verify.checksum):
             return ["database.verify asks for neither row counts nor checksums: nothing to audit"]
-        if replicate_run(ctx):
-            rows = plan.replication.chunk_rows if plan.replication else 2000
-            return [
-                f"every table compared in chunks of {rows} rows (checksums, as before the window): the target's "
-                "snapshot, opened at the promotion before its fence lifted, against the source, read-only at its "
-                "final position (proven again)",
-                "a difference is reported naming the table and the chunk (report, status, exit code 4): the run is "
-                "committed",
-            ]
-        what = " and ".join(
-            n for n, on in (("row counts", verify.row_counts), ("CHECKSUM TABLE", verify.checksum)) if on
-        )
-        return [
-            f"{what} of every table in the target's snapshot (opened before its fence lifted), side by side with",
-            f"the stopped source on {plan.source.address} started read-only and isolated (no network, a private "
-            "socket, InnoDB read-only, no binary log), stopped again after",
-            "a difference is reported naming the table (report, status, exit code 4): the run is committed",
-        ]
+        return self.mode.describe_audit(plan)
 
     def check(self, ctx: StepContext) -> bool:
         return False
@@ -75,15 +62,12 @@ class Audit(Step):
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         rt = runtime(ctx)
         verify = rt.plan.database.verify
-        replicate = replicate_run(ctx)
         if not (verify.row_counts or verify.checksum):
             return AuditResult(status="off", reason="database.verify asks for neither",
-                               method="chunks" if replicate else "figures").journal()  # fmt: skip
-        if not replicate:
-            self._stop_left_over(ctx)
+                               method=self.mode.audit_method).journal()  # fmt: skip
         held = audit.forget(rt)
         try:
-            result = self._audit_replica(ctx, held) if replicate else self._audit(ctx, held)
+            result = self.mode.audit(ctx, self, held)
         finally:
             if held.snapshot is not None:
                 rt.release(held.snapshot)  # ends the snapshot's transaction: the target's purge goes on
@@ -93,7 +77,8 @@ class Audit(Step):
             live_differences=result.live_differences[:20])  # fmt: skip
         return result.journal()
 
-    def _audit(self, ctx: StepContext, held: audit.Held) -> AuditResult:
+    def audit_figures(self, ctx: StepContext, held: audit.Held) -> AuditResult:
+        """Shutdown mode: the held target snapshot's figures against the stopped source's, side by side."""
         rt = runtime(ctx)
         verify = rt.plan.database.verify
         tables = CutoverResult.of(ctx.output("cutover")).tables
@@ -138,7 +123,7 @@ class Audit(Step):
                     "seconds": round(time.monotonic() - started, 3)}
         )  # fmt: skip
 
-    def _audit_replica(self, ctx: StepContext, held: audit.Held) -> AuditResult:
+    def audit_chunks(self, ctx: StepContext, held: audit.Held) -> AuditResult:
         """Replicate mode: the held target snapshot against the read-only source, chunk by chunk."""
         rt = runtime(ctx)
         final_text = SwitchResult.of(ctx.output(SWITCH_STEP)).final_gtid
@@ -230,7 +215,7 @@ class Audit(Step):
             ctx.save(ISOLATED_SOURCE, None)
             ctx.log.info("audit.source_stopped")
 
-    def _stop_left_over(self, ctx: StepContext) -> None:
+    def stop_left_over(self, ctx: StepContext) -> None:
         """A source server an earlier (dead) run of this step started for the audit is stopped first."""
         directory = ctx.saved(ISOLATED_SOURCE)
         if not directory:

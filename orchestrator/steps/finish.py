@@ -20,6 +20,7 @@ from orchestrator.plan.model import Service
 from orchestrator.report import build_report
 from orchestrator.results import FilesResult, FinishResult
 from orchestrator.steps.common import run_services
+from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import (
     FORWARD_TUNNEL,
     REPLICA_STEP,
@@ -33,7 +34,6 @@ from orchestrator.steps.repl_common import (
     forget_replication_on,
     open_tunnel,
     replica_source,
-    replicate_run,
     saved_from,
 )
 from orchestrator.tracking import ChangeTracker
@@ -93,6 +93,9 @@ class Finish(Step):
     name = "finish"
     title = "Finish: leave the source fenced or stopped, drain, write the report"
 
+    def __init__(self, *, mode: CutoverMode = SHUTDOWN) -> None:
+        self.mode = mode
+
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
         if plan.finish.source == "stop":
@@ -104,24 +107,8 @@ class Finish(Step):
         if plan.reverse_of is not None:
             lines.append("the forward run's replication ends on both sides (RESET SLAVE ALL) and its tunnels "
                          f"(plan {plan.reverse_of}'s, on the old source) are ended")  # fmt: skip
-        elif replicate_run(ctx):
-            keep = plan.replication.keep_reverse if plan.replication else 0.0
-            lines.append(
-                "reverse replication: ssh -L on the source reaches the target's database; the old source (read-only) "
-                "becomes a GTID replica of the target from the switch's final position, and catches up"
-            )
-            if keep:
-                lines.append(
-                    f"keep that reverse path {keep:g} s (replication.keep_reverse) after the run: meanwhile `migrate "
-                    "rollback` moves back through it losing nothing, `migrate status` shows its lag, `migrate finish` "
-                    "ends it (STOP SLAVE, RESET SLAVE ALL: master.info, which holds the password, deleted; tunnels "
-                    "ended)"
-                )
-            else:
-                lines.append(
-                    "then tear replication down on both sides (replication.keep_reverse 0): STOP SLAVE, RESET SLAVE "
-                    "ALL (master.info, which holds the password, deleted), tunnels ended"
-                )
+        else:
+            lines += self.mode.describe_finish(plan)
         lines += [f"stop and remove the change tracker of tree {t.name} on the source" for t in plan.files]
         if plan.proxy is not None and plan.proxy.source is not None:
             lines.append("the source's front door keeps forwarding to the target; count the requests that still came")
@@ -134,23 +121,15 @@ class Finish(Step):
         reverse: dict[str, Any] | None = None
         if plan.reverse_of is not None:
             self._end_forward_replication(ctx)
-        elif replicate_run(ctx) and not ctx.saved(TORN_DOWN):
-            reverse = self._reverse_replication(ctx)
+        else:
+            reverse = self.mode.reverse_path(ctx, self)
         if plan.finish.drain_seconds:
             # Clients with a cached DNS answer still reach the source for up to the record's TTL.
             ctx.log.info("finish.drain", seconds=plan.finish.drain_seconds)
             time.sleep(plan.finish.drain_seconds)
         forwarding = frontdoor.forwarding_report(ctx)
-        if plan.reverse_of is None and replicate_run(ctx) and not ctx.saved(TORN_DOWN):
-            keep = plan.replication.keep_reverse if plan.replication else 0.0
-            if keep and reverse is not None and reverse.get("healthy"):
-                reverse.update(self._keep_reverse(ctx, keep))
-            else:
-                if keep:
-                    ctx.log.warning("finish.reverse_not_kept", why="reverse replication is not healthy")
-                self._tear_down(ctx)
-                if reverse is not None:
-                    reverse["torn_down"] = True
+        if plan.reverse_of is None:
+            self.mode.end_reverse_path(ctx, self, reverse)
         stopped: list[str] = list(ctx.saved(STOPPED_SERVICES) or [])
 
         def _journal_first(service: Service) -> None:
@@ -181,7 +160,7 @@ class Finish(Step):
 
     # -- replicate mode
 
-    def _reverse_replication(self, ctx: StepContext) -> dict[str, Any] | None:
+    def reverse_replication(self, ctx: StepContext) -> dict[str, Any] | None:
         """The old source becomes a replica of the target at the switch's final position (the same GTID position
         both stand at), through an `ssh -L` tunnel; proven by catching up with the target's position.
 
@@ -214,7 +193,7 @@ class Finish(Step):
         return {"healthy": healthy, "tunnel": tunnel.name, "port": tunnel.port, "position": str(waited.position),
                 "error": waited.error}  # fmt: skip
 
-    def _keep_reverse(self, ctx: StepContext, keep: float) -> dict[str, Any]:
+    def keep_reverse(self, ctx: StepContext, keep: float) -> dict[str, Any]:
         """The reverse path outlives the run (journaled until when): the forward tunnel is no longer needed."""
         rt = runtime(ctx)
         until = float(ctx.saved(REVERSE_KEPT) or time.time() + keep)
@@ -239,7 +218,7 @@ class Finish(Step):
         assert plan.reverse_of is not None
         # The old source runs (promoted, or restarted on a copy); the target's database runs only in replicate mode
         # (the shutdown mode stopped it).
-        failures = forget_replication_on(rt, ("target", "source") if replicate_run(ctx) else ("target",), retry=False)
+        failures = forget_replication_on(rt, self.mode.forward_replication_on, retry=False)
         tunnels: list[str] = []
         try:
             ended = end_tunnels(rt.target, plan.reverse_of, rt.plan_path)  # started on the old source
@@ -252,7 +231,7 @@ class Finish(Step):
         ctx.save(TORN_DOWN, True)
         ctx.log.info("finish.forward_replication_ended", tunnels=tunnels)
 
-    def _tear_down(self, ctx: StepContext) -> None:
+    def tear_down(self, ctx: StepContext) -> None:
         """Replication forgotten on both sides (RESET SLAVE ALL deletes master.info and its clear-text password),
         both tunnels ended."""
         rt = runtime(ctx)
@@ -267,8 +246,8 @@ class Finish(Step):
     def undo(self, ctx: StepContext) -> None:
         """Start again, in the plan's order, the source services this run stopped; every start is tried."""
         rt = runtime(ctx)
-        if rt.plan.reverse_of is None and replicate_run(ctx) and not ctx.saved(TORN_DOWN):
-            self._tear_down(ctx)  # the old source stops following the target before it serves again
+        if rt.plan.reverse_of is None:
+            self.mode.undo_finish(ctx, self)  # replicate: the old source stops following the target first
         stopped = set(ctx.saved(STOPPED_SERVICES) or [])
         started = run_services(
             ctx, rt.source, [s for s in rt.plan.services.source if s.name in stopped], "start",

@@ -18,13 +18,8 @@ from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.checks import protected_problem
 from orchestrator.secrets import redact
 from orchestrator.steps.common import RESOLVED_DATADIRS
-from orchestrator.steps.repl_common import (
-    declared_mode,
-    mode_reason,
-    probe_replication,
-    replicate_run,
-    reverse_over_replica,
-)
+from orchestrator.steps.modes import SHUTDOWN, CutoverMode
+from orchestrator.steps.repl_common import declared_mode, mode_reason, probe_replication
 from orchestrator.steps.run_owned import end_left_by_runs, waiting_guards
 from orchestrator.transports import grants, rsync
 from orchestrator.transports.dns import DnsError
@@ -99,11 +94,11 @@ class Preflight(Step):
     name = "preflight"
     title = "Preflight checks (reads only)"
 
+    def __init__(self, *, mode: CutoverMode = SHUTDOWN) -> None:
+        self.mode = mode
+
     def describe(self, ctx: StepContext) -> list[str]:
-        lines = self._lines(ctx)
-        if reverse_over_replica(ctx):
-            return [line for line in lines if not line.startswith(("enough free space", "storage, source"))]
-        return lines
+        return self.mode.preflight_lines(self._lines(ctx))
 
     def _lines(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
@@ -149,11 +144,13 @@ class Preflight(Step):
             self._datadir(ctx, problems)
         if reachable["target"]:
             self._target_version(ctx, problems, figures, source_version)
-        # The way back over the reverse replica moves no datadir and lands on the storage the service ran on before
-        # the migration: neither the space nor the storage comparison applies (the forward run made them).
-        if reachable["source"] and reachable["target"] and not reverse_over_replica(ctx):
-            self._space(ctx, problems, figures)
-            self._storage(ctx, problems, figures)
+        if reachable["source"] and reachable["target"]:
+
+            def _storage() -> None:
+                self._space(ctx, problems, figures)
+                self._storage(ctx, problems, figures)
+
+            self.mode.check_storage(_storage)  # not on the way back over the reverse replica: no datadir moves
         self._dns(ctx, problems)
         if reachable["source"] and reachable["target"]:
             self._cutover_mode(ctx, problems, figures)
@@ -174,17 +171,13 @@ class Preflight(Step):
         application accounts that read_only stops."""
         rt = runtime(ctx)
         declared = declared_mode(ctx)  # the plan's word (auto by default), not the mode the run resolved it to
-        replicate = replicate_run(ctx)
         try:
-            found = probe_replication(rt) if replicate or declared == "auto" else []
+            found = probe_replication(rt) if self.mode.probes_replication(declared) else []
         except (DatabaseError, TransportError) as exc:
             found = [f"the servers could not be asked: {exc}"]
-        if replicate:
-            for problem in found:
-                problems.add(f"replicate mode: {problem}")
-            for problem in self._app_users(ctx):
-                problems.add(problem)
-        mode = "replicate" if replicate else "shutdown"
+        for problem in self.mode.requirement_problems(found, lambda: self._app_users(ctx)):
+            problems.add(problem)
+        mode = self.mode.name
         figures["cutover_mode"] = mode
         figures["mode_reason"] = mode_reason(mode, found, declared)
         ctx.log.info("preflight.cutover_mode", mode=mode)

@@ -1,5 +1,5 @@
-"""What the replicate cut-over's steps (and the shared steps, in that mode) share: which mode this run resolved to,
-whether the servers allow replication, the seed's and the tunnels' specs, the replica's source, the facts the
+"""What the replicate cut-over's steps (and the replicate mode object, steps/modes/replicate.py) share: whether the
+servers allow replication, the seed's and the tunnels' specs, the replica's source, the facts the
 steps journal and read back.
 
 Not a step: steps import this module, never each other.
@@ -20,7 +20,7 @@ from orchestrator import owned, probes
 from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.database.protocol import Session
 from orchestrator.engine.step import StepContext, StepError
-from orchestrator.plan.model import Plan, ReplicationEndpoint, static_mode
+from orchestrator.plan.model import Plan, ReplicationEndpoint
 from orchestrator.transports import replication as repl
 from orchestrator.transports.rsync import target_ssh_command
 
@@ -58,21 +58,6 @@ REPLICATION_VARIABLES = (
 COMMAND_TIMEOUT = 60.0
 
 
-def run_steps(ctx: StepContext) -> list[str]:
-    """The step names this run started with (journaled in run_started)."""
-    return ctx.history().run_steps()
-
-
-def replicate_run(ctx: StepContext) -> bool:
-    """This run is in replicate mode (its steps include the switch); without a journal, the plan says."""
-    steps = run_steps(ctx)
-    if steps:
-        return SWITCH_STEP in steps
-    # A run's plan has its mode resolved (run/compose.py); a dry-run's unresolved auto shows the replicate steps.
-    mode = static_mode(runtime(ctx).plan)
-    return mode == "replicate" or (mode == "auto" and ctx.dry_run)
-
-
 def declared_mode(ctx: StepContext) -> str:
     """The cut-over mode the plan's author wrote (or left to its default, auto), before the run resolved it: the
     plan text journaled in run_started says; without it, the plan this run has."""
@@ -90,9 +75,10 @@ def declared_mode(ctx: StepContext) -> str:
 
 
 def reverse_over_replica(ctx: StepContext) -> bool:
-    """This run moves the service back through the reverse replica: a reverse run (`Plan.reversed()`) in replicate
-    mode, whose target (the old source) already replicates from its source (the target the forward run moved to)."""
-    return runtime(ctx).plan.reverse_of is not None and replicate_run(ctx)
+    """For the replicate mode's own steps: this run moves the service back through the reverse replica, a reverse
+    run (`Plan.reversed()`) whose target (the old source) already replicates from its source (the target the forward
+    run moved to). The shared steps get this from their mode (modes/replicate.ReverseOverReplica)."""
+    return runtime(ctx).plan.reverse_of is not None
 
 
 def reverse_kept_until(finish_saved: dict[str, Any] | None) -> float | None:

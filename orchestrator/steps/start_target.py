@@ -17,7 +17,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import StartTargetResult
 from orchestrator.steps.common import COMMAND_TIMEOUT, run_services, wait_db_answers
-from orchestrator.steps.repl_common import REPLICA_STEP, replicate_run, reverse_over_replica
+from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.transports.ssh import TransportError
 
 DB_READY_TIMEOUT = 120.0
@@ -58,13 +58,14 @@ class StartTarget(Step):
     name = "start_target"
     title = "Start the target's database and services (fenced: no writes before the DNS flip)"
 
+    def __init__(self, *, mode: CutoverMode = SHUTDOWN) -> None:
+        self.mode = mode
+
     def describe(self, ctx: StepContext) -> list[str]:
+        return self.mode.describe_start(ctx, lambda: self._describe_start(ctx))
+
+    def _describe_start(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
-        if replicate_run(ctx):
-            return [
-                "replicate mode: the target's database runs (promoted) and its services run fenced since the "
-                "replica step: nothing is started inside the window (verify_target reads the database next)"
-            ]
         lines = []
         fence = plan.services.target_fence.enable
         if fence:
@@ -77,11 +78,13 @@ class StartTarget(Step):
         return lines
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
+        return self.mode.start_target(ctx, lambda: self._start(ctx))
+
+    def _start(self, ctx: StepContext) -> dict[str, Any]:
+        """The target fenced, its database started (waited for), its services started in the plan's order."""
         rt = runtime(ctx)
         plan = rt.plan
         window = ctx.window
-        if replicate_run(ctx):
-            return self._already_running(ctx)
 
         def _timeout() -> float | None:
             return window.timeout(COMMAND_TIMEOUT)
@@ -120,24 +123,6 @@ class StartTarget(Step):
             db_ready_seconds=round(ready_seconds, 3), services=started.done, target_fenced=bool(fence)
         ).journal()
 
-    def _already_running(self, ctx: StepContext) -> dict[str, Any]:
-        """Replicate mode: the database and the services started before the window (the replica step) and passed
-        their health checks there; the switch has just promoted the database over a live connection and
-        verify_target reads its position next, so no round trip is spent here inside the window."""
-        ctx.window.check("checking the target")
-        started = ctx.output(REPLICA_STEP).get("services") or []
-        plan = runtime(ctx).plan
-        if reverse_over_replica(ctx) and plan.finish.source == "stop":
-            # The way back to an old source whose services the forward run's finish stopped (its fence is up).
-            done = run_services(
-                ctx, runtime(ctx).target, plan.services.target, "start", event="target_service_started",
-                keep_going=False, kind="target service", timeout=lambda: ctx.window.timeout(COMMAND_TIMEOUT),
-            )  # fmt: skip
-            started = done.done
-        fenced = plan.services.target_fence.enable is not None
-        return StartTargetResult(db_ready_seconds=0.0, services=started,
-                                 target_fenced=fenced).journal()  # fmt: skip
-
     def undo(self, ctx: StepContext) -> None:
         """Stop the services (reverse order), then the database; every stop is tried even if one fails.
 
@@ -145,10 +130,11 @@ class StartTarget(Step):
         migration would not carry anywhere (`migrate apply` puts it up again anyway). In replicate mode this step
         started nothing: the replica step's undo stops them.
         """
+        self.mode.undo_start(ctx, lambda: self._stop(ctx))
+
+    def _stop(self, ctx: StepContext) -> None:
         rt = runtime(ctx)
         plan = rt.plan
-        if replicate_run(ctx):
-            return
         stopped = run_services(
             ctx, rt.target, reversed(plan.services.target), "stop", event="target_service_stopped", keep_going=True
         )

@@ -22,14 +22,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator import audit, health, replica_audit
+from orchestrator import audit, health
 from orchestrator.contracts import Which, runtime
 from orchestrator.database.protocol import DatabaseError
-from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.engine.step import Step, StepContext
 from orchestrator.plan.model import FileTree, Plan
-from orchestrator.results import FilesResult, SwitchResult, TreeFigures, VerifyResult
+from orchestrator.results import FilesResult, TreeFigures
 from orchestrator.steps.common import window_route
-from orchestrator.steps.repl_common import SWITCH_STEP, replicate_run
+from orchestrator.steps.modes import SHUTDOWN, CutoverMode
+from orchestrator.steps.repl_common import SWITCH_STEP
 from orchestrator.tracking import verify_listed_command
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports import replication as repl
@@ -72,10 +73,12 @@ class VerifyTarget(Step):
     # It checks the paths the uploads' final pass copied or deleted: that pass may still run beside (replicate mode).
     waits_for = ("files_final",)
 
+    def __init__(self, *, mode: CutoverMode = SHUTDOWN) -> None:
+        self.mode = mode
+
     def describe(self, ctx: StepContext) -> list[str]:
         plan = runtime(ctx).plan
-        replicate = replicate_run(ctx)
-        inside = health.checks_for(plan.health, health.INSIDE, replicate=replicate)
+        inside = self.mode.inside_checks(plan)
         lines = [f"health check {health.check_label(c)} (up to {plan.health.attempts} tries)" for c in inside]
         verify = plan.database.verify
         trees = [
@@ -84,36 +87,13 @@ class VerifyTarget(Step):
             for t in plan.files
             if verify.files
         ]
-        if replicate:
-            if lines:
-                lines = [f"{line} (run by the switch side by side with its wait; here if it did not)" for line in lines]
-            snapshot = (
-                ["beside them, open a read-only consistent snapshot on the promoted, still fenced target and keep it: "
-                 "the audit after the commit compares it in chunks with the read-only source"]
-                if verify.row_counts or verify.checksum else []
-            )  # fmt: skip
-            return [
-                *lines,
-                "GTID positions: the source still at its final position, the target executed exactly it "
-                "(the database was compared before the window; nothing inside it reads whole tables)",
-                *snapshot,
-                *trees,
-            ]
-        if verify.row_counts or verify.checksum:
-            lines.append(
-                "open a read-only consistent snapshot on the fenced target and keep it: the audit after the commit"
-                " compares its " + " and ".join(n for n, on in (("row counts", verify.row_counts),
-                                                                  ("CHECKSUM TABLE", verify.checksum)) if on)
-                + " of every table with the stopped source's (nothing inside the window reads whole tables)"
-            )  # fmt: skip
-        return lines + trees
+        return self.mode.describe_verify(ctx, lines, trees)
 
     def health(self, ctx: StepContext) -> tuple[dict[str, int], list[str]]:
         """The checks that run inside the window (all of them in the shutdown mode; in the replicate mode those
         whose `when` is 'window' or 'both': the others passed before the window)."""
         plan = runtime(ctx).plan
-        checks = health.checks_for(plan.health, health.INSIDE, replicate=replicate_run(ctx))
-        return health.run_checks(ctx, checks, plan.health)
+        return health.run_checks(ctx, self.mode.inside_checks(plan), plan.health)
 
     @staticmethod
     def audit_wanted(ctx: StepContext) -> bool:
@@ -131,16 +111,10 @@ class VerifyTarget(Step):
         window = ctx.window
         doing = "opening the target's snapshot for the audit"
         window.check(doing)
-        replicate = replicate_run(ctx)
         try:
             conn = conn or rt.db("target", read_timeout=window.timeout(plan.database.read_timeout))
             with mysql.read_timeout(conn, window.timeout(plan.database.read_timeout)):
-                if replicate:
-                    # One statement: the tables and their engines are read on the frozen source after the commit.
-                    replica_audit.open_target_snapshot(conn)
-                    engines: dict[str, str] = {}
-                else:
-                    engines = audit.open_snapshot(conn, plan.database.schemas)
+                engines = self.mode.open_audit_snapshot(conn, plan.database.schemas)
         except DatabaseError as exc:
             if conn is not None:
                 rt.release(conn)
@@ -149,8 +123,8 @@ class VerifyTarget(Step):
         held = audit.held(rt)
         if held.snapshot is not None:  # a re-run of this step in the same process: the newer one stands
             rt.release(held.snapshot)
-        held.snapshot, held.snapshot_at, held.engines = conn, time.time(), engines
-        ctx.log.info("audit_snapshot_opened", tables=None if replicate else len(engines))
+        held.snapshot, held.snapshot_at, held.engines = conn, time.time(), engines or {}
+        ctx.log.info("audit_snapshot_opened", tables=None if engines is None else len(engines))
         return {"audit_snapshot_at": held.snapshot_at}, []
 
     def undo(self, ctx: StepContext) -> None:
@@ -265,42 +239,5 @@ class VerifyTarget(Step):
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         ctx.window.check("starting the verification")
-        if replicate_run(ctx):
-            switched = SwitchResult.of(ctx.output(SWITCH_STEP))
-            # Side by side, as below: the positions and the trees' final pass (the file trees move by rsync in
-            # both modes) in threads carrying the log context, the health checks here, unless the switch ran them
-            # side by side with its wait and promotion (they passed then).
-            # The audit's snapshot of the target is opened by the positions' thread on the connection that read the
-            # target's position: after the promotion (the switch has returned), before the commit (the commit point,
-            # switch_traffic or the DNS flip, lifts the target's fence after this step).
-            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
-                positions_future = pool.submit(contextvars.copy_context().run, self.positions, ctx)
-                trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)
-                if switched.health_tries is not None:
-                    tries, problems = switched.health_tries, list[str]()
-                else:
-                    tries, problems = self.health(ctx)
-                snapshot_figures, position_problems = positions_future.result()
-                tree_figures, tree_problems = trees_future.result()
-            problems += position_problems + tree_problems
-            if problems:
-                raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
-            ctx.window.check("the verification")
-            ctx.log.info("target_verified", gtid=ctx.output(SWITCH_STEP).get("final_gtid"))
-            return VerifyResult(health_tries=tries, **snapshot_figures, **tree_figures).journal()
-        # The three checks are independent and each takes time inside the downtime window: run them side by side
-        # (the database and the trees in threads, carrying the log context; the health checks here). Each is
-        # bounded by the budget, so leaving the pool (which waits for both threads) is bounded too.
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
-            db_future = pool.submit(contextvars.copy_context().run, self.snapshot, ctx)
-            trees_future = pool.submit(contextvars.copy_context().run, self.trees, ctx)
-            tries, problems = self.health(ctx)
-            db_figures, db_problems = db_future.result()
-            tree_figures, tree_problems = trees_future.result()
-        problems += db_problems + tree_problems
-        if problems:
-            raise StepError(f"verify_target: {len(problems)} problem(s): " + "; ".join(problems))
-        ctx.window.check("the data verification")
-        result = VerifyResult(health_tries=tries, **db_figures, **tree_figures)
-        ctx.log.info("target_verified", audit_snapshot=result.audit_snapshot_at is not None)
-        return result.journal()
+        # The mode runs the parts that prove its data side by side (health, trees, the snapshot or the positions).
+        return self.mode.verify(ctx, self)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import exit_codes
-from tests.engine.harness import STEP_NAMES
+from tests.engine import harness
+from tests.engine.harness import STEP_NAMES, file_steps
 from tests.engine.world import CRASHED, PLAN, SECRET, World, crash_before
 
 
@@ -254,3 +255,37 @@ def test_hooks_never_see_an_env_file_variable_or_a_secret_unless_the_plan_passes
         assert "UNRELATED_DB_PASSWORD" not in names and "HARNESS_TOKEN" not in names, dump.name
         assert "SHARED_SETTING=visible-to-hooks" in text.splitlines(), "a variable the plan names is passed"
         assert "PATH" in names and "MIGRATE_EVENT" in names, "the rest of the environment and MIGRATE_* reach hooks"
+
+
+def _without_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The steps as a newer version builds them: one step fewer than the journal of a run it takes over lists."""
+    monkeypatch.setattr(harness, "file_steps", lambda plan: [s for s in file_steps(plan) if s.name != "start"])
+
+
+def test_a_run_whose_journal_lists_a_step_the_mode_runs_no_more_resumes_without_it(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Older versions ran start_target in the replicate mode (it did nothing there) and journaled it in the run's step
+    # list. A newer version resumes such a run with the steps its mode holds now: the journal's extra step, pending,
+    # is left alone, and the run completes.
+    with crash_before(monkeypatch, "step_started", "start"):
+        assert world.run("apply", str(world.plan), "--yes").returncode == CRASHED
+    _without_start(monkeypatch)
+    res = world.run("apply", str(world.plan), "--yes")
+    assert res.returncode == exit_codes.OK, res.stderr
+    assert world.actions() == [f"run {n}" for n in STEP_NAMES if n != "start"]
+    assert world.status_json()["run"]["status"] == "completed"
+
+
+def test_a_run_whose_journal_lists_a_step_the_mode_runs_no_more_rolls_back_without_it(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same older journal, the extra step done (its effect a no-op in that mode): a rollback undoes the steps the
+    # mode holds now, newest first, and leaves the extra one's record as it was.
+    with crash_before(monkeypatch, "step_started", "flip"):
+        assert world.run("apply", str(world.plan), "--yes").returncode == CRASHED
+    _without_start(monkeypatch)
+    res = world.run("rollback", str(world.plan))
+    assert res.returncode == exit_codes.OK, res.stderr
+    assert [a for a in world.actions() if a.startswith("undo")] == ["undo cutover", "undo copy", "undo prepare"]
+    assert world.status_json()["run"]["status"] == "rolled_back"
