@@ -54,6 +54,24 @@ class WindowPart:
     seconds: float
     basis: str  # "measured: ..." or "assumed: ..."
     step: str = ""  # the step of the run that does this part ("" when unnamed)
+    beside: str = ""  # the step this part runs beside (its time overlaps that step's): the longer of them counts
+
+
+def beside_text(part: WindowPart) -> str:
+    return f"; beside {part.beside}: the longer of the two counts" if part.beside else ""
+
+
+def window_span(parts: list[WindowPart]) -> float:
+    """The window the parts make: in sequence they add up, a part that runs beside another step counts only where
+    it outlasts it (the replicate mode's uploads delta runs beside the switch: the longer of the two)."""
+    steps = {part.step for part in parts if part.step}
+    total = 0.0
+    for part in parts:
+        if part.beside and part.beside in steps:
+            continue
+        alongside = [p.seconds for p in parts if p.beside and p.beside == part.step]
+        total += max([part.seconds, *alongside])
+    return round(total, 3)
 
 
 class EstimatedMode(Protocol):
@@ -85,7 +103,7 @@ class Estimate:
 
     @property
     def window_seconds(self) -> float:
-        return round(sum(part.seconds for part in self.window), 3)
+        return window_span(self.window)
 
     def bytes_of(self, step: str) -> int:
         return sum(t.bytes for t in self.transfers if t.step == step)
@@ -281,10 +299,10 @@ SHUTDOWN_CUTOVER = {"ssh_source": 3, "sql": 8, "haproxy": 4}  # + the fence; the
 DB_FINAL = {"ssh_source": 1, "ssh_target": 1, "ssh_both": 1}  # changed-file list, mtimes, checksums on both sides
 FILES_FINAL_TRACKED = {"ssh_source": 1}  # per tree: the change list with its trust probe (one command); the rsync
 FLIP = {"dns_per_record": 5, "haproxy": 11}  # find, edit, read back, two converging reads; + the target's fence lift
-# The commit at the source's front door (switch_traffic): its hold checked, the guard told, the target's fence lifted,
-# the door pointed at the target's and released (the target's door released beside it). No DNS call: it comes after.
-# One exchange checks the hold; one repoints and releases the source's door (the target's released beside it).
-DOOR_COMMIT = {"ssh_source": 1, "haproxy": 2}
+# The commit at the source's front door (switch_traffic), driven from the source host (orchestrator/source_commit.py):
+# one command checks the hold on the door's local socket and tells the guard; one lifts the target's fence over the
+# hosts' hop and repoints and releases the door (the target's door released beside it). No DNS call: it comes after.
+DOOR_COMMIT = {"ssh_source": 2}
 # read_only with the final position (one compound statement), the replica's wait with its promotion (one more); the
 # hold with the requests in flight (one batch), the drain's poll. + the fence (beside read_only: counted in full
 # here); + the drain of the writes in flight.
@@ -338,8 +356,7 @@ class WindowBasis:
                          f"measured: {dns_calls} DNS API calls and {flip_basis}", "dns_flip")  # fmt: skip
         if shape.front_door:
             # The commit is made at the source's front door; DNS moves after the window.
-            fence_target = 1 if shape.target_fence else 0
-            commit_seconds, commit_basis = _ssh_part("commit", {**DOOR_COMMIT, "ssh_target": fence_target}, units)
+            commit_seconds, commit_basis = _ssh_part("commit", DOOR_COMMIT, units)
             dns = WindowPart("commit at the front door", round(commit_seconds, 3),
                              f"measured: {commit_basis}; DNS flips after the window", "switch_traffic")  # fmt: skip
         return dns
@@ -382,7 +399,7 @@ def replicate_window(basis: WindowBasis) -> list[WindowPart]:
         WindowPart("fence, drain, read_only, the replica's last transactions and its promotion",
                    round(switch_seconds + drain, 3), f"measured: {switch_basis}; the drain about one request",
                    "repl_switch"),
-        basis.uploads,
+        replace(basis.uploads, beside="repl_switch"),  # it starts once the fence is up, beside the promotion
         WindowPart("verify", round(max(units.health, VERIFY_SQL * units.sql), 3), basis.health, "verify_target"),
         basis.commit(source_commands=0),
     ]  # fmt: skip
@@ -824,7 +841,7 @@ def summary_lines(est: Estimate) -> list[str]:
     live = sum(t.predicted_seconds for t in est.transfers)
     out.append(f"before the window: {size_text(moved)} to move, about {live:.1f} s of transfers")
     out.append(f"predicted window ({est.mode} mode): {est.window_seconds:.2f} s")
-    out += [f"  {part.name}: {part.seconds:.2f} s ({part.basis})" for part in est.window]
+    out += [f"  {part.name}: {part.seconds:.2f} s ({part.basis}){beside_text(part)}" for part in est.window]
     return out
 
 

@@ -40,11 +40,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchestrator import guard
+from orchestrator import guard, source_commit
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FrontDoorProxy
 from orchestrator.results import DnsFlipResult
+from orchestrator.transports import rsync
 from orchestrator.transports.haproxy import (
     HOLD_KEY,
     HOLD_WRITES_KEY,
@@ -61,6 +62,7 @@ from orchestrator.transports.haproxy import (
     parse_servers_state,
     requests_of,
 )
+from orchestrator.transports.ssh import TransportError
 
 Side = Literal["source", "target"]
 
@@ -201,7 +203,115 @@ def prepare_hold(ctx: StepContext, *, source_serves_reads: bool = False) -> Hold
         pid = parse_info(info).get("Pid", "")
     except (HaproxyError, ValueError) as exc:
         raise _fail(ctx, "source", "holding requests", exc) from None
+    _probe_local_door(ctx, config)
     return HoldReady(writes_only, pid, offset, target_at_own_app)
+
+
+# Set on the run's runtime once the source host was found able to drive its own door (orchestrator/source_commit.py).
+LOCAL_DOOR = "source_door_local"
+LOCAL_TIMEOUT = 30.0
+
+
+def _probe_local_door(ctx: StepContext, config: FrontDoorProxy) -> None:
+    """Before the window: can the source host drive its own door (socat reaching the admin socket)? Then the commit
+    runs there (two commands instead of four round trips); the hop to the target is opened now for it. Best effort:
+    without it the commit is driven from here."""
+    rt = runtime(ctx)
+    command = source_commit.probe_command(config.admin_socket)
+    fence = rt.plan.services.target_fence
+    if fence.enable and fence.disable:
+        command += f"; {rsync.open_master_command(rt.plan)} >/dev/null 2>&1 || true"
+    try:
+        able = source_commit.probe_ok(rt.source.run(command, timeout=LOCAL_TIMEOUT, check=False).stdout)
+    except TransportError as exc:
+        able = False
+        ctx.log.warning("frontdoor.local_probe_failed", error=str(exc))
+    setattr(rt, LOCAL_DOOR, able)
+    ctx.log.info("frontdoor.local_door", commit_from_source=able)
+
+
+def drivable_from_source(ctx: StepContext) -> bool:
+    """The commit may run on the source host: found able before the window, in this process, on a forward run."""
+    rt = runtime(ctx)
+    return bool(getattr(rt, LOCAL_DOOR, False)) and engaged(ctx) and rt.plan.reverse_of is None
+
+
+def commit_check_from_source(ctx: StepContext, guard_dir: str | None, *, timeout: float | None) -> None:
+    """The commit's first command on the source: the hold checked on the door's local socket and, only when it
+    stands, the guard told (`committed`). Fails, one line, as check_source_hold and source_guard.commit do: the
+    run then rolls back (nothing irreversible happened)."""
+    config = section(ctx, "source")
+    assert config is not None
+    held = _saved_by(ctx, None, SOURCE_HOLD)
+    hold = None
+    if held and "deadline" in held:
+        hold = source_commit.HoldToCheck(
+            str(held.get("pid", "")), float(held["deadline"]), bool(held.get("writes_only"))
+        )
+    script = source_commit.check_and_mark_script(config.admin_socket, config.hold_map, hold, guard_dir)
+    try:
+        out = runtime(ctx).source.run(script, timeout=timeout or LOCAL_TIMEOUT, check=False).stdout
+        outcome = source_commit.parse_check(out, hold)
+    except TransportError as exc:
+        raise StepError(f"cannot tell the guard on the source that the run commits: {exc}") from None
+    except (source_commit.DoorUnanswered, HaproxyError, ValueError) as exc:
+        raise StepError(f"source's front door, checking its hold: {exc}") from None
+    if hold is not None and outcome.pid != hold.pid:
+        raise StepError(
+            f"the source's front door lost its hold (HAProxy pid {hold.pid} → {outcome.pid}, hold_until "
+            f"{hold.deadline} → {outcome.until}): HAProxy restarted mid-window and requests reached the fenced source"
+        )
+    if hold is not None and (
+        outcome.until is None or abs(outcome.until - hold.deadline) > source_commit.DEADLINE_TOLERANCE
+    ):
+        raise StepError(
+            f"the source's front door lost its hold ({hold.key} {hold.deadline} → {outcome.until} in "
+            f"{config.hold_map}): something else changed it mid-window and requests may have reached the fenced source"
+        )
+    if not outcome.marked:
+        raise StepError("cannot tell the guard on the source that the run commits: the marker was not written")
+
+
+def lift_and_forward_from_source(ctx: StepContext, *, timeout: float | None) -> source_commit.ForwardOutcome:
+    """After the run is journaled committed: the target's fence lifted over the hosts' hop and, once it is, the
+    source's door forwarding to the target, in one command on the source; the target's door released beside it
+    (from here). Journals the forwarding as _forward_source_door does. The caller says what failed."""
+    rt = runtime(ctx)
+    config = section(ctx, "source")
+    assert config is not None
+    front = door(ctx, "source")
+    assert front is not None
+    fence = rt.plan.services.target_fence
+    fence_command = None
+    if fence.enable and fence.disable:
+        login = f"{rt.plan.target.user}@{rt.plan.target.address}"
+        fence_command = source_commit.fence_command_on_target(
+            rsync.target_ssh_command(rt.plan), login, fence.disable, sudo=rt.plan.target.become == "sudo"
+        )
+    to = config.forward_to
+    forward = source_commit.Forward(front.backend, front.server, front.hold_map, to.address, to.port)
+    script = source_commit.lift_and_forward_script(config.admin_socket, fence_on_target=fence_command, forward=forward)
+    if _saved_by(ctx, None, FORWARDED) is None:
+        # Before: undo and finish know the door may forward (the request count comes with the switch itself).
+        ctx.save(FORWARDED, {"to": f"{to.address}:{to.port}", "requests": None})
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="door") as pool:
+        target_released = pool.submit(contextvars.copy_context().run, _release_target_door, ctx)
+        try:
+            out = rt.source.run(script, timeout=timeout or LOCAL_TIMEOUT, check=False).stdout
+            outcome = source_commit.parse_forward(out, fenced=fence_command is not None, frontend=front.frontend,
+                                                  forward=forward)  # fmt: skip
+        except TransportError as exc:
+            outcome = source_commit.ForwardOutcome(None if fence_command is None else False, str(exc), None, str(exc))
+        released = target_released.result()
+    if outcome.door_error is None and outcome.requests is not None:
+        ctx.save(FORWARDED, {"to": f"{to.address}:{to.port}", "requests": outcome.requests})
+        ctx.log.info("frontdoor.source_forwarding", to=f"{to.address}:{to.port}", from_source=True)
+    elif outcome.fence_lifted is not False:
+        ctx.log.error("frontdoor.forward_failed", error=outcome.door_error)
+    if not released:
+        why = outcome.door_error or "the target's front door could not be released"
+        return source_commit.ForwardOutcome(outcome.fence_lifted, outcome.fence_said, outcome.requests, why)
+    return outcome
 
 
 def hold_source(

@@ -181,8 +181,11 @@ class Heartbeat:
 
     def _beat(self) -> None:
         try:
-            # `touch` without mkdir: once the guard's directory is gone, there is nobody to tell.
-            self.host.run(f"touch {shlex.quote(self.directory)}/{HEARTBEAT}", timeout=HEARTBEAT_STALE - 1)
+            # `touch` without mkdir: once the guard's directory is gone, there is nobody to tell. In a session of its
+            # own (an input, even empty, keeps a command out of the host's kept shell): a beat that took the kept
+            # shell would send the window's next command (the fence, the commit) through a new session, one round
+            # trip more on the window's path.
+            self.host.run(f"touch {shlex.quote(self.directory)}/{HEARTBEAT}", timeout=HEARTBEAT_STALE - 1, input="")
             self.beats += 1
         except Exception:  # any failure: the next beat tries again
             self.failures += 1

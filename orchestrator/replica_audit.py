@@ -32,6 +32,9 @@ NO_SUCH_TABLE = 1146
 # The connection is gone: nothing more can be read on it (CR_SERVER_GONE_ERROR, CR_SERVER_LOST).
 CONNECTION_GONE = (2006, 2013)
 SNAPSHOT_STATEMENT = "START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT"
+# The snapshot and the target's position in one round trip: a transaction begun inside a compound statement keeps
+# its snapshot after it (MariaDB 10.11). The position is read after the read view is made: it cannot be behind it.
+SNAPSHOT_AND_POSITION = f"BEGIN NOT ATOMIC {SNAPSHOT_STATEMENT}; SELECT @@GLOBAL.gtid_current_pos; END"
 
 
 class AuditUnreadable(Exception):
@@ -55,6 +58,17 @@ def open_target_snapshot(conn: Session) -> None:
     """One statement, one round trip: the read view is made when it returns."""
     with conn.cursor() as cur:
         cur.execute(SNAPSHOT_STATEMENT)
+
+
+def open_target_snapshot_at_position(conn: Session) -> repl.GtidPosition:
+    """Open the snapshot and read the target's GTID position (gtid_current_pos) in one statement, one round trip;
+    the position read just after the read view was made."""
+    with conn.cursor() as cur:
+        cur.execute(SNAPSHOT_AND_POSITION)
+        row = cur.fetchone()
+    if row is None:
+        raise DatabaseError("no GTID position came back with the snapshot")
+    return repl.GtidPosition.parse(str(row[0] or ""))
 
 
 def snapshot_isolation(conn: Session) -> str:

@@ -70,6 +70,8 @@ LOCAL_FUSE = frozenset({"fuseblk"})
 # Markers of the change list's command (ChangeTracker.changes): its exit status, then the trust probe's output.
 CHANGES_EXIT = "changes_exit="
 PROBE_MARK = "--trust-probe--"
+THEN_MARK = "--then--"
+THEN_EXIT = "then_exit="
 
 
 class RemoteHost(Protocol):
@@ -99,6 +101,9 @@ class ChangeList:
     path: str
     count: int
     trust: Trust
+    # What the command run after the list made (`changes(then=...)`): its exit status and output (stderr in it);
+    # None when it did not run (the list could not be made, or it is empty).
+    then: tuple[int, str] | None = None
 
 
 # --- pure parsing ------------------------------------------------------------------------------------------------
@@ -294,6 +299,18 @@ def verify_listed_command(
 
 
 # --- naming ------------------------------------------------------------------------------------------------------
+
+
+def _then_part(stdout: str) -> tuple[str, tuple[int, str] | None]:
+    """The output before the `then` command's, and what it did (None: it did not run, or was cut short)."""
+    head, marked, rest = stdout.partition(f"\n{THEN_MARK}\n")
+    if not marked:
+        return stdout, None
+    output, found, status = rest.rpartition(THEN_EXIT)
+    code = status.strip()
+    if not found or not code.isdigit():
+        return head + "\n", None
+    return head + "\n", (int(code), output)
 
 
 def tracker_name(plan_name: str, tree_name: str, root: str) -> str:
@@ -492,20 +509,31 @@ class ChangeTracker:
             f"echo count=$(tr -cd '\\000' < {_q(list_file)} | wc -c)"
         )
 
-    def changes(self, list_file: str | None = None, *, timeout: float = 300.0) -> ChangeList:
+    def changes(self, list_file: str | None = None, *, timeout: float = 300.0, then: str | None = None) -> ChangeList:
         """Write the paths changed since tracking started to `list_file` on the host (default: in the state dir).
 
         Trust is read AFTER the list is made: a queue overflow or a death before the barrier shows in it.
+        `then`: a command run in the same round trip once the list is made and not empty, after the trust probe (the
+        final pass over the list: harmless when the list turns out untrusted, the full scan that follows copies
+        everything anyway); what it did comes back in `ChangeList.then`.
         """
         target = list_file or self.list_file
         # One round trip: the list (in a subshell: its `set -e` ends it alone, its messages on stdout), its exit
         # status, then the trust probe, in that order on the host.
         command = (
-            f"( {self.changes_command(target, wait=min(timeout, 60.0))} ) 2>&1; echo {CHANGES_EXIT}$?; "
+            f"( {self.changes_command(target, wait=min(timeout, 60.0))} ) 2>&1; rc=$?; echo {CHANGES_EXIT}$rc; "
             f"echo {PROBE_MARK}; {self.probe_command()}"
         )
+        if then is not None:
+            command += (
+                f'; if [ "$rc" -eq 0 ] && [ -s {_q(target)} ]; then echo {THEN_MARK}; ( {then} ) 2>&1; '
+                f"echo {THEN_EXIT}$?; fi"
+            )
         result = self.host.run(command, timeout=timeout, check=False)
-        listed, marked, probe = result.stdout.partition(f"\n{PROBE_MARK}\n")
+        stdout, then_done = result.stdout, None
+        if then is not None:
+            stdout, then_done = _then_part(stdout)
+        listed, marked, probe = stdout.partition(f"\n{PROBE_MARK}\n")
         lines = [line for line in listed.splitlines() if line.strip()]
         if not marked or not lines or not lines[-1].startswith(CHANGES_EXIT):
             # Cut short before the probe (a deadline, a lost connection): the list cannot be trusted.
@@ -517,7 +545,7 @@ class ChangeTracker:
             reasons = trust.reasons or (f"the change list could not be made: {last}",)
             return ChangeList(target, 0, Trust(tuple(reasons), trust.events_bytes))
         count = int(parse_probe("\n".join(lines[:-1])).get("count", "0"))
-        return ChangeList(target, count, trust)
+        return ChangeList(target, count, trust, then_done)
 
     def stop(self) -> bool:
         """Stop the tracker this state directory recorded, only if that pid is still an inotifywait on our root."""

@@ -86,11 +86,11 @@ def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> N
     # The tracked pass: one command on the source (the change list with its trust probe) and one rsync, not the
     # whole tree's comparison (4 s).
     assert parts["files_final"].seconds == 1 * 0.5 + 1.0
-    # With a front door on the source the commit is made there: the guard told on the source, 2 HAProxy exchanges
-    # (the hold checked; the door repointed and released in one batch), the target's fence lift; no DNS call inside
-    # the window.
+    # With a front door on the source the commit is made there, driven from the source host: two commands there
+    # (the hold checked with the guard told; the target's fence lifted over the hosts' hop and the door repointed);
+    # no DNS call inside the window.
     assert "dns_flip" not in parts
-    assert parts["switch_traffic"].seconds == round(0.5 + 2 * 0.01 + 0.25, 3)
+    assert parts["switch_traffic"].seconds == round(2 * 0.5, 3)
     # Without one, DNS is the commit: 5 DNS calls per record, 11 HAProxy commands (none: no door), the target's
     # fence lift and the guard told on the source.
     no_door = dataclasses.replace(SHAPE, front_door=False)
@@ -126,6 +126,22 @@ def test_the_replicate_window_has_no_shutdown_nor_datadir_pass() -> None:
     # (about one request).
     assert parts["repl_switch"].seconds == round(0.5 + 2 * 0.01 + 2 * 0.01 + 0.4 + estimates.DRAIN_POLL, 3)
     assert parts["verify_target"].seconds == 0.3
+    # The uploads' delta runs beside the switch (from the fence on): the window counts the longer of the two, not
+    # their sum.
+    assert parts["files_final"].beside == "repl_switch"
+    window = list(parts.values())
+    longer = max(parts["repl_switch"].seconds, parts["files_final"].seconds)
+    rest = parts["verify_target"].seconds + parts["switch_traffic"].seconds
+    assert estimates.window_span(window) == round(longer + rest, 3)
+    assert estimates.window_span(window) < round(sum(p.seconds for p in window), 3)
+
+
+def test_a_part_beside_a_step_counts_only_where_it_outlasts_it() -> None:
+    part = estimates.WindowPart
+    assert estimates.window_span([part("a", 1.0, "", "a"), part("b", 0.4, "", "b", beside="a")]) == 1.0
+    assert estimates.window_span([part("a", 1.0, "", "a"), part("b", 1.5, "", "b", beside="a")]) == 1.5
+    # Beside a step that is not in the window: it counts in full.
+    assert estimates.window_span([part("b", 0.4, "", "b", beside="x"), part("c", 0.1, "", "c")]) == 0.5
 
 
 def test_a_rehearsal_for_real_replaces_the_assumptions() -> None:

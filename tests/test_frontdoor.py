@@ -218,3 +218,62 @@ def test_finish_waits_until_forwarding_is_no_longer_due(tmp_path: Path, monkeypa
     # Read once when the TTL ran out, once when forwarding was no longer due, once for the total.
     assert report["requests_after_ttl"] == 7
     assert report["requests_at_old_address"] == front.total - 100
+
+
+# --- the commit driven from the source host: two commands there ----------------------------------------------------
+
+
+def commit_ctx(tmp_path: Path, source: Any) -> StepContext:
+    plan = load_plan(plan_file(tmp_path, DOOR)).plan
+    history: list[dict[str, Any]] = [
+        {"event": "run_started"},
+        {"event": "step_saved", "step": "repl_switch", "key": SOURCE_HOLD,
+         "value": {"seconds": 70.0, "writes_only": True, "deadline": 1764217000.123, "pid": "4242"}},
+    ]  # fmt: skip
+
+    def save(step: str, key: str, value: Any) -> None:
+        history.append({"event": "step_saved", "step": step, "key": key, "value": value})
+
+    rt = SimpleNamespace(plan=plan, source=source, front_doors={}, source_door_local=True)
+    return StepContext(
+        run_id="r", step="switch_traffic", dry_run=False, rt=rt, log=QuietLog(), _save=save,
+        _history=lambda: history,
+    )  # fmt: skip
+
+
+def test_the_commit_from_the_source_is_two_commands_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hold checked and the guard told in one command; the target's fence lifted over the hop and the door
+    repointed and released in another: two round trips to the source, none to the target or through the door's
+    own connection (the target's door is released beside them)."""
+    from orchestrator import source_commit as sc
+    from tests.fakes import RecordingHost
+    from tests.test_source_commit import CHECK, framed, servers, stat
+
+    forwarded = framed(f"{stat(12).replace('app_front', 'shop_front')}\n\n\n\n{servers('203.0.113.20', 80)}\n")
+    source = RecordingHost([(sc.MARKED, framed(CHECK) + f"{sc.HOLD_OK}\n{sc.MARKED}\n"),
+                            ("set server", forwarded)])  # fmt: skip
+    released: list[str] = []
+    monkeypatch.setattr(frontdoor, "_release_target_door", lambda _ctx: released.append("target") or True)
+    monkeypatch.setattr(frontdoor, "door", lambda _ctx, side: SimpleNamespace(
+        frontend="shop_front", backend="shop_app", server="app", hold_map="/etc/haproxy/frontdoor.map"))  # fmt: skip
+    ctx = commit_ctx(tmp_path, source)
+    assert frontdoor.drivable_from_source(ctx)
+    frontdoor.commit_check_from_source(ctx, "/tmp/migrate-guard-x", timeout=5)
+    outcome = frontdoor.lift_and_forward_from_source(ctx, timeout=5)
+    assert outcome == sc.ForwardOutcome(None, "", 12, None)  # the small plan declares no target fence
+    assert len(source.commands) == 2 and released == ["target"]
+    assert "touch /tmp/migrate-guard-x/committed" in source.commands[0]
+    assert "set server shop_app/app addr 203.0.113.20 port 80" in source.commands[1]
+    assert ctx.saved(FORWARDED) == {"to": "203.0.113.20:80", "requests": 12}
+
+
+def test_a_restarted_door_seen_from_the_source_is_a_rollback_line(tmp_path: Path) -> None:
+    from orchestrator import source_commit as sc
+    from orchestrator.engine.step import StepError
+    from tests.fakes import RecordingHost
+    from tests.test_source_commit import CHECK, framed
+
+    restarted = CHECK.replace("4242", "5151").replace("1764217000.123", "0")
+    source = RecordingHost([(sc.MARKED, framed(restarted))])
+    with pytest.raises(StepError, match=r"lost its hold \(HAProxy pid 4242 → 5151"):
+        frontdoor.commit_check_from_source(commit_ctx(tmp_path, source), "/tmp/migrate-guard-x", timeout=5)

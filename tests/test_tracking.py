@@ -178,3 +178,26 @@ def test_uploads_tree_is_reproducible_and_spread(tmp_path: Path) -> None:
     assert file_path(tmp_path / "a", 0).exists()
     # Made again: nothing rewritten.
     assert write_tree(tmp_path / "a", 300) == 0
+
+
+def test_a_command_after_the_list_rides_its_round_trip(tmp_path: Path) -> None:
+    """`changes(then=...)`: the final pass runs in the list's own command once the list is made and not empty,
+    after the trust probe; what it printed and its exit come back apart from the list's figures."""
+    from tests.fakes import LocalHost
+
+    root, state = tmp_path / "tree", tmp_path / "state"
+    root.mkdir()
+    tracker = tracking.ChangeTracker(LocalHost(), str(root), str(state), name="t")
+    assert tracker.start(timeout=30)
+    try:
+        tracker.wait_ready(timeout=30)
+        empty = tracker.changes(timeout=30, then="echo never")
+        assert empty.count == 0 and empty.then is None and empty.trust.trusted
+        (root / "a file").write_text("x")
+        then = f"tr '\\000' '\\n' < {tracker.list_file}; echo 'Number of files: 1'; exit 3"
+        changes = tracker.changes(timeout=30, then=then)
+        assert changes.count >= 1 and changes.trust.trusted, changes.trust.reasons
+        assert changes.then is not None and changes.then[0] == 3
+        assert "a file\n" in changes.then[1] and changes.then[1].endswith("Number of files: 1\n")
+    finally:
+        tracker.stop()

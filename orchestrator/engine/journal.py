@@ -185,8 +185,12 @@ class Journal:
         """The state the file says (re-read and replayed): what a resume would see."""
         return replay(read_events(self.path)) if self.path is not None else self.state()
 
-    def append(self, event: str | Event, **fields: Any) -> dict[str, Any]:
-        """Journal one event: a typed one (engine/events.py), or a kind and its fields (the same record on disk)."""
+    def append(self, event: str | Event, *, sync: bool = True, **fields: Any) -> dict[str, Any]:
+        """Journal one event: a typed one (engine/events.py), or a kind and its fields (the same record on disk).
+        `sync=False`: written, not fsync'd: for a record that protects no action of its own (a step's completion),
+        made durable by the next record's fsync (it flushes the whole file). A kill -9 keeps it either way (the
+        kernel has it); a power loss before the next record may lose it, which is what a crash just before it leaves
+        too (the step is re-entered)."""
         kind = event if isinstance(event, str) else event.kind
         if isinstance(event, Event):
             fields = {**event.on_disk(), **fields}
@@ -195,12 +199,12 @@ class Journal:
             record: dict[str, Any] = {"seq": self._seq, "ts": time.time(), "event": kind}
             record.update(fields)
             record = redact_obj(record)
-            self._persist(record)
+            self._persist(record, sync=sync)
             self._events.append(record)
             self._typed.append(parse(record))
             return record
 
-    def _persist(self, record: dict[str, Any]) -> None:
+    def _persist(self, record: dict[str, Any], *, sync: bool = True) -> None:
         """Write, flush and fsync one record (nothing for an in-memory journal)."""
         if self.path is not None:
             line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
@@ -213,7 +217,8 @@ class Journal:
                 while view:  # a short write (signal, full disk) must not leave half a record behind
                     written = os.write(fd, view)
                     view = view[written:]
-                os.fsync(fd)
+                if sync:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             if new_file:

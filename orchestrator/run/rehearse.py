@@ -123,7 +123,7 @@ def lines(rehearsal: Rehearsal) -> list[str]:
     out.append(f"predicted window ({est.mode} mode): {est.window_seconds:.2f} s")
     if rehearsal.mode_reason:
         out.append(f"  mode: {rehearsal.mode_reason}")
-    out += [f"  {part.name}: {part.seconds:.2f} s ({part.basis})" for part in est.window]
+    out += [f"  {part.name}: {part.seconds:.2f} s ({part.basis}){estimates.beside_text(part)}" for part in est.window]
     out.append(f"saved: {rehearsal.saved_to}")
     return out
 
@@ -199,12 +199,14 @@ class Performed:
 
     @property
     def window_seconds(self) -> float:
-        return round(sum(part.seconds for part in self.window), 3)
+        return estimates.window_span(self.window)
 
     def lines(self) -> list[str]:
         out = [f"{stage}: {seconds:.2f} s" for stage, seconds in self.stages.items()]
         out.append(f"predicted window: {self.window_seconds:.2f} s")
-        out += [f"  {part.name}: {part.seconds:.2f} s ({part.basis})" for part in self.window]
+        out += [
+            f"  {part.name}: {part.seconds:.2f} s ({part.basis}){estimates.beside_text(part)}" for part in self.window
+        ]
         out += [f"FAILED: {failure}" for failure in self.failures]
         out.append(f"target left {self.target_left}")
         return out

@@ -20,7 +20,7 @@ from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Retry
 from orchestrator.results import FilesResult, TreeFigures
 from orchestrator.steps.common import sync_tree, window_route
-from orchestrator.tracking import ChangeTracker, TrackingError, final_pass_command
+from orchestrator.tracking import ChangeList, ChangeTracker, TrackingError, final_pass_command
 from orchestrator.transports import rsync
 from orchestrator.transports.rsync import Stats
 from orchestrator.transports.ssh import TransportError
@@ -80,14 +80,53 @@ class FilesFinal(Step):
         if ref.unavailable:
             return self.full_scan(ctx, tree, presync, f"the tracker could not start: {ref.unavailable}")
         tracker = ChangeTracker(runtime(ctx).source, tree.source, ref.state_dir, name=ref.name)
+        # Through the window's rsync route, the pass over the list rides the list's own command (one round trip
+        # for both): harmless if the list turns out untrusted (the full scan below copies everything anyway).
+        started = time.monotonic()
+        then = self._pass_command(ctx, tree, tracker.list_file)
         try:
-            changes = tracker.changes(timeout=ctx.window.timeout(300.0) or 300.0)
+            changes = tracker.changes(timeout=ctx.window.timeout(300.0) or 300.0, then=then)
         except (TrackingError, TransportError) as exc:
             return self.full_scan(ctx, tree, presync, f"the change list could not be read: {exc}")
         if not changes.trust.trusted:
             return self.full_scan(ctx, tree, presync, "; ".join(changes.trust.reasons))
-        figures = self.tracked_copy(ctx, tree, changes.path, changes.count)
+        figures = self._passed_with_list(ctx, tree, changes, started)
+        if figures is None:
+            figures = self.tracked_copy(ctx, tree, changes.path, changes.count)
         figures.entries = presync.entries if presync else None  # what a full scan would have had to compare
+        return figures
+
+    def _pass_command(self, ctx: StepContext, tree: FileTree, list_file: str) -> str | None:
+        """The final pass over the list through the window's rsync route (None: no route, the pass goes apart)."""
+        route = window_route(ctx)
+        if route is None:
+            return None
+        transfer = runtime(ctx).plan.transfer
+        return final_pass_command(
+            tree.source, route.url(tree), list_file, exclude=tree.exclude, chown=tree.owner,
+            timeout=transfer.rsync_timeout, whole_file=transfer.whole_file, extra=route.options(),
+        )  # fmt: skip
+
+    def _passed_with_list(
+        self, ctx: StepContext, tree: FileTree, changes: ChangeList, started: float
+    ) -> TreeFigures | None:
+        """The figures of the pass that rode the list's command, or None when it must run apart: it did not run
+        (an empty list needs none: then the figures of nothing), or failed (the pass apart retries it, over ssh
+        if the route fails again)."""
+        if changes.count == 0 or changes.then is None:
+            return None
+        code, output = changes.then
+        if rsync.exit_kind(code) != "ok":
+            ctx.log.warning("final_pass_with_list_failed", tree=tree.name, exit=code, instead="a pass apart")
+            return None
+        stats = rsync.parse_stats(output)
+        figures = TreeFigures(
+            bytes=stats.transferred_bytes, files=stats.files_transferred, total_size=stats.total_size,
+            seconds=round(time.monotonic() - started, 3), mode=TRACKED, listed=changes.count,
+            change_list=changes.path, deleted=stats.deleted, route="daemon",
+        )  # fmt: skip
+        ctx.log.info("final_pass_tracked", tree=tree.name, paths=changes.count, with_list=True)
+        ctx.log.info("tree_synced", tree=tree.name, **figures.journal())
         return figures
 
     def tracked_copy(self, ctx: StepContext, tree: FileTree, list_file: str, count: int) -> TreeFigures:

@@ -116,11 +116,12 @@ def journaled_directory(ctx: StepContext) -> str | None:
     return str(found) if found else None
 
 
-def commit(ctx: StepContext, reason: str, *, timeout: float | None = None) -> None:
+def commit(ctx: StepContext, reason: str, *, timeout: float | None = None, told: bool = False) -> None:
     """The guard on the source learns of the commit first (it must then leave the source alone), then the
-    journal. A guard that cannot be told means no commit: the step fails before the target takes writes."""
+    journal. A guard that cannot be told means no commit: the step fails before the target takes writes. `told`:
+    the caller left the marker itself (the commit driven from the source, frontdoor.commit_check_from_source)."""
     found = journaled_directory(ctx)
-    if found is not None:
+    if found is not None and not told:
         try:
             guard.mark(runtime(ctx).source, found, guard.COMMITTED, timeout=timeout or COMMIT_TIMEOUT)
         except TransportError as exc:

@@ -29,6 +29,10 @@ from orchestrator.steps.common import TARGET_FENCE_LIFTED, lift_target_fence
 # Journaled: when the run committed here (the target's fence lifted is journaled as steps.common says).
 COMMITTED_AT = "committed_at"
 FENCE_COMMAND_TIMEOUT = 120.0
+NOT_FORWARDED = (
+    "committed, but the source's front door could not be pointed at the target (see the log line above): its held "
+    "requests go on at the hold's deadline; `migrate apply` points it again"
+)
 
 
 class SwitchTraffic(Step):
@@ -59,26 +63,31 @@ class SwitchTraffic(Step):
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         plan = runtime(ctx).plan
         committed_at = ctx.saved(COMMITTED_AT)
+        reason = "the target is verified: its fence is lifted and the source's front door forwards to it"
+        # Driven from the source host when it can drive its own door (found before the window): two commands there
+        # instead of four round trips from here. A re-entered step (committed already) finishes from here.
+        from_source = committed_at is None and frontdoor.drivable_from_source(ctx)
         if committed_at is None:
             ctx.window.check("committing at the front door")
-            frontdoor.check_source_hold(ctx)
-            source_guard.commit(
-                ctx,
-                "the target is verified: its fence is lifted and the source's front door forwards to it",
-                timeout=ctx.window.timeout(FENCE_COMMAND_TIMEOUT),
-            )
+            timeout = ctx.window.timeout(FENCE_COMMAND_TIMEOUT)
+            if from_source:
+                frontdoor.commit_check_from_source(ctx, source_guard.journaled_directory(ctx), timeout=timeout)
+                source_guard.commit(ctx, reason, told=True)
+            else:
+                frontdoor.check_source_hold(ctx)
+                source_guard.commit(ctx, reason, timeout=timeout)
             committed_at = time.time()
             ctx.save(COMMITTED_AT, committed_at)
-        if plan.reverse_of is not None:
-            # The way back: the old source's door forwarded to the target since the forward run; it serves its own
-            # app again (whose fence is lifted next).
-            frontdoor.serve_own_app(ctx, "target")
-        lifted = self._lift_target_fence(ctx)
-        if not frontdoor.forward_to_target(ctx):
-            raise StepError(
-                "committed, but the source's front door could not be pointed at the target (see the log line "
-                "above): its held requests go on at the hold's deadline; `migrate apply` points it again"
-            )
+        if from_source:
+            lifted = self._lift_and_forward_from_source(ctx)
+        else:
+            if plan.reverse_of is not None:
+                # The way back: the old source's door forwarded to the target since the forward run; it serves its
+                # own app again (whose fence is lifted next).
+                frontdoor.serve_own_app(ctx, "target")
+            lifted = self._lift_target_fence(ctx)
+            if not frontdoor.forward_to_target(ctx):
+                raise StepError(NOT_FORWARDED)
         flowing_at = time.time()
         blocked_at = ctx.window.blocked_at
         return SwitchTrafficResult(
@@ -91,6 +100,22 @@ class SwitchTraffic(Step):
     def undo(self, ctx: StepContext) -> None:
         """Nothing to put back: what this step changes comes after its commit, and a committed run is finished
         forward, never rolled back (the way back is `migrate rollback`'s reverse run)."""
+
+    def _lift_and_forward_from_source(self, ctx: StepContext) -> bool:
+        """The target's fence lifted and the source's door forwarding, in one command on the source (committed by
+        now: a failure is finished forward by `migrate apply`). Whether a fence was lifted."""
+        outcome = frontdoor.lift_and_forward_from_source(ctx, timeout=ctx.window.timeout(FENCE_COMMAND_TIMEOUT))
+        if outcome.fence_lifted is False:
+            raise StepError(
+                f"committed, but lifting the target's fence failed ({outcome.fence_said}): it refuses writes until "
+                "`migrate apply` lifts it"
+            )
+        if outcome.fence_lifted:
+            ctx.save(TARGET_FENCE_LIFTED, True)
+            ctx.log.info("target_fence_lifted", from_source=True)
+        if outcome.door_error is not None:
+            raise StepError(NOT_FORWARDED)
+        return bool(outcome.fence_lifted)
 
     def _lift_target_fence(self, ctx: StepContext) -> bool:
         if ctx.saved(TARGET_FENCE_LIFTED):

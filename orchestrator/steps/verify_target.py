@@ -6,8 +6,8 @@ mode: the datadir files the final pass copied were checksummed on both hosts by 
 TABLE read every row, so they are not read here: this step opens a read-only consistent snapshot on the still-fenced
 target (one round trip) and keeps the session open; the `audit` step reads it after the commit and compares it with
 the stopped source (orchestrator/audit.py). Replicate mode: the same snapshot of the promoted, still fenced target,
-one statement on the connection that has just read the target's GTID position (one round trip on that thread, which
-runs beside the source's position and the trees' comparison), compared after the commit in chunks with the frozen
+opened by the statement that reads the target's GTID position (one compound statement, one round trip, beside the
+source's position and the trees' comparison), compared after the commit in chunks with the frozen
 source (orchestrator/replica_audit.py).
 
 All of it runs while writes are blocked: every try, query and comparison is bounded by what is left of the
@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator import audit, health
+from orchestrator import audit, health, replica_audit
 from orchestrator.contracts import Which, runtime
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext
@@ -72,6 +72,7 @@ class VerifyTarget(Step):
     title = "Verify the target: health checks, the changed files, a snapshot for the audit"
     # It checks the paths the uploads' final pass copied or deleted: that pass may still run beside (replicate mode).
     waits_for = ("files_final",)
+    _snapshot_open = False  # the last position read on the target opened the audit's snapshot with it
 
     def __init__(self, *, mode: CutoverMode = SHUTDOWN) -> None:
         self.mode = mode
@@ -120,12 +121,18 @@ class VerifyTarget(Step):
                 rt.release(conn)
             window.check(doing)  # cut short by the budget: say so
             return {}, [f"{doing}: {exc}"]
+        return self._hold_snapshot(ctx, conn, engines), []
+
+    @staticmethod
+    def _hold_snapshot(ctx: StepContext, conn: Any, engines: dict[str, str] | None) -> dict[str, Any]:
+        """Keep the connection whose snapshot is open for the audit (on the run's runtime)."""
+        rt = runtime(ctx)
         held = audit.held(rt)
         if held.snapshot is not None:  # a re-run of this step in the same process: the newer one stands
             rt.release(held.snapshot)
         held.snapshot, held.snapshot_at, held.engines = conn, time.time(), engines or {}
         ctx.log.info("audit_snapshot_opened", tables=None if engines is None else len(engines))
-        return {"audit_snapshot_at": held.snapshot_at}, []
+        return {"audit_snapshot_at": held.snapshot_at}
 
     def undo(self, ctx: StepContext) -> None:
         """The run will not commit: the audit's snapshot is closed now rather than when the run ends (an open
@@ -198,12 +205,16 @@ class VerifyTarget(Step):
 
         def _read(which: Which) -> list[str]:
             """The problems with that side's position (each side in its own thread: two connections). On the
-            target, the audit's snapshot is then opened on the same connection, which it keeps: one statement more
-            on that thread, no connection of its own."""
+            target, the audit's snapshot is opened by the statement that reads the position, on the connection it
+            then keeps: no round trip and no connection of its own."""
             problems: list[str] = []
 
+            with_snapshot = which == "target" and self.audit_wanted(ctx)
+
             def _position(conn: Any) -> repl.GtidPosition:
-                return repl.gtid_binlog_pos(conn) if which == "source" else repl.gtid_current_pos(conn)
+                if which == "source":
+                    return repl.gtid_binlog_pos(conn)
+                return self._snapshot_and_position(ctx, conn) if with_snapshot else repl.gtid_current_pos(conn)
 
             try:
                 # The spare opened before the window, unpinged: the read itself is the check (one round trip).
@@ -218,9 +229,12 @@ class VerifyTarget(Step):
                         rt.release(conn)  # that connection was gone: another one (a read, safe to repeat)
                         conn = rt.db(which, read_timeout=timeout)
                         now = _position(conn)
-                    if which == "target" and self.audit_wanted(ctx):
-                        figures, problems = self.snapshot(ctx, conn)
-                        held.update(figures)
+                    if with_snapshot:
+                        if self._snapshot_open:
+                            held.update(self._hold_snapshot(ctx, conn, None))
+                        else:  # a server that refused the one statement: the snapshot on its own, as before
+                            figures, problems = self.snapshot(ctx, conn)
+                            held.update(figures)
                         kept = not problems
                 finally:
                     if not kept:
@@ -236,6 +250,24 @@ class VerifyTarget(Step):
             futures = [pool.submit(contextvars.copy_context().run, _read, which) for which in ("source", "target")]
             problems = [problem for future in futures for problem in future.result()]
         return held, problems
+
+    def _snapshot_and_position(self, ctx: StepContext, conn: Any) -> repl.GtidPosition:
+        """The audit's snapshot and the target's position in one round trip (`_snapshot_open` says it opened); a
+        server that refuses the compound statement (an SQL error, the connection fine) gets the position alone,
+        and the snapshot is then opened apart."""
+        self._snapshot_open = False
+        window = ctx.window
+        window.check("opening the target's snapshot for the audit")
+        try:
+            with mysql.read_timeout(conn, window.timeout(runtime(ctx).plan.database.read_timeout)):
+                now = replica_audit.open_target_snapshot_at_position(conn)
+        except DatabaseError as exc:
+            if exc.connection_lost:
+                raise
+            ctx.log.warning("audit_snapshot_apart", error=str(exc))
+            return repl.gtid_current_pos(conn)
+        self._snapshot_open = True
+        return now
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         ctx.window.check("starting the verification")

@@ -202,10 +202,10 @@ def crash_before(monkeypatch: pytest.MonkeyPatch, event: str, step: str | None =
     """The process dies just before the journal records `event` (of `step`): kill -9 at that boundary."""
     original = Journal._persist
 
-    def persist(self: Journal, record: dict[str, Any]) -> None:
+    def persist(self: Journal, record: dict[str, Any], **how: Any) -> None:
         if self.path is not None and matches(record, event, step):
             raise Crash(f"before {event} {step}")
-        original(self, record)
+        original(self, record, **how)
 
     with monkeypatch.context() as patch:
         patch.setattr(Journal, "_persist", persist)
@@ -220,8 +220,8 @@ def after_record(
     between the file and the memory)."""
     original = Journal._persist
 
-    def persist(self: Journal, record: dict[str, Any]) -> None:
-        original(self, record)
+    def persist(self: Journal, record: dict[str, Any], **how: Any) -> None:
+        original(self, record, **how)
         if self.path is not None and matches(record, event, step):
             action()
 

@@ -1,0 +1,238 @@
+"""The commit at the front door driven from the source host: two commands there instead of four round trips.
+
+The commit's chain (steps/switch_traffic.py) is: the source's door still holds → the guard told → the run journaled
+committed → the target's fence lifted → the source's door forwards to the target. Driven from here each link is a
+round trip to a host; driven from the source host itself, the door is its local admin socket (socat) and the target
+is one hop away (the hosts' own SSH connection, the one rsync's `-e` reuses), so the chain costs two round trips:
+
+1. `check_and_mark_script`: the door's pid and hold read on the local socket; only when they are the ones the window
+   set, the guard's `committed` marker. The answers come back either way (the orchestrator says what changed).
+2. the run is journaled committed (here, between the two: nothing irreversible happened before it);
+3. `lift_and_forward_script`: the target's fence lifted over the hop, and only if it was, the door repointed at the
+   target and its holds cleared in one batch on the local socket, read back.
+
+Each answer is framed by markers and parsed by the pure functions below. A source without socat, or whose socket
+cannot be reached by it, is found before the window (`probe_command`): the commit then runs from here as before.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from orchestrator import guard
+from orchestrator.transports.haproxy import (
+    HOLD_KEY,
+    HOLD_WRITES_KEY,
+    MISSING_ENTRY,
+    HaproxyRefused,
+    check_answer,
+    parse_info,
+    parse_map,
+    parse_servers_state,
+    requests_of,
+)
+
+# socat's wait for the rest of HAProxy's answer after our end is closed (HAProxy closes its end once it has answered).
+SOCAT_TIMEOUT = 5
+DOOR_BEGIN, DOOR_END = "__migrate_door_begin__", "__migrate_door_end__"
+MARKED = "__migrate_guard_marked__"
+HOLD_OK = "__migrate_hold_ok__"
+FENCE_EXIT = "__migrate_fence_exit="
+DOOR_EXIT = "__migrate_door_exit="
+# The hold's deadline read back may differ from the journaled one by its rounding only.
+DEADLINE_TOLERANCE = 0.01
+
+
+def probe_command(socket_path: str) -> str:
+    """Before the window: whether the source host can drive its own door (socat, and the socket answering it)."""
+    sock = shlex.quote(socket_path)
+    return (
+        f"command -v socat >/dev/null 2>&1 && [ -S {sock} ] && "
+        f"printf 'show info\\n' | socat -t {SOCAT_TIMEOUT} - UNIX-CONNECT:{sock} 2>/dev/null | grep -q '^Pid: ' "
+        "&& echo local-door-ok || true"
+    )
+
+
+def probe_ok(stdout: str) -> bool:
+    return "local-door-ok" in stdout.split()
+
+
+def _door(socket_path: str, commands: list[str]) -> str:
+    """Shell: one line of commands on the local admin socket (non-interactive: HAProxy answers each, an empty line
+    after each, then closes), the answer framed, socat's exit status after it."""
+    if any(";" in c or "\n" in c or "'" in c for c in commands):
+        raise ValueError(f"a door command holds ';', a quote or a newline: {commands}")
+    line = "; ".join(commands)
+    return (
+        f"echo {DOOR_BEGIN}; printf '%s\\n' '{line}' | socat -t {SOCAT_TIMEOUT} - "
+        f'UNIX-CONNECT:{shlex.quote(socket_path)} 2>&1; echo "{DOOR_EXIT}$?"; echo {DOOR_END}'
+    )
+
+
+@dataclass(frozen=True)
+class HoldToCheck:
+    """The hold the window set, as journaled (frontdoor.SOURCE_HOLD)."""
+
+    pid: str
+    deadline: float
+    writes_only: bool
+
+    @property
+    def key(self) -> str:
+        return HOLD_WRITES_KEY if self.writes_only else HOLD_KEY
+
+
+def check_commands(hold_map: str) -> list[str]:
+    return ["show info", f"show map {hold_map}"]
+
+
+def check_and_mark_script(socket_path: str, hold_map: str, hold: HoldToCheck | None, guard_dir: str | None) -> str:
+    """Command 1: the hold checked on the local socket (None: nothing held to check), then, only if it stands, the
+    guard's `committed` marker (None: no guard)."""
+    mark = f"{guard.marker_command(guard_dir, guard.COMMITTED)} && " if guard_dir else ""
+    if hold is None:
+        return f"{mark}echo {MARKED}"
+    pid = shlex.quote(hold.pid)
+    return (
+        f"ans=$({_door(socket_path, check_commands(hold_map))}); printf '%s\\n' \"$ans\"; "
+        f"pid=$(printf '%s\\n' \"$ans\" | sed -n 's/^Pid: //p'); "
+        f"until=$(printf '%s\\n' \"$ans\" | awk '$2 == \"{hold.key}\" {{ print $3; exit }}'); "
+        f'if [ -n "$pid" ] && [ "$pid" = {pid} ] && awk -v a="$until" -v b={hold.deadline!r} '
+        f"'BEGIN {{ d = a - b; if (d < 0) d = -d; exit !(a != \"\" && d <= {DEADLINE_TOLERANCE}) }}'; then "
+        f"echo {HOLD_OK} && {mark}echo {MARKED}; fi"
+    )
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Where the source's door sends its requests from the commit on, and the names it has them under."""
+
+    backend: str
+    server: str
+    hold_map: str
+    address: str
+    port: int
+
+
+def lift_and_forward_script(socket_path: str, *, fence_on_target: str | None, forward: Forward) -> str:
+    """Command 3: the target's fence lifted over the hop (`fence_on_target`: the whole ssh command line; None: no
+    fence to lift), and only when it was, the door repointed and released in one batch, read back."""
+    door = _door(socket_path, forward_commands(forward))
+    if fence_on_target is None:
+        return door
+    return f'{fence_on_target} </dev/null 2>&1; rc=$?; echo "{FENCE_EXIT}$rc"; if [ "$rc" -eq 0 ]; then {door}; fi'
+
+
+def forward_commands(to: Forward) -> list[str]:
+    """What FrontDoor.forward sends: the request count, the repoint, both holds cleared, the server read back."""
+    return ["show stat", f"set server {to.backend}/{to.server} addr {to.address} port {int(to.port)}",
+            f"set map {to.hold_map} {HOLD_KEY} 0", f"set map {to.hold_map} {HOLD_WRITES_KEY} 0",
+            f"show servers state {to.backend}"]  # fmt: skip
+
+
+def fence_command_on_target(hop_ssh: str, login: str, command: str, *, sudo: bool) -> str:
+    """The target's fence command as the source runs it over the hop (through sudo when the target's plan says)."""
+    remote = shlex.join(["sudo", "-n", "--", "sh", "-c", command]) if sudo else command
+    return f"{hop_ssh} {shlex.quote(login)} {shlex.quote(remote)}"
+
+
+# --- parsing ---------------------------------------------------------------------------------------------------
+
+
+class DoorUnanswered(Exception):
+    """socat could not reach the door, or its answer is cut short."""
+
+
+def split_answers(text: str, count: int) -> list[str]:
+    """A non-interactive answer to `count` commands: each answer ends with an empty line (an answer of nothing is
+    the empty line alone)."""
+    answers: list[str] = []
+    rest = text
+    for _ in range(count):
+        if rest.startswith("\n"):
+            answers.append("")
+            rest = rest[1:]
+            continue
+        end = rest.find("\n\n")
+        if end < 0:
+            raise DoorUnanswered(f"the door answered {len(answers)} of {count} commands")
+        answers.append(rest[: end + 1])
+        rest = rest[end + 2 :]
+    return answers
+
+
+def door_answers(stdout: str, count: int) -> list[str]:
+    """The framed answer in a script's output, split per command."""
+    begin = stdout.find(DOOR_BEGIN + "\n")
+    end = stdout.find(DOOR_EXIT, begin)
+    if begin < 0 or end < 0:
+        raise DoorUnanswered("no answer from the door on the source")
+    body = stdout[begin + len(DOOR_BEGIN) + 1 : end]
+    status = stdout[end + len(DOOR_EXIT) :].split("\n", 1)[0].strip()
+    if status != "0":
+        said = body.strip().splitlines()[-1] if body.strip() else "no message"
+        raise DoorUnanswered(f"socat on the source exited {status}: {said}")
+    return split_answers(body, count)
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    marked: bool  # the guard was told (the hold stood, or there was none to check)
+    pid: str | None = None  # what the door answered (None: not asked)
+    until: float | None = None
+
+
+def parse_check(stdout: str, hold: HoldToCheck | None) -> CheckOutcome:
+    """What command 1 did. Raises DoorUnanswered when the door could not be read (nothing was marked then)."""
+    marked = MARKED in stdout.split()
+    if hold is None:
+        return CheckOutcome(marked)
+    info, held = door_answers(stdout, 2)
+    entries = parse_map(held)
+    if hold.key not in entries:
+        raise HaproxyRefused(f"show map (the {hold.key} entry)", held.strip() or f"no {hold.key} entry")
+    try:
+        until = float(entries[hold.key])
+    except ValueError:
+        raise HaproxyRefused("show map", f"{hold.key} is {entries[hold.key]!r}") from None
+    return CheckOutcome(marked, parse_info(info).get("Pid", ""), until)
+
+
+@dataclass(frozen=True)
+class ForwardOutcome:
+    fence_lifted: bool | None  # None: no fence to lift
+    fence_said: str = ""
+    requests: int | None = None  # the frontend's request count just before the repoint (None: not forwarded)
+    door_error: str | None = None  # why the door did not forward (None: it did, read back)
+
+
+def parse_forward(stdout: str, *, fenced: bool, frontend: str, forward: Forward) -> ForwardOutcome:
+    """What command 3 did: the fence's exit, then the door's answers checked as FrontDoor.forward checks them."""
+    lifted: bool | None = None
+    said = ""
+    if fenced:
+        head, found, tail = stdout.partition(FENCE_EXIT)
+        if not found:
+            return ForwardOutcome(False, "the fence command's status did not come back")
+        status = tail.split("\n", 1)[0].strip()
+        lifted = status == "0"
+        said = head.strip().splitlines()[-1] if head.strip() else ""
+        if not lifted:
+            return ForwardOutcome(False, said or f"exit {status}")
+    commands = forward_commands(forward)
+    server, address, port = forward.server, forward.address, int(forward.port)
+    try:
+        answers = door_answers(stdout, len(commands))
+        requests = requests_of(answers[0], frontend)
+        check_answer(commands[1], answers[1])
+        check_answer(commands[2], answers[2])
+        if answers[3].strip() and answers[3].strip() != MISSING_ENTRY:
+            raise HaproxyRefused(commands[3], answers[3])
+        state = next((s for s in parse_servers_state(answers[4]) if s.server == server), None)
+        if state is None or (state.address, state.port) != (address, port):
+            where = "no such server" if state is None else f"the server still points at {state.address}:{state.port}"
+            raise HaproxyRefused(commands[1], where)
+    except (DoorUnanswered, HaproxyRefused, ValueError) as exc:
+        return ForwardOutcome(lifted, said, None, str(exc))
+    return ForwardOutcome(lifted, said, requests, None)
