@@ -125,7 +125,8 @@ def rows_on(address: str, port: int, ids: list[str]) -> set[str]:
         conn.close()
 
 
-RUNS = int(os.environ.get("MIGRATE_BYPASS_RUNS", "3"))
+# Each run lands the writer's attempts at other moments of the window; MIGRATE_BYPASS_RUNS=10 makes a soak of it.
+RUNS = int(os.environ.get("MIGRATE_BYPASS_RUNS", "2"))
 
 
 def test_writers_bypassing_the_fence_cannot_fail_a_run_nor_lose_a_row(live_lab: LabState) -> None:
