@@ -239,9 +239,13 @@ def test_write_block_budget_exceeded_rolls_back(live_lab: LabState) -> None:
 
 def test_a_window_predicted_past_the_budget_is_not_begun(live_lab: LabState) -> None:
     """The shutdown mode predicts its window before the fence (the last datadir round, the shutdown, the start):
-    past the budget it says so and what would help, and writes were never blocked."""
+    past the budget it says so and what would help, and writes were never blocked. A reverse run needs a forward
+    run past the flip: refused before any run, and after this one, which rolled back before the flip."""
     state = live_lab
     plan = plan_copy(state, "forecast", {"cutover": {"max_write_block": 2.0}})
+    never = migrate_apply(state, plan, "--reverse")
+    assert never.returncode == exit_codes.REFUSED, outcome(never)
+    assert "has no run: nothing to reverse" in " ".join(never.stderr.split()), outcome(never)
     result = migrate_apply(state, plan)
     said = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == exit_codes.FAILED, outcome(result)
@@ -250,6 +254,12 @@ def test_a_window_predicted_past_the_budget_is_not_begun(live_lab: LabState) -> 
     assert "cutover.max_write_block ≥" in said, outcome(result)
     journal = (state.path / ".migrate" / plan_name(plan) / "journal.jsonl").read_text()
     assert '"key":"writes_blocked_at"' not in journal and '"key":"fenced"' not in journal
+    # Rolled back before the flip: there is nothing on the target to carry back.
+    refused = migrate_apply(state, plan, "--reverse")
+    assert refused.returncode == exit_codes.REFUSED, outcome(refused)
+    text = " ".join(refused.stderr.split())
+    assert "is rolled_back: nothing to reverse" in text and "migrate rollback" in text, outcome(refused)
+    assert not (state.path / ".migrate" / f"{plan_name(plan)}-reverse").exists(), "a refused reverse run began"
     assert_source_serves_and_dns_unchanged(state)
 
 
@@ -654,21 +664,3 @@ def test_reverse_migration_carries_the_target_writes_back(live_lab: LabState, tm
     assert dns_contents(state) == {name: state.target.address for name in state.records}
     for name in (plan_name(state.plan_file), f"{plan_name(state.plan_file)}-reverse"):
         assert len(list((state.path / ".migrate" / name / "history").glob("*.journal.jsonl"))) == 1, name
-
-
-def test_reverse_needs_a_forward_run_past_the_flip(live_lab: LabState) -> None:
-    state = live_lab
-    plan = plan_copy(state, "rev", {"cutover": {"max_write_block": 0.05}})
-    never = migrate_apply(state, plan, "--reverse")
-    assert never.returncode == exit_codes.REFUSED, outcome(never)
-    assert "has no run: nothing to reverse" in " ".join(never.stderr.split()), outcome(never)
-
-    # A run that failed before the flip rolled back: there is nothing on the target to carry back.
-    rolled_back = migrate_apply(state, plan)
-    assert rolled_back.returncode == exit_codes.FAILED, outcome(rolled_back)
-    refused = migrate_apply(state, plan, "--reverse")
-    assert refused.returncode == exit_codes.REFUSED, outcome(refused)
-    text = " ".join(refused.stderr.split())
-    assert "is rolled_back: nothing to reverse" in text and "migrate rollback" in text, outcome(refused)
-    assert not (state.path / ".migrate" / f"{plan_name(plan)}-reverse").exists(), "a refused reverse run began"
-    assert_source_serves_and_dns_unchanged(state)
