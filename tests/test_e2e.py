@@ -1,7 +1,9 @@
 """The whole migration on the lab, through `migrate apply` as an operator runs it.
 
-The success test runs the lab's load generator throughout (clients resolving through the Cloudflare double with a
-short cache, so some keep talking to the old server after the flip) and then proves nothing acknowledged was lost.
+The success test under the lab's load generator (clients resolving through the Cloudflare double with a short
+cache, so some keep talking to the old server after the flip; nothing acknowledged lost, a clean copy, the audit
+equal) is the front door's, in test_frontdoor_e2e.py: one migration proves both; kill -9 inside the cut-over and the
+resume is test_faults_kill.py's.
 The failure tests each break one thing (a health check, the write-block budget, the database lock, the DNS API)
 and prove the run rolled back: the source serves reads and writes again and DNS never moved.
 
@@ -237,9 +239,13 @@ def test_write_block_budget_exceeded_rolls_back(live_lab: LabState) -> None:
 
 def test_a_window_predicted_past_the_budget_is_not_begun(live_lab: LabState) -> None:
     """The shutdown mode predicts its window before the fence (the last datadir round, the shutdown, the start):
-    past the budget it says so and what would help, and writes were never blocked."""
+    past the budget it says so and what would help, and writes were never blocked. A reverse run needs a forward
+    run past the flip: refused before any run, and after this one, which rolled back before the flip."""
     state = live_lab
     plan = plan_copy(state, "forecast", {"cutover": {"max_write_block": 2.0}})
+    never = migrate_apply(state, plan, "--reverse")
+    assert never.returncode == exit_codes.REFUSED, outcome(never)
+    assert "has no run: nothing to reverse" in " ".join(never.stderr.split()), outcome(never)
     result = migrate_apply(state, plan)
     said = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == exit_codes.FAILED, outcome(result)
@@ -248,6 +254,12 @@ def test_a_window_predicted_past_the_budget_is_not_begun(live_lab: LabState) -> 
     assert "cutover.max_write_block ≥" in said, outcome(result)
     journal = (state.path / ".migrate" / plan_name(plan) / "journal.jsonl").read_text()
     assert '"key":"writes_blocked_at"' not in journal and '"key":"fenced"' not in journal
+    # Rolled back before the flip: there is nothing on the target to carry back.
+    refused = migrate_apply(state, plan, "--reverse")
+    assert refused.returncode == exit_codes.REFUSED, outcome(refused)
+    text = " ".join(refused.stderr.split())
+    assert "is rolled_back: nothing to reverse" in text and "migrate rollback" in text, outcome(refused)
+    assert not (state.path / ".migrate" / f"{plan_name(plan)}-reverse").exists(), "a refused reverse run began"
     assert_source_serves_and_dns_unchanged(state)
 
 
@@ -478,76 +490,6 @@ def wait_for_load_acks_on(load_dir: Path, address: str, since: float, timeout: f
     )  # fmt: skip
 
 
-def test_migration_under_load_loses_nothing(live_lab: LabState, tmp_path: Path) -> None:
-    state = live_lab
-    load_dir = tmp_path / "load"
-    load = subprocess.Popen(
-        [
-            sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path),
-            "--duration", "900", "--rate", "20", "--clients", "4", "--dns-ttl", str(DNS_TTL),
-            "--upload-every", "5", "--out", str(load_dir),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
-    try:
-        time.sleep(2)  # writes flowing to the source before the migration begins
-        result = migrate_apply(state, state.plan_file)
-        assert result.returncode == exit_codes.OK, outcome(result)
-        # Clients with a cached answer reach the (fenced) source until their cache expires, then move.
-        wait_for_load_acks_on(load_dir, state.target.address, since=time.time())
-    finally:
-        load.send_signal(signal.SIGTERM)
-        load_output, _ = load.communicate(timeout=60)
-    print(load_output)
-
-    assert dns_contents(state) == {name: state.target.address for name in state.records}
-    report = run_report(state, "course-review-lab")
-    assert report["status"] == "completed"
-    assert report["cutover"]["mode"] == "shutdown"
-    # The files the final datadir pass reads were read into both hosts' page cache before the window.
-    warm = report["datadir_cache_warm"]
-    assert warm["source"].startswith("warmed ") and warm["target"].startswith("warmed "), warm
-    verification = report["verification"]
-    assert all(n == 0 for n in verification["trees_differing_items"].values()), verification
-    # Nothing inside the window read whole tables: the datadir files the final pass copied were checksummed on both
-    # hosts there; every table's row count was compared after the commit, the target's snapshot at the commit
-    # against the stopped source: equal (0 lost).
-    checks = {c["check"].split(":")[0]: c for c in report["checks"]}
-    assert checks["datadir"]["where"] == "inside" and "row counts of every table" not in checks, report["checks"]
-    audited = next(c for c in report["checks"] if c["check"].startswith("row counts"))
-    assert audited["where"] == "after" and audited["status"] == "equal" and audited["differing"] == 0, audited
-    assert report["audit"]["tables"] == len(report["row_counts"]) > 0 and not report["audit"]["differences"]
-    assert "row_counts" not in verification
-
-    verify = main_verify(state, host="target", load_dir=load_dir)
-    print(
-        f"longest write stall {verify.longest_write_stall_s} s, longest gap between acks "
-        f"{verify.longest_ack_gap_s} s, failed reads {verify.reads_failed}, failed write attempts "
-        f"{verify.write_attempts_failed}, writes blocked (report) {report['write_block_seconds']} s"
-    )
-    assert verify.error is None, verify.error
-    assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
-    assert verify.acknowledged_lost == 0, verify.lost
-    # The load really crossed the migration: acknowledged writes on both servers.
-    assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
-    # The source's uploads froze at the fence: every one of them is on the target, byte for byte (the target
-    # also holds what clients uploaded after the flip).
-    source_files, target_files = tree_files(state.source.uploads), tree_files(state.target.uploads)
-    assert source_files.items() <= target_files.items()
-    # A consistent copy of a cleanly shut down datadir starts without InnoDB crash recovery.
-    assert "crash recovery" not in last_server_start(state.target), "the target's datadir copy was not clean"
-    # The guard on the source left in peace at the commit and took its directory with it.
-    journal = state.path / ".migrate" / "course-review-lab" / "journal.jsonl"
-    saved = [json.loads(line) for line in journal.read_text().splitlines() if '"key":"guard"' in line]
-    guard_dir = Path(saved[-1]["value"]["dir"])
-    deadline = time.monotonic() + 60
-    while guard_dir.exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not guard_dir.exists(), f"the guard's directory is left on the source: {guard_dir}"
-
-
 def last_server_start(host: HostState) -> str:
     """The target server's error log since its latest start."""
     text = (host.log_dir / "mysqld.err").read_text(errors="replace")
@@ -584,49 +526,6 @@ def app_listens(state: LabState, host: HostState) -> bool:
 
 def target_app_listens(state: LabState) -> bool:
     return app_listens(state, state.target)
-
-
-def test_killed_during_the_cutover_resumes_to_a_clean_target(live_lab: LabState) -> None:
-    """kill -9 right after the source database's shutdown began: `migrate apply` again finishes the run from the
-    journal (the final figures taken under the lock, not from a stopped database) and the copy is clean."""
-    state = live_lab
-    plan = plan_copy(state, "crash", {})
-    journal = state.path / ".migrate" / plan_name(plan) / "journal.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
-    command = [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)]
-    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and first.poll() is None:
-            if journal.exists() and '"key":"source_db_stopped","value":true' in journal.read_text():
-                first.kill()
-                break
-            time.sleep(0.01)
-    finally:
-        if first.poll() is None:
-            first.kill()
-        first.wait(timeout=30)
-    assert first.returncode == -signal.SIGKILL, "the run ended before the shutdown began"
-
-    result = migrate_apply(state, plan)
-    assert result.returncode == exit_codes.OK, outcome(result)
-    report = run_report(state, plan_name(plan))
-    assert report["status"] == "completed"
-    cutover = next(s for s in report["steps"] if s["name"] == "cutover")
-    assert cutover["attempts"] == 2
-    # The new process held the target's snapshot. Whether it could also start the stopped source for the audit
-    # depends on where the kill landed: a source server still running when the resumed cut-over re-read it is
-    # audited equal; one the first run's stop command had already ended left no command line to start it with,
-    # and the audit says so instead of comparing anything.
-    audited = report["audit"]
-    if audited["status"] == "not_run":
-        assert "command line was not read" in audited["reason"], audited
-    else:
-        assert audited["status"] == "equal" and audited["tables"] == len(report["row_counts"]) > 0, audited
-    assert dns_contents(state) == {name: state.target.address for name in state.records}
-    assert "crash recovery" not in last_server_start(state.target)
-    # The uploads' change tracker outlived the killed run: the resumed one found it and copied only the changes.
-    assert report["final_pass_trees"]["uploads"]["mode"] == "tracked", report["final_pass_trees"]
 
 
 # --- the reverse migration: back to the source after the flip, with the target's writes ---------------------------
@@ -677,7 +576,8 @@ def test_reverse_migration_carries_the_target_writes_back(live_lab: LabState, tm
     load_dir = tmp_path / "load"
     load = start_load(state, load_dir, duration=400, overwrite_every=3)  # uploads also rewritten in place
     try:
-        time.sleep(2)  # writes flowing to the source before the migration begins
+        # Writes flowing to the source before the migration begins: its first acknowledged one.
+        wait_for_load_ack(load_dir, lambda ack: ack.get("server") == state.source.address, "no write on the source", 60)
         forward = migrate_apply(state, state.plan_file)
         assert forward.returncode == exit_codes.OK, outcome(forward)
         # The service lives on the target now: clients move there as their DNS caches expire, and it takes writes.
@@ -764,21 +664,3 @@ def test_reverse_migration_carries_the_target_writes_back(live_lab: LabState, tm
     assert dns_contents(state) == {name: state.target.address for name in state.records}
     for name in (plan_name(state.plan_file), f"{plan_name(state.plan_file)}-reverse"):
         assert len(list((state.path / ".migrate" / name / "history").glob("*.journal.jsonl"))) == 1, name
-
-
-def test_reverse_needs_a_forward_run_past_the_flip(live_lab: LabState) -> None:
-    state = live_lab
-    plan = plan_copy(state, "rev", {"cutover": {"max_write_block": 0.05}})
-    never = migrate_apply(state, plan, "--reverse")
-    assert never.returncode == exit_codes.REFUSED, outcome(never)
-    assert "has no run: nothing to reverse" in " ".join(never.stderr.split()), outcome(never)
-
-    # A run that failed before the flip rolled back: there is nothing on the target to carry back.
-    rolled_back = migrate_apply(state, plan)
-    assert rolled_back.returncode == exit_codes.FAILED, outcome(rolled_back)
-    refused = migrate_apply(state, plan, "--reverse")
-    assert refused.returncode == exit_codes.REFUSED, outcome(refused)
-    text = " ".join(refused.stderr.split())
-    assert "is rolled_back: nothing to reverse" in text and "migrate rollback" in text, outcome(refused)
-    assert not (state.path / ".migrate" / f"{plan_name(plan)}-reverse").exists(), "a refused reverse run began"
-    assert_source_serves_and_dns_unchanged(state)

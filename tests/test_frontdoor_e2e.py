@@ -36,11 +36,15 @@ from tests.test_e2e import (
     assert_source_serves_and_dns_unchanged,
     cf_control,
     dns_contents,
+    last_server_start,
     migrate_apply,
     outcome,
     plan_copy,
     plan_name,
     restore_source_live,
+    run_report,
+    tree_files,
+    wait_for_load_acks_on,
 )
 
 pytestmark = pytest.mark.lab
@@ -170,19 +174,40 @@ def test_migration_under_load_fails_no_request_and_stalls_no_longer_than_the_win
         assert result.returncode == exit_codes.OK, outcome(result)
         # Clients whose cached answer is the old address keep reaching the source's front door, which forwards
         # them: wait until every cache has expired and a few more requests went out.
-        flipped = requests_sent(load_dir)
+        flipped, ended = requests_sent(load_dir), time.time()
         time.sleep(CLIENT_DNS_CACHE + 1)
         wait_for(lambda: requests_sent(load_dir) > flipped + 20, "requests after the caches expired")
+        # Clients whose cache expired reach the target itself (a write it acknowledged after the run).
+        wait_for_load_acks_on(load_dir, state.target.address, since=ended)
     finally:
         stop_load(load)
 
     assert dns_contents(state) == {name: state.target.address for name in state.records}
+    report = run_report(state, plan_name(plan))
+    assert report["status"] == "completed"
+    assert report["cutover"]["mode"] == "shutdown"
+    # The files the final datadir pass reads were read into both hosts' page cache before the window.
+    warm = report["datadir_cache_warm"]
+    assert warm["source"].startswith("warmed ") and warm["target"].startswith("warmed "), warm
+    verification = report["verification"]
+    assert all(n == 0 for n in verification["trees_differing_items"].values()), verification
+    # Nothing inside the window read whole tables: the datadir files the final pass copied were checksummed on both
+    # hosts there; every table's row count was compared after the commit, the target's snapshot at the commit
+    # against the stopped source: equal (0 lost).
+    checks = {c["check"].split(":")[0]: c for c in report["checks"]}
+    assert checks["datadir"]["where"] == "inside" and "row counts of every table" not in checks, report["checks"]
+    audited = next(c for c in report["checks"] if c["check"].startswith("row counts"))
+    assert audited["where"] == "after" and audited["status"] == "equal" and audited["differing"] == 0, audited
+    assert report["audit"]["tables"] == len(report["row_counts"]) > 0 and not report["audit"]["differences"]
+    assert "row_counts" not in verification
     held = [v for v in saved(journal, SOURCE_HOLD) if v and "deadline" in v]
     assert held, "the source's front door never held"
     verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
     assert verify.error is None, verify.error
     assert verify.reviews_acknowledged > 0 and verify.uploads_acknowledged > 0
     assert verify.acknowledged_lost == 0, verify.lost
+    # The load really crossed the migration: acknowledged writes on both servers.
+    assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
     no_failed_requests(verify)
     assert verify.window is not None
     window = float(verify.window["to"]) - float(verify.window["from"])
@@ -201,6 +226,15 @@ def test_migration_under_load_fails_no_request_and_stalls_no_longer_than_the_win
     # The source's front door still forwards after the run: a stale client is served by the target.
     server = haproxy.front_door(state.source).server_state()
     assert (server.address, server.port) == (state.target.address, state.target.app_port)
+    # The source's uploads froze at the fence: every one of them is on the target, byte for byte (the target
+    # also holds what clients uploaded after the flip).
+    source_files, target_files = tree_files(state.source.uploads), tree_files(state.target.uploads)
+    assert source_files.items() <= target_files.items()
+    # A consistent copy of a cleanly shut down datadir starts without InnoDB crash recovery.
+    assert "crash recovery" not in last_server_start(state.target), "the target's datadir copy was not clean"
+    # The guard on the source left in peace at the commit and took its directory with it.
+    guard_dir = Path(saved(journal, "guard")[-1]["dir"])
+    wait_for(lambda: not guard_dir.exists(), f"the guard's directory to leave the source: {guard_dir}", 60)
 
 
 def cf_requests_between(state: LabState, start: float, end: float) -> list[dict[str, Any]]:

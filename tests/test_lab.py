@@ -10,7 +10,7 @@ import stat
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pymysql
@@ -22,6 +22,7 @@ from orchestrator.lab import cli, hosts, planfile, procs, relay, setup, sshd
 from orchestrator.lab.mariadb import SCHEMA_SQL, run_sql
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
+from tests.engine.world import Result
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -378,7 +379,13 @@ def migrate_lab(*args: str, home: Path | None = None) -> subprocess.CompletedPro
     )
 
 
-def assert_refused_in_one_line(proc: subprocess.CompletedProcess[str], code: int = 2) -> str:
+def lab_here(migrate_here: Callable[..., Result], *args: str, home: Path | None = None) -> Result:
+    """`migrate lab ARGS` run in the test's process (the same `main`, without a process start-up: each test below
+    also runs one refusal through the installed command)."""
+    return migrate_here("lab", *args, env={"HOME": str(home)} if home is not None else None)
+
+
+def assert_refused_in_one_line(proc: subprocess.CompletedProcess[str] | Result, code: int = 2) -> str:
     assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -401,7 +408,7 @@ def fake_lab(lab_dir: Path) -> LabState:
     return state
 
 
-def test_purge_refuses_a_directory_that_is_not_a_lab(tmp_path: Path) -> None:
+def test_purge_refuses_a_directory_that_is_not_a_lab(tmp_path: Path, migrate_here: Callable[..., Result]) -> None:
     folder = precious_dir(tmp_path)
     with pytest.raises(hosts.LabRefused, match="not a lab"):
         hosts.down(folder, purge=True)
@@ -414,17 +421,19 @@ def test_purge_refuses_a_directory_that_is_not_a_lab(tmp_path: Path) -> None:
     (folder / "lab.json").write_bytes((other.path / "lab.json").read_bytes())
     with pytest.raises(hosts.LabRefused, match="made elsewhere"):
         hosts.down(folder, purge=True)
-    assert_refused_in_one_line(migrate_lab("down", "--dir", str(folder), "--purge"))
+    assert_refused_in_one_line(lab_here(migrate_here, "down", "--dir", str(folder), "--purge"))
     assert (folder / "precious.txt").read_text() == "years of work"
 
     # The lab itself is purged.
-    proc = migrate_lab("down", "--dir", str(other.path), "--purge")
+    proc = lab_here(migrate_here, "down", "--dir", str(other.path), "--purge")
     assert proc.returncode == 0, proc.stderr
     assert not other.path.exists()
     assert (folder / "precious.txt").exists()
 
 
-def test_up_refuses_root_home_system_and_foreign_directories(tmp_path: Path) -> None:
+def test_up_refuses_root_home_system_and_foreign_directories(
+    tmp_path: Path, migrate_here: Callable[..., Result]
+) -> None:
     folder = precious_dir(tmp_path)
     before = sorted(folder.iterdir())
     with pytest.raises(hosts.LabRefused, match="not empty"):
@@ -435,11 +444,11 @@ def test_up_refuses_root_home_system_and_foreign_directories(tmp_path: Path) -> 
 
     home = tmp_path / "home"
     home.mkdir()  # empty: refused for being the home directory, not for its content
-    assert "home directory" in assert_refused_in_one_line(migrate_lab("up", "--dir", str(home), home=home))
+    assert "home directory" in assert_refused_in_one_line(lab_here(migrate_here, "up", "--dir", str(home), home=home))
     assert list(home.iterdir()) == []
-    assert "home directory" in assert_refused_in_one_line(migrate_lab("up", "--dir", "~", home=home))
+    assert "home directory" in assert_refused_in_one_line(lab_here(migrate_here, "up", "--dir", "~", home=home))
     for system in ("/", "/usr", "/etc", "/var/lib", "/proc/self"):
-        assert_refused_in_one_line(migrate_lab("up", "--dir", system))
+        assert_refused_in_one_line(lab_here(migrate_here, "up", "--dir", system))
     assert not Path("/lab.json").exists() and not Path("/usr/lab.json").exists()
 
 
@@ -461,9 +470,13 @@ def test_up_refuses_root_home_system_and_foreign_directories(tmp_path: Path) -> 
         ["down", "--dir", "/nonexistent/lab"],
     ],
 )
-def test_bad_lab_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[str]) -> None:
+def test_bad_lab_arguments_are_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], migrate_here: Callable[..., Result]
+) -> None:
     new = tmp_path / "new-lab"
-    proc = migrate_lab(*[a.replace("{new}", str(new)) for a in args])
+    argv = [a.replace("{new}", str(new)) for a in args]
+    # One of them through the installed command as well: the same one line and exit code from a process of its own.
+    proc = migrate_lab(*argv) if args[0] == "status" else lab_here(migrate_here, *argv)
     assert_refused_in_one_line(proc)
     assert not new.exists(), "a refused command wrote something"
 

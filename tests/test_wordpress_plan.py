@@ -6,6 +6,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ruamel.yaml import YAML
@@ -15,6 +16,7 @@ from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.transports import replication as repl
 from orchestrator.transports import rsync, ssh
+from tests.engine.world import Result
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "plans" / "wordpress.yaml"
@@ -98,7 +100,7 @@ def test_a_host_may_name_a_jump_host_with_its_own_key_and_known_hosts(tmp_path: 
     assert reversed_plan.target.jump == plan.source.jump and reversed_plan.source.jump is None
 
 
-def test_an_unknown_key_under_jump_is_one_line_naming_it(tmp_path: Path) -> None:
+def test_an_unknown_key_under_jump_is_one_line_naming_it(tmp_path: Path, migrate_here: Callable[..., Result]) -> None:
     text = EXAMPLE.read_text().replace(
         "  known_hosts: ~/.ssh/known_hosts\ntarget:",
         "  known_hosts: ~/.ssh/known_hosts\n  jump:\n    address: 198.51.100.7\n    hostkey: x\ntarget:",
@@ -106,7 +108,7 @@ def test_an_unknown_key_under_jump_is_one_line_naming_it(tmp_path: Path) -> None
     )
     path = tmp_path / "jump.yaml"
     path.write_text(text)
-    result = subprocess.run([str(MIGRATE), "validate", str(path)], capture_output=True, text=True, timeout=60)
+    result = migrate_here("validate", str(path))
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "source.jump.hostkey" in lines[0] and f"{path}:" in lines[0], result.stderr
@@ -165,10 +167,8 @@ def test_rsyncs_remote_end_and_the_seeds_receiver_run_through_sudo_on_a_become_t
     assert "sudo" not in shlex.split(repl.seed_stream_command(plain))[-1]
 
 
-def test_become_is_sudo_or_nothing(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [str(MIGRATE), "validate", str(plan_as_operator(tmp_path, "su"))], capture_output=True, text=True, timeout=60
-    )
+def test_become_is_sudo_or_nothing(tmp_path: Path, migrate_here: Callable[..., Result]) -> None:
+    result = migrate_here("validate", str(plan_as_operator(tmp_path, "su")))
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
     assert [line.split(": ", 1)[1] for line in lines] == [
@@ -177,12 +177,11 @@ def test_become_is_sudo_or_nothing(tmp_path: Path) -> None:
     ], result.stderr
 
 
-def test_lab_load_of_another_app_than_the_labs_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_lab_load_of_another_app_than_the_labs_is_refused_in_one_line(
+    tmp_path: Path, migrate_here: Callable[..., Result]
+) -> None:
     state = a_lab_state(tmp_path)
-    result = subprocess.run(
-        [str(MIGRATE), "lab", "load", "--dir", str(state.path), "--app", "demo", "--duration", "1"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = migrate_here("lab", "load", "--dir", str(state.path), "--app", "demo", "--duration", "1")
     assert result.returncode == 2, result
     assert result.stderr.strip() == (
         f"lab load: the lab in {state.dir} runs the wordpress app, not demo (`lab up --app demo` makes one)"
