@@ -144,10 +144,10 @@ def test_replicate_verify_opens_the_audit_snapshot_with_one_statement_and_holds_
     ctx = context(rt, "verify_target", history=REPLICATE_STEPS, outputs={"repl_switch": {"final_gtid": "0-1-42"}})
     figures, problems = VerifyTarget(mode=REPLICATE).positions(ctx)
     assert not problems and figures["audit_snapshot_at"] > 0
-    # Inside the window: one statement more, on the connection that read the target's position (no connection of
-    # its own, no ping); the tables are read on the frozen source after the commit.
+    # Inside the window: the statement that reads the target's position opens the snapshot (no statement, connection
+    # or ping of its own); the tables are read on the frozen source after the commit.
     target, source = rt.sessions["target"], rt.sessions["source"]
-    assert target.statements == ["SELECT @@GLOBAL.gtid_current_pos", replica_audit.SNAPSHOT_STATEMENT]
+    assert target.statements == [replica_audit.SNAPSHOT_AND_POSITION]
     assert source.statements == ["SELECT @@GLOBAL.gtid_binlog_pos"]
     assert audit.held(rt).snapshot is target and rt.released == [source], "the target's session is kept"
     described = " ".join(VerifyTarget(mode=REPLICATE).describe(ctx))
