@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from ruamel.yaml import YAML
 
-from orchestrator.lab import hosts, procs
+from orchestrator.lab import hosts, load, procs, verify
 from orchestrator.lab import postgres as pglab
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
@@ -95,6 +95,8 @@ class PgPair:
     tunnel: repl.TunnelSpec
     secrets: dict[str, str]
     writer: Writer
+    load_stop: threading.Event = field(default_factory=threading.Event)
+    load_thread: threading.Thread | None = None
     fence: pg.FenceState | None = None
     final: pg.Lsn | None = None
     back: repl.TunnelSpec | None = None
@@ -137,6 +139,9 @@ def pair() -> Iterator[PgPair]:
         yield p
     finally:
         writer.halt()
+        p.load_stop.set()
+        if p.load_thread is not None:
+            p.load_thread.join(timeout=60)
         for spec in (tunnel, p.back):
             if spec is not None:
                 with contextlib.suppress(Exception):
@@ -162,6 +167,15 @@ def test_preflight_facts_of_the_lab_source(pair: PgPair) -> None:
 def test_seed_a_standby_through_the_tunnel_under_a_writer(pair: PgPair) -> None:
     lab, target = pair.lab, pglab.cluster(pair.lab.target)
     pair.writer.start()
+    # The lab's own load too: clients that find the app through DNS and write through it (the app on psycopg).
+    pair.load_thread = threading.Thread(
+        target=load.main_load,
+        kwargs=dict(
+            state=lab, duration=600, rate=20, clients=2, dns_ttl=1, upload_every=0, out=None, stop=pair.load_stop
+        ),
+        daemon=True,
+    )
+    pair.load_thread.start()
     while len(pair.writer.acked) < 20:
         time.sleep(0.01)
     pair.source_ssh.run(repl.tunnel_up_command(pair.tunnel), timeout=60)
@@ -244,6 +258,9 @@ def test_old_primary_follows_the_new_one_and_nothing_acknowledged_is_lost(pair: 
     lab = pair.lab
     source = pglab.cluster(lab.source)
     pair.writer.halt()
+    pair.load_stop.set()
+    assert pair.load_thread is not None
+    pair.load_thread.join(timeout=60)
     port = procs.free_port(["127.0.0.1"])
     pair.back = repl.TunnelSpec(
         f"pg-back-{port}", "local", pair.tunnel.ssh_to_target, port, lab.target.address, lab.target.db_port,
@@ -267,3 +284,7 @@ def test_old_primary_follows_the_new_one_and_nothing_acknowledged_is_lost(pair: 
             present = {r[0] for r in rows}
             assert [a for a in acked if a not in present] == []
             assert conn.execute("SELECT 1 FROM reviews WHERE id = 'on-new-primary'").fetchone()
+    # `lab verify` (the app's acknowledged reviews, read back through psycopg as the app) on both hosts.
+    for host in ("target", "source"):
+        report = verify.main_verify(lab, host=host, trees=False)
+        assert report.error is None and report.reviews_acknowledged > 10 and report.reviews_lost == 0, report

@@ -187,7 +187,9 @@ class FenceState:
     sessions_ended: int = 0
 
 
-def _roles_exist(conn: psycopg.Connection, roles: Iterable[str]) -> dict[str, bool]:
+def login_states(conn: psycopg.Connection, roles: Iterable[str]) -> dict[str, bool]:
+    """Whether each role can log in now: what a caller journals before the fence, so a fence re-entered after a
+    crash (the roles already NOLOGIN) still knows what to put back."""
     names = list(roles)
     rows = conn.execute("SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname = ANY(%s)", (names,)).fetchall()
     found = {str(name): bool(login) for name, login in rows}
@@ -205,8 +207,16 @@ def app_sessions(conn: psycopg.Connection, roles: Iterable[str]) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
-def fence(conn: psycopg.Connection, roles: Sequence[str], *, settle: float = 0.05, attempts: int = 20) -> FenceState:
-    """Stop every write by the app's roles, for real. Returns what to put back (`lift_fence`).
+def fence(
+    conn: psycopg.Connection,
+    roles: Sequence[str],
+    *,
+    before: dict[str, bool] | None = None,
+    settle: float = 0.05,
+    attempts: int = 20,
+) -> FenceState:
+    """Stop every write by the app's roles, for real. Returns what to put back (`lift_fence`); `before`: the
+    roles' login states journaled before (`login_states`), when this is a fence re-entered after a crash.
 
     Why this and not something lighter:
     - `ALTER ROLE … SET default_transaction_read_only` (or the same with ALTER SYSTEM) is only a default: any
@@ -222,7 +232,7 @@ def fence(conn: psycopg.Connection, roles: Sequence[str], *, settle: float = 0.0
       refuses to claim it holds while one exists.
     NOLOGIN is a catalog change: it replicates, so a promoted standby starts fenced too (`lift_fence` there).
     """
-    before = _roles_exist(conn, roles)
+    before = login_states(conn, roles) if before is None else before
     for role in roles:
         conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
     ended = 0
@@ -253,7 +263,7 @@ def lift_fence(conn: psycopg.Connection, saved: FenceState) -> None:
 
 def fenced_roles(conn: psycopg.Connection, roles: Iterable[str]) -> list[str]:
     """The roles among `roles` that cannot log in now."""
-    return sorted(role for role, login in _roles_exist(conn, roles).items() if not login)
+    return sorted(role for role, login in login_states(conn, roles).items() if not login)
 
 
 # --- promotion -----------------------------------------------------------------------------------------------------
