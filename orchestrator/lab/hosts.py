@@ -435,6 +435,11 @@ def up(
     if engine is not None and (lab_dir / STATE_FILE).exists() and state.engine != engine:
         raise LabRefused(f"the lab in {lab_dir} runs {state.engine}, not {engine}: `lab down --purge` it first")
     state.engine = engine or state.engine
+    if state.engine == pglab.ENGINE:
+        try:
+            pglab.check_reachable(lab_dir)  # before anything starts: the clusters' account must reach the lab
+        except pglab.LabPgError as exc:
+            raise LabRefused(str(exc)) from None
     if with_bastion and not state.bastion_address:
         state.bastion_address = bastion.BASTION_ADDRESS
     if with_operator or state.operator:

@@ -134,11 +134,14 @@ def _owner_ids() -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
-def _check_reachable(path: Path) -> None:
+def check_reachable(path: Path) -> None:
     """Every parent of `path` must be searchable by the server's account, or it cannot open its own files."""
-    for parent in reversed(path.parents):
-        mode = parent.stat().st_mode
-        if not mode & 0o001 and parent.stat().st_uid != _owner_ids()[0]:
+    uid = _owner_ids()[0]
+    for parent in [*reversed(path.parents), path]:
+        if not parent.exists():
+            break
+        info = parent.stat()
+        if not info.st_mode & 0o001 and info.st_uid != uid:
             raise LabPgError(
                 f"{parent} is not searchable by others: the {OS_USER} account cannot reach the lab's clusters"
                 " (choose a lab directory under a world-searchable path, e.g. /var/tmp)"
@@ -167,7 +170,7 @@ def prepare_dirs(host: HostState) -> None:
         sub.mkdir(parents=True, exist_ok=True)
         os.chown(sub, uid, gid)
     pg_dir(host).chmod(0o755)
-    _check_reachable(pg_dir(host))
+    check_reachable(pg_dir(host))
 
 
 def initialized(host: HostState) -> bool:

@@ -450,10 +450,7 @@ def seed_command(spec: SeedSpec) -> str:
     A data directory that already holds a cluster is refused (the standby's must be stopped and moved aside by
     the caller: a seed never deletes one). Prints pg_basebackup's progress lines on stderr."""
     c = spec.cluster
-    conninfo = (
-        f"host={spec.primary_host} port={spec.primary_port} user={spec.repl_user} "
-        f"passfile={c.passfile} application_name={spec.application_name}"
-    )
+    conninfo = primary_conninfo(spec.primary_host, spec.primary_port, spec.repl_user, c.passfile, spec.application_name)
     argv = [c.program("pg_basebackup"), "-d", conninfo, "-D", c.data_dir, "-X", "stream", "-S", spec.slot, "-R"]
     argv += ["-c", spec.checkpoint, "--no-password", "-P"]
     if spec.max_rate:
@@ -466,8 +463,15 @@ def seed_command(spec: SeedSpec) -> str:
     )
 
 
+def conninfo_value(value: object) -> str:
+    """A libpq connection-string value, quoted (a path with a space would otherwise end the value)."""
+    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{text}'"
+
+
 def primary_conninfo(host: str, port: int, user: str, passfile: str, application_name: str) -> str:
-    return f"host={host} port={port} user={user} passfile={passfile} application_name={application_name}"
+    pairs = {"host": host, "port": port, "user": user, "passfile": passfile, "application_name": application_name}
+    return " ".join(f"{key}={conninfo_value(value)}" for key, value in pairs.items())
 
 
 def follow_command(cluster: Cluster, conninfo: str, slot: str = "") -> str:
