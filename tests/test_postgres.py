@@ -4,9 +4,11 @@ tests/test_postgres_lab.py)."""
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
+from orchestrator.lab import hosts
 from orchestrator.transports import postgres as pg
 
 CONTROLDATA = """pg_control version number:            1300
@@ -89,3 +91,11 @@ def test_facts_name_every_problem_in_one_line() -> None:
     good = pg.ServerFacts(15, "replica", 10, 10, True, False, True, "/d")
     assert good.problems(other_major=15) == [] and good.rewind_possible
     assert pg.parse_majors("15\n16\nmain\n") == [15, 16]
+
+
+def test_lab_up_refuses_an_unknown_engine_and_wordpress_on_postgres(tmp_path: Path) -> None:
+    with pytest.raises(hosts.LabRefused, match="--engine must be one of mariadb, postgresql"):
+        hosts.up(tmp_path / "lab", engine="oracle")
+    with pytest.raises(hosts.LabRefused, match="WordPress runs on MariaDB only"):
+        hosts.up(tmp_path / "lab", engine="postgresql", app="wordpress")
+    assert not (tmp_path / "lab").exists()

@@ -288,3 +288,14 @@ def test_old_primary_follows_the_new_one_and_nothing_acknowledged_is_lost(pair: 
     for host in ("target", "source"):
         report = verify.main_verify(lab, host=host, trees=False)
         assert report.error is None and report.reviews_acknowledged > 10 and report.reviews_lost == 0, report
+
+
+def test_the_hosts_db_scripts_stop_and_start_a_cluster(pair: PgPair) -> None:
+    target = pair.lab.target
+    hosts.run_script(target, "db-stop")
+    assert pglab.pid(target) is None
+    hosts.run_script(target, "db-stop")  # nothing running: nothing to do
+    hosts.run_script(target, "db-start")
+    assert pglab.pid(target) is not None
+    with pair.connect(target) as conn:
+        assert not pg.in_recovery(conn)
