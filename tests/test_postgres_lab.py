@@ -164,9 +164,53 @@ def test_preflight_facts_of_the_lab_source(pair: PgPair) -> None:
     assert facts.major in majors
 
 
+def rsync_datadir(pair: PgPair, *, checksum: bool) -> None:
+    """The source's data directory pushed to the target's from the source, over its SSH hop to the target."""
+    source, target = pglab.cluster(pair.lab.source), pglab.cluster(pair.lab.target)
+    ssh_argv, login = pair.tunnel.ssh_to_target[:-1], pair.tunnel.ssh_to_target[-1]
+    argv = ["rsync", "-a", "--delete", *(f"--exclude={e}" for e in pg.DATADIR_EXCLUDES), "-e", shlex.join(ssh_argv)]
+    argv += ["--checksum"] if checksum else []
+    argv += [source.data_dir + "/", f"{login}:{target.data_dir}/"]
+    pair.source_ssh.run(shlex.join(argv), timeout=600)
+
+
+def test_shutdown_mode_copy_of_the_data_directory(pair: PgPair) -> None:
+    """The shutdown mode's database part: a live pre-sync, then in the window the fence, a clean stop and the
+    final pass of a data directory nothing writes to; the copy starts on the target with every acknowledged write.
+    Then rolled back (the target's copy removed, the source started and opened) for the tests after it."""
+    lab = pair.lab
+    source, target = pglab.cluster(lab.source), pglab.cluster(lab.target)
+    pair.writer.start()
+    while len(pair.writer.acked) < 20:
+        time.sleep(0.01)
+    rsync_datadir(pair, checksum=False)  # live: inconsistent, and that is fine
+    with pair.connect(lab.source, dbname="postgres") as admin:
+        pg.checkpoint(admin)
+        saved = pg.fence(admin, [lab.app_user])
+    acked = list(pair.writer.acked)
+    started = time.monotonic()
+    pair.source_ssh.run(pg.pg_ctl_command(source, "stop"), timeout=120)
+    assert pg.parse_controldata(pair.source_ssh.run(pg.controldata_command(source)).stdout).clean
+    rsync_datadir(pair, checksum=True)
+    pair.target_ssh.run(pg.pg_ctl_command(target, "start"), timeout=120)
+    FIGURES["shutdown-mode stop + final pass + start"] = time.monotonic() - started
+    try:
+        with pair.connect(lab.target) as copy:
+            assert not pg.in_recovery(copy)
+            rows = copy.execute("SELECT id FROM reviews WHERE id LIKE %s", (f"{pair.writer.prefix}-%",)).fetchall()
+            assert [a for a in acked if a not in {r[0] for r in rows}] == []
+    finally:
+        pair.target_ssh.run(pg.pg_ctl_command(target, "stop"), timeout=120)
+        pglab.remove_cluster(lab.target)
+        pair.source_ssh.run(pg.pg_ctl_command(source, "start"), timeout=120)
+        with pair.connect(lab.source, dbname="postgres") as admin:
+            pg.lift_fence(admin, saved)
+
+
 def test_seed_a_standby_through_the_tunnel_under_a_writer(pair: PgPair) -> None:
     lab, target = pair.lab, pglab.cluster(pair.lab.target)
-    pair.writer.start()
+    if pair.writer.thread is None:
+        pair.writer.start()
     # The lab's own load too: clients that find the app through DNS and write through it (the app on psycopg).
     pair.load_thread = threading.Thread(
         target=load.main_load,
@@ -197,6 +241,22 @@ def test_seed_a_standby_through_the_tunnel_under_a_writer(pair: PgPair) -> None:
             assert time.monotonic() < deadline, "the standby never streamed"
             time.sleep(0.05)
         assert pg.wait_for_replay(standby, pg.current_wal_lsn(primary), 30).reached
+
+
+def test_a_read_only_default_is_no_fence(pair: PgPair) -> None:
+    """Why the fence is not `default_transaction_read_only`: a session of the role sets it back and writes."""
+    lab = pair.lab
+    with pair.connect(lab.source, dbname="postgres") as admin:
+        admin.execute(f"ALTER ROLE {lab.app_user} SET default_transaction_read_only = on")
+        try:
+            with pair.connect(lab.source, lab.app_user) as app:
+                with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                    app.execute("INSERT INTO reviews (id) VALUES ('read-only-default-1')")
+                app.execute("SET default_transaction_read_only = off")
+                app.execute("INSERT INTO reviews (id) VALUES ('read-only-default-2')")  # written all the same
+                assert app.execute("SELECT 1 FROM reviews WHERE id = 'read-only-default-2'").fetchone()
+        finally:
+            admin.execute(f"ALTER ROLE {lab.app_user} RESET default_transaction_read_only")
 
 
 def test_the_fence_holds_against_the_app_role(pair: PgPair) -> None:

@@ -303,7 +303,17 @@ def promote(conn: psycopg.Connection, expected: Lsn, *, wait: float = 10.0, prom
     return Promotion(before, after, waited.position or expected, seconds, waited.seconds)
 
 
+def checkpoint(conn: psycopg.Connection) -> None:
+    """Flush every dirty page now (a superuser's or pg_checkpoint's): made just before the window, it keeps the
+    shutdown checkpoint inside the window short."""
+    conn.execute("CHECKPOINT")
+
+
 # --- host commands: the cluster, the seed, the follow -------------------------------------------------------------
+
+# The shutdown mode's copy of a data directory leaves these out: they describe the running server, not the data
+# (PostgreSQL's own base backup skips them), and a postmaster.pid copied to the target would name the source's pid.
+DATADIR_EXCLUDES = ("/postmaster.pid", "/postmaster.opts")
 
 
 @dataclass(frozen=True)
