@@ -1,7 +1,8 @@
 """The PostgreSQL primitives (orchestrator/transports/postgres.py) proven on a lab made with `--engine postgresql`:
-a standby seeded with pg_basebackup through the SSH tunnel under a writer, the fence (a write by the app's role
-refused, a reconnecting session cannot undo it), the LSN handshake, the promotion with proof, the old primary
-re-attached as a standby of the new one without pg_rewind, and every acknowledged write on both.
+the shutdown mode's copy of the data directory, a standby seeded with pg_basebackup through the SSH tunnel under a
+writer, the fence (a write by the app's role refused, a reconnecting session cannot undo it), the LSN handshake, the
+promotion with proof, the old primary re-attached as a standby of the new one without pg_rewind, and every
+acknowledged write on both (`lab verify` of the lab's load through the app).
 
 The tests share one lab (module fixture, its own directory under /var/tmp: the `postgres` account that runs the
 clusters must reach it) and run in file order. Figures (seed, LSN wait, promotion) are printed: run with -s.
@@ -122,6 +123,8 @@ def pair() -> Iterator[PgPair]:
     except BaseException:
         with contextlib.suppress(Exception):
             hosts.down(lab_dir / "lab", purge=True)
+        with contextlib.suppress(OSError):
+            lab_dir.rmdir()
         raise
     FIGURES["lab up"] = time.monotonic() - started
     plan = load_plan(lab.plan_file)
