@@ -36,21 +36,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import pymysql
-import pymysql.cursors
-
+from orchestrator.lab import appdb
 from orchestrator.lab.state import HostState, LabState
 
-DB_CONNECT_TIMEOUT = 3
-# Bounded so a write stuck behind a global read lock fails (503, the client retries) instead of hanging.
-DB_READ_TIMEOUT = 5
-DB_WRITE_TIMEOUT = 5
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024
 MAX_JSON_BYTES = 1024 * 1024
 REVIEW_FIELDS = ("author", "course", "rating", "body")
 # Review ids and upload names are path segments and file names: keep them to a safe alphabet.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-ER_DUP_ENTRY = 1062
 UPLOAD_TMP_SUFFIX = ".uploading"
 
 
@@ -65,22 +58,10 @@ def review_digest(author: str, course: str, rating: int, body: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def db_connect(state: LabState, host: HostState, password: str) -> pymysql.connections.Connection:
-    """A connection to the host's database through its unix socket, as the app user, with bounded timeouts."""
-    return pymysql.connect(
-        unix_socket=str(host.db_socket),
-        user=state.app_user,
-        password=password,
-        database=state.db_name,
-        charset="utf8mb4",
-        autocommit=False,
-        connect_timeout=DB_CONNECT_TIMEOUT,
-        read_timeout=DB_READ_TIMEOUT,
-        write_timeout=DB_WRITE_TIMEOUT,
-        # A unix socket needs no TLS; PyMySQL would otherwise build a TLS context (every CA certificate loaded)
-        # per connection, which was most of the app's CPU.
-        ssl_disabled=True,
-    )
+def db_connect(state: LabState, host: HostState, password: str) -> Any:
+    """A connection to the host's database through its unix socket, as the app user, with bounded timeouts (the
+    lab's engine's: orchestrator/lab/appdb.py)."""
+    return appdb.for_state(state).connect(state, host, password)
 
 
 class DatabaseDown(Exception):
@@ -114,18 +95,19 @@ class App:
         self.host = host
         self._password = password
         self.access_log = AccessLog(host.access_log)
+        self.dbapi = appdb.for_state(state)
 
     @contextlib.contextmanager
-    def db(self) -> Iterator[pymysql.connections.Connection]:
+    def db(self) -> Iterator[Any]:
         try:
-            conn = db_connect(self.state, self.host, self._password)
-        except pymysql.err.MySQLError as exc:
+            conn = self.dbapi.connect(self.state, self.host, self._password)
+        except self.dbapi.error as exc:
             raise DatabaseDown(f"connect: {exc.args[0] if exc.args else exc}") from None
         try:
             yield conn
-        except pymysql.err.IntegrityError:
+        except self.dbapi.integrity_error:
             raise
-        except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as exc:
+        except self.dbapi.down_errors as exc:
             raise DatabaseDown(f"query: {exc.args[0] if exc.args else exc}") from None
         finally:
             with contextlib.suppress(Exception):
@@ -220,7 +202,7 @@ class Handler(BaseHTTPRequestHandler):
         except DatabaseDown as exc:
             self.log_message("database unavailable: %s", exc)
             self.send_json(503, {"error": "database unavailable"})
-        except pymysql.err.MySQLError as exc:
+        except self.app.dbapi.error as exc:
             # Any other database error (a missing table, a lock wait timeout): the write did not happen.
             self.log_message("database error: %s", exc.args[0] if exc.args else type(exc).__name__)
             self.send_json(503, {"error": "database error"})
@@ -313,9 +295,9 @@ class Handler(BaseHTTPRequestHandler):
                     (review["id"], review["author"], review["course"], review["rating"], review["body"]),
                 )
                 conn.commit()
-            except pymysql.err.IntegrityError as exc:
+            except self.app.dbapi.integrity_error as exc:
                 conn.rollback()
-                if exc.args and exc.args[0] != ER_DUP_ENTRY:
+                if not self.app.dbapi.is_duplicate(exc):
                     raise DatabaseDown(f"insert: {exc.args[0]}") from None
                 # A client retrying a write whose answer it never got: same content → the same success.
                 cur.execute("SELECT author, course, rating, body FROM reviews WHERE id = %s", (review["id"],))
@@ -331,7 +313,7 @@ class Handler(BaseHTTPRequestHandler):
         if not SAFE_NAME.match(review_id):
             self.send_json(404, {"error": "not found"})
             return
-        with self.app.db() as conn, conn.cursor(pymysql.cursors.DictCursor) as cur:
+        with self.app.db() as conn, self.app.dbapi.dict_cursor(conn) as cur:
             cur.execute("SELECT id, author, course, rating, body, created_at FROM reviews WHERE id = %s", (review_id,))
             row = cur.fetchone()
         if row is None:
@@ -342,7 +324,7 @@ class Handler(BaseHTTPRequestHandler):
     def list_reviews(self, query: dict[str, list[str]]) -> None:
         raw = query.get("limit", ["20"])[0]
         limit = min(max(int(raw), 1), 500) if raw.isdigit() else 20
-        with self.app.db() as conn, conn.cursor(pymysql.cursors.DictCursor) as cur:
+        with self.app.db() as conn, self.app.dbapi.dict_cursor(conn) as cur:
             cur.execute(
                 "SELECT id, author, course, rating, body, created_at FROM reviews ORDER BY created_at DESC LIMIT %s",
                 (limit,),
@@ -363,12 +345,7 @@ class Handler(BaseHTTPRequestHandler):
         # Connect first: with the database down nothing is written to disk either.
         with self.app.db() as conn, conn.cursor() as cur:
             write_file_atomically(self.app.host.uploads / name, data)
-            cur.execute(
-                "INSERT INTO uploads (name, size, sha256) VALUES (%s, %s, %s) "
-                "ON DUPLICATE KEY UPDATE size = VALUES(size), sha256 = VALUES(sha256)",
-                (name, len(data), digest),
-            )
-            inserted = cur.rowcount == 1
+            inserted = self.app.dbapi.upsert_upload(cur, name, len(data), digest)
             conn.commit()
         self.send_json(201 if inserted else 200, {"name": name, "size": len(data), "sha256": digest})
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.lab import mariadb
+from orchestrator.lab import postgres as pglab
 from orchestrator.lab.mariadb import q
 from orchestrator.lab.state import HostState, LabState
 
@@ -115,9 +116,15 @@ def write_scripts(
     """(Re)write the host's bin/ scripts from the current state; returns name → path. `datadir`: the path the
     database's scripts give mariadbd (default the host's datadir)."""
     python = python or sys.executable
+    if state.engine == pglab.ENGINE:
+        db_scripts = {"db-start": pglab.db_start_script(host), "db-stop": pglab.db_stop_script(host)}
+    else:
+        db_scripts = {
+            "db-start": mariadb.db_start_script(host, datadir),
+            "db-stop": mariadb.db_stop_script(host, datadir),
+        }
     texts = {
-        "db-start": mariadb.db_start_script(host, datadir),
-        "db-stop": mariadb.db_stop_script(host, datadir),
+        **db_scripts,
         "app-start": app_start_script(state, host, python),
         "app-stop": app_stop_script(state, host),
         "fence-on": fence_on_script(host),

@@ -98,6 +98,9 @@ def up(
     with_operator: bool = typer.Option(
         False, "--operator", help="the plan logs in as an unprivileged account of this machine, root through sudo"
     ),
+    engine: str | None = typer.Option(
+        None, "--engine", help="the hosts' database: mariadb (a new lab's default) or postgresql (one cluster per host)"
+    ),
 ) -> None:
     """Make the lab (or finish / repair it): sshd, MariaDB and the app per host, the Cloudflare double, plan.yaml.
 
@@ -116,6 +119,7 @@ def up(
             app=app,
             with_bastion=with_bastion,
             with_operator=with_operator,
+            engine=engine,
             say=typer.echo,
         )
     typer.echo(f"lab is up in {state.dir}; secrets in {state.env_file}; plan in {state.plan_file}")

@@ -36,11 +36,13 @@ from orchestrator.lab import (
     uploads_tree,
     wordpress,
 )
+from orchestrator.lab import postgres as pglab
 from orchestrator.lab.state import STATE_FILE, HostState, LabState
 from orchestrator.transports.haproxy import HaproxyError
 
 SOURCE_ADDRESS = "127.0.0.2"
 APPS = ("demo", wordpress.APP_NAME)
+ENGINES = ("mariadb", pglab.ENGINE)
 TARGET_ADDRESS = "127.0.0.3"
 # The ports `lab up` prefers (and docker-compose.test.yml publishes); any taken one is replaced by a free one.
 DEFAULT_SSH_PORT = 2222
@@ -233,7 +235,8 @@ def ensure_env_file(state: LabState) -> dict[str, str]:
 
 
 def db_pid(host: HostState) -> int | None:
-    return procs.running_pid(host.db_pid_file, f"--datadir={host.datadir}")
+    """The host's database server: its mariadbd, or its postmaster in a PostgreSQL lab."""
+    return procs.running_pid(host.db_pid_file, f"--datadir={host.datadir}") or pglab.pid(host)
 
 
 def add_front_door(state: LabState) -> bool:
@@ -319,6 +322,7 @@ def seed_uploads(state: LabState, uploads_size_mb: int) -> int:
     size = total // count
     written = 0
     rows: list[str] = []
+    recorded: list[tuple[str, int, str]] = []
     for index in range(1, count + 1):
         path = uploads / f"seed-{index:04d}.bin"
         if not (path.exists() and path.stat().st_size == size):
@@ -328,6 +332,10 @@ def seed_uploads(state: LabState, uploads_size_mb: int) -> int:
             written += 1
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         rows.append(f"('{path.name}', {size}, '{digest}')")
+        recorded.append((path.name, size, digest))
+    if state.engine == pglab.ENGINE:
+        pglab.record_uploads(state, recorded)
+        return written
     mariadb.run_sql(
         state.source,
         "INSERT INTO uploads (name, size, sha256) VALUES "
@@ -381,12 +389,15 @@ def up(
     app: str | None = None,
     with_bastion: bool = False,
     with_operator: bool = False,
+    engine: str | None = None,
     say: Say = _quiet,
 ) -> LabState:
     """Bring the lab up (or finish / repair it) and return its state, saved in <dir>/lab.json.
 
     `latency_ms` / `api_latency_ms`: the one-way delay between the orchestrator and the hosts / the Cloudflare
     double (the latency relay adds it; 0: direct); None keeps what the lab has.
+
+    `engine`: the database of both hosts, mariadb (a new lab's default) or postgresql; an existing lab keeps its own.
 
     `default_ports=False` picks random free ports even when the defaults are free: for test labs made next to
     other labs on the same machine, where two runs racing for the same default port would collide.
@@ -407,8 +418,12 @@ def up(
                 raise LabRefused(str(exc)) from None
     if app is not None and app not in APPS:
         raise LabRefused(f"--app must be one of {', '.join(APPS)}, not {app!r}")
+    if engine is not None and engine not in ENGINES:
+        raise LabRefused(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if engine == pglab.ENGINE and app == wordpress.APP_NAME:
+        raise LabRefused("WordPress runs on MariaDB only: --engine postgresql serves the demo app")
     check_dir_for_up(lab_dir)
-    installed = setup.ensure_system_tools()
+    installed = setup.ensure_system_tools(pglab.missing_packages() if engine == pglab.ENGINE else [])
     if installed:
         say(f"installed system packages: {' '.join(installed)}")
     lab_dir = lab_dir.expanduser().absolute()
@@ -417,6 +432,14 @@ def up(
     if app is not None and (lab_dir / STATE_FILE).exists() and state.app != app:
         raise LabRefused(f"the lab in {lab_dir} runs the {state.app} app, not {app}: `lab down --purge` it first")
     state.app = app or state.app  # a new lab's default: the demo app; an existing lab keeps its own
+    if engine is not None and (lab_dir / STATE_FILE).exists() and state.engine != engine:
+        raise LabRefused(f"the lab in {lab_dir} runs {state.engine}, not {engine}: `lab down --purge` it first")
+    state.engine = engine or state.engine
+    if state.engine == pglab.ENGINE:
+        try:
+            pglab.check_reachable(lab_dir)  # before anything starts: the clusters' account must reach the lab
+        except pglab.LabPgError as exc:
+            raise LabRefused(str(exc)) from None
     if with_bastion and not state.bastion_address:
         state.bastion_address = bastion.BASTION_ADDRESS
     if with_operator or state.operator:
@@ -429,7 +452,7 @@ def up(
         raise LabError(f"the lab directory {lab_dir} is too deep: unix socket paths would pass {MAX_SOCKET_PATH} bytes")
     if not state.cf_port and default_ports:
         state.cf_port = DEFAULT_CF_PORT  # the double takes it when free, else picks another and records it
-    fresh_target = not mariadb.installed_marker(state.target).exists()
+    fresh_target = not (mariadb.installed_marker(state.target).exists() or pglab.pg_dir(state.target).exists())
     if add_front_door(state):
         say("the lab gets its front door: HAProxy on the clients' port, the apps behind it")
     if repair_ports(state):
@@ -452,6 +475,38 @@ def up(
         say(f"bastion: sshd on {state.bastion_address}:{state.source.ssh_port} (pid {pid}); the plan's hosts via it")
     say("ssh: both hosts answer with verified host keys; the source reaches the target")
 
+    if state.engine == pglab.ENGINE:
+        _up_postgres(state, secrets_, db_size_mb, say)
+    else:
+        _up_mariadb(state, secrets_, db_size_mb, fresh_target, say)
+    written = seed_uploads(state, uploads_size_mb)
+    say(f"source: uploads in {state.source.uploads} ({written} files written)")
+    if state.app == wordpress.APP_NAME and wordpress.install(state, state.source):
+        say(f"source: WordPress installed (admin {wordpress.ADMIN_USER}, application password in {state.env_file})")
+    if files:
+        written = uploads_tree.write_tree(state.source.uploads, files)
+        say(f"source: {files} small uploads in hashed directories ({written} written)")
+    if fresh_target:
+        run_script(state.target, "app-stop")
+    _up_rest(state, latency_ms, api_latency_ms, say)
+    return state
+
+
+def _up_postgres(state: LabState, secrets_: dict[str, str], db_size_mb: int, say: Say) -> None:
+    """PostgreSQL: the source's cluster made, started, provisioned and filled; the target has none (the
+    migration seeds it, as pg_basebackup needs an empty data directory)."""
+    for host in (state.source, state.target):
+        binscripts.write_scripts(state, host)
+        pglab.prepare_dirs(host)
+    if pglab.init_cluster(state, state.source):
+        say(f"source: PostgreSQL cluster made in {pglab.data_dir(state.source)}")
+    pid = pglab.start(state.source)
+    pglab.provision(state, secrets_)
+    added = pglab.fill_reviews(state, db_size_mb)
+    say(f"source: postgresql on {state.source.address}:{state.source.db_port} (pid {pid}), {added} seed rows added")
+
+
+def _up_mariadb(state: LabState, secrets_: dict[str, str], db_size_mb: int, fresh_target: bool, say: Say) -> None:
     # MariaDB: both datadirs installed; the source runs with users, schema and data; the target stays stopped.
     for host in (state.source, state.target):
         binscripts.write_scripts(state, host)
@@ -463,18 +518,12 @@ def up(
     mariadb.provision_users(state, secrets_)
     added = mariadb.fill_reviews(state, db_size_mb)
     say(f"source: mariadb on {state.source.address}:{state.source.db_port}, {added} seed rows added")
-    written = seed_uploads(state, uploads_size_mb)
-    say(f"source: uploads in {state.source.uploads} ({written} files written)")
-    if state.app == wordpress.APP_NAME and wordpress.install(state, state.source):
-        say(f"source: WordPress installed (admin {wordpress.ADMIN_USER}, application password in {state.env_file})")
-    if files:
-        written = uploads_tree.write_tree(state.source.uploads, files)
-        say(f"source: {files} small uploads in hashed directories ({written} written)")
     if fresh_target:
         # The seed's preparation: the target's database is installed but stopped (the migration overwrites it).
         run_script(state.target, "db-stop")
-        run_script(state.target, "app-stop")
 
+
+def _up_rest(state: LabState, latency_ms: float | None, api_latency_ms: float | None, say: Say) -> None:
     # The front doors: HAProxy where clients reach each host, whether or not an app runs behind it yet.
     for host in (state.source, state.target):
         pid = haproxy.start(host)
@@ -513,7 +562,6 @@ def up(
     (state.path / "hooks").mkdir(exist_ok=True)
     planfile.write_plan(state)
     say(f"plan: {state.plan_file}")
-    return state
 
 
 # --- down ----------------------------------------------------------------------------------------------------
@@ -538,6 +586,14 @@ class Stopped:
 
 
 def _stop_db(host: HostState) -> tuple[Stopped, list[str]] | None:
+    pg_pid = pglab.pid(host)
+    if pg_pid is not None:
+        try:
+            pglab.stop(host)
+        except (pglab.LabPgError, OSError, subprocess.SubprocessError) as exc:
+            procs.stop_pid(pg_pid, timeout=120)  # SIGTERM is postgres's smart shutdown
+            return Stopped(f"{host.name} postgresql", pg_pid), [str(exc)]
+        return Stopped(f"{host.name} postgresql", pg_pid), []
     pid = db_pid(host)
     if pid is None:
         return None
@@ -670,7 +726,7 @@ def components(state: LabState) -> list[Component]:
     for host in (state.source, state.target):
         found += [
             Component(f"{host.name} sshd", sshd.running_pid(host), f"{host.address}:{host.ssh_port}"),
-            Component(f"{host.name} mariadb", db_pid(host), f"{host.address}:{host.db_port}"),
+            Component(f"{host.name} {state.engine}", db_pid(host), f"{host.address}:{host.db_port}"),
             Component(f"{host.name} app", app_pid(state, host), f"{host.address}:{host.app_listen_port}"),
         ]
         if state.app == wordpress.APP_NAME:

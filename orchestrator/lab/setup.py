@@ -68,9 +68,10 @@ def install(packages: list[str]) -> None:
             POLICY_RC_D.unlink(missing_ok=True)
 
 
-def ensure_system_tools() -> list[str]:
-    """Make sure every tool the lab runs exists; returns the packages it installed (usually none)."""
-    missing = missing_packages()
+def ensure_system_tools(extra: list[str] | None = None) -> list[str]:
+    """Make sure every tool the lab runs exists; returns the packages it installed (usually none). `extra`:
+    packages an option of the lab needs and found missing (PostgreSQL's, for `--engine postgresql`)."""
+    missing = sorted({*missing_packages(), *(extra or [])})
     if not missing:
         return []
     if not can_install():
@@ -80,7 +81,7 @@ def ensure_system_tools() -> list[str]:
             + f"; install them with: sudo apt-get install -y --no-install-recommends {' '.join(missing)}"
         )
     install(missing)
-    still = missing_packages()
+    still = [p for p in missing_packages() if p not in (extra or [])]
     if still:
         raise SetupError(f"after apt-get install these packages still miss their tools: {' '.join(still)}")
     return missing

@@ -175,6 +175,8 @@ class LabState:
 
     # What serves on the hosts: "demo" (the lab's Python app) or "wordpress" (nginx + php-fpm + WordPress).
     app: str = "demo"
+    # The database engine of both hosts: "mariadb" or "postgresql" (orchestrator/lab/postgres.py); db_port is its.
+    engine: str = "mariadb"
     # The bastion's address when `lab up --bastion` made one (the plan's hosts are reached through it), else "".
     bastion_address: str = ""
     # The unprivileged account the plan logs in as (`lab up --operator`, root through sudo), else "" (root).

@@ -29,8 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pymysql
-
+from orchestrator.lab import appdb
 from orchestrator.lab.app import db_connect, review_digest
 from orchestrator.lab.load import (
     ACKS_FILE,
@@ -305,6 +304,7 @@ def main_verify(
     same."""
     directory = load_dir if load_dir is not None else state.load_dir
     lab_host = state.host(host)
+    dbapi = appdb.for_state(state)
     report = VerifyReport(host=host, load_dir=str(directory))
     add_stats(directory / STATS_FILE, report)
     add_requests(directory / REQUESTS_FILE, journal, report)
@@ -318,15 +318,15 @@ def main_verify(
         try:
             password = state.secrets()[state.app_password_env]
             conn = db_connect(state, lab_host, password)
-        except (pymysql.err.MySQLError, OSError, KeyError) as exc:
-            report.error = f"cannot reach the {host} database at {lab_host.db_socket}: {type(exc).__name__}"
+        except (dbapi.error, OSError, KeyError) as exc:
+            report.error = f"cannot reach the {host} database at {dbapi.where(lab_host)}: {type(exc).__name__}"
         else:
             try:
                 with conn.cursor() as cur:
                     check_reviews(cur, [a for a in acks if a.get("kind") == "review"], report)
                     uploads = [a for a in acks if a.get("kind") in ("upload", "upload_deleted")]
                     check_uploads(cur, uploads, lab_host.uploads, report)
-            except pymysql.err.MySQLError as exc:
+            except dbapi.error as exc:
                 report.error = f"query on the {host} database failed: {exc.args[0] if exc.args else exc}"
             finally:
                 conn.close()
