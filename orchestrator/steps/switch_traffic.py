@@ -104,7 +104,8 @@ class SwitchTraffic(Step):
     def _lift_and_forward_from_source(self, ctx: StepContext) -> bool:
         """The target's fence lifted and the source's door forwarding, in one command on the source (committed by
         now: a failure is finished forward by `migrate apply`). Whether a fence was lifted."""
-        outcome = frontdoor.lift_and_forward_from_source(ctx, timeout=ctx.window.timeout(FENCE_COMMAND_TIMEOUT))
+        # Not bounded by what is left of the budget: committed, the run finishes forward however long it takes.
+        outcome = frontdoor.lift_and_forward_from_source(ctx, timeout=FENCE_COMMAND_TIMEOUT)
         if outcome.fence_lifted is False:
             raise StepError(
                 f"committed, but lifting the target's fence failed ({outcome.fence_said}): it refuses writes until "
