@@ -12,6 +12,11 @@ Order: the target's fence is lifted before the source's door forwards to it, so 
 fence. Before the commit the step checks the source's door still holds (an HAProxy restarted mid-window forgot its
 hold: one line, rollback); after it, every failure is finished forward by `migrate apply` (the step is re-entered:
 each of its actions is idempotent).
+
+When the source host can drive its own door (frontdoor.drivable_from_source, found before the window), the chain
+runs there in two commands (orchestrator/source_commit.py): the hold checked and the guard told, then, once the run
+is journaled committed, the target's fence lifted over the hosts' hop and the door forwarded: the same facts in the
+same order, two round trips instead of four.
 """
 
 from __future__ import annotations
