@@ -3,6 +3,9 @@
 Each transition is one JSON line, written, flushed and fsync'd before the engine takes the next action, so a process
 killed at any instant (kill -9) leaves a journal that says exactly what was done and what was in flight. A torn last
 line (killed mid-write) is ignored: the action it announced had not started yet.
+
+The records' kinds are typed in engine/events.py (the engine appends those); everything else reads the journal
+through engine/view.py's `JournalView`.
 """
 
 from __future__ import annotations
