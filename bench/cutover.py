@@ -54,7 +54,7 @@ from orchestrator.lab import haproxy, hosts, planfile, relay
 from orchestrator.lab.load import REQUESTS_FILE
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
-from orchestrator.report import render_report
+from orchestrator.report.build import render_report
 from orchestrator.runtime import Runtime
 from orchestrator.transports import replication as repl
 from orchestrator.transports import rsync

@@ -27,11 +27,11 @@ from typing import Any
 
 from cutover import MIGRATE, load_running, source_live
 
-from orchestrator import estimates
 from orchestrator.lab import hosts, planfile
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.runtime import Runtime
+from orchestrator.services import estimates
 from orchestrator.steps.modes import mode_named
 
 DNS_TTL = 3.0

@@ -29,7 +29,7 @@ from orchestrator.lab.state import LabState
 from orchestrator.lab.uploads_tree import file_path, write_tree
 from orchestrator.plan.loader import load_plan
 from orchestrator.runtime import Runtime
-from orchestrator.tracking import ChangeTracker, final_pass_command, verify_listed_command
+from orchestrator.services.tracking import ChangeTracker, final_pass_command, verify_listed_command
 from orchestrator.transports import rsync
 
 

@@ -5,7 +5,8 @@
 Runs `migrate apply PLAN --yes` in this process with every SSH command, DNS API call, SQL statement and HAProxy
 runtime-API command timed, then prints, for each step inside the window (writes blocked → DNS flipped), how many of
 each it made, their seconds, and what is left (local work: journal writes, sleeps, waits). This is how the
-estimate's window model (orchestrator/estimates.py) was checked against the real steps. Run by hand; not part of CI.
+estimate's window model (orchestrator/services/estimates.py) was checked against the real steps. Run by hand; not part
+of CI.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import pymysql.cursors
 
-from orchestrator import cli
+from orchestrator.cli import commands as cli
 from orchestrator.transports import cloudflare, haproxy, ssh
 
 CALLS: list[tuple[float, float, str, str]] = []  # started (epoch), seconds, kind, what

@@ -57,10 +57,10 @@ class StepRuntime(Protocol):
     plan: Plan
     plan_path: Path
     window: DowntimeWindow
-    # What the run holds for its after-commit audit: an orchestrator.audit.Held (typed there, through
+    # What the run holds for its after-commit audit: an orchestrator.services.audit.Held (typed there, through
     # audit.held(rt): the audit module builds on these contracts, not the other way round).
     audit_hold: Any
-    # The front doors the run has reached, by side (orchestrator/frontdoor.py opens and keeps them here).
+    # The front doors the run has reached, by side (orchestrator/services/frontdoor.py opens and keeps them here).
     front_doors: dict[str, FrontDoor]
     round_trips: RoundTrips
 

@@ -32,7 +32,7 @@ class Contract(BaseModel):
 
 
 class TrackerRef(Contract):
-    """A tree's change tracker on the source (orchestrator/tracking.py), found again from these."""
+    """A tree's change tracker on the source (orchestrator/services/tracking.py), found again from these."""
 
     state_dir: str
     name: str

@@ -11,12 +11,13 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator import audit, secrets
+from orchestrator import secrets
 from orchestrator.database import engines
 from orchestrator.database.protocol import Database, DatabaseError, Session
 from orchestrator.engine.step import StepError
 from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
 from orchestrator.retry import call_with_retry
+from orchestrator.services import audit
 from orchestrator.transports import dns_providers, rsync, rsync_daemon
 from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.ssh import SshHost, TransportError
@@ -54,14 +55,16 @@ class Runtime:
         self._dns: DnsProvider | None = None
         self._database: Database | None = None
         self._lock = threading.Lock()
-        # The run's heartbeat for the guard on the source (orchestrator/guard.py), while this process drives it.
+        # The run's heartbeat for the guard on the source (orchestrator/services/guard.py), while this process drives
+        # it.
         self.heartbeat: Any = None
         # The window's rsync route (transports/rsync_daemon.py), opened before the window when it can be.
         self.window_route: rsync_daemon.DaemonRoute | None = None
-        # What this run holds for its after-commit audit (orchestrator/audit.py): the target's snapshot session and
-        # how the source's server runs. In this process only: a resumed run has none, and its audit says so.
+        # What this run holds for its after-commit audit (orchestrator/services/audit.py): the target's snapshot session
+        # and how the source's server runs. In this process only: a resumed run has none, and its audit says so.
         self.audit_hold = audit.Held()
-        # The front doors this run has reached (orchestrator/frontdoor.py), by side: one admin-socket route each.
+        # The front doors this run has reached (orchestrator/services/frontdoor.py), by side: one admin-socket route
+        # each.
         self.front_doors: dict[str, FrontDoor] = {}
         # Round trips to the hosts, their databases and front doors, and the DNS API, by step (the report's window
         # parts carry them).

@@ -96,7 +96,7 @@ def _drop_log_handlers() -> None:
         if isinstance(handler, logging.FileHandler) or getattr(handler, "_migrate_console", False):
             root.removeHandler(handler)
             handler.close()
-    from orchestrator import logging as mlog
+    from orchestrator.output import logging as mlog
 
     mlog._configured_file = None
 

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from orchestrator import audit
 from orchestrator.database.mariadb import MariaDb
 from orchestrator.engine.step import StepContext
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
+from orchestrator.services import audit
 from orchestrator.transports.dns import DnsError, DnsProvider, DnsRecord
 from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.ssh import CommandFailed, CommandResult, TransportError

@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator import audit, exit_codes, replica_audit
+from orchestrator import exit_codes
 from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
 from orchestrator.results import AuditResult
 from orchestrator.run.watch import outcome_code
+from orchestrator.services import audit, replica_audit
 from orchestrator.steps import step_class
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.modes import REPLICATE, REVERSE_OVER_REPLICA, SHUTDOWN

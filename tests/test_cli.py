@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import exit_codes
-from orchestrator import logging as mlog
+from orchestrator.output import logging as mlog
 from orchestrator.run import commands
 from tests.conftest import ROOT, migrate
 from tests.engine.world import PLAN, Result, World

@@ -18,11 +18,16 @@ import structlog
 
 from orchestrator import secrets
 from orchestrator.engine.step import StepContext, StepError
-from orchestrator.estimates import ASSUMED_SHUTDOWN_SECONDS, ASSUMED_START_SECONDS, overrun_advice, shutdown_forecast
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
-from orchestrator.report import build_report, render_report
+from orchestrator.report.build import build_report, render_report
 from orchestrator.runtime import Runtime
+from orchestrator.services.estimates import (
+    ASSUMED_SHUTDOWN_SECONDS,
+    ASSUMED_START_SECONDS,
+    overrun_advice,
+    shutdown_forecast,
+)
 from orchestrator.steps import STEP_ORDER, build_steps
 from orchestrator.steps.common import COMMAND_TIMEOUT, backoff_delays
 from orchestrator.steps.cutover import Cutover

@@ -17,9 +17,7 @@ import pytest
 import structlog
 from ruamel.yaml import YAML
 
-from orchestrator import estimates
 from orchestrator.engine.step import StepContext
-from orchestrator.estimates import TransferEstimate
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Plan
@@ -28,6 +26,8 @@ from orchestrator.run.commands import describe
 from orchestrator.run.compose import resolve_mode
 from orchestrator.run.rehearse import compare, compare_parts
 from orchestrator.runtime import Runtime
+from orchestrator.services import estimates
+from orchestrator.services.estimates import TransferEstimate
 from orchestrator.steps.db_presync import DbPresync
 from orchestrator.steps.files_presync import FilesPresync
 from orchestrator.steps.modes import REPLICATE, SHUTDOWN

@@ -25,9 +25,10 @@ from typing import Any
 import pymysql
 import pytest
 
-from orchestrator import exit_codes, guard, owned
+from orchestrator import exit_codes
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify
+from orchestrator.services import guard, owned
 from tests.test_e2e import (
     MIGRATE,
     a_review,

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 import structlog
 
-from orchestrator import dns_where, guard
 from orchestrator.engine.events import StepStarted
 from orchestrator.engine.hooks import HookRunner
 from orchestrator.engine.journal import Journal, RunStatus, StepState
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Retry
-from orchestrator.probes import parse_last_start
 from orchestrator.retry import call_with_retry
+from orchestrator.services import dns_where, guard
+from orchestrator.services.probes import parse_last_start
 from orchestrator.transports.mysql import Blocker, summarize_blockers
 from orchestrator.window import (
     BLOCKED_AGAIN_AT_KEY,
@@ -434,7 +434,7 @@ def test_after_a_way_back_the_source_serves_and_hosts_keep_their_forward_names()
 def test_the_sweep_lists_and_ends_only_other_runs_things_of_this_plan(tmp_path: Path) -> None:
     import uuid
 
-    from orchestrator import owned
+    from orchestrator.services import owned
 
     key, other_key = uuid.uuid4().hex[:10], uuid.uuid4().hex[:10]
     run_dir = Path(owned.RUN_DIR)
@@ -485,7 +485,7 @@ def test_the_sweep_lists_and_ends_only_other_runs_things_of_this_plan(tmp_path: 
 
 
 def test_a_run_tag_and_owner_are_short_and_tell_plans_and_runs_apart(tmp_path: Path) -> None:
-    from orchestrator import owned
+    from orchestrator.services import owned
 
     plan = tmp_path / "plan.yaml"
     assert owned.run_tag("20261127-011446-3fa9c2") == "3fa9c2"
@@ -524,7 +524,7 @@ def test_an_undo_waits_for_the_start_command_it_undoes(tmp_path: Path) -> None:
 def test_another_runs_waiting_guard_is_listed_never_ended_and_a_new_run_refuses_beside_it() -> None:
     import uuid
 
-    from orchestrator import owned
+    from orchestrator.services import owned
     from orchestrator.steps.run_owned import waiting_guards
 
     key = uuid.uuid4().hex[:10]
@@ -562,7 +562,7 @@ def test_another_runs_waiting_guard_is_listed_never_ended_and_a_new_run_refuses_
 def test_a_front_doors_hold_outlives_the_guards_deadline_and_restore() -> None:
     """Nobody left to decide (the run died in its window): the source's front door must still hold requests when
     the guard restores the source, never release them onto the fence to be refused in between."""
-    from orchestrator import frontdoor
+    from orchestrator.services import frontdoor
 
     blocked_at, budget = 1000.0, 60.0
     hold_ends = blocked_at + budget + frontdoor.HOLD_MARGIN  # what is left of the budget + the margin, from the block

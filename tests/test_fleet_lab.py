@@ -30,7 +30,7 @@ from orchestrator.fleet.planrun import journal_state
 from orchestrator.lab import fleet as lab_fleet
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify
-from orchestrator.report_html import read_journal
+from orchestrator.report.html import read_journal
 from tests.conftest import MIGRATE
 from tests.test_e2e import DNS_TTL, assert_source_serves_and_dns_unchanged, restore_source_live
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import frontdoor
 from orchestrator.engine.step import StepContext
-from orchestrator.frontdoor import FORWARDED, SOURCE_HOLD
 from orchestrator.plan.loader import PlanError, load_plan, plan_json_schema
+from orchestrator.services import frontdoor
+from orchestrator.services.frontdoor import FORWARDED, SOURCE_HOLD
 from tests.test_plan import EXAMPLE, SMALL_PLAN
 
 DOOR = """\
@@ -245,7 +245,7 @@ def test_the_commit_from_the_source_is_two_commands_there(tmp_path: Path, monkey
     """The hold checked and the guard told in one command; the target's fence lifted over the hop and the door
     repointed and released in another: two round trips to the source, none to the target or through the door's
     own connection (the target's door is released beside them)."""
-    from orchestrator import source_commit as sc
+    from orchestrator.services import source_commit as sc
     from tests.fakes import RecordingHost
     from tests.test_source_commit import CHECK, framed, servers, stat
 
@@ -268,8 +268,8 @@ def test_the_commit_from_the_source_is_two_commands_there(tmp_path: Path, monkey
 
 
 def test_a_restarted_door_seen_from_the_source_is_a_rollback_line(tmp_path: Path) -> None:
-    from orchestrator import source_commit as sc
     from orchestrator.engine.step import StepError
+    from orchestrator.services import source_commit as sc
     from tests.fakes import RecordingHost
     from tests.test_source_commit import CHECK, framed
 

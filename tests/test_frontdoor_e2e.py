@@ -26,11 +26,11 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
-from orchestrator.frontdoor import SOURCE_HOLD
 from orchestrator.lab import haproxy
 from orchestrator.lab.load import REQUESTS_FILE, read_requests
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import VerifyReport, main_verify
+from orchestrator.services.frontdoor import SOURCE_HOLD
 from tests.test_e2e import (
     MIGRATE,
     assert_source_serves_and_dns_unchanged,

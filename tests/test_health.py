@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.health import BEFORE, INSIDE, check_label, checks_for
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import static_mode
+from orchestrator.services.health import BEFORE, INSIDE, check_label, checks_for
 from tests.test_plan import SMALL_PLAN, error_of, write
 
 CHECKS = """\

@@ -9,7 +9,8 @@ from pathlib import Path
 SCRIPT = """
 import sys
 from pathlib import Path
-from orchestrator import logging as mlog, secrets
+from orchestrator import secrets
+from orchestrator.output import logging as mlog
 mlog.configure(verbose=True)
 mlog.log_to_file(Path(sys.argv[1]))
 secrets.register("hunter2-planted-password")
@@ -37,7 +38,7 @@ def test_tracebacks_never_show_a_secret_held_in_a_frame(tmp_path: Path) -> None:
 DEFECT_SCRIPT = """
 import sys
 from pathlib import Path
-from orchestrator import logging as mlog
+from orchestrator.output import logging as mlog
 mlog.configure(verbose=True)
 if len(sys.argv) > 1:
     mlog.log_to_file(Path(sys.argv[1]))

@@ -21,7 +21,6 @@ import cloudflare
 import pytest
 import structlog
 
-from orchestrator.dns_ttl import ORIGINAL_TTLS, restore_original_ttls, wait_out_old_ttl
 from orchestrator.engine.hooks import HookRunner
 from orchestrator.engine.journal import Journal, StepState
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
@@ -31,6 +30,7 @@ from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Plan, Retry
 from orchestrator.runtime import Runtime
+from orchestrator.services.dns_ttl import ORIGINAL_TTLS, restore_original_ttls, wait_out_old_ttl
 from orchestrator.steps.lower_ttl import LOWERED_AT, WAIT_UNTIL, LowerTtl
 
 EXAMPLE_PLAN = Path(__file__).parent.parent / "plans" / "course-review.yaml"

@@ -7,7 +7,7 @@ import threading
 
 import structlog
 
-from orchestrator.report import window_round_trips
+from orchestrator.report.build import window_round_trips
 from orchestrator.transports.meter import RoundTrips
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator import exit_codes
-from orchestrator.console import ConsoleFilter
 from orchestrator.lab.state import LabState
-from orchestrator.progress import TRANSFER_EVENT, EtaEstimator, TransferProgress
+from orchestrator.output.console import ConsoleFilter
+from orchestrator.output.progress import TRANSFER_EVENT, EtaEstimator, TransferProgress
 from tests.test_e2e import (
     MIGRATE,
     PLAN_NAMES,
@@ -203,7 +203,7 @@ def test_piped_output_is_plain_lines_and_a_rollback_puts_the_ttls_back(source_li
 WARNING_SCRIPT = """
 import sys, warnings
 from pathlib import Path
-from orchestrator import logging as mlog
+from orchestrator.output import logging as mlog
 warnings.simplefilter("always")
 mlog.configure(output=sys.argv[2])
 mlog.log_to_file(Path(sys.argv[1]))

@@ -35,10 +35,11 @@ import pymysql
 import pytest
 from ruamel.yaml import YAML
 
-from orchestrator import exit_codes, owned
-from orchestrator.frontdoor import SOURCE_HOLD
+from orchestrator import exit_codes
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import main_verify
+from orchestrator.services import owned
+from orchestrator.services.frontdoor import SOURCE_HOLD
 from orchestrator.transports import replication as repl
 from tests.test_e2e import (
     PLAN_NAMES,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import exit_codes
-from orchestrator.cli import main
+from orchestrator.cli.commands import main
 from orchestrator.engine.journal import Journal
 from orchestrator.plan.loader import PlanError, load_plan
 from orchestrator.run import compose

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.report_html import (
+from orchestrator.report.html import (
     ReportError,
     markdown_summary,
     read_journal,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import report_html
-from orchestrator.report import write_report
-from orchestrator.report_html import ReportError, write_report_and_page
+from orchestrator.report import html as report_html
+from orchestrator.report.build import write_report
+from orchestrator.report.html import ReportError, write_report_and_page
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report_html" / "completed"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import probes
 from orchestrator.plan.checks import protected_problem
+from orchestrator.services import probes
 from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 

@@ -18,7 +18,7 @@ from ruamel.yaml import YAML
 from orchestrator.lab.state import LabState
 from orchestrator.plan.model import Plan
 from orchestrator.runtime import Runtime
-from orchestrator.tracking import final_pass_command, verify_listed_command
+from orchestrator.services.tracking import final_pass_command, verify_listed_command
 from orchestrator.transports import rsync, rsync_daemon
 from tests.test_hostile_paths import NEIGHBOURS, fill, tree_digest
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import structlog
 
-from orchestrator import dns_ttl, frontdoor
 from orchestrator.engine.hooks import HookRunner
 from orchestrator.engine.journal import Journal
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
@@ -20,6 +19,7 @@ from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Dns, Plan
 from orchestrator.runtime import Runtime
+from orchestrator.services import dns_ttl, frontdoor
 from orchestrator.steps.preflight import Preflight, Problems
 from orchestrator.transports import cloudflare, dns_providers
 from orchestrator.transports.dns import DnsError, DnsProvider, DnsRecord

@@ -1,4 +1,5 @@
-"""The commit driven from the source host (orchestrator/source_commit.py): its two commands and what they answer.
+"""The commit driven from the source host (orchestrator/services/source_commit.py): its two commands and what they
+answer.
 
 The answers below are HAProxy 2.6's own, captured from its admin socket in its non-interactive mode (each answer
 ends with an empty line; the connection closes after the last)."""
@@ -9,7 +10,7 @@ import subprocess
 
 import pytest
 
-from orchestrator import source_commit as sc
+from orchestrator.services import source_commit as sc
 
 SOCKET, MAP = "/run/haproxy/admin sock", "/etc/haproxy/frontdoor.map"
 FORWARD = sc.Forward("app_backend", "app", MAP, "127.0.0.3", 8080)

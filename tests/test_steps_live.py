@@ -16,13 +16,13 @@ import pytest
 import structlog
 from ruamel.yaml import YAML
 
-from orchestrator import audit
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.lab import mariadb
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import FileTree, Plan, PresyncRounds
-from orchestrator.probes import innodb_files_visible, innodb_holders, real_datadir
 from orchestrator.runtime import Runtime
+from orchestrator.services import audit
+from orchestrator.services.probes import innodb_files_visible, innodb_holders, real_datadir
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.db_final import DbFinal
 from orchestrator.steps.db_presync import DbPresync

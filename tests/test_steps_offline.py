@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import probes
 from orchestrator.engine.step import StepError
 from orchestrator.plan.model import Plan, Retry
 from orchestrator.results import AuditResult, CutoverResult, DbPresyncResult, FilesResult, VerifyResult, result_of
+from orchestrator.services import probes
 from orchestrator.steps import CUTOVER_MODES, STEP_ORDER, build_steps, door_commits, step_class, step_order
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.cutover import Cutover
@@ -297,7 +297,13 @@ def test_each_mode_describes_its_own_part_of_the_shared_steps() -> None:
 
 
 @pytest.mark.parametrize(
-    "first", ["orchestrator.steps.modes", "orchestrator.estimates", "orchestrator.steps.finish", "orchestrator.cli"]
+    "first",
+    [
+        "orchestrator.steps.modes",
+        "orchestrator.services.estimates",
+        "orchestrator.steps.finish",
+        "orchestrator.cli.commands",
+    ],
 )
 def test_the_modes_load_whichever_module_is_imported_first(first: str) -> None:
     # The modes use what the steps share (and the estimate's arithmetic, which imports steps/common.py): under

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import probes, storage
-from orchestrator.probes import FsyncSample, MountFacts
+from orchestrator.services import probes, storage
+from orchestrator.services.probes import FsyncSample, MountFacts
 from orchestrator.transports.ssh import TransportError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "storage"

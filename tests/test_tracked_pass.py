@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 from orchestrator.plan.model import FileTree
-from orchestrator.report import build_report, checks_where, final_pass_trees
+from orchestrator.report.build import build_report, checks_where, final_pass_trees
 from orchestrator.results import TreeFigures
+from orchestrator.services.tracking import ChangeTracker, tracker_name
 from orchestrator.steps.db_presync import warm_command, warm_outcome
 from orchestrator.steps.verify_target import tree_verification
-from orchestrator.tracking import ChangeTracker, tracker_name
 from orchestrator.transports import rsync
 from tests.fakes import LocalHost
 from tests.test_transports import minimal_plan

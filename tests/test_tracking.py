@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import tracking
 from orchestrator.lab.uploads_tree import TREE_SEED, file_path, write_tree
-from orchestrator.tracking import (
+from orchestrator.services import tracking
+from orchestrator.services.tracking import (
     changed_paths,
     final_pass_command,
     parse_event,

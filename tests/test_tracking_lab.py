@@ -27,7 +27,7 @@ from orchestrator.lab.uploads_tree import file_path, write_tree
 from orchestrator.lab.verify import main_verify, read_acks
 from orchestrator.plan.model import Plan
 from orchestrator.runtime import Runtime
-from orchestrator.tracking import ChangeTracker, TrackingError, final_pass_command, verify_listed_command
+from orchestrator.services.tracking import ChangeTracker, TrackingError, final_pass_command, verify_listed_command
 from orchestrator.transports import rsync
 
 pytestmark = pytest.mark.lab

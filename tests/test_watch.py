@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import dns_where, exit_codes
+from orchestrator import exit_codes
 from orchestrator.engine.journal import replay
 from orchestrator.lab.state import LabState
-from orchestrator.progress import TRANSFER_EVENT, phase_of, ttl_wait_until
+from orchestrator.output.progress import TRANSFER_EVENT, phase_of, ttl_wait_until
 from orchestrator.run.results import StatusReport
 from orchestrator.run.watch import LogTail, outcome_code
+from orchestrator.services import dns_where
 from tests.test_e2e import MIGRATE, PLAN_NAMES, dns_client, plan_copy, plan_name, restore_source_live
 
 LAB_TTL, LOWERED = 60, 30

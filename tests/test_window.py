@@ -21,7 +21,8 @@ from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import CommandCheck, FileTree, HealthChecks, Plan
-from orchestrator.probes import (
+from orchestrator.runtime import Runtime
+from orchestrator.services.probes import (
     describe_holders,
     glob_escape,
     innodb_holders,
@@ -29,7 +30,6 @@ from orchestrator.probes import (
     parse_holders,
     real_datadir,
 )
-from orchestrator.runtime import Runtime
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.common import tree_push_command
 from orchestrator.steps.cutover import Cutover

@@ -1,4 +1,5 @@
-"""`migrate fleet apply|status|report|validate|schema|confirm` and `migrate worker`: mounted by orchestrator/cli.py.
+"""`migrate fleet apply|status|report|validate|schema|confirm` and `migrate worker`: mounted by
+orchestrator/cli/commands.py.
 
 Errors leave as `run.RunError(code, message)`, which the main command line prints as one line and exits with.
 """

@@ -1,6 +1,6 @@
 """The fleet's page: one self-contained HTML file with every plan's figures and timeline side by side.
 
-Each plan's part is the run page's own data and drawings (orchestrator/report_html.py: `read_run` over the
+Each plan's part is the run page's own data and drawings (orchestrator/report/html.py: `read_run` over the
 run's report and journal, its tiles, timeline and clients' table); the fleet adds the summary table on top.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 from orchestrator.engine.view import JournalView
 from orchestrator.fleet.loader import FleetMember, LoadedFleet
 from orchestrator.fleet.status import FleetStatus, fleet_status
-from orchestrator.report import build_report, run_events
-from orchestrator.report_html import (
+from orchestrator.report.build import build_report, run_events
+from orchestrator.report.html import (
     CSS,
     RunView,
     _clients_section,

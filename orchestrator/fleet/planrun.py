@@ -74,7 +74,7 @@ def progress_of(state: RunState | None) -> dict[str, Any]:
 
 
 def apply_command(spec: PlanSpec) -> list[str]:
-    command = [sys.executable, "-m", "orchestrator.cli", "apply", "--yes", spec.plan_path]
+    command = [sys.executable, "-m", "orchestrator.cli.commands", "apply", "--yes", spec.plan_path]
     return [*command, "--env-file", spec.env_file] if spec.env_file else command
 
 

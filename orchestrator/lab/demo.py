@@ -26,7 +26,7 @@ def say(text: str) -> None:
 
 
 def migrate(*args: str) -> int:
-    return subprocess.call([sys.executable, "-m", "orchestrator.cli", *args])
+    return subprocess.call([sys.executable, "-m", "orchestrator.cli.commands", *args])
 
 
 def journal_options(state: LabState) -> list[str]:
@@ -118,7 +118,7 @@ def say_report(plan: str, clients_file: Path) -> None:
     """The last words of the demo: the run's page (with what the clients saw) and the clients' figures."""
     with_clients = ["--clients", str(clients_file)] if clients_file.exists() else []
     page = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "report", plan, *with_clients],
+        [sys.executable, "-m", "orchestrator.cli.commands", "report", plan, *with_clients],
         capture_output=True,
         text=True,
     )

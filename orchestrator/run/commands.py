@@ -11,17 +11,16 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from orchestrator import dns_where, exit_codes, secrets
-from orchestrator import logging as mlog
-from orchestrator.dns_ttl import wait_out_old_ttl
+from orchestrator import exit_codes, secrets
 from orchestrator.engine.interrupt import Interruptions
 from orchestrator.engine.journal import Journal, RunState, RunStatus, StepState
 from orchestrator.engine.lock import LockHeld, PlanLock, is_locked
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
 from orchestrator.engine.step import Step
 from orchestrator.engine.view import JournalView
+from orchestrator.output import logging as mlog
+from orchestrator.output.progress import Phase, phase_of, ttl_wait_until
 from orchestrator.plan.model import Plan
-from orchestrator.progress import Phase, phase_of, ttl_wait_until
 from orchestrator.results import AuditResult
 from orchestrator.run import compose
 from orchestrator.run.compose import Say
@@ -52,6 +51,8 @@ from orchestrator.run.results import (
     StatusReport,
 )
 from orchestrator.run.reverse import kept_until, reverse_status, start_finisher
+from orchestrator.services import dns_where
+from orchestrator.services.dns_ttl import wait_out_old_ttl
 
 if TYPE_CHECKING:
     from orchestrator.run.rehearse import DryRunEstimate  # imports the steps: only when the dry-run measures
@@ -130,7 +131,7 @@ def describe(
         flags[step.name] = marks
     description = Description(plan.name, plan_path, notes, described, flags, engine.hooks_by_event())
     if measured is not None:
-        from orchestrator import estimates
+        from orchestrator.services import estimates
 
         description.estimates = estimates.step_lines(measured.estimate)
         description.estimate_summary = estimates.summary_lines(measured.estimate)
@@ -325,8 +326,8 @@ def _drive(engine: Engine, state: RunState | None, journal: Journal, sdir: Path,
 
 
 def _write_report(state_dir: Path, journal: Journal) -> tuple[str, Path]:
-    from orchestrator.report import build_report, render_report
-    from orchestrator.report_html import write_report_and_page
+    from orchestrator.report.build import build_report, render_report
+    from orchestrator.report.html import write_report_and_page
     from orchestrator.run.rehearse import estimate_beside
 
     report = build_report(JournalView.of(journal))
@@ -453,7 +454,7 @@ def status(
             state, reverse=reverse, moved_back=back is not None and moved_back(state, back)
         )
         report.dns_problem = dns_where.problem(report.dns, serving)
-        from orchestrator.report import reserve_report, run_events
+        from orchestrator.report.build import reserve_report, run_events
 
         report.rollback_reserve = reserve_report(run_events(events))
     audit = state.steps.get("audit") if state is not None else None
@@ -467,7 +468,7 @@ def _leftovers(subj: Subject, state: RunState | None) -> list[str]:
     """What earlier runs of this plan left on the hosts (tunnels, rsync password files and daemons), read live
     (reads only): everything of this plan but the current run's while it is unfinished or keeps its reverse path.
     One line each; one line saying why when the hosts cannot be asked."""
-    from orchestrator import owned
+    from orchestrator.services import owned
 
     ongoing = state is not None and (
         state.status not in (RunStatus.COMPLETED, RunStatus.ROLLED_BACK) or kept_until(state) is not None

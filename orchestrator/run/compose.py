@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator import logging as mlog
 from orchestrator import secrets
 from orchestrator.engine.hooks import HookRunner
 from orchestrator.engine.step import Step
+from orchestrator.output import logging as mlog
 from orchestrator.plan.model import Plan, static_mode
 
 Say = Callable[[str], None]

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import exit_codes, secrets
-from orchestrator import logging as mlog
 from orchestrator.engine.journal import RunState, RunStatus, StepState
 from orchestrator.engine.lock import is_locked
 from orchestrator.engine.step import Step
 from orchestrator.engine.view import JournalView
+from orchestrator.output import logging as mlog
 from orchestrator.plan.loader import LoadedPlan
 from orchestrator.plan.model import Plan
 from orchestrator.run.results import RunError, StepRow

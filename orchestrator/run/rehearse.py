@@ -15,16 +15,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import estimates, exit_codes
+from orchestrator import exit_codes
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.journal import RunStatus
 from orchestrator.engine.step import StepError
-from orchestrator.estimates import size_text
 from orchestrator.plan.model import Plan
 from orchestrator.redaction import redact
 from orchestrator.run.policy import load_env, resolve_secrets, state_dir_of, subject
 from orchestrator.run.results import RunError
 from orchestrator.runtime import Runtime
+from orchestrator.services import estimates
+from orchestrator.services.estimates import size_text
 from orchestrator.steps.modes import mode_named
 from orchestrator.transports.dns import DnsError
 from orchestrator.transports.ssh import TransportError
@@ -213,8 +214,8 @@ class Performed:
 
 
 def _context(rt: Runtime, step: Any, outputs: dict[str, Any] | None = None) -> Any:
-    from orchestrator import logging as mlog
     from orchestrator.engine.step import StepContext
+    from orchestrator.output import logging as mlog
 
     return StepContext(run_id="rehearsal", step=step.name, dry_run=False, rt=rt, log=mlog.get_logger(),
                        _outputs=outputs or {})  # fmt: skip

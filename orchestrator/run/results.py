@@ -8,10 +8,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from orchestrator.dns_where import Reading
 from orchestrator.engine.journal import RunState
 from orchestrator.engine.lock import Holder
 from orchestrator.engine.machine import StepPlan
+from orchestrator.services.dns_where import Reading
 
 
 class RunError(Exception):
@@ -142,7 +142,7 @@ class StatusReport:
     # The seconds the run kept back from its budget for the rollback, and how they were derived (journaled).
     rollback_reserve: dict[str, Any] | None = None
     audit: str | None = None  # the after-commit audit, when it did not prove the data equal
-    # What earlier runs of this plan left on the hosts (orchestrator/owned.py), read live: one line each.
+    # What earlier runs of this plan left on the hosts (orchestrator/services/owned.py), read live: one line each.
     leftovers: list[str] = field(default_factory=list)
 
     def ttl_wait_left(self, now: float | None = None) -> float | None:

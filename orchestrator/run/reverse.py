@@ -220,7 +220,7 @@ def finish_when_due(
 def start_finisher(plan_path: Path, *, env_file: Path | None, state_dir: Path) -> int:
     """Start `migrate finish PLAN --when-due` detached (its own session, its output in the state directory); its
     pid. It needs the secrets the run had: the same --env-file, or this process's environment, inherited."""
-    command = [sys.executable, "-m", "orchestrator.cli", "finish", str(plan_path), "--when-due", "--state-dir",
+    command = [sys.executable, "-m", "orchestrator.cli.commands", "finish", str(plan_path), "--when-due", "--state-dir",
                str(state_dir)]  # fmt: skip
     if env_file is not None:
         command += ["--env-file", str(env_file)]

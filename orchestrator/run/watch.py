@@ -14,15 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import dns_where, exit_codes
+from orchestrator import exit_codes
 from orchestrator.engine.events import GateDeclined
 from orchestrator.engine.journal import RunState, RunStatus
 from orchestrator.engine.view import JournalView, Records
-from orchestrator.progress import LAG_KEY, PROGRESS_KEY, TRANSFER_EVENT, Phase, TransferProgress, phase_of
+from orchestrator.output.progress import LAG_KEY, PROGRESS_KEY, TRANSFER_EVENT, Phase, TransferProgress, phase_of
 from orchestrator.results import AuditResult
 from orchestrator.run.commands import status
 from orchestrator.run.policy import subject
 from orchestrator.run.results import StatusReport
+from orchestrator.services import dns_where
 
 WATCH_INTERVAL = 1.0
 

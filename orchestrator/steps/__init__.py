@@ -2,7 +2,7 @@
 
 Each step lives in its own module `orchestrator.steps.<name>` and is the one `Step` subclass there whose `name` is
 the module's name; `build_steps` finds it by that name. Steps never import each other: what they share lives in
-`orchestrator.steps.common` (and `orchestrator.probes`, `orchestrator.results`, `orchestrator.window`).
+`orchestrator.steps.common` (and `orchestrator.services.probes`, `orchestrator.results`, `orchestrator.window`).
 
 The cut-over is chosen by `cutover.mode`: each mode is an object (steps/modes) holding its sequence of steps
 between the shared pre-sync of the file trees and the shared end (file delta, start, verify, DNS flip, finish), and

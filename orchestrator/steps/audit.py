@@ -3,7 +3,7 @@
 These read every row, so they stay out of the downtime window. The target's side is read in the consistent
 snapshot verify_target opened while the target was still fenced (the data exactly as migrated, whatever it took
 since); the source's on the stopped source, started read-only and isolated for the audit and stopped again
-(orchestrator/audit.py). Both sides are read at the same time.
+(orchestrator/services/audit.py). Both sides are read at the same time.
 
 The run is committed: nothing here rolls back. A difference is reported loudly instead, naming each table (the run's
 report, `migrate status`, and the exit code NEEDS_ATTENTION); so is an audit that could not read a side
@@ -11,9 +11,9 @@ report, `migrate status`, and the exit code NEEDS_ATTENTION); so is an audit tha
 still exactly as the clean shutdown left it. A run resumed by another process has no snapshot to read: the audit
 says it did not run, and why.
 
-Replicate mode (orchestrator/replica_audit.py): the target's snapshot was opened by verify_target on the promoted,
-still fenced target; the source is read-only at the final position the switch journaled (proven again here). Both
-are compared over the primary-key chunks repl_catchup compares with; a difference names the table and the chunk.
+Replicate mode (orchestrator/services/replica_audit.py): the target's snapshot was opened by verify_target on the
+promoted, still fenced target; the source is read-only at the final position the switch journaled (proven again here).
+Both are compared over the primary-key chunks repl_catchup compares with; a difference names the table and the chunk.
 It catches what the switch's GTID proof cannot: a change made on the replica after repl_catchup's comparison
 without reaching the binary log. The source then replicates from the target in finish (reverse replication),
 after this step.
@@ -27,10 +27,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator import audit, replica_audit
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.results import AuditResult, CutoverResult, SwitchResult
+from orchestrator.services import audit, replica_audit
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import SWITCH_STEP
 from orchestrator.transports import mysql

@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator import owned, probes
 from orchestrator.contracts import Host, Which, runtime
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan, Service
 from orchestrator.results import TreeFigures
-from orchestrator.tracking import ChangeTracker, TrackingError, final_pass_command
+from orchestrator.services import owned, probes
+from orchestrator.services.tracking import ChangeTracker, TrackingError, final_pass_command
 from orchestrator.transports import rsync, rsync_daemon
 from orchestrator.transports.ssh import TransportError
 

@@ -11,8 +11,8 @@ repair and a re-run can continue from: the rollback's reserve (`rollback_reserve
 database itself refuses writes for the rest of the window, whatever becomes of our session or the app's fence) →
 binlog position and the list of tables under the lock (`final_state`, O(1) and O(tables): no row is read while
 writes are blocked) → clean shutdown of the source database (`source_db_stopped`). Row counts and checksums are the
-after-commit audit's (steps/audit.py, orchestrator/audit.py); the server's command line, read before the window,
-is what lets the audit start the stopped source again read-only and isolated.
+after-commit audit's (steps/audit.py, orchestrator/services/audit.py); the server's command line, read before the
+window, is what lets the audit start the stopped source again read-only and isolated.
 
 Between lock attempts the fence is lifted and the service takes writes again (`writes_lifted_at`, then
 `writes_blocked_again_at`): only the time writes are actually blocked counts against the budget, and nobody waits
@@ -25,7 +25,7 @@ event after it). Otherwise the run fails, saying exactly what moved, and rolls b
 "Stopped" is proven, not assumed: a stop command may return while the server is still shutting down (MariaDB
 closes client connections early, before InnoDB has flushed), so after it the step waits until no process on
 the source holds the datadir's InnoDB files open. Everything after the fence is bounded by the downtime window.
-The SQL lives behind `runtime(ctx).database` (the plan's engine), the host probes in `orchestrator.probes`.
+The SQL lives behind `runtime(ctx).database` (the plan's engine), the host probes in `orchestrator.services.probes`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ import shlex
 import time
 from typing import Any
 
-from orchestrator import audit, estimates, frontdoor, guard, probes
 from orchestrator.contracts import runtime
 from orchestrator.database.protocol import Database, DatabaseError, Session
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CutoverResult, DbPresyncResult, FinalState, LockFigures
+from orchestrator.services import audit, estimates, frontdoor, guard, probes
 from orchestrator.steps import source_guard
 from orchestrator.steps.common import backoff_delays, resolved_datadir, wait_db_answers
 from orchestrator.transports.ssh import TransportError

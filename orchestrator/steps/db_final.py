@@ -19,11 +19,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator import probes
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CutoverResult, DbFinalResult
 from orchestrator.retry import call_with_retry
+from orchestrator.services import probes
 from orchestrator.steps.common import DATADIR_EXCLUDES, presync_began, resolved_datadir
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError

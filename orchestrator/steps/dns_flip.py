@@ -47,12 +47,12 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from orchestrator import frontdoor
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Retry
 from orchestrator.results import DnsFlipResult, RecordSnapshot
 from orchestrator.retry import call_with_retry
+from orchestrator.services import frontdoor
 from orchestrator.steps import source_guard
 from orchestrator.steps.common import TARGET_FENCE_LIFTED, lift_target_fence
 from orchestrator.transports.ssh import TransportError

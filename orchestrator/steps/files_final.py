@@ -19,8 +19,8 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Retry
 from orchestrator.results import FilesResult, TreeFigures
+from orchestrator.services.tracking import ChangeList, ChangeTracker, TrackingError, final_pass_command
 from orchestrator.steps.common import sync_tree, window_route
-from orchestrator.tracking import ChangeList, ChangeTracker, TrackingError, final_pass_command
 from orchestrator.transports import rsync
 from orchestrator.transports.rsync import Stats
 from orchestrator.transports.ssh import TransportError

@@ -1,10 +1,10 @@
 """Pre-sync the file trees while the source is live: rsync on the source pushes each tree to the target.
 
-Before each tree's first pass a change tracker (inotifywait, orchestrator/tracking.py) starts watching it on the
-source, so the final pass inside the downtime window copies only what changed since. Each tracker is journaled before
-it starts (undo stops it, a resumed run finds it again). After the pass, a full checksum comparison of the tree runs
-here, throttled like the pre-sync: the O(data) verification happens while the service is live, and whatever it finds
-different is added to the final pass's list (on a live tree: files written since the pass).
+Before each tree's first pass a change tracker (inotifywait, orchestrator/services/tracking.py) starts watching it on
+the source, so the final pass inside the downtime window copies only what changed since. Each tracker is journaled
+before it starts (undo stops it, a resumed run finds it again). After the pass, a full checksum comparison of the tree
+runs here, throttled like the pre-sync: the O(data) verification happens while the service is live, and whatever it
+finds different is added to the final pass's list (on a live tree: files written since the pass).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree
 from orchestrator.results import FilesResult, TrackerRef, TreeComparison
+from orchestrator.services.tracking import ChangeTracker, TrackingError, state_dir_command, tracker_name
 from orchestrator.steps.common import sync_tree, throttle_text
-from orchestrator.tracking import ChangeTracker, TrackingError, state_dir_command, tracker_name
 from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError
 

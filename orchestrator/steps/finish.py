@@ -12,13 +12,14 @@ import sys
 import time
 from typing import Any
 
-from orchestrator import frontdoor
 from orchestrator.contracts import runtime
-from orchestrator.dns_ttl import restore_original_ttls
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Service
-from orchestrator.report import build_report
+from orchestrator.report.build import build_report
 from orchestrator.results import FilesResult, FinishResult
+from orchestrator.services import frontdoor
+from orchestrator.services.dns_ttl import restore_original_ttls
+from orchestrator.services.tracking import ChangeTracker
 from orchestrator.steps.common import run_services
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import (
@@ -36,7 +37,6 @@ from orchestrator.steps.repl_common import (
     replica_source,
     saved_from,
 )
-from orchestrator.tracking import ChangeTracker
 from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 

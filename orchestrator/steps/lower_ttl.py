@@ -5,7 +5,7 @@ TTL an operator usually runs (300 s to a day), clients reach the fenced source f
 step lowers the TTL of every record the flip will move to `dns.lower_ttl_to` seconds and journals when every answer
 cached with the old TTL will have expired (`wait_until`); the cut-over may begin only then, so that after the flip
 clients follow within the low TTL. The step itself does not wait: the pre-syncs run meanwhile, and the gate before
-the downtime (`orchestrator.dns_ttl.wait_out_old_ttl`, called by the run before the step that begins it) waits
+the downtime (`orchestrator.services.dns_ttl.wait_out_old_ttl`, called by the run before the step that begins it) waits
 what is left.
 
 - The original TTLs are journaled before any edit, once: a resumed run never mistakes its own lowered value for
@@ -16,7 +16,7 @@ what is left.
 - Proxied records are answered by Cloudflare's edge with its own addresses and an automatic TTL: there is nothing to
   lower or wait for, so they are skipped and the run says so. A record with the automatic TTL (1) that is not proxied
   is cached for 300 s; it is lowered like the others and put back to automatic.
-- The original TTLs are put back after the commit (`orchestrator.dns_ttl.restore_original_ttls`, called by the
+- The original TTLs are put back after the commit (`orchestrator.services.dns_ttl.restore_original_ttls`, called by the
   finish step once the traffic has drained) and by `undo` on rollback. Both edit only the TTL, never the content.
 
 Plan fields (section `dns`): `lower_ttl_to` (seconds; unset: the step changes nothing), `lower_ttl_wait` (seconds
@@ -30,9 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.contracts import runtime
-from orchestrator.dns_ttl import ORIGINAL_TTLS, WAIT_UNTIL, restore_ttls, set_ttl
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.retry import call_with_retry
+from orchestrator.services.dns_ttl import ORIGINAL_TTLS, WAIT_UNTIL, restore_ttls, set_ttl
 
 LOWERED_AT = "lowered_at"  # when the last record was lowered: the wait counts from here
 AUTOMATIC_TTL = 1  # Cloudflare's "automatic"

@@ -11,12 +11,12 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator import probes, storage
 from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.checks import protected_problem
 from orchestrator.secrets import redact
+from orchestrator.services import probes, storage
 from orchestrator.steps.common import RESOLVED_DATADIRS
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import declared_mode, mode_reason, probe_replication

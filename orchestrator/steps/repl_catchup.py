@@ -17,10 +17,10 @@ import contextlib
 import time
 from typing import Any
 
-from orchestrator import health
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CatchupResult, FilesResult
+from orchestrator.services import health
 from orchestrator.steps.common import keep_shells, open_window_route, tracked_prepass
 from orchestrator.steps.repl_common import reverse_over_replica
 from orchestrator.transports import replication as repl

@@ -16,11 +16,11 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-from orchestrator import owned, probes
 from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.database.protocol import Session
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import Plan, ReplicationEndpoint
+from orchestrator.services import owned, probes
 from orchestrator.transports import replication as repl
 from orchestrator.transports.rsync import target_ssh_command
 
@@ -41,7 +41,7 @@ TORN_DOWN = "replication_torn_down"
 # A reverse run over the reverse replica: the port the old source's replica reads the target through (journaled
 # before the promotion: a rolled-back reverse switch makes it a replica again).
 REPLICA_PORT = "replica_port"
-# Where the tunnels keep their control socket and log on the source (named by orchestrator/owned.py).
+# Where the tunnels keep their control socket and log on the source (named by orchestrator/services/owned.py).
 TUNNEL_DIR = owned.RUN_DIR
 # The password of the replication account travels to a host only in this environment variable's value.
 REPL_PASSWORD_ENV = "MIGRATE_REPL_PASSWORD"
@@ -156,7 +156,7 @@ def forget_replication_on(rt: StepRuntime, sides: tuple[Which, ...], *, retry: b
 
 def end_tunnels(host: Any, plan_name: str, plan_path: Path) -> list[owned.Leftover]:
     """End every tunnel (and rsync leftover) of the plan `plan_name` on `host` (the source they were started on),
-    whichever run started it, through what each recorded there (orchestrator/owned.py); idempotent."""
+    whichever run started it, through what each recorded there (orchestrator/services/owned.py); idempotent."""
     key = owned.plan_key(plan_name, plan_path)
     result = host.run(owned.sweep_command(key, end=True), timeout=COMMAND_TIMEOUT, check=False)
     return owned.parse_sweep(result.stdout)
@@ -320,8 +320,9 @@ def tunnel_spec(plan: Plan, facts: TunnelFacts) -> repl.TunnelSpec:
 
 
 def tunnel_name(plan_name: str, plan_path: Path, direction: str, run_id: str) -> str:
-    """The tunnel's name on the source (its control socket's): its owner, the plan and the run (orchestrator/owned.py),
-    and the direction. A run asks only after its own: an earlier run's tunnel is never taken for this one's."""
+    """The tunnel's name on the source (its control socket's): its owner, the plan and the run
+    (orchestrator/services/owned.py), and the direction. A run asks only after its own: an earlier run's tunnel is never
+    taken for this one's."""
     return f"{owned.owner(plan_name, plan_path, run_id)}-{'fwd' if direction == 'remote' else 'rev'}"
 
 

@@ -21,7 +21,7 @@ promotion when it failed by then); verify_target reports them, and runs them its
 resumed switch that found the promotion done).
 
 With a front door (plan section `proxy`), the source's HAProxy holds new requests just before the fence goes up
-and its undo releases them once the source takes writes again (orchestrator/frontdoor.py, as in the cut-over).
+and its undo releases them once the source takes writes again (orchestrator/services/frontdoor.py, as in the cut-over).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from orchestrator import frontdoor, guard, health, probes
 from orchestrator.contracts import runtime
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
+from orchestrator.services import frontdoor, guard, health, probes
 from orchestrator.steps import source_guard
 from orchestrator.steps.repl_common import (
     FINAL_GTID,

@@ -1,15 +1,15 @@
 """What runs of this plan left on the hosts (tunnels, the rsync route's password file and daemon; see
-orchestrator/owned.py), as the steps end it: preflight ends what earlier runs left before this one starts anything,
-and its undo (the last compensation of a rollback) ends this run's and theirs.
+orchestrator/services/owned.py), as the steps end it: preflight ends what earlier runs left before this one starts
+anything, and its undo (the last compensation of a rollback) ends this run's and theirs.
 
 Not a step: steps import this module, never each other.
 """
 
 from __future__ import annotations
 
-from orchestrator import owned
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext
+from orchestrator.services import owned
 from orchestrator.transports.ssh import TransportError
 
 SWEEP_TIMEOUT = 60.0

@@ -1,5 +1,5 @@
 """The guard on the source as the steps that block its writes use it: the cut-over (shutdown mode) and the switch
-(replicate mode). orchestrator/guard.py is the guard itself; this module is what a step does with it.
+(replicate mode). orchestrator/services/guard.py is the guard itself; this module is what a step does with it.
 
 - `start` before the window: the guard's deadline (the budget and a margin from the first block, on the source's
   clock: the backoffs between lock tries do not count, writes are let in between them), journaled under `guard`
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import time
 
-from orchestrator import guard, owned
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext, StepError
+from orchestrator.services import guard, owned
 from orchestrator.transports.ssh import TransportError
 
 GUARD = "guard"

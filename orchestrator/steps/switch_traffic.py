@@ -14,8 +14,8 @@ hold: one line, rollback); after it, every failure is finished forward by `migra
 each of its actions is idempotent).
 
 When the source host can drive its own door (frontdoor.drivable_from_source, found before the window), the chain
-runs there in two commands (orchestrator/source_commit.py): the hold checked and the guard told, then, once the run
-is journaled committed, the target's fence lifted over the hosts' hop and the door forwarded: the same facts in the
+runs there in two commands (orchestrator/services/source_commit.py): the hold checked and the guard told, then, once the
+run is journaled committed, the target's fence lifted over the hosts' hop and the door forwarded: the same facts in the
 same order, two round trips instead of four.
 """
 
@@ -24,10 +24,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator import frontdoor
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchTrafficResult
+from orchestrator.services import frontdoor
 from orchestrator.steps import source_guard
 from orchestrator.steps.common import TARGET_FENCE_LIFTED, lift_target_fence
 

@@ -5,10 +5,10 @@ one absent on both (the whole trees were compared before the window). Replicate 
 mode: the datadir files the final pass copied were checksummed on both hosts by db_final. Row counts and CHECKSUM
 TABLE read every row, so they are not read here: this step opens a read-only consistent snapshot on the still-fenced
 target (one round trip) and keeps the session open; the `audit` step reads it after the commit and compares it with
-the stopped source (orchestrator/audit.py). Replicate mode: the same snapshot of the promoted, still fenced target,
-opened by the statement that reads the target's GTID position (one compound statement, one round trip, beside the
-source's position and the trees' comparison), compared after the commit in chunks with the frozen
-source (orchestrator/replica_audit.py).
+the stopped source (orchestrator/services/audit.py). Replicate mode: the same snapshot of the promoted, still fenced
+target, opened by the statement that reads the target's GTID position (one compound statement, one round trip, beside
+the source's position and the trees' comparison), compared after the commit in chunks with the frozen
+source (orchestrator/services/replica_audit.py).
 
 All of it runs while writes are blocked: every try, query and comparison is bounded by what is left of the
 write-block budget, so a verification that cannot finish in time fails (and the run rolls back) instead of
@@ -22,16 +22,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator import audit, health, replica_audit
 from orchestrator.contracts import Which, runtime
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.plan.model import FileTree, Plan
 from orchestrator.results import FilesResult, TreeFigures
+from orchestrator.services import audit, health, replica_audit
+from orchestrator.services.tracking import verify_listed_command
 from orchestrator.steps.common import window_route
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import SWITCH_STEP
-from orchestrator.tracking import verify_listed_command
 from orchestrator.transports import mysql, rsync
 from orchestrator.transports import replication as repl
 from orchestrator.transports.rsync_daemon import DaemonRoute

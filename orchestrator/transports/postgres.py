@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from orchestrator.probes import Probe
+from orchestrator.services.probes import Probe
 
 DEFAULT_BIN_DIR = "/usr/lib/postgresql/{major}/bin"
 SUPPORTED_MAJORS = range(13, 18)

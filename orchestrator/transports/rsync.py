@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
+from orchestrator.output.progress import PROGRESS_KEY, TRANSFER_EVENT, EtaEstimator, TransferProgress
 from orchestrator.plan.model import Plan, Retry
-from orchestrator.progress import PROGRESS_KEY, TRANSFER_EVENT, EtaEstimator, TransferProgress
 from orchestrator.retry import call_with_retry
 from orchestrator.transports.ssh import CommandFailed, TransportError
 from orchestrator.transports.throttle import Thresholds, Throttle, group_marker, live_command
@@ -265,7 +265,7 @@ def parse_progress(line: str) -> Progress | None:
 
 
 class ProgressReporter:
-    """Turns rsync's updates into `transfer_progress` records (orchestrator.progress) with an honest ETA."""
+    """Turns rsync's updates into `transfer_progress` records (orchestrator.output.progress) with an honest ETA."""
 
     def __init__(self, what: str, command: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         bwlimit = _BWLIMIT.search(command)

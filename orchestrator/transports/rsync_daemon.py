@@ -77,7 +77,8 @@ def config_text(trees: list[FileTree]) -> tuple[str, str]:
 def target_script(globals_: str, modules: str, owner: str = "run") -> str:
     """Run on the target in a session of ours: reads the password from its first stdin line, starts the daemon on a
     free loopback port, prints `port=N pid=P dir=D`, then waits for the end of its stdin and cleans up. Its directory
-    is named after `owner` (orchestrator/owned.py: the plan and the run), so a later run finds it should it stay."""
+    is named after `owner` (orchestrator/services/owned.py: the plan and the run), so a later run finds it should it
+    stay."""
     port_check = (
         # LISTEN (0A) on 127.0.0.1 (0100007F) and our port, in /proc/net/tcp: no `ss` needed. Another's listener on
         # that port cannot pass for ours: the route is proven with our password before it is used.
@@ -144,8 +145,8 @@ def _forward_command(plan: Plan, local_port: int, remote_port: int, *, cancel: b
 def open_route(plan: Plan, source: SshHost, target: SshHost, owner: str = "run") -> DaemonRoute:
     """Start the daemon on the target, forward a source port to it, and prove the route end to end (one module
     answers our password). Raises RouteUnavailable (and leaves nothing running) when it cannot. `owner` names the
-    directories on both hosts (orchestrator/owned.py): a run killed before it closed the route leaves them where
-    the next run, or the rollback, finds and ends them."""
+    directories on both hosts (orchestrator/services/owned.py): a run killed before it closed the route leaves them
+    where the next run, or the rollback, finds and ends them."""
     trees = list(plan.files)
     if not trees:
         raise RouteUnavailable("no file trees")

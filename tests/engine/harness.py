@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator import cli
+from orchestrator.cli import commands as cli
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Plan
 from orchestrator.run import compose

@@ -173,7 +173,7 @@ def test_a_crash_with_both_in_flight_resumes_both(tmp_path: Path) -> None:
 
 
 def test_the_windows_parts_count_steps_side_by_side_once_in_the_time_between_steps() -> None:
-    from orchestrator.report import window_parts
+    from orchestrator.report.build import window_parts
 
     # Window 10 → 20: the switch 10 → 13, files beside it 12 → 16, verify 13.5 → 14, the flip 16.5 → 20.
     steps = [

@@ -15,7 +15,7 @@ FORBIDDEN = (
     "orchestrator.steps",
     "orchestrator.transports",
     "orchestrator.runtime",
-    "orchestrator.report",
+    "orchestrator.report.build",
     "orchestrator.lab",
     "pymysql",
     "asyncssh",

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import cli
+from orchestrator.cli import commands as cli
 from orchestrator.engine.journal import Journal
 from orchestrator.run import compose
 from tests.engine.harness import Crash, use_file_steps

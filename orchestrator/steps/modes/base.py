@@ -16,12 +16,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from orchestrator import audit, estimates
 from orchestrator.contracts import StepRuntime, Which
 from orchestrator.engine.step import StepContext
-from orchestrator.health import HealthCheck
 from orchestrator.plan.model import Plan
 from orchestrator.results import AuditResult
+from orchestrator.services import audit, estimates
+from orchestrator.services.health import HealthCheck
 
 # Every mode begins with these: the checks, the TTLs lowered, the target prepared, the file trees pre-synced live.
 BEFORE_CUTOVER: tuple[str, ...] = ("preflight", "lower_ttl", "prepare_target", "files_presync")
@@ -167,7 +167,7 @@ class CutoverMode(ABC):
         """A forward run's finish undone, before the source's services start again."""
         return None
 
-    # -- the estimate (orchestrator/estimates.py: EstimatedMode; the arithmetic stays there)
+    # -- the estimate (orchestrator/services/estimates.py: EstimatedMode; the arithmetic stays there)
     @abstractmethod
     def database_transfer(self, rt: StepRuntime) -> estimates.TransferEstimate:
         """How the database travels before the window, measured read-only."""

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator import audit, estimates, health, replica_audit
 from orchestrator.contracts import StepRuntime, runtime
 from orchestrator.engine.step import StepContext, StepError
-from orchestrator.health import HealthCheck
 from orchestrator.plan.model import Plan
 from orchestrator.results import AuditResult, StartTargetResult, SwitchResult, VerifyResult
+from orchestrator.services import audit, estimates, health, replica_audit
+from orchestrator.services.health import HealthCheck
 from orchestrator.steps.common import COMMAND_TIMEOUT, run_services
 from orchestrator.steps.modes.base import AuditKit, CutoverMode, FinishKit, VerifyKit, with_door
 from orchestrator.steps.repl_common import REPLICA_STEP, SWITCH_STEP, TORN_DOWN

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator import audit, estimates, health
 from orchestrator.contracts import StepRuntime, runtime
 from orchestrator.engine.step import StepContext, StepError
-from orchestrator.health import HealthCheck
 from orchestrator.plan.model import Plan
 from orchestrator.results import AuditResult, VerifyResult
+from orchestrator.services import audit, estimates, health
+from orchestrator.services.health import HealthCheck
 from orchestrator.steps.modes.base import AuditKit, CutoverMode, VerifyKit
 
 

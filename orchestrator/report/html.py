@@ -26,7 +26,7 @@ import structlog
 
 from orchestrator.engine.events import RunStarted, UndoCompleted, UndoFailed, UndoStarted
 from orchestrator.engine.view import JournalView, Records
-from orchestrator.report import build_report, run_events, seed_hold_text, write_report
+from orchestrator.report.build import build_report, run_events, seed_hold_text, write_report
 from orchestrator.results import AuditResult
 from orchestrator.secrets import redact_obj
 
@@ -137,7 +137,7 @@ class RunView:
 
 
 def read_run(report: dict[str, Any], events: Records | None = None, verify: dict[str, Any] | None = None) -> RunView:
-    """The page's view of a run, from the JSON report (`orchestrator.report.build_report`), the journal and, for a
+    """The page's view of a run, from the JSON report (`orchestrator.report.build.build_report`), the journal and, for a
     lab run, the clients' report (`migrate lab verify --json`)."""
     run_id = str(report.get("run_id") or "")
     events = run_events(events, run_id or None) if events is not None else JournalView()

@@ -11,10 +11,9 @@ from typing import Annotated
 
 import typer
 
-from orchestrator import cli_render as render
 from orchestrator import exit_codes, run
-from orchestrator import logging as mlog
-from orchestrator.cli_support import (
+from orchestrator.cli import render
+from orchestrator.cli.support import (
     EnvFileOpt,
     Exit,
     JsonOpt,
@@ -32,6 +31,7 @@ from orchestrator.cli_support import (
     typed_plan_name,
 )
 from orchestrator.engine.hooks import HookFailed
+from orchestrator.output import logging as mlog
 from orchestrator.redaction import redact
 from orchestrator.run import compose
 from orchestrator.run.watch import watch as watch_run
@@ -135,7 +135,7 @@ def report(
     ] = None,
 ) -> None:
     """Write the page of the plan's latest run (HTML, self-contained) and print where it is."""
-    from orchestrator.report_html import ReportError, report_command
+    from orchestrator.report.html import ReportError, report_command
 
     try:
         page = report_command(plan_path, open_browser, clients)

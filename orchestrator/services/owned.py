@@ -16,8 +16,8 @@ random part of the run's id. So:
 - `migrate status` lists them (`sweep_command(..., end=False)`), a new run ends them before it starts anything
   (preflight), and a rollback ends this run's and theirs once every compensation ran.
 
-A guard (orchestrator/guard.py, `/tmp/migrate-guard-<owner>`) is listed too but never ended: one still waiting is
-what restores the source of a run that died in its window. A new run refuses to start beside another run's waiting
+A guard (orchestrator/services/guard.py, `/tmp/migrate-guard-<owner>`) is listed too but never ended: one still waiting
+is what restores the source of a run that died in its window. A new run refuses to start beside another run's waiting
 guard (it would restore the source in the middle of the new run's window); one that acted is only listed.
 
 The same names are parsed back here (`parse_sweep`): one line per thing found.
@@ -35,8 +35,8 @@ RUN_DIR = "/tmp"
 TUNNEL_PREFIX = "migrate-tunnel-"
 RSYNC_CLIENT_PREFIX = "migrate-rsync."
 RSYNC_DAEMON_PREFIX = "migrate-rsyncd."
-# The guard on the source (orchestrator/guard.py): listed, never ended here. One still waiting is the safety net of
-# a run that died in its window; one that acted keeps its directory (its trace) for the operator.
+# The guard on the source (orchestrator/services/guard.py): listed, never ended here. One still waiting is the safety
+# net of a run that died in its window; one that acted keeps its directory (its trace) for the operator.
 GUARD_PREFIX = "migrate-guard-"
 
 

@@ -299,9 +299,10 @@ SHUTDOWN_CUTOVER = {"ssh_source": 3, "sql": 8, "haproxy": 4}  # + the fence; the
 DB_FINAL = {"ssh_source": 1, "ssh_target": 1, "ssh_both": 1}  # changed-file list, mtimes, checksums on both sides
 FILES_FINAL_TRACKED = {"ssh_source": 1}  # per tree: the change list with its trust probe (one command); the rsync
 FLIP = {"dns_per_record": 5, "haproxy": 11}  # find, edit, read back, two converging reads; + the target's fence lift
-# The commit at the source's front door (switch_traffic), driven from the source host (orchestrator/source_commit.py):
-# one command checks the hold on the door's local socket and tells the guard; one lifts the target's fence over the
-# hosts' hop and repoints and releases the door (the target's door released beside it). No DNS call: it comes after.
+# The commit at the source's front door (switch_traffic), driven from the source host
+# (orchestrator/services/source_commit.py): one command checks the hold on the door's local socket and tells the guard;
+# one lifts the target's fence over the hosts' hop and repoints and releases the door (the target's door released beside
+# it). No DNS call: it comes after.
 DOOR_COMMIT = {"ssh_source": 2}
 # read_only with the final position (one compound statement), the replica's wait with its promotion (one more); the
 # hold with the requests in flight (one batch), the drain's poll. + the fence (beside read_only: counted in full
@@ -577,8 +578,8 @@ def measure_units(rt: StepRuntime, mode: EstimatedMode, transfers: list[Transfer
                   rehearsed: dict[str, Any] | None = None) -> UnitCosts:  # fmt: skip
     """The window's unit costs, read-only, on the hosts as they are now. The replicate mode runs the window's short
     commands in a shell kept open before it (steps/common.keep_shells): so are they measured."""
-    from orchestrator import probes
-    from orchestrator.tracking import final_pass_command
+    from orchestrator.services import probes
+    from orchestrator.services.tracking import final_pass_command
 
     plan = rt.plan
     hosts = {"source": rt.source, "target": rt.target}

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator import dns_where
 from orchestrator.engine.journal import RunState
 from orchestrator.engine.view import JournalView, Records
 from orchestrator.results import (
@@ -30,6 +29,7 @@ from orchestrator.results import (
     result_of,
 )
 from orchestrator.secrets import redact_obj
+from orchestrator.services import dns_where
 from orchestrator.window import RESERVE_KEY
 
 

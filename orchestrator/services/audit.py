@@ -12,7 +12,7 @@ byte for byte as the clean shutdown left them), no binary log, no replica thread
 log control file notes the start. The audit stops it again (SIGTERM, waited for) before it reports.
 
 What is held lives in this process only, on the run's runtime (`Runtime.audit_hold`): a run resumed by another
-process has no snapshot, and says so. The replicate mode's audit (orchestrator/replica_audit.py) holds its
+process has no snapshot, and says so. The replicate mode's audit (orchestrator/services/replica_audit.py) holds its
 target snapshot the same way.
 """
 

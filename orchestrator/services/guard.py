@@ -32,8 +32,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import owned
 from orchestrator.contracts import Host
+from orchestrator.services import owned
 from orchestrator.transports.ssh import TransportError
 
 # Seconds past the budget before the guard acts: a run that is alive ends its window well within its budget.
@@ -66,8 +66,8 @@ class GuardPlan:
 
 
 def guard_dir(owner: str, base: str = "/tmp") -> str:
-    """The guard's directory, named after its owner (orchestrator/owned.py: the plan and the run), so a later run of
-    the plan finds a guard an earlier one left waiting."""
+    """The guard's directory, named after its owner (orchestrator/services/owned.py: the plan and the run), so a later
+    run of the plan finds a guard an earlier one left waiting."""
     return f"{base.rstrip('/')}/{owned.GUARD_PREFIX}{owner}"
 
 

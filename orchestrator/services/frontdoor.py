@@ -40,11 +40,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchestrator import guard, source_commit
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FrontDoorProxy
 from orchestrator.results import DnsFlipResult
+from orchestrator.services import guard, source_commit
 from orchestrator.transports import rsync
 from orchestrator.transports.haproxy import (
     HOLD_KEY,
@@ -207,7 +207,8 @@ def prepare_hold(ctx: StepContext, *, source_serves_reads: bool = False) -> Hold
     return HoldReady(writes_only, pid, offset, target_at_own_app)
 
 
-# Set on the run's runtime once the source host was found able to drive its own door (orchestrator/source_commit.py).
+# Set on the run's runtime once the source host was found able to drive its own door
+# (orchestrator/services/source_commit.py).
 LOCAL_DOOR = "source_door_local"
 LOCAL_TIMEOUT = 30.0
 

@@ -6,7 +6,7 @@ with the binary log off, by an account that may write through read_only, or by h
 switch's proof (the replica executed exactly the source's final position) cannot see it. This audit can: after the
 commit, nothing on the source changes (read_only, fenced, no replication into it until finish), and the target's
 side is read in the consistent snapshot verify_target opened on the promoted, still fenced target (held on the
-run's runtime, orchestrator/audit.py), so the target's writes since the commit are outside it.
+run's runtime, orchestrator/services/audit.py), so the target's writes since the commit are outside it.
 
 Why that snapshot holds the target exactly as migrated: it is opened after the promotion (verify_target runs after
 the switch has returned) and before the commit (the commit point, switch_traffic with a front door on the source or

@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator import cli_render as render
 from orchestrator import exit_codes, run
+from orchestrator.cli import render
 from orchestrator.engine.step import Step
 from orchestrator.plan.model import Plan
 

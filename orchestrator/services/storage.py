@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from orchestrator.probes import FsyncSample, MountFacts
+from orchestrator.services.probes import FsyncSample, MountFacts
 
 Side = Literal["source", "target"]
 Kind = Literal["slow", "durability", "space", "layout"]

@@ -17,7 +17,7 @@ import structlog
 import structlog.tracebacks
 from rich.console import Console
 
-from orchestrator.console import (
+from orchestrator.output.console import (
     FILE_EVERY,
     PLAIN_EVERY,
     ConsoleFilter,

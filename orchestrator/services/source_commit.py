@@ -20,7 +20,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from orchestrator import guard
+from orchestrator.services import guard
 from orchestrator.transports.haproxy import (
     HOLD_KEY,
     HOLD_WRITES_KEY,

@@ -16,8 +16,8 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator import run
-from orchestrator.console import render_live
-from orchestrator.progress import clock_text
+from orchestrator.output.console import render_live
+from orchestrator.output.progress import clock_text
 from orchestrator.run.watch import WatchView
 
 

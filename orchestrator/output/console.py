@@ -22,7 +22,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.progress import (
+from orchestrator.output.progress import (
     LAG_KEY,
     PROGRESS_KEY,
     SUPERSEDED_EVENTS,
