@@ -18,15 +18,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.report.html import (
-    ReportError,
-    markdown_summary,
-    read_journal,
-    read_run,
-    render_html,
-    report_command,
-    write_html,
-)
+from orchestrator.report.html import ReportError, read_journal, render_html, report_command, write_html
+from orchestrator.report.markdown import markdown_summary
+from orchestrator.report.view import read_run
 
 FIXTURES = Path(__file__).parent / "fixtures" / "report_html"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -1,6 +1,6 @@
 """The fleet's page: one self-contained HTML file with every plan's figures and timeline side by side.
 
-Each plan's part is the run page's own data and drawings (orchestrator/report/html.py: `read_run` over the
+Each plan's part is the run page's own data and drawings (orchestrator/report/: `read_run` over the
 run's report and journal, its tiles, timeline and clients' table); the fleet adds the summary table on top.
 """
 
@@ -15,17 +15,9 @@ from orchestrator.engine.view import JournalView
 from orchestrator.fleet.loader import FleetMember, LoadedFleet
 from orchestrator.fleet.status import FleetStatus, fleet_status
 from orchestrator.report.build import build_report, run_events
-from orchestrator.report.html import (
-    CSS,
-    RunView,
-    _clients_section,
-    _e,
-    _seconds,
-    _tiles,
-    _timeline_svg,
-    read_journal,
-    read_run,
-)
+from orchestrator.report.html import CSS, clients_section, read_journal, tiles
+from orchestrator.report.svg import timeline_svg
+from orchestrator.report.view import RunView, escape, read_run, seconds_text
 from orchestrator.secrets import redact_obj
 
 PAGE_FILE = "fleet.html"
@@ -66,47 +58,52 @@ def render(loaded: LoadedFleet, status: FleetStatus, views: dict[str, RunView | 
     rows = []
     for line in status.plans:
         view = views.get(line.name)
-        window = _seconds(view.write_block_seconds) if view and view.write_block_seconds is not None else "-"
+        window = seconds_text(view.write_block_seconds) if view and view.write_block_seconds is not None else "-"
         budget = f"{view.max_write_block:g} s" if view and view.max_write_block is not None else "-"
         clients = view.clients if view else None
-        stall = _seconds(clients.longest_write_stall_s) if clients else "-"
+        stall = seconds_text(clients.longest_write_stall_s) if clients else "-"
         lost = str(clients.acknowledged_lost) if clients else "-"
         cells = [line.name, str(line.wave), line.source_host, line.storage or "-", line.state, window, budget, stall,
                  lost, line.next_action]  # fmt: skip
-        rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+        rows.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
     head = ["plan", "wave", "source host", "storage", "state", "writes blocked", "budget", "clients' longest stall",
             "acknowledged lost", "next"]  # fmt: skip
     cards = []
     for line in status.plans:
         view = views.get(line.name)
         if view is None:
-            cards.append(f'<div class="card"><h2>{_e(line.name)}</h2><p>not started</p></div>')
+            cards.append(f'<div class="card"><h2>{escape(line.name)}</h2><p>not started</p></div>')
             continue
         end = max(view.ended_at, view.started_at + 1e-3)
-        timeline = _timeline_svg(
-            view, element_id=f"timeline-{_e(line.name)}", begin=view.started_at, end=end, title=line.name, zoom=False
+        timeline = timeline_svg(
+            view,
+            element_id=f"timeline-{escape(line.name)}",
+            begin=view.started_at,
+            end=end,
+            title=line.name,
+            zoom=False,
         )
-        clients_html = _clients_section(view.clients) if view.clients is not None else ""
-        error = f'<div class="error">{_e(view.error or view.rollback_reason)}</div>' if view.error else ""
+        clients_html = clients_section(view.clients) if view.clients is not None else ""
+        error = f'<div class="error">{escape(view.error or view.rollback_reason)}</div>' if view.error else ""
         cards.append(
-            f'<div class="card" id="plan-{_e(line.name)}"><h2>{_e(line.name)} '
-            f'<span class="status {_e(view.status)}">{_e(view.status.replace("_", " "))}</span></h2>'
-            f'<div class="sub">run {_e(view.run_id)} · {_e(view.plan_path)}</div>{error}'
-            f"{_tiles(view)}{timeline}{clients_html}</div>"
+            f'<div class="card" id="plan-{escape(line.name)}"><h2>{escape(line.name)} '
+            f'<span class="status {escape(view.status)}">{escape(view.status.replace("_", " "))}</span></h2>'
+            f'<div class="sub">run {escape(view.run_id)} · {escape(view.plan_path)}</div>{error}'
+            f"{tiles(view)}{timeline}{clients_html}</div>"
         )
-    stopped = f'<div class="error"><b>Stopped:</b> {_e(status.stopped)}</div>' if status.stopped else ""
+    stopped = f'<div class="error"><b>Stopped:</b> {escape(status.stopped)}</div>' if status.stopped else ""
     written = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     body = (
-        f'<header><h1>fleet {_e(loaded.fleet.name)}</h1><div class="sub">{len(status.plans)} plans · '
-        f"{_e(loaded.path)} · written {_e(written)}</div></header>{stopped}"
-        '<section id="plans"><table><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead>"
+        f'<header><h1>fleet {escape(loaded.fleet.name)}</h1><div class="sub">{len(status.plans)} plans · '
+        f"{escape(loaded.path)} · written {escape(written)}</div></header>{stopped}"
+        '<section id="plans"><table><thead><tr>' + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr></thead>"
         "<tbody>" + "".join(rows) + "</tbody></table></section>"
         '<section class="grid">' + "".join(cards) + "</section>"
         "<footer>Written by migrate from each plan's journal and run report. Times in UTC.</footer>"
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>fleet {_e(loaded.fleet.name)}</title><style>{CSS}{FLEET_CSS}</style></head>"
+        f"<title>fleet {escape(loaded.fleet.name)}</title><style>{CSS}{FLEET_CSS}</style></head>"
         f"<body><main>{body}</main></body></html>\n"
     )
 

@@ -1,3 +1,3 @@
-"""The run report: build.py makes it (JSON) from the journal alone; the page and the Markdown summary are drawn from
-it (html.py).
+"""The run report: build.py makes it (JSON) from the journal alone; view.py reads it, with the journal, into the
+page's view, which svg.py draws, markdown.py puts in a table and html.py lays out as a self-contained page.
 """
