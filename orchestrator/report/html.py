@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from orchestrator.engine.view import JournalView
 from orchestrator.report.build import build_report, run_events, write_report
 from orchestrator.report.markdown import markdown_of
 from orchestrator.report.svg import COLOURS, FAILED_COLOUR, budget_gauge, timeline_svg
@@ -378,11 +379,11 @@ def report_command(plan_path: Path, open_browser: bool, clients_path: Path | Non
     except PlanError as exc:
         raise ReportError(str(exc)) from None
     state_dir = Path(plan_path).resolve().parent / STATE_DIR / plan.name
-    events = read_journal(state_dir / JOURNAL_FILE)
-    runs = [ev for ev in events if ev.get("event") == "run_started"]
-    if not runs:
+    events = JournalView.of(read_journal(state_dir / JOURNAL_FILE))
+    started = events.started()
+    if started is None:
         raise ReportError(f"{plan_path}: no run recorded in {state_dir / JOURNAL_FILE}")
-    run_id = str(runs[-1]["run_id"])
+    run_id = started.run_id
     report_path = state_dir / f"report-{run_id}.json"
     if not report_path.exists():
         report_path = write_report(build_report(run_events(events, run_id)), state_dir)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from orchestrator.engine.view import Records
 from orchestrator.report.view import RunView, clock_text, read_run, seconds_text, size_text
 
 
-def markdown_summary(report: dict[str, Any], events: list[dict[str, Any]] | None = None) -> str:
+def markdown_summary(report: dict[str, Any], events: Records | None = None) -> str:
     """The run as a Markdown table (step, start, end, duration), times in UTC, for a post-mortem."""
     return markdown_of(read_run(report, events))
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.engine.events import RunStarted, UndoCompleted, UndoFailed, UndoStarted
+from orchestrator.engine.view import JournalView, Records
 from orchestrator.report.build import run_events, seed_hold_text
 from orchestrator.results import AuditResult
 
@@ -112,26 +114,20 @@ class RunView:
         return "after"
 
 
-def read_run(
-    report: dict[str, Any], events: list[dict[str, Any]] | None = None, verify: dict[str, Any] | None = None
-) -> RunView:
+def read_run(report: dict[str, Any], events: Records | None = None, verify: dict[str, Any] | None = None) -> RunView:
     """The page's view of a run, from the JSON report (`orchestrator.report.build.build_report`), the journal and, for a
     lab run, the clients' report (`migrate lab verify --json`)."""
     run_id = str(report.get("run_id") or "")
-    events = run_events(events or [], run_id or None) if events else []
-    started = next((ev for ev in events if ev.get("event") == "run_started"), {})
-    titles = {ev["step"]: str(ev.get("title") or "") for ev in events if ev.get("event") == "step_started"}
-    results: dict[str, dict[str, Any]] = {}
-    for ev in events:
-        if ev.get("event") == "step_completed" and isinstance(ev.get("result"), dict):
-            results[ev["step"]] = ev["result"]
+    events = run_events(events, run_id or None) if events is not None else JournalView()
+    started = events.started() or RunStarted()
+    titles = {ev.step: ev.title for ev in events.starts()}
+    results: dict[str, dict[str, Any]] = {ev.step: dict(ev.result) for ev in events.completions()}
     undo: dict[str, dict[str, float]] = {}
     for ev in events:
-        kind, step = ev.get("event"), ev.get("step")
-        if step and kind == "undo_started":
-            undo.setdefault(step, {})["start"] = float(ev["ts"])
-        elif step and kind in ("undo_completed", "undo_failed"):
-            undo.setdefault(step, {})["end"] = float(ev["ts"])
+        if isinstance(ev, UndoStarted) and ev.step:
+            undo.setdefault(ev.step, {})["start"] = ev.ts
+        elif isinstance(ev, UndoCompleted | UndoFailed) and ev.step:
+            undo.setdefault(ev.step, {})["end"] = ev.ts
     bytes_by_step = report.get("bytes_by_step") or {}
     steps = [
         StepView(
@@ -168,8 +164,8 @@ def read_run(
         write_block = round(window_end - blocked_at, 3)
     view = RunView(
         run_id=run_id,
-        plan_name=str(started.get("plan_name") or Path(str(report.get("plan") or "plan")).stem),
-        plan_path=str(report.get("plan") or started.get("plan_path") or ""),
+        plan_name=str(started.plan_name or Path(str(report.get("plan") or "plan")).stem),
+        plan_path=str(report.get("plan") or started.plan_path),
         status=str(report.get("status") or "unknown"),
         started_at=run_started,
         ended_at=run_ended,
@@ -182,7 +178,7 @@ def read_run(
         window_ended_at=window_end,
         dns_flipped_at=flipped_at,
         write_block_seconds=write_block,
-        max_write_block=_max_write_block(str(started.get("plan_text") or "")),
+        max_write_block=_max_write_block(started.plan_text),
         checks=[],
         clients=read_clients(verify),
         dns=report.get("dns") if isinstance(report.get("dns"), dict) else None,
@@ -387,12 +383,8 @@ def _phase(view: RunView, at: float | None) -> str:
     return "after"
 
 
-def _saved_value(events: list[dict[str, Any]], step: str, key: str) -> float | None:
-    values = [
-        ev.get("value")
-        for ev in events
-        if ev.get("event") == "step_saved" and ev.get("step") == step and ev.get("key") == key
-    ]
+def _saved_value(events: JournalView, step: str, key: str) -> float | None:
+    values = events.saved_values(step, key)
     return as_float(values[-1]) if values else None
 
 
