@@ -1,4 +1,5 @@
-"""The package's shape: its modules import each other without a cycle, and the command line stays small.
+"""The package's shape: its modules import each other without a cycle, the root holds a handful of modules (the rest
+live in folders that say what they are), and the command line stays small.
 
 The graph is read from the source (ast), so it counts every import a module can make: at its top, inside a function
 (a lazy import hides a cycle from Python, not from the reader) and under `TYPE_CHECKING`. A cycle fails the test with
@@ -136,3 +137,28 @@ def test_the_command_line_module_stays_small() -> None:
     # cli/support.py.
     lines = (ROOT / "cli" / "commands.py").read_text(encoding="utf-8").count("\n")
     assert lines <= 300, f"orchestrator/cli/commands.py has {lines} lines"
+
+
+# The run's shared core (contracts, runtime, results, window) and the neutral pieces everything uses (exit_codes,
+# redaction, secrets, retry) live at the root; everything else has a folder (docs/ARCHITECTURE.md).
+ROOT_MODULES_AT_MOST = 10
+
+
+def root_modules(root: Path = ROOT) -> list[str]:
+    return sorted(path.name for path in root.glob("*.py"))
+
+
+def test_the_root_holds_a_handful_of_modules() -> None:
+    found = root_modules()
+    assert "__init__.py" in found, "the count reads the package's root"
+    assert len(found) <= ROOT_MODULES_AT_MOST, (
+        f"orchestrator/ holds {len(found)} modules ({', '.join(found)}): give the new one a folder"
+    )
+
+
+def test_every_folder_of_the_package_is_a_package() -> None:
+    # A folder without __init__.py would still import (a namespace package) but hide from setuptools' find and from
+    # this graph's reading of `from orchestrator.x import y`.
+    folders = [p for p in ROOT.rglob("*") if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))]
+    missing = sorted(str(p.relative_to(ROOT.parent)) for p in folders if not (p / "__init__.py").exists())
+    assert missing == []
