@@ -6,7 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pymysql
+
 from orchestrator import exit_codes
+from orchestrator.database import mariadb
 from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
 from orchestrator.results import AuditResult
 from orchestrator.run.watch import outcome_code
@@ -145,10 +148,11 @@ def test_replicate_verify_opens_the_audit_snapshot_with_one_statement_and_holds_
     ctx = context(rt, "verify_target", history=REPLICATE_STEPS, outputs={"repl_switch": {"final_gtid": "0-1-42"}})
     figures, problems = VerifyTarget(mode=REPLICATE).positions(ctx)
     assert not problems and figures["audit_snapshot_at"] > 0
-    # Inside the window: the statement that reads the target's position opens the snapshot (no statement, connection
-    # or ping of its own); the tables are read on the frozen source after the commit.
+    # Inside the window: the statement that reads the target's position opens the snapshot (one round trip, on that
+    # connection: none of its own, no ping); the tables are read on the frozen source after the commit.
     target, source = rt.sessions["target"], rt.sessions["source"]
     assert target.statements == [replica_audit.SNAPSHOT_AND_POSITION]
+    assert replica_audit.SNAPSHOT_STATEMENT in replica_audit.SNAPSHOT_AND_POSITION
     assert source.statements == ["SELECT @@GLOBAL.gtid_binlog_pos"]
     assert audit.held(rt).snapshot is target and rt.released == [source], "the target's session is kept"
     described = " ".join(VerifyTarget(mode=REPLICATE).describe(ctx))
@@ -168,6 +172,28 @@ def test_replicate_verify_opens_the_audit_snapshot_with_one_statement_and_holds_
     )
     assert not problems and not figures and audit.held(quiet).snapshot is None
     assert quiet.sessions["target"].statements == ["SELECT @@GLOBAL.gtid_current_pos"]
+
+
+class RefusingCompound(GtidSession):
+    """A server that refuses the compound statement (an SQL error, the connection fine), as the MariaDB engine's
+    sessions raise it (the driver's error wrapped as a DatabaseError)."""
+
+    def answer(self, sql: str) -> list[tuple[Any, ...]]:
+        if sql.startswith("BEGIN NOT ATOMIC"):
+            raise mariadb.wrapped(pymysql.ProgrammingError(1064, "You have an error in your SQL syntax"))
+        return super().answer(sql)
+
+
+def test_a_server_refusing_the_one_statement_gets_the_position_then_the_snapshot_apart() -> None:
+    rt = PositionsRuntime(_no_checks())
+    rt.db = lambda which, **_: rt.sessions.setdefault(which, RefusingCompound())  # type: ignore[method-assign]
+    rt.window.begin(time.time() - 1)
+    ctx = context(rt, "verify_target", history=REPLICATE_STEPS, outputs={"repl_switch": {"final_gtid": "0-1-42"}})
+    figures, problems = VerifyTarget(mode=REPLICATE).positions(ctx)
+    assert not problems and figures["audit_snapshot_at"] > 0
+    target = rt.sessions["target"]
+    assert target.statements[1:] == ["SELECT @@GLOBAL.gtid_current_pos", replica_audit.SNAPSHOT_STATEMENT]
+    assert audit.held(rt).snapshot is target
 
 
 def test_a_resumed_replicate_run_does_not_audit_a_target_that_took_writes_and_says_why() -> None:
