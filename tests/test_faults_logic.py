@@ -4,6 +4,7 @@ source only past its deadline, and a rollback tries every compensation."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 from pathlib import Path
@@ -231,13 +232,19 @@ def test_the_guard_does_not_race_a_live_run_past_its_deadline_and_acts_once_its_
     tmp_path: Path,
 ) -> None:
     # The deadline passed already (a slow rollback, say): only the heartbeat tells the guard the run is alive.
-    plan, log = _guard_with_stale(tmp_path, time.time() - 1, stale=2)
-    beat = guard.Heartbeat(LocalHost(), plan.directory, interval=0.2).start()  # type: ignore[arg-type]
+    stale, interval = 2, 0.2
+    plan, log = _guard_with_stale(tmp_path, time.time() - 1, stale=stale)
+    beat = guard.Heartbeat(LocalHost(), plan.directory, interval=interval).start()  # type: ignore[arg-type]
     proc = subprocess.Popen(["sh", f"{plan.directory}/guard.sh"])
     try:
-        time.sleep(3.5)  # past the deadline and longer than `stale`, with the run beating
+        # The guard has been watching for longer than `stale` plus one of its polls once the run has beaten that
+        # many times since it started (a count of beats, not a sleep: a slow machine only takes longer).
+        enough = math.ceil((stale + guard.POLL + 1) / interval)
+        limit = time.monotonic() + 120
+        while beat.beats < enough and proc.poll() is None and time.monotonic() < limit:
+            time.sleep(interval)
+        assert beat.beats >= enough and beat.failures == 0, "the heartbeat did not go on"
         assert proc.poll() is None and not log.exists(), "the guard acted while the run's heartbeat went on"
-        assert beat.beats >= 5 and beat.failures == 0
         beat.stop()  # the run is gone
         proc.wait(timeout=30)
     finally:
