@@ -562,6 +562,9 @@ def test_killed_at_the_door_commit_then_while_dns_converges_resumes_committed(li
     data = yaml.load(plan.read_text())
     fence_off = data["services"]["target_fence"]["disable"]
     used = f"{pid_file}.used"
+    # The commit driven from the source host (on loopback `auto` finds the source's own work dearer than two round
+    # trips from here, and drives it from here): its crash is the one proven here.
+    data["proxy"]["source"]["commit_from"] = "source"
     # Once: the fence goes down, then the run that lifted it is killed (the resume lifts it again, harmlessly).
     data["services"]["target_fence"]["disable"] = (
         f"{fence_off} && if mv {shlex.quote(str(pid_file))} {shlex.quote(used)} 2>/dev/null; then "
@@ -621,6 +624,11 @@ def test_killed_at_the_door_commit_then_while_dns_converges_resumes_committed(li
     first_edit = next(e for e in events if e.get("step") == "dns_flip" and e.get("key") == "edits")
     assert switched["ts"] < first_edit["ts"]
     assert report["committed_at_door"] is not None and report["dns_flipped_at"] > report["committed_at_door"]
+    # The first run's commit was driven from the source host, as the plan asked.
+    logged = [
+        json.loads(line) for log in journal.parent.glob("run-*.log.jsonl") for line in log.read_text().splitlines()
+    ]
+    assert any(r.get("event") == "frontdoor.local_door" and r.get("commit_from_source") for r in logged)
 
 
 def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_source(

@@ -813,6 +813,13 @@ class FrontDoorProxy(Strict):
         "source (only when the app's reads never write to the database: it is read-only then). The shutdown mode "
         "holds everything (its database stops)",
     )
+    commit_from: Literal["auto", "source", "orchestrator"] = Field(
+        default="auto",
+        description="where the commit at the door is driven from: 'source' runs it on the source host (two commands:"
+        " the door's local socket through socat, the target's fence over the hosts' own SSH hop), 'orchestrator' from"
+        " here (four round trips); 'auto' measures both before the window and takes the source when two round trips"
+        " from here cost more than the source's own work. Without socat on the source it is always 'orchestrator'",
+    )
     forward_margin: float = _seconds(
         0,
         86400,

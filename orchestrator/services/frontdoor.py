@@ -214,21 +214,47 @@ LOCAL_TIMEOUT = 30.0
 
 
 def _probe_local_door(ctx: StepContext, config: FrontDoorProxy) -> None:
-    """Before the window: can the source host drive its own door (socat reaching the admin socket)? Then the commit
-    runs there (two commands instead of four round trips); the hop to the target is opened now for it. Best effort:
-    without it the commit is driven from here."""
+    """Before the window: can the source host drive its own door (socat reaching the admin socket), and does it pay?
+    Driven from there the commit is two commands instead of four round trips, but the source starts processes for
+    it (socat, the hop's command): it runs there only when two round trips from here cost more than that work,
+    both measured now (source_commit.worth_driving_from_source). The hop to the target is opened now for it. Best
+    effort: otherwise the commit is driven from here."""
     rt = runtime(ctx)
     command = source_commit.probe_command(config.admin_socket)
     fence = rt.plan.services.target_fence
+    hop = None
     if fence.enable and fence.disable:
         command += f"; {rsync.open_master_command(rt.plan)} >/dev/null 2>&1 || true"
+        hop = rsync.open_master_command(rt.plan)
+    able, round_trip, local_cost = False, None, None
+    if config.commit_from == "orchestrator":
+        ctx.log.info("frontdoor.local_door", commit_from_source=False, why="proxy.commit_from: orchestrator")
+        setattr(rt, LOCAL_DOOR, False)
+        return
     try:
         able = source_commit.probe_ok(rt.source.run(command, timeout=LOCAL_TIMEOUT, check=False).stdout)
+        if able and config.commit_from == "auto":
+            began = time.monotonic()
+            answer = rt.source.run(
+                source_commit.cost_probe_command(config.admin_socket, hop), timeout=LOCAL_TIMEOUT, check=False
+            ).stdout
+            local_cost = source_commit.parse_local_cost(answer)
+            round_trip = max(0.0, time.monotonic() - began - (local_cost or 0.0))
     except TransportError as exc:
         able = False
         ctx.log.warning("frontdoor.local_probe_failed", error=str(exc))
-    setattr(rt, LOCAL_DOOR, able)
-    ctx.log.info("frontdoor.local_door", commit_from_source=able)
+    if config.commit_from == "auto":
+        worth = able and round_trip is not None and source_commit.worth_driving_from_source(round_trip, local_cost)
+    else:
+        worth = able and config.commit_from == "source"
+    setattr(rt, LOCAL_DOOR, worth)
+    ctx.log.info(
+        "frontdoor.local_door",
+        commit_from_source=worth,
+        drivable=able,
+        round_trip_s=None if round_trip is None else round(round_trip, 4),
+        source_work_s=None if local_cost is None else round(local_cost, 4),
+    )
 
 
 def drivable_from_source(ctx: StepContext) -> bool:

@@ -58,6 +58,37 @@ def probe_ok(stdout: str) -> bool:
     return "local-door-ok" in stdout.split()
 
 
+LOCAL_COST = "__migrate_local_cost_ns="
+
+
+def cost_probe_command(socket_path: str, hop: str | None) -> str:
+    """Shell, run after `probe_command` found the door drivable (and the hop's connection opened): what the commit's
+    own work costs on the source host, in nanoseconds: the two door exchanges through socat and, when the target has a
+    fence, one command over the hop, done once for real with answers thrown away (`show info` changes nothing; `hop`
+    runs `true`)."""
+    door = f"printf 'show info\\n' | socat -t {SOCAT_TIMEOUT} - UNIX-CONNECT:{shlex.quote(socket_path)} >/dev/null 2>&1"
+    hop_part = f"{hop} >/dev/null 2>&1; " if hop else ""
+    return f't0=$(date +%s%N); {door}; {hop_part}{door}; t1=$(date +%s%N); echo "{LOCAL_COST}$((t1 - t0))"'
+
+
+def parse_local_cost(stdout: str) -> float | None:
+    """The seconds `cost_probe_command` measured, or None when its answer is not there."""
+    for word in stdout.split():
+        if word.startswith(LOCAL_COST):
+            try:
+                return int(word[len(LOCAL_COST) :]) / 1e9
+            except ValueError:
+                return None
+    return None
+
+
+def worth_driving_from_source(round_trip: float, local_cost: float | None) -> bool:
+    """Driven from the source, the commit saves two round trips from here (four → two) and pays the source host's own
+    work (processes it starts: socat, the hop's command); near hosts, that work costs more than the round trips it
+    saves, so the commit stays driven from here."""
+    return local_cost is not None and 2 * round_trip > local_cost
+
+
 def _door(socket_path: str, commands: list[str]) -> str:
     """Shell: one line of commands on the local admin socket (non-interactive: HAProxy answers each, an empty line
     after each, then closes), the answer framed, socat's exit status after it."""
