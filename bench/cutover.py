@@ -50,13 +50,13 @@ from typing import Any
 
 import pymysql
 
+from orchestrator.database.mysql import replica, switch
 from orchestrator.lab import haproxy, hosts, planfile, relay
 from orchestrator.lab.load import REQUESTS_FILE
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report.build import render_report
 from orchestrator.runtime import Runtime
-from orchestrator.transports import replication as repl
 from orchestrator.transports import rsync
 from orchestrator.transports.cloudflare import DnsClient
 
@@ -108,8 +108,8 @@ def source_writable(state: LabState) -> None:
         password=state.secrets()[state.db_password_env], autocommit=True, connect_timeout=10,
     )  # fmt: skip
     try:
-        repl.forget_replication(conn)
-        repl.set_read_only(conn, False, lock_wait_timeout=5)
+        replica.forget_replication(conn)
+        switch.set_read_only(conn, False, lock_wait_timeout=5)
     finally:
         conn.close()
 

@@ -35,13 +35,13 @@ from pathlib import Path
 
 from cutover import bench_work, lab_of_size, load_running, source_live
 
+from orchestrator.database.mysql import seed as mysql_seed
 from orchestrator.lab import planfile
 from orchestrator.lab.load import REQUESTS_FILE
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.runtime import Runtime
 from orchestrator.steps.repl_common import DB_PASSWORD_ENV, seed_spec
-from orchestrator.transports import replication as repl
 
 # In place of the SSH hop to the target: the copy read and dropped on the source (`sh -c 'cat >/dev/null'` takes
 # the receiving command that follows as its $0, unused).
@@ -91,15 +91,17 @@ def measure(state: LabState, work: Path, rate: float) -> list[Variant]:
         env = {DB_PASSWORD_ENV: password} if password and spec.password_env else None
 
         def seed() -> float | None:
-            streamed = rt.source.stream(repl.seed_stream_command(spec), lambda _line: None, timeout=3600, env=env)
-            rt.target.run(repl.prepare_command(spec), timeout=3600)
+            streamed = rt.source.stream(mysql_seed.seed_stream_command(spec), lambda _line: None, timeout=3600, env=env)
+            rt.target.run(mysql_seed.prepare_command(spec), timeout=3600)
             rt.target.run(f"rm -rf {shlex.quote(spec.staging_dir)}", timeout=600)
-            return repl.parse_backup_locks(streamed.stdout).commits_blocked
+            return mysql_seed.parse_backup_locks(streamed.stdout).commits_blocked
 
         def backup_to(ssh_to_target: tuple[str, ...]) -> float | None:
             variant = dataclasses.replace(spec, ssh_to_target=ssh_to_target)
-            streamed = rt.source.stream(repl.seed_stream_command(variant), lambda _line: None, timeout=3600, env=env)
-            return repl.parse_backup_locks(streamed.stdout).commits_blocked
+            streamed = rt.source.stream(
+                mysql_seed.seed_stream_command(variant), lambda _line: None, timeout=3600, env=env
+            )
+            return mysql_seed.parse_backup_locks(streamed.stdout).commits_blocked
 
         # The hop's remote command becomes `cat >/dev/null; exit 0 # <the receiving command>`.
         over_ssh = (*spec.ssh_to_target, "cat >/dev/null;", "exit", "0", "#")

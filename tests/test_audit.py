@@ -10,6 +10,7 @@ import pymysql
 
 from orchestrator import exit_codes
 from orchestrator.database import mariadb
+from orchestrator.database.mysql import compare, gtid
 from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
 from orchestrator.results import AuditResult
 from orchestrator.run.watch import outcome_code
@@ -18,7 +19,6 @@ from orchestrator.steps import step_class
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.modes import REPLICATE, REVERSE_OVER_REPLICA, SHUTDOWN
 from orchestrator.steps.verify_target import VerifyTarget
-from orchestrator.transports import replication as repl
 from tests.fakes import FakeSession, OfflineRuntime, context, plan
 
 
@@ -209,13 +209,15 @@ def test_a_resumed_replicate_run_does_not_audit_a_target_that_took_writes_and_sa
 
 
 def test_the_replicate_audit_names_the_table_and_the_chunk_and_its_cost() -> None:
-    chunk = repl.Chunk(0, None, ("r-000051",))
-    differing = repl.ChunkDiff("app.reviews", chunk, ("id",), repl.ChunkSum(50, 1), repl.ChunkSum(50, 2))
-    log_diff = repl.ChunkDiff("app.log", repl.Chunk(0, None, None), (), repl.ChunkSum(3, 1), repl.ChunkSum(4, 1))
+    chunk = compare.Chunk(0, None, ("r-000051",))
+    differing = compare.ChunkDiff("app.reviews", chunk, ("id",), compare.ChunkSum(50, 1), compare.ChunkSum(50, 2))
+    log_diff = compare.ChunkDiff(
+        "app.log", compare.Chunk(0, None, None), (), compare.ChunkSum(3, 1), compare.ChunkSum(4, 1)
+    )
     found = replica_audit.ChunkedAudit(differences=[differing, log_diff], missing=["app.users"], tables=3, chunks=4,
                                        rows=153, seconds=0.5)  # fmt: skip
     engines = {"app.reviews": "innodb", "app.users": "innodb", "app.log": "aria"}
-    result = Audit._compare_chunks(found, engines, repl.GtidPosition.parse("0-1-42"))
+    result = Audit._compare_chunks(found, engines, gtid.GtidPosition.parse("0-1-42"))
     assert result.status == "differs" and result.needs_attention
     assert result.differences == [
         "app.reviews chunk 0 (id from the start to before 'r-000051'): 50 rows on both, contents differ",
@@ -226,10 +228,10 @@ def test_the_replicate_audit_names_the_table_and_the_chunk_and_its_cost() -> Non
     cost = result.model_copy(update={"seconds": 0.5}).cost()
     assert cost == "3 table(s), 153 row(s) in 4 chunk(s) in 0.5 s, after the commit (outside the window)"
     unread = replica_audit.ChunkedAudit(unread={"app.x": "on the target: error 1412"}, tables=1)
-    verdict = Audit._compare_chunks(unread, {}, repl.GtidPosition.parse("0-1-42"))
+    verdict = Audit._compare_chunks(unread, {}, gtid.GtidPosition.parse("0-1-42"))
     assert verdict.status == "incomplete" and "app.x" in (verdict.reason or "")
     assert Audit._compare_chunks(replica_audit.ChunkedAudit(tables=2, chunks=2, rows=9), {},
-                                 repl.GtidPosition.parse("0-1-42")).status == "equal"  # fmt: skip
+                                 gtid.GtidPosition.parse("0-1-42")).status == "equal"  # fmt: skip
 
 
 def test_the_audit_snapshot_is_opened_after_the_promotion_and_before_the_commit_in_every_mode() -> None:

@@ -17,6 +17,7 @@ import pytest
 import structlog
 
 from orchestrator import secrets
+from orchestrator.database.mysql.session import Blocker, mask_query, summarize_blockers
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
@@ -34,7 +35,6 @@ from orchestrator.steps.cutover import Cutover
 from orchestrator.steps.dns_flip import DnsFlip
 from orchestrator.steps.start_target import StartTarget, held_while_running, start_lock_path
 from orchestrator.transports.cloudflare import DnsError
-from orchestrator.transports.mysql import Blocker, mask_query, summarize_blockers
 from orchestrator.window import DowntimeWindow
 from tests.fakes import OfflineRuntime, example_plan
 from tests.test_e2e import (  # noqa: F401 - a fixture

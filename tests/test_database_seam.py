@@ -15,12 +15,12 @@ import pytest
 import structlog
 
 from orchestrator.database import engines, mariadb
+from orchestrator.database.mysql import session as mysql
 from orchestrator.database.names import EngineName
 from orchestrator.database.protocol import Database, DatabaseError
 from orchestrator.plan.loader import PlanError, load_plan
 from orchestrator.plan.model import Database as DatabaseSection
 from orchestrator.runtime import DatabaseUnreachable, Runtime
-from orchestrator.transports import mysql
 from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.ssh import TransportError
 from tests.fakes import plan
@@ -203,5 +203,7 @@ def test_only_the_mariadb_engine_and_the_lab_import_the_driver() -> None:
                 names = [node.module]
             if any(name == "pymysql" or name.startswith("pymysql.") for name in names):
                 importers.add(path.relative_to(package).as_posix())
-    engine = {"database/mariadb.py", "transports/mysql.py", "transports/replication.py"}
+    engine = {"database/mariadb.py"} | {
+        f"database/mysql/{name}.py" for name in ("session", "gtid", "replica", "switch", "compare")
+    }
     assert {name for name in importers if not name.startswith("lab/")} == engine

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import structlog
 
+from orchestrator.database.mysql.session import Blocker, summarize_blockers
 from orchestrator.engine.events import StepStarted
 from orchestrator.engine.hooks import HookRunner
 from orchestrator.engine.journal import Journal, RunStatus, StepState
@@ -22,7 +23,6 @@ from orchestrator.plan.model import Retry
 from orchestrator.retry import call_with_retry
 from orchestrator.services import dns_where, guard
 from orchestrator.services.probes import parse_last_start
-from orchestrator.transports.mysql import Blocker, summarize_blockers
 from orchestrator.window import (
     BLOCKED_AGAIN_AT_KEY,
     BLOCKED_AT_KEY,

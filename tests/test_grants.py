@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.transports.grants import Held, grantee_of, held, parse_grants
+from orchestrator.database.mysql.grants import Held, grantee_of, held, parse_grants
 
 WANTED = ("READ_ONLY ADMIN", "SUPER")
 

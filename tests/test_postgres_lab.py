@@ -23,12 +23,12 @@ import psycopg
 import pytest
 from ruamel.yaml import YAML
 
+from orchestrator.database.mysql import seed
 from orchestrator.lab import hosts, load, procs, verify
 from orchestrator.lab import postgres as pglab
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
 from orchestrator.transports import postgres as pg
-from orchestrator.transports import replication as repl
 from orchestrator.transports.rsync import target_ssh_command
 from orchestrator.transports.ssh import SshHost
 
@@ -93,14 +93,14 @@ class PgPair:
     lab: LabState
     source_ssh: SshHost
     target_ssh: SshHost
-    tunnel: repl.TunnelSpec
+    tunnel: seed.TunnelSpec
     secrets: dict[str, str]
     writer: Writer
     load_stop: threading.Event = field(default_factory=threading.Event)
     load_thread: threading.Thread | None = None
     fence: pg.FenceState | None = None
     final: pg.Lsn | None = None
-    back: repl.TunnelSpec | None = None
+    back: seed.TunnelSpec | None = None
 
     def connect(self, host: HostState, user: str | None = None, dbname: str | None = None) -> psycopg.Connection:
         user = user or self.lab.migrate_user
@@ -132,7 +132,7 @@ def pair() -> Iterator[PgPair]:
     target_ssh = SshHost(plan.target, name="target", base_dir=lab.path, retry=plan.retry)
     hop = (*shlex.split(target_ssh_command(plan, control="no")), f"{plan.target.user}@{plan.target.address}")
     port = procs.free_port(["127.0.0.1"])
-    tunnel = repl.TunnelSpec(
+    tunnel = seed.TunnelSpec(
         f"pg-{port}", "remote", hop, port, lab.source.address, lab.source.db_port, control_dir=str(lab.source.run_dir)
     )
     secrets = lab.secrets()
@@ -148,7 +148,7 @@ def pair() -> Iterator[PgPair]:
         for spec in (tunnel, p.back):
             if spec is not None:
                 with contextlib.suppress(Exception):
-                    source_ssh.run(repl.tunnel_down_command(spec), timeout=30)
+                    source_ssh.run(seed.tunnel_down_command(spec), timeout=30)
         source_ssh.close()
         target_ssh.close()
         hosts.down(lab.path, purge=True)
@@ -225,7 +225,7 @@ def test_seed_a_standby_through_the_tunnel_under_a_writer(pair: PgPair) -> None:
     pair.load_thread.start()
     while len(pair.writer.acked) < 20:
         time.sleep(0.01)
-    pair.source_ssh.run(repl.tunnel_up_command(pair.tunnel), timeout=60)
+    pair.source_ssh.run(seed.tunnel_up_command(pair.tunnel), timeout=60)
     with pair.connect(lab.source, dbname="postgres") as conn:
         pg.create_slot(conn, SLOT)
     line = pg.passfile_line("127.0.0.1", lab.repl_user, pair.secrets[lab.repl_password_env])
@@ -325,11 +325,11 @@ def test_old_primary_follows_the_new_one_and_nothing_acknowledged_is_lost(pair: 
     assert pair.load_thread is not None
     pair.load_thread.join(timeout=60)
     port = procs.free_port(["127.0.0.1"])
-    pair.back = repl.TunnelSpec(
+    pair.back = seed.TunnelSpec(
         f"pg-back-{port}", "local", pair.tunnel.ssh_to_target, port, lab.target.address, lab.target.db_port,
         control_dir=str(lab.source.run_dir),
     )  # fmt: skip
-    pair.source_ssh.run(repl.tunnel_up_command(pair.back), timeout=60)
+    pair.source_ssh.run(seed.tunnel_up_command(pair.back), timeout=60)
     line = pg.passfile_line("127.0.0.1", lab.repl_user, pair.secrets[lab.repl_password_env])
     pair.source_ssh.run(pg.passfile_command(source), input=line)
     with pair.connect(lab.target, dbname="postgres") as new_primary:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.database.mysql import gtid, replica, switch
 from orchestrator.engine.step import StepError
 from orchestrator.results import SwitchResult
 from orchestrator.steps.repl_switch import (
@@ -20,15 +21,14 @@ from orchestrator.steps.repl_switch import (
     WRITES_BLOCKED_AT,
     ReplSwitch,
 )
-from orchestrator.transports import replication as repl
 from tests.fakes import FakeSession, OfflineRuntime, context, plan
 
 FINAL = "0-1-42"
 
 
-def _status(*, sql_running: bool = True, error: str = "") -> repl.ReplicaStatus:
-    return repl.ReplicaStatus(
-        io_running="Yes", sql_running=sql_running, seconds_behind=0, gtid_io_pos=repl.GtidPosition.parse(FINAL),
+def _status(*, sql_running: bool = True, error: str = "") -> replica.ReplicaStatus:
+    return replica.ReplicaStatus(
+        io_running="Yes", sql_running=sql_running, seconds_behind=0, gtid_io_pos=gtid.GtidPosition.parse(FINAL),
         last_io_errno=0, last_io_error="", last_sql_errno=1 if error else 0, last_sql_error=error,
         master_host="127.0.0.1", master_port=3307, using_gtid="Slave_Pos", until_condition="None",
     )  # fmt: skip
@@ -41,12 +41,15 @@ class Servers:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[str, str, Any]] = []
         self.read_only = {"source": True, "target": False}
-        self.replica: dict[str, repl.ReplicaStatus | None] = {"source": None, "target": None}
+        self.replica: dict[str, replica.ReplicaStatus | None] = {"source": None, "target": None}
         self.executed = FINAL
-        for name in ("replica_status", "is_read_only", "set_read_only", "gtid_slave_pos", "start_replica", "promote"):
-            monkeypatch.setattr(repl, name, getattr(self, name))
-        for name in ("gtid_binlog_pos", "wait_for_position", "point_replica"):
-            monkeypatch.setattr(repl, name, self._refused(name))
+        # Each on the module that defines it: the step looks it up there.
+        served = ((replica, "replica_status"), (switch, "is_read_only"), (switch, "set_read_only"),
+                  (gtid, "gtid_slave_pos"), (replica, "start_replica"), (switch, "promote"))  # fmt: skip
+        for module, name in served:
+            monkeypatch.setattr(module, name, getattr(self, name))
+        for module, name in ((gtid, "gtid_binlog_pos"), (replica, "wait_for_position"), (replica, "point_replica")):
+            monkeypatch.setattr(module, name, self._refused(name))
 
     def _refused(self, name: str) -> Any:
         def refused(conn: FakeSession, *args: Any, **kwargs: Any) -> Any:
@@ -55,7 +58,7 @@ class Servers:
 
         return refused
 
-    def replica_status(self, conn: FakeSession) -> repl.ReplicaStatus | None:
+    def replica_status(self, conn: FakeSession) -> replica.ReplicaStatus | None:
         self.calls.append(("replica_status", conn.which, None))
         return self.replica[conn.which]
 
@@ -67,14 +70,14 @@ class Servers:
         self.calls.append(("set_read_only", conn.which, on))
         self.read_only[conn.which] = on
 
-    def gtid_slave_pos(self, conn: FakeSession) -> repl.GtidPosition:
+    def gtid_slave_pos(self, conn: FakeSession) -> gtid.GtidPosition:
         self.calls.append(("gtid_slave_pos", conn.which, None))
-        return repl.GtidPosition.parse(self.executed)
+        return gtid.GtidPosition.parse(self.executed)
 
     def start_replica(self, conn: FakeSession) -> None:
         self.calls.append(("start_replica", conn.which, None))
 
-    def promote(self, conn: FakeSession, expected: repl.GtidPosition | None = None) -> repl.GtidPosition:
+    def promote(self, conn: FakeSession, expected: gtid.GtidPosition | None = None) -> gtid.GtidPosition:
         self.calls.append(("promote", conn.which, str(expected)))
         raise AssertionError("promoted again")
 
@@ -155,7 +158,7 @@ def test_the_undo_makes_the_target_read_only_before_the_source_takes_writes_and_
         order.append(f"{conn.which} read_only={int(on)}")
         real_set(conn, on, lock_wait_timeout=lock_wait_timeout)
 
-    monkeypatch.setattr(repl, "set_read_only", set_read_only)
+    monkeypatch.setattr(switch, "set_read_only", set_read_only)
     ReplSwitch().undo(context(rt, "repl_switch", saved=saved))
     assert order == ["target read_only=1", "source read_only=0", f"source: {rt.plan.services.fence.disable}"]
     assert saved[SOURCE_READ_ONLY] is False and saved[FENCED] is False

@@ -36,11 +36,12 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
+from orchestrator.database.mysql import gtid, replica
+from orchestrator.database.mysql import switch as mysql_switch
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.lab.verify import main_verify
 from orchestrator.services import owned
 from orchestrator.services.frontdoor import SOURCE_HOLD
-from orchestrator.transports import replication as repl
 from tests.test_e2e import (
     PLAN_NAMES,
     assert_source_serves_and_dns_unchanged,
@@ -85,7 +86,7 @@ def connect(state: LabState, host: HostState, database: str | None = None) -> py
 def source_is_plain_and_writable(state: LabState) -> tuple[bool, object]:
     conn = connect(state, state.source)
     try:
-        return not repl.is_read_only(conn), repl.replica_status(conn)
+        return not mysql_switch.is_read_only(conn), replica.replica_status(conn)
     finally:
         conn.close()
 
@@ -134,7 +135,7 @@ def assert_replication_torn_down(state: LabState, plan: Path, events: list[dict[
     for host in (state.source, state.target):
         conn = connect(state, host)
         try:
-            assert repl.replica_status(conn) is None, host.name
+            assert replica.replica_status(conn) is None, host.name
         finally:
             conn.close()
         assert not (Path(str(host.datadir)) / "master.info").exists(), host.name
@@ -150,8 +151,8 @@ def restore(state: LabState) -> None:
     with contextlib.suppress(pymysql.MySQLError):
         conn = connect(state, state.source)
         try:
-            repl.forget_replication(conn)
-            repl.set_read_only(conn, False, lock_wait_timeout=5)
+            replica.forget_replication(conn)
+            mysql_switch.set_read_only(conn, False, lock_wait_timeout=5)
         finally:
             conn.close()
     restore_source_live(state)
@@ -319,8 +320,8 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
     preflight = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "preflight")
     assert preflight["cutover_mode"] == "replicate" and preflight["mode_reason"].startswith("replicate")
     switch = report["replicate"]
-    assert switch["final_gtid"] and repl.same_position(
-        repl.GtidPosition.parse(switch["final_gtid"]), repl.GtidPosition.parse(switch["executed_gtid"])
+    assert switch["final_gtid"] and gtid.same_position(
+        gtid.GtidPosition.parse(switch["final_gtid"]), gtid.GtidPosition.parse(switch["executed_gtid"])
     )
 
     # The health checks passed before the window (against the fenced replica) and again inside it; the window's
@@ -757,9 +758,9 @@ def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_repl
         # Broken reverse replication: one line naming the two ways that remain, exit 3, nothing changed.
         old_source = connect(state, state.source)
         try:
-            repl.stop_replica(old_source)
+            replica.stop_replica(old_source)
             refused = migrate(state, "rollback", str(plan), "--yes", "--env-file", str(state.env_file))
-            repl.start_replica(old_source)
+            replica.start_replica(old_source)
         finally:
             old_source.close()
         assert refused.returncode == exit_codes.REFUSED, outcome(refused)
@@ -786,8 +787,8 @@ def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_repl
     preflight = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "preflight")
     assert preflight["cutover_mode"] == "replicate" and preflight["mode_reason"].startswith("replicate")
     there = run_report(state, name)["replicate"]
-    assert there["final_gtid"] and repl.same_position(
-        repl.GtidPosition.parse(there["final_gtid"]), repl.GtidPosition.parse(there["executed_gtid"])
+    assert there["final_gtid"] and gtid.same_position(
+        gtid.GtidPosition.parse(there["final_gtid"]), gtid.GtidPosition.parse(there["executed_gtid"])
     )
     kept = next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == "finish")
     assert kept["reverse_replication"]["healthy"] is True and kept["reverse_replication"]["kept_until"]
@@ -815,7 +816,7 @@ def test_replicate_under_load_then_rollback_after_the_flip_over_the_reverse_repl
     assert writable and status is None
     conn = connect(state, state.target)
     try:
-        assert repl.is_read_only(conn) and repl.replica_status(conn) is None
+        assert mysql_switch.is_read_only(conn) and replica.replica_status(conn) is None
     finally:
         conn.close()
     for host in (state.source, state.target):
@@ -903,7 +904,7 @@ def test_killed_inside_the_reverse_window_resumes_and_loses_nothing(live: LabSta
     assert writable and status is None
     conn = connect(state, state.target)
     try:
-        assert repl.is_read_only(conn) and repl.replica_status(conn) is None
+        assert mysql_switch.is_read_only(conn) and replica.replica_status(conn) is None
     finally:
         conn.close()
     for kind in ("fwd", "rev"):

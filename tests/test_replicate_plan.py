@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator import exit_codes
 from orchestrator.cli.commands import main
+from orchestrator.database.mysql import gtid, replica, seed
 from orchestrator.engine.journal import Journal
 from orchestrator.plan.loader import PlanError, load_plan
 from orchestrator.run import compose
@@ -27,7 +28,6 @@ from orchestrator.steps.repl_common import (
     replication_problems,
     reverse_kept_until,
 )
-from orchestrator.transports import replication as repl
 from tests.test_plan import SMALL_PLAN, write
 
 REPLICATION = """replication:
@@ -161,27 +161,29 @@ def test_the_installed_copy_takes_the_owner_of_the_datadir_it_replaces(tmp_path:
     datadir.mkdir()
     (datadir / "ibdata1").write_text("old")
     os.chown(datadir, 65534, 65534)
-    spec = repl.SeedSpec("/unused", str(datadir), ("ssh", "unused"))
+    spec = seed.SeedSpec("/unused", str(datadir), ("ssh", "unused"))
     staging = Path(spec.staging_dir)
     staging.mkdir()
     (staging / "xtrabackup_checkpoints").write_text("backup_type = log-applied\n")
     (staging / "ibdata1").write_text("new")
-    subprocess.run(repl.install_command(spec), shell=True, check=True)
+    subprocess.run(seed.install_command(spec), shell=True, check=True)
     assert (datadir / "ibdata1").read_text() == "new" and (datadir / "ibdata1").stat().st_uid == 65534
     assert (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
     # A crash between the two renames: finishing the install moves the copy in and keeps the previous datadir.
-    subprocess.run(repl.restore_previous_command(spec), shell=True, check=True)
+    subprocess.run(seed.restore_previous_command(spec), shell=True, check=True)
     staging.mkdir()
     (staging / "xtrabackup_checkpoints").write_text("backup_type = log-applied\n")
     datadir.rename(spec.previous_dir)
-    subprocess.run(repl.finish_install_command(spec), shell=True, check=True)
+    subprocess.run(seed.finish_install_command(spec), shell=True, check=True)
     assert (datadir / "xtrabackup_checkpoints").exists() and (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
-    subprocess.run(repl.finish_install_command(spec), shell=True, check=True)  # done: nothing more to do
+    subprocess.run(seed.finish_install_command(spec), shell=True, check=True)  # done: nothing more to do
     assert (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
 
 
 def test_the_reverse_path_is_usable_only_while_the_old_source_replicates() -> None:
-    running = repl.ReplicaStatus("Yes", True, 0, repl.GtidPosition(), 0, "", 0, "", "127.0.0.1", 40000, "Slave_Pos", "")
+    running = replica.ReplicaStatus(
+        "Yes", True, 0, gtid.GtidPosition(), 0, "", 0, "", "127.0.0.1", 40000, "Slave_Pos", ""
+    )
     assert replica_problem(running) is None
     assert "not a replica" in str(replica_problem(None))
     stopped = replace(running, io_running="No", sql_running=False)

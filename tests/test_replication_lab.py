@@ -25,11 +25,12 @@ import pymysql
 import pytest
 from ruamel.yaml import YAML
 
+from orchestrator.database.mysql import compare, gtid, replica, switch
+from orchestrator.database.mysql import seed as mysql_seed
 from orchestrator.lab import procs
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
 from orchestrator.secrets import redact
-from orchestrator.transports import replication as repl
 from orchestrator.transports.rsync import target_ssh_command
 from orchestrator.transports.ssh import SshHost
 
@@ -126,29 +127,29 @@ class Pair:
     plan: Plan
     source_ssh: SshHost
     target_ssh: SshHost
-    seed: repl.SeedSpec
-    tunnel: repl.TunnelSpec
+    seed: mysql_seed.SeedSpec
+    tunnel: mysql_seed.TunnelSpec
     source: pymysql.Connection
     target: pymysql.Connection
     writer: Writer
-    backup: repl.BackupPosition
+    backup: mysql_seed.BackupPosition
     seed_bytes: int
     seed_estimate: int
     progress: list[int]
     seed_seconds: float
     seed_stall: float
-    backup_stages: list[repl.BackupStage]
-    backup_locks: repl.BackupLocks
+    backup_stages: list[mysql_seed.BackupStage]
+    backup_locks: mysql_seed.BackupLocks
     secrets: dict[str, str] = field(repr=False)
 
     def app_password(self) -> str:
         return self.secrets[self.lab.app_password_env]
 
-    def repl_source(self, port: int) -> repl.ReplicaSource:
-        return repl.ReplicaSource("127.0.0.1", port, self.lab.repl_user, self.secrets[self.lab.repl_password_env])
+    def repl_source(self, port: int) -> replica.ReplicaSource:
+        return replica.ReplicaSource("127.0.0.1", port, self.lab.repl_user, self.secrets[self.lab.repl_password_env])
 
-    def catch_up(self, timeout: float = CATCH_UP_TIMEOUT) -> repl.WaitResult:
-        return repl.wait_for_position(self.target, repl.gtid_binlog_pos(self.source), timeout)
+    def catch_up(self, timeout: float = CATCH_UP_TIMEOUT) -> replica.WaitResult:
+        return replica.wait_for_position(self.target, gtid.gtid_binlog_pos(self.source), timeout)
 
 
 def ssh_to_target(plan: Plan) -> tuple[str, ...]:
@@ -167,7 +168,7 @@ def pair(lab: LabState) -> Iterator[Pair]:
     source_ssh = SshHost(plan.source, name="source", base_dir=lab.path, retry=plan.retry)
     target_ssh = SshHost(plan.target, name="target", base_dir=lab.path, retry=plan.retry)
     hop = ssh_to_target(plan)
-    seed = repl.SeedSpec(
+    seed = mysql_seed.SeedSpec(
         source_datadir=str(lab.source.datadir),
         target_datadir=str(lab.target.datadir),
         ssh_to_target=hop,
@@ -177,7 +178,7 @@ def pair(lab: LabState) -> Iterator[Pair]:
         no_defaults=True,
     )
     port = free_loopback_port()
-    tunnel = repl.TunnelSpec(
+    tunnel = mysql_seed.TunnelSpec(
         f"fwd-{port}", "remote", hop, port, lab.source.address, lab.source.db_port, control_dir=str(lab.source.run_dir)
     )
     target_ssh.run(str(lab.target.bin_dir / "db-stop"), timeout=120)
@@ -190,36 +191,38 @@ def pair(lab: LabState) -> Iterator[Pair]:
             time.sleep(0.01)
 
         # The seed, under the write load.
-        estimate = repl.parse_size(source_ssh.run(repl.seed_size_command(seed)).stdout)
+        estimate = mysql_seed.parse_size(source_ssh.run(mysql_seed.seed_size_command(seed)).stdout)
         progress: list[int] = []
 
         def on_line(line: str) -> None:
-            streamed = repl.parse_seed_progress(line)
+            streamed = mysql_seed.parse_seed_progress(line)
             if streamed is not None:
                 progress.append(streamed)
 
         started = time.monotonic()
         streamed = source_ssh.stream(
-            repl.seed_stream_command(seed),
+            mysql_seed.seed_stream_command(seed),
             on_line,
             input=secrets[lab.db_password_env] + "\n",
             timeout=1800,
         )
         finished = time.monotonic()
-        target_ssh.run(repl.prepare_command(seed), timeout=1800)
-        target_ssh.run(repl.install_command(seed), timeout=600)
-        backup = repl.parse_backup_position(target_ssh.run(repl.backup_position_command(seed.target_datadir)).stdout)
+        target_ssh.run(mysql_seed.prepare_command(seed), timeout=1800)
+        target_ssh.run(mysql_seed.install_command(seed), timeout=600)
+        backup = mysql_seed.parse_backup_position(
+            target_ssh.run(mysql_seed.backup_position_command(seed.target_datadir)).stdout
+        )
         target_ssh.run(str(lab.target.bin_dir / "db-start"), timeout=600)
         target = connect(lab.target, lab.migrate_user, secrets[lab.db_password_env])
 
         # The replica, through the tunnel.
-        repl.set_read_only(target, True, lock_wait_timeout=3)
-        repl.start_binlog_at(target, backup.gtid)
-        source_ssh.run(repl.tunnel_up_command(tunnel), timeout=60)
-        repl.point_replica(
-            target, repl.ReplicaSource("127.0.0.1", port, lab.repl_user, secrets[lab.repl_password_env]), backup.gtid
+        switch.set_read_only(target, True, lock_wait_timeout=3)
+        replica.start_binlog_at(target, backup.gtid)
+        source_ssh.run(mysql_seed.tunnel_up_command(tunnel), timeout=60)
+        replica.point_replica(
+            target, replica.ReplicaSource("127.0.0.1", port, lab.repl_user, secrets[lab.repl_password_env]), backup.gtid
         )
-        repl.start_replica(target)
+        replica.start_replica(target)
         yield Pair(
             lab=lab,
             plan=plan,
@@ -236,24 +239,24 @@ def pair(lab: LabState) -> Iterator[Pair]:
             progress=progress,
             seed_seconds=finished - started,
             seed_stall=writer.longest_commit(started, finished),
-            backup_stages=repl.parse_backup_stages(streamed.stdout),
-            backup_locks=repl.parse_backup_locks(streamed.stdout),
+            backup_stages=mysql_seed.parse_backup_stages(streamed.stdout),
+            backup_locks=mysql_seed.parse_backup_locks(streamed.stdout),
             secrets=secrets,
         )
     finally:
         writer.stop()
-        source_ssh.run(repl.tunnel_down_command(tunnel), check=False)
+        source_ssh.run(mysql_seed.tunnel_down_command(tunnel), check=False)
         with contextlib.suppress(Exception):
-            repl.stop_replica(source)
+            replica.stop_replica(source)
         with contextlib.suppress(Exception), source.cursor() as cur:
             cur.execute("RESET SLAVE ALL")
-        repl.set_read_only(source, False, lock_wait_timeout=3)
+        switch.set_read_only(source, False, lock_wait_timeout=3)
         source.close()
         if target is not None:
             target.close()
         target_ssh.run(str(lab.target.bin_dir / "db-stop"), timeout=300, check=False)
-        target_ssh.run(repl.restore_previous_command(seed), check=False)
-        target_ssh.run(repl.discard_staging_command(seed), check=False)
+        target_ssh.run(mysql_seed.restore_previous_command(seed), check=False)
+        target_ssh.run(mysql_seed.discard_staging_command(seed), check=False)
         source_ssh.close()
         target_ssh.close()
 
@@ -277,23 +280,23 @@ def test_seed_streams_the_live_source_and_the_target_replicates_through_the_tunn
     assert locks.commits_blocked is not None and locks.ddl_blocked is not None, locks
     assert 0 <= locks.commits_blocked <= locks.ddl_blocked <= pair.seed_seconds, locks
     # The target replicates with GTIDs from 127.0.0.1:<tunnel port>, a port only the tunnel listens on.
-    pid = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel)).stdout)
+    pid = mysql_seed.parse_tunnel_pid(pair.source_ssh.run(mysql_seed.tunnel_check_command(pair.tunnel)).stdout)
     assert pid is not None
     probe = pair.target_ssh.run(
-        repl.tunnel_probe_command(pair.tunnel.listen_port, lab.repl_user, lab.repl_password_env),
+        mysql_seed.tunnel_probe_command(pair.tunnel.listen_port, lab.repl_user, lab.repl_password_env),
         env={lab.repl_password_env: pair.secrets[lab.repl_password_env]},
         check=False,
     )
-    assert repl.parse_probe(probe.stdout), probe.stdout
+    assert mysql_seed.parse_probe(probe.stdout), probe.stdout
     caught = pair.catch_up()
     assert caught.outcome == "reached", caught
-    status = repl.replica_status(pair.target)
+    status = replica.replica_status(pair.target)
     assert status is not None and status.replicating and status.error is None
     assert status.using_gtid == "Slave_Pos" and status.master_port == pair.tunnel.listen_port
     # Every write the source acknowledged so far is on the target.
-    position = repl.gtid_binlog_pos(pair.source)
+    position = gtid.gtid_binlog_pos(pair.source)
     accepted = [w for w in pair.writer.writes if w.ok]
-    assert repl.wait_for_position(pair.target, position, CATCH_UP_TIMEOUT).outcome == "reached"
+    assert replica.wait_for_position(pair.target, position, CATCH_UP_TIMEOUT).outcome == "reached"
     on_target = count(
         pair.target, f"SELECT COUNT(*) FROM {lab.db_name}.reviews WHERE id LIKE %s", (f"{pair.writer.prefix}-%",)
     )
@@ -313,30 +316,32 @@ def test_an_unprepared_copy_never_replaces_the_datadir(pair: Pair) -> None:
     staging.mkdir()
     (staging / "xtrabackup_checkpoints").write_text("backup_type = full-backuped\nfrom_lsn = 0\n")
     before = sorted(p.name for p in Path(pair.seed.target_datadir).iterdir())
-    refused = pair.target_ssh.run(repl.install_command(pair.seed), check=False)
+    refused = pair.target_ssh.run(mysql_seed.install_command(pair.seed), check=False)
     assert refused.exit_status != 0 and "no prepared seed" in refused.stderr
     assert sorted(p.name for p in Path(pair.seed.target_datadir).iterdir()) == before
-    pair.target_ssh.run(repl.discard_staging_command(pair.seed))
+    pair.target_ssh.run(mysql_seed.discard_staging_command(pair.seed))
     assert not staging.exists()
     assert pair.catch_up().outcome == "reached"
 
 
 @pytest.mark.lab
 def test_the_tunnel_comes_back_and_the_replica_resumes(pair: Pair) -> None:
-    pair.source_ssh.run(repl.tunnel_down_command(pair.tunnel))
-    assert pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel), check=False).exit_status != 0
-    before = repl.gtid_binlog_pos(pair.source)
-    pair.source_ssh.run(repl.tunnel_up_command(pair.tunnel), timeout=60)
+    pair.source_ssh.run(mysql_seed.tunnel_down_command(pair.tunnel))
+    assert pair.source_ssh.run(mysql_seed.tunnel_check_command(pair.tunnel), check=False).exit_status != 0
+    before = gtid.gtid_binlog_pos(pair.source)
+    pair.source_ssh.run(mysql_seed.tunnel_up_command(pair.tunnel), timeout=60)
     # Started twice: the second call finds it running and keeps it.
-    first = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_up_command(pair.tunnel), timeout=60).stdout)
-    second = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel)).stdout)
+    first = mysql_seed.parse_tunnel_pid(
+        pair.source_ssh.run(mysql_seed.tunnel_up_command(pair.tunnel), timeout=60).stdout
+    )
+    second = mysql_seed.parse_tunnel_pid(pair.source_ssh.run(mysql_seed.tunnel_check_command(pair.tunnel)).stdout)
     assert first is not None and first == second
     # The tunnel does not depend on our SSH session: a run that dies (kill -9) finds it still there on resume.
     pair.source_ssh.close()
-    third = repl.parse_tunnel_pid(pair.source_ssh.run(repl.tunnel_check_command(pair.tunnel)).stdout)
+    third = mysql_seed.parse_tunnel_pid(pair.source_ssh.run(mysql_seed.tunnel_check_command(pair.tunnel)).stdout)
     assert third == first
     # Writes made while it was down and after arrive (the replica reconnects by itself: MASTER_CONNECT_RETRY).
-    assert repl.wait_for_position(pair.target, before, CATCH_UP_TIMEOUT).outcome == "reached"
+    assert replica.wait_for_position(pair.target, before, CATCH_UP_TIMEOUT).outcome == "reached"
     assert pair.catch_up().outcome == "reached"
 
 
@@ -347,24 +352,24 @@ def test_comparison_at_one_snapshot_finds_equal_data_then_a_planted_difference(p
     snapshot_conn = connect(lab.source, lab.migrate_user, pair.secrets[lab.db_password_env])
     planted = "seed-0000000150"
     try:
-        repl.stop_replica(pair.target)  # before the snapshot: the replica must not be past it
-        snapshot = repl.open_consistent_snapshot(snapshot_conn)
+        replica.stop_replica(pair.target)  # before the snapshot: the replica must not be past it
+        snapshot = compare.open_consistent_snapshot(snapshot_conn)
         assert snapshot.gtid and snapshot.binlog_file.startswith("binlog.")
-        stopped = repl.stop_replica_at(pair.target, snapshot.gtid, CATCH_UP_TIMEOUT)
+        stopped = compare.stop_replica_at(pair.target, snapshot.gtid, CATCH_UP_TIMEOUT)
         assert stopped.outcome == "reached", stopped
-        assert repl.same_position(snapshot.gtid, repl.gtid_slave_pos(pair.target))
+        assert gtid.same_position(snapshot.gtid, gtid.gtid_slave_pos(pair.target))
         # The writer keeps writing on the source all along; the comparison still sees equal data.
         started = time.monotonic()
-        assert repl.compare_tables(snapshot_conn, pair.target, tables, chunk_rows=500) == []
+        assert compare.compare_tables(snapshot_conn, pair.target, tables, chunk_rows=500) == []
         compared = time.monotonic() - started
 
         # A row changed on the replica alone (not binlogged) is found, named by table and chunk.
         with pair.target.cursor() as cur:
             cur.execute("SET SESSION sql_log_bin = 0")
             cur.execute(f"UPDATE {lab.db_name}.reviews SET rating = rating + 1 WHERE id = %s", (planted,))
-        diffs = repl.compare_tables(snapshot_conn, pair.target, tables, chunk_rows=500)
-        shape = repl.table_shape(snapshot_conn, lab.db_name, "reviews")
-        chunks = repl.chunk_bounds(snapshot_conn, shape, 500)
+        diffs = compare.compare_tables(snapshot_conn, pair.target, tables, chunk_rows=500)
+        shape = compare.table_shape(snapshot_conn, lab.db_name, "reviews")
+        chunks = compare.chunk_bounds(snapshot_conn, shape, 500)
         expected = next(
             c
             for c in chunks
@@ -380,9 +385,9 @@ def test_comparison_at_one_snapshot_finds_equal_data_then_a_planted_difference(p
             cur.execute(f"UPDATE {lab.db_name}.reviews SET rating = rating - 1 WHERE id = %s", (planted,))
             cur.execute("SET SESSION sql_log_bin = 1")
         with contextlib.suppress(Exception):
-            repl.close_snapshot(snapshot_conn)
+            compare.close_snapshot(snapshot_conn)
         snapshot_conn.close()
-        repl.start_replica(pair.target)
+        replica.start_replica(pair.target)
     assert pair.catch_up().outcome == "reached"
 
 
@@ -401,7 +406,7 @@ def test_a_replica_error_is_reported_in_the_replicas_own_words(pair: Pair) -> No
     assert failed.outcome == "replica_failed"
     assert failed.error is not None and f"error {ER_DUP_ENTRY}" in failed.error and "Duplicate entry" in failed.error
     assert row in failed.error
-    status = repl.replica_status(pair.target)
+    status = replica.replica_status(pair.target)
     assert status is not None and not status.sql_running and status.last_sql_errno == ER_DUP_ENTRY
     print(f"\nreplica error: {failed.error[:200]}")
     # Repaired (the planted row removed on the replica alone), the replica applies the source's row and goes on.
@@ -409,7 +414,7 @@ def test_a_replica_error_is_reported_in_the_replicas_own_words(pair: Pair) -> No
         cur.execute("SET SESSION sql_log_bin = 0")
         cur.execute(f"DELETE FROM {lab.db_name}.reviews WHERE id = %s", (row,))
         cur.execute("SET SESSION sql_log_bin = 1")
-    repl.start_replica(pair.target)
+    replica.start_replica(pair.target)
     assert pair.catch_up().outcome == "reached"
     assert (
         count(pair.target, f"SELECT COUNT(*) FROM {lab.db_name}.reviews WHERE id = %s AND author IS NULL", (row,)) == 0
@@ -440,15 +445,15 @@ def test_read_only_waits_for_a_table_lock_no_longer_than_told(pair: Pair) -> Non
     try:
         with holder.cursor() as cur:
             cur.execute("LOCK TABLES uploads WRITE")
-        with pytest.raises(repl.ReplicationError) as failed:
-            repl.set_read_only(fence, True, lock_wait_timeout=1)
+        with pytest.raises(gtid.ReplicationError) as failed:
+            switch.set_read_only(fence, True, lock_wait_timeout=1)
         assert "error 1205" in str(failed.value)  # lock wait timeout: the fence gave up, nothing changed
-        assert not repl.is_read_only(fence)
+        assert not switch.is_read_only(fence)
         # The same in one round trip with the final position: the compound statement stops at the lock's error.
-        with pytest.raises(repl.ReplicationError) as failed:
-            repl.read_only_and_position(fence, lock_wait_timeout=1)
+        with pytest.raises(gtid.ReplicationError) as failed:
+            switch.read_only_and_position(fence, lock_wait_timeout=1)
         assert "error 1205" in str(failed.value)
-        assert not repl.is_read_only(fence)
+        assert not switch.is_read_only(fence)
     finally:
         holder.close()
         fence.close()
@@ -458,22 +463,22 @@ def test_read_only_waits_for_a_table_lock_no_longer_than_told(pair: Pair) -> Non
 def test_a_replica_behind_the_final_position_is_not_promoted(pair: Pair) -> None:
     lab = pair.lab
     assert pair.catch_up().outcome == "reached"
-    repl.stop_replica(pair.target)
+    replica.stop_replica(pair.target)
     with pair.source.cursor() as cur:
         cur.execute(
             f"INSERT INTO {lab.db_name}.reviews (id, author) VALUES (%s, 'late')", (f"late-{pair.tunnel.listen_port}",)
         )
-    final = repl.gtid_binlog_pos(pair.source)
+    final = gtid.gtid_binlog_pos(pair.source)
     # The one-round-trip form does not reach it (the replica is stopped behind): nothing changed.
-    first = repl.wait_and_promote(pair.target, final, 0.2)
+    first = switch.wait_and_promote(pair.target, final, 0.2)
     assert not first.reached and not first.promoted
-    assert repl.replica_status(pair.target) is not None and repl.is_read_only(pair.target)
-    with pytest.raises(repl.PositionMismatch):
-        repl.promote(pair.target, expected=final)
+    assert replica.replica_status(pair.target) is not None and switch.is_read_only(pair.target)
+    with pytest.raises(gtid.PositionMismatch):
+        switch.promote(pair.target, expected=final)
     # Not promoted: still a read-only replica of the source, which resumes and catches up.
-    status = repl.replica_status(pair.target)
-    assert status is not None and status.master_port == pair.tunnel.listen_port and repl.is_read_only(pair.target)
-    repl.start_replica(pair.target)
+    status = replica.replica_status(pair.target)
+    assert status is not None and status.master_port == pair.tunnel.listen_port and switch.is_read_only(pair.target)
+    replica.start_replica(pair.target)
     assert pair.catch_up().outcome == "reached"
 
 
@@ -484,18 +489,18 @@ def test_a_replica_past_the_final_position_is_not_promoted_by_the_servers_proof(
     read-only and a replica (its settings intact)."""
     lab = pair.lab
     assert pair.catch_up().outcome == "reached"
-    stale_final = repl.gtid_binlog_pos(pair.source)
+    stale_final = gtid.gtid_binlog_pos(pair.source)
     with pair.source.cursor() as cur:
         cur.execute(
             f"INSERT INTO {lab.db_name}.reviews (id, author) VALUES (%s, 'past')", (f"past-{pair.tunnel.listen_port}",)
         )
     assert pair.catch_up().outcome == "reached"
-    with pytest.raises(repl.PositionMismatch, match="final position is " + str(stale_final)):
-        repl.wait_and_promote(pair.target, stale_final, 2.0)
-    status = repl.replica_status(pair.target)
+    with pytest.raises(gtid.PositionMismatch, match="final position is " + str(stale_final)):
+        switch.wait_and_promote(pair.target, stale_final, 2.0)
+    status = replica.replica_status(pair.target)
     assert status is not None and not status.sql_running and status.master_port == pair.tunnel.listen_port
-    assert repl.is_read_only(pair.target)
-    repl.start_replica(pair.target)
+    assert switch.is_read_only(pair.target)
+    replica.start_replica(pair.target)
     assert pair.catch_up().outcome == "reached"
 
 
@@ -508,17 +513,17 @@ def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair)
     # The window as the switch makes it: read_only on the source with its final position (one round trip), the
     # target's wait for it with the promotion and its proof (one more).
     began = time.monotonic()
-    final = repl.read_only_and_position(fence, lock_wait_timeout=3)
+    final = switch.read_only_and_position(fence, lock_wait_timeout=3)
     fenced = time.monotonic()
-    promotion = repl.wait_and_promote(pair.target, final, repl.WAIT_SLICE)
+    promotion = switch.wait_and_promote(pair.target, final, replica.WAIT_SLICE)
     if not promotion.reached:  # the replica needed longer than a slice: the switch's own fallback
-        assert repl.wait_for_position(pair.target, final, timeout=30).outcome == "reached"
-        promotion = repl.Promotion(True, True, repl.promote(pair.target, expected=final), 0.0)
+        assert replica.wait_for_position(pair.target, final, timeout=30).outcome == "reached"
+        promotion = switch.Promotion(True, True, switch.promote(pair.target, expected=final), 0.0)
     executed = promotion.executed
     ended = time.monotonic()
-    assert promotion.promoted and repl.replica_status(pair.target) is None
-    assert repl.same_position(final, executed), (final, executed)
-    assert not repl.is_read_only(pair.target)
+    assert promotion.promoted and replica.replica_status(pair.target) is None
+    assert gtid.same_position(final, executed), (final, executed)
+    assert not switch.is_read_only(pair.target)
 
     # read_only is the server's, not our session's: with the fencing session gone, the app still cannot write.
     fence.close()
@@ -528,7 +533,7 @@ def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair)
     assert refused.value.args[0] == ER_OPTION_PREVENTS_STATEMENT
     app.close()
     # Nothing committed on the source after the final position was read.
-    assert repl.gtid_binlog_pos(pair.source) == final
+    assert gtid.gtid_binlog_pos(pair.source) == final
     pair.writer.stop()
     refused_writes = [w for w in pair.writer.writes if w.code == ER_OPTION_PREVENTS_STATEMENT]
     assert refused_writes
@@ -541,7 +546,7 @@ def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair)
 
     # Reverse replication: the old source follows the new primary from the same position, through a -L tunnel.
     port = free_loopback_port()
-    back = repl.TunnelSpec(
+    back = mysql_seed.TunnelSpec(
         f"rev-{port}",
         "local",
         pair.tunnel.ssh_to_target,
@@ -551,29 +556,29 @@ def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair)
         control_dir=str(lab.source.run_dir),
     )
     try:
-        pair.source_ssh.run(repl.tunnel_up_command(back), timeout=60)
-        repl.point_replica(pair.source, pair.repl_source(port), final)
-        repl.start_replica(pair.source)
+        pair.source_ssh.run(mysql_seed.tunnel_up_command(back), timeout=60)
+        replica.point_replica(pair.source, pair.repl_source(port), final)
+        replica.start_replica(pair.source)
         app = connect(lab.target, lab.app_user, pair.app_password(), lab.db_name)
         with app.cursor() as cur:
             cur.execute("INSERT INTO reviews (id, author) VALUES (%s, 'after the switch')", (f"on-target-{port}",))
         app.close()
-        back_to_source = repl.wait_for_position(pair.source, repl.gtid_binlog_pos(pair.target), CATCH_UP_TIMEOUT)
+        back_to_source = replica.wait_for_position(pair.source, gtid.gtid_binlog_pos(pair.target), CATCH_UP_TIMEOUT)
         assert back_to_source.outcome == "reached", back_to_source
         assert (
             count(pair.source, f"SELECT COUNT(*) FROM {lab.db_name}.reviews WHERE id = %s", (f"on-target-{port}",)) == 1
         )
-        status = repl.replica_status(pair.source)
+        status = replica.replica_status(pair.source)
         assert status is not None and status.replicating and status.master_port == port
-        assert repl.is_read_only(pair.source)  # the old source stays fenced while it follows
+        assert switch.is_read_only(pair.source)  # the old source stays fenced while it follows
         # A CHANGE MASTER the server refuses says why, never with the password.
         password = pair.secrets[lab.repl_password_env]
-        refused_source = repl.ReplicaSource("127.0.0.1", port, lab.repl_user, password, heartbeat_period=5_000_000)
-        with pytest.raises(repl.ReplicationError) as failed:
-            repl.point_replica(pair.source, refused_source, final)
+        refused_source = replica.ReplicaSource("127.0.0.1", port, lab.repl_user, password, heartbeat_period=5_000_000)
+        with pytest.raises(gtid.ReplicationError) as failed:
+            replica.point_replica(pair.source, refused_source, final)
         assert "heartbeat" in str(failed.value).lower() and password not in str(failed.value)
     finally:
-        pair.source_ssh.run(repl.tunnel_down_command(back), check=False)
+        pair.source_ssh.run(mysql_seed.tunnel_down_command(back), check=False)
     print(
         f"\nswitch: read_only took {(fenced - began) * 1000:.0f} ms, wait {promotion.waited * 1000:.0f} ms, "
         f"read_only → promoted {(ended - began) * 1000:.0f} ms; {len(refused_writes)} writes refused by read_only"
@@ -584,31 +589,31 @@ def test_the_switch_loses_nothing_and_the_old_source_replicates_back(pair: Pair)
 
 
 def test_gtid_positions_parse_compare_and_refuse_garbage() -> None:
-    pos = repl.GtidPosition.parse("1-3-7, 0-1-42")
+    pos = gtid.GtidPosition.parse("1-3-7, 0-1-42")
     assert str(pos) == "0-1-42,1-3-7"
-    assert pos.reached(repl.GtidPosition.parse("0-1-41")) and not pos.reached(repl.GtidPosition.parse("0-1-43"))
-    assert not pos.reached(repl.GtidPosition.parse("2-1-1"))  # a domain it never saw
-    assert repl.same_position(repl.GtidPosition.parse("0-1-42"), pos)
-    assert not repl.same_position(repl.GtidPosition.parse("0-2-42"), pos)  # same number, another server's GTID
-    assert not repl.GtidPosition.parse("")
+    assert pos.reached(gtid.GtidPosition.parse("0-1-41")) and not pos.reached(gtid.GtidPosition.parse("0-1-43"))
+    assert not pos.reached(gtid.GtidPosition.parse("2-1-1"))  # a domain it never saw
+    assert gtid.same_position(gtid.GtidPosition.parse("0-1-42"), pos)
+    assert not gtid.same_position(gtid.GtidPosition.parse("0-2-42"), pos)  # same number, another server's GTID
+    assert not gtid.GtidPosition.parse("")
     for bad in ("0-1", "a-b-c", "0-1-2,0-1-3"):
         with pytest.raises(ValueError):
-            repl.GtidPosition.parse(bad)
+            gtid.GtidPosition.parse(bad)
 
 
 def test_backup_outputs_parse() -> None:
-    position = repl.parse_backup_position("binlog.000002\t3877\t0-1-38\n")
+    position = mysql_seed.parse_backup_position("binlog.000002\t3877\t0-1-38\n")
     assert (position.file, position.position, str(position.gtid)) == ("binlog.000002", 3877, "0-1-38")
-    with pytest.raises(repl.ReplicationError):
-        repl.parse_backup_position("binlog.000002\t3877\n")  # no GTID: the source's binlog is off
-    assert repl.parse_seed_progress("270386822 bytes (270 MB, 258 MiB) copied, 6.4 s, 41.7 MB/s") == 270386822
-    assert repl.parse_seed_progress("0+569 records in") is None
-    stages = repl.parse_backup_stages(
+    with pytest.raises(gtid.ReplicationError):
+        mysql_seed.parse_backup_position("binlog.000002\t3877\n")  # no GTID: the source's binlog is off
+    assert mysql_seed.parse_seed_progress("270386822 bytes (270 MB, 258 MiB) copied, 6.4 s, 41.7 MB/s") == 270386822
+    assert mysql_seed.parse_seed_progress("0+569 records in") is None
+    stages = mysql_seed.parse_backup_stages(
         "backup: [00] 2026-11-23 12:17:26 Starting BACKUP STAGE BLOCK_COMMIT\n"
         "backup: [00] 2026-11-23 12:17:26 Acquired locks for BACKUP STAGE BLOCK_COMMIT\n"
         "backup: [00] 2026-11-23 12:17:27 Finishing BACKUP STAGE BLOCK_COMMIT\n"
     )
-    assert stages == [repl.BackupStage("BLOCK_COMMIT", "2026-11-23 12:17:26", "2026-11-23 12:17:27")]
+    assert stages == [mysql_seed.BackupStage("BLOCK_COMMIT", "2026-11-23 12:17:26", "2026-11-23 12:17:27")]
     # The stamped log (each line after the moment it was written): the locks to the millisecond, whatever the
     # locale's decimal point; a log without its stamps or its end gives no figure rather than a wrong one.
     stamped = (
@@ -619,12 +624,14 @@ def test_backup_outputs_parse() -> None:
         "backup: 1764158245.330000 [00] 2026-11-26 12:17:25 Executing BACKUP STAGE END\n"
         "backup: 1764158245.342000 [00] 2026-11-26 12:17:25 All tables unlocked\n"
     )
-    assert repl.parse_backup_locks(stamped) == repl.BackupLocks(0.042, 0.242, commits_blocked_from=1764158245.3)
-    assert [s.stage for s in repl.parse_backup_stages(stamped)] == ["BLOCK_DDL", "END"]
+    assert mysql_seed.parse_backup_locks(stamped) == mysql_seed.BackupLocks(
+        0.042, 0.242, commits_blocked_from=1764158245.3
+    )
+    assert [s.stage for s in mysql_seed.parse_backup_stages(stamped)] == ["BLOCK_DDL", "END"]
     unstamped = "backup: [00] 2026-11-26 12:17:25 Starting BACKUP STAGE BLOCK_COMMIT\n"
-    assert repl.parse_backup_locks(unstamped) == repl.BackupLocks(None, None)
+    assert mysql_seed.parse_backup_locks(unstamped) == mysql_seed.BackupLocks(None, None)
     cut = stamped.rsplit("backup:", 1)[0]  # no "All tables unlocked"
-    assert repl.parse_backup_locks(cut) == repl.BackupLocks(None, None)
+    assert mysql_seed.parse_backup_locks(cut) == mysql_seed.BackupLocks(None, None)
 
 
 def test_a_niced_backup_gets_its_priority_back_once_it_locks_the_source_and_its_log_is_stamped(
@@ -640,7 +647,7 @@ def test_a_niced_backup_gets_its_priority_back_once_it_locks_the_source_and_its_
     backup = bin_dir / "mariadb-backup"
     backup.write_text(
         "#!/bin/bash\n"
-        f"echo \"[00] $(date '+%F %T') {repl.LOCKING_STAGE}\" >&2\n"
+        f"echo \"[00] $(date '+%F %T') {mysql_seed.LOCKING_STAGE}\" >&2\n"
         "for i in $(seq 200); do [ \"$(ps -o ni= -p $$ | tr -d ' ')\" = 0 ] && break; sleep 0.02; done\n"
         "echo \"nice $(ps -o ni= -p $$ | tr -d ' ') io $(ionice -p $$)\"\n"
         "echo \"[00] $(date '+%F %T') All tables unlocked\" >&2\n"
@@ -649,11 +656,11 @@ def test_a_niced_backup_gets_its_priority_back_once_it_locks_the_source_and_its_
     log = tmp_path / "backup.log"
     script = (
         f"set -o pipefail\nlog={log}\n"
-        + repl.stamp_log(True)
+        + mysql_seed.stamp_log(True)
         + "\n"
-        + " ".join(repl.NICE)
+        + " ".join(mysql_seed.NICE)
         + " mariadb-backup 2>&5 5>&- | cat\n"
-        + repl.stamp_log_end()
+        + mysql_seed.stamp_log_end()
         + '\ncat "$log" >&2\n'
     )
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
@@ -664,11 +671,11 @@ def test_a_niced_backup_gets_its_priority_back_once_it_locks_the_source_and_its_
     else:  # lowering a niceness needs root or CAP_SYS_NICE: the backup stays niced, and the script still succeeds
         assert done.stdout.split()[:2] == ["nice", "19"], done.stdout + done.stderr
     lines = done.stderr.splitlines()
-    assert lines[-1] == repl.STAMPED_END, done.stderr
+    assert lines[-1] == mysql_seed.STAMPED_END, done.stderr
     stamps = [float(line.split()[0]) for line in lines[:-1]]
     assert len(stamps) == 2 and before <= stamps[0] <= stamps[1] <= time.time(), done.stderr
-    assert repl.LOCKING_STAGE in lines[0] and "All tables unlocked" in lines[1]
-    assert "renice" not in repl.seed_stream_command(repl.SeedSpec("/a", "/b", ("ssh", "t"), nice=False))
+    assert mysql_seed.LOCKING_STAGE in lines[0] and "All tables unlocked" in lines[1]
+    assert "renice" not in mysql_seed.seed_stream_command(mysql_seed.SeedSpec("/a", "/b", ("ssh", "t"), nice=False))
 
 
 def test_the_logs_stamps_wait_for_no_priority_change_and_a_last_line_without_newline_is_kept(tmp_path: Path) -> None:
@@ -682,7 +689,7 @@ def test_the_logs_stamps_wait_for_no_priority_change_and_a_last_line_without_new
     backup = bin_dir / "mariadb-backup"
     backup.write_text(
         "#!/bin/bash\n"
-        f"echo '[00] 2026-11-26 12:00:00 {repl.LOCKING_STAGE}' >&2\n"
+        f"echo '[00] 2026-11-26 12:00:00 {mysql_seed.LOCKING_STAGE}' >&2\n"
         "echo '[00] 2026-11-26 12:00:00 Starting BACKUP STAGE BLOCK_COMMIT' >&2\n"
         "sleep 1\n"
         "echo '[00] 2026-11-26 12:00:01 All tables unlocked' >&2\n"
@@ -692,15 +699,16 @@ def test_the_logs_stamps_wait_for_no_priority_change_and_a_last_line_without_new
         tool.chmod(0o755)
     log = tmp_path / "backup.log"
     script = (
-        f"set -o pipefail\nlog={log}\n{repl.stamp_log(True)}\n{' '.join(repl.NICE)} mariadb-backup 2>&5 5>&- | cat\n"
-        f"{repl.stamp_log_end()}\n"
+        f"set -o pipefail\nlog={log}\n{mysql_seed.stamp_log(True)}\n"
+        f"{' '.join(mysql_seed.NICE)} mariadb-backup 2>&5 5>&- | cat\n"
+        f"{mysql_seed.stamp_log_end()}\n"
     )
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
     lines = log.read_text().splitlines()
-    locks = repl.parse_backup_locks("\n".join(lines))
+    locks = mysql_seed.parse_backup_locks("\n".join(lines))
     assert locks.commits_blocked is not None and locks.commits_blocked >= 0.5, lines
-    assert lines[-2].split(" ", 1)[1] == "fatal: the last words" and lines[-1] == repl.STAMPED_END, lines
+    assert lines[-2].split(" ", 1)[1] == "fatal: the last words" and lines[-1] == mysql_seed.STAMPED_END, lines
 
 
 def test_a_failing_backup_ends_the_seeds_stderr_in_its_own_words(tmp_path: Path) -> None:
@@ -716,7 +724,9 @@ def test_a_failing_backup_ends_the_seeds_stderr_in_its_own_words(tmp_path: Path)
         "exit 1\n"
     )
     backup.chmod(0o755)
-    command = repl.seed_stream_command(repl.SeedSpec("/a", "/b", ("sh", "-c", "cat >/dev/null"), nice=False))
+    command = mysql_seed.seed_stream_command(
+        mysql_seed.SeedSpec("/a", "/b", ("sh", "-c", "cat >/dev/null"), nice=False)
+    )
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 1, done
@@ -726,19 +736,19 @@ def test_a_failing_backup_ends_the_seeds_stderr_in_its_own_words(tmp_path: Path)
 
 def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> None:
     hop = ("ssh", "-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/migrate-ssh-%C", "-p", "22", "root@t")
-    seed = repl.SeedSpec("/var/lib/mysql", "/var/lib/mysql", hop, source_user="migrate", password_env="DB_PW")
-    command = repl.seed_stream_command(seed)
+    seed = mysql_seed.SeedSpec("/var/lib/mysql", "/var/lib/mysql", hop, source_user="migrate", password_env="DB_PW")
+    command = mysql_seed.seed_stream_command(seed)
     # The password: stdin's first line, kept in an unexported variable and given to mariadb-backup alone.
     assert 'MYSQL_PWD="$password" nice' in command and "--password" not in command and "DB_PW" not in command
     assert "export" not in command
     assert "--throttle" not in command and "nice -n19 ionice -c3 mariadb-backup" in command
-    assert "--throttle=20" in repl.seed_stream_command(repl.SeedSpec("/a", "/b", hop, throttle=20))
-    tunnel = repl.TunnelSpec("fwd", "remote", hop, 40000, "127.0.0.1", 3306)
-    up = repl.tunnel_up_command(tunnel)
+    assert "--throttle=20" in mysql_seed.seed_stream_command(mysql_seed.SeedSpec("/a", "/b", hop, throttle=20))
+    tunnel = mysql_seed.TunnelSpec("fwd", "remote", hop, 40000, "127.0.0.1", 3306)
+    up = mysql_seed.tunnel_up_command(tunnel)
     # ssh keeps an option's first value: the tunnel's own control socket must come before the plan's.
     assert up.index("ControlPath=/tmp/migrate-tunnel-fwd.ctl") < up.index("ControlPath=/tmp/migrate-ssh-%C")
     assert "-R 127.0.0.1:40000:127.0.0.1:3306" in up
-    probe = repl.tunnel_probe_command(40000, "repl", "REPL_PW")
+    probe = mysql_seed.tunnel_probe_command(40000, "repl", "REPL_PW")
     assert "${REPL_PW}" in probe and "-p" not in probe.split()
 
 
@@ -752,8 +762,8 @@ def test_the_seeds_database_password_reaches_mariadb_backup_alone(tmp_path: Path
     backup.write_text(f'#!/bin/bash\n[ "$MYSQL_PWD" = {password} ] && echo given > {tmp_path}/backup.env\necho data\n')
     backup.chmod(0o755)
     hop = ("sh", "-c", f'tr "\\0" "\\n" </proc/$$/environ > {tmp_path}/hop.env; cat >/dev/null')
-    spec = repl.SeedSpec("/a", "/b", hop, source_user="migrate", password_env="DB_PW", nice=False)
-    command = repl.seed_stream_command(spec)
+    spec = mysql_seed.SeedSpec("/a", "/b", hop, source_user="migrate", password_env="DB_PW", nice=False)
+    command = mysql_seed.seed_stream_command(spec)
     assert password not in command
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     done = subprocess.run(["bash", "-c", command], env=env, input=password + "\n", capture_output=True, text=True,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.database.mysql import seed
 from orchestrator.plan.checks import protected_problem
 from orchestrator.services import probes
-from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 
 
@@ -57,7 +57,7 @@ def test_resolve_refuses_an_answer_it_cannot_read() -> None:
         probe.parse("maybe y /a\nn y /b\n")
 
 
-def _prepared_seed(spec: repl.SeedSpec) -> None:
+def _prepared_seed(spec: seed.SeedSpec) -> None:
     staging = Path(spec.staging_dir)
     staging.mkdir()
     (staging / "xtrabackup_checkpoints").write_text("backup_type = log-applied\n")
@@ -73,23 +73,23 @@ def test_the_seed_installs_into_the_directory_a_symbolic_datadir_points_at(tmp_p
     link.symlink_to(real)
     # Given the link as it is written in a plan, the install refuses to rename it (it would move the link aside
     # and leave the real directory stale), and changes nothing.
-    unresolved = repl.SeedSpec("/unused", str(link), ("ssh", "unused"))
+    unresolved = seed.SeedSpec("/unused", str(link), ("ssh", "unused"))
     _prepared_seed(unresolved)
-    refused = subprocess.run(repl.install_command(unresolved), shell=True, capture_output=True, text=True)
+    refused = subprocess.run(seed.install_command(unresolved), shell=True, capture_output=True, text=True)
     assert refused.returncode == 1 and "a symbolic link" in refused.stderr
     assert link.is_symlink() and (real / "ibdata1").read_text() == "old"
-    refused = subprocess.run(repl.restore_previous_command(unresolved), shell=True, capture_output=True, text=True)
+    refused = subprocess.run(seed.restore_previous_command(unresolved), shell=True, capture_output=True, text=True)
     assert refused.returncode == 1 and link.is_symlink()
-    subprocess.run(repl.discard_staging_command(unresolved), shell=True, check=True)
+    subprocess.run(seed.discard_staging_command(unresolved), shell=True, check=True)
     # Resolved (as preflight journals it): staged, swapped in and kept beside the real directory; the link stays.
-    spec = repl.SeedSpec("/unused", str(real), ("ssh", "unused"))
+    spec = seed.SeedSpec("/unused", str(real), ("ssh", "unused"))
     _prepared_seed(spec)
-    subprocess.run(repl.install_command(spec), shell=True, check=True)
+    subprocess.run(seed.install_command(spec), shell=True, check=True)
     assert link.is_symlink() and link.resolve() == real
     assert (link / "ibdata1").read_text() == "new"
     assert Path(spec.previous_dir) == tmp_path / "disk2" / "mysql.before-seed"
     assert (Path(spec.previous_dir) / "ibdata1").read_text() == "old"
     assert not Path(f"{link}.before-seed").exists() and not Path(f"{link}.seed").exists()
     # The undo puts the old directory back in the real place, the link untouched.
-    subprocess.run(repl.restore_previous_command(spec), shell=True, check=True)
+    subprocess.run(seed.restore_previous_command(spec), shell=True, check=True)
     assert link.is_symlink() and (link / "ibdata1").read_text() == "old"

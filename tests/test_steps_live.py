@@ -16,6 +16,7 @@ import pytest
 import structlog
 from ruamel.yaml import YAML
 
+from orchestrator.database.mysql import session as mysql
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.lab import mariadb
 from orchestrator.lab.state import HostState, LabState
@@ -32,7 +33,6 @@ from orchestrator.steps.preflight import Preflight
 from orchestrator.steps.prepare_target import PrepareTarget
 from orchestrator.steps.start_target import StartTarget
 from orchestrator.steps.verify_target import VerifyTarget
-from orchestrator.transports import mysql
 
 MY_STEPS: list[type[Step]] = [
     Preflight, PrepareTarget, FilesPresync, DbPresync, DbFinal, FilesFinal, StartTarget, VerifyTarget

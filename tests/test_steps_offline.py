@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.database.mysql.session import blockers_from_rows
 from orchestrator.engine.step import StepError
 from orchestrator.plan.model import Plan, Retry
 from orchestrator.results import AuditResult, CutoverResult, DbPresyncResult, FilesResult, VerifyResult, result_of
@@ -30,7 +31,6 @@ from orchestrator.steps.preflight import Preflight
 from orchestrator.steps.prepare_target import PrepareTarget
 from orchestrator.steps.start_target import StartTarget
 from orchestrator.steps.verify_target import VerifyTarget
-from orchestrator.transports.mysql import blockers_from_rows
 from orchestrator.transports.ssh import TransportError
 from orchestrator.window import DowntimeWindow, journaled_blocked_at
 from tests.fakes import OfflineRuntime, RecordingHost, context, plan

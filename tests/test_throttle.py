@@ -22,6 +22,7 @@ import pytest
 import structlog
 from ruamel.yaml import YAML
 
+from orchestrator.database.mysql import seed as mysql_seed
 from orchestrator.engine.step import StepContext
 from orchestrator.lab.state import LabState
 from orchestrator.plan.model import Plan
@@ -30,7 +31,6 @@ from orchestrator.runtime import Runtime
 from orchestrator.steps.db_presync import DbPresync
 from orchestrator.steps.files_presync import FilesPresync
 from orchestrator.steps.repl_seed import RedoGuard
-from orchestrator.transports import replication as repl
 from orchestrator.transports import rsync, throttle
 from orchestrator.transports.ssh import CommandResult, TransportError
 from orchestrator.transports.throttle import Thresholds, Throttle, live_command, pause_reason
@@ -234,10 +234,11 @@ def test_no_pause_outlasts_max_pause_on_a_slow_host_with_a_slow_probe(tmp_path: 
 def test_a_group_in_a_stage_that_must_not_wait_is_never_stopped(tmp_path: Path) -> None:
     """The seed's bound: once mariadb-backup logged its first locking stage, no pause (it would hold the lock)."""
     log = tmp_path / "backup.log"
-    log.write_text(f"[00] 2026-11-24 23:34:44 {repl.LOCKING_STAGE}\n")
+    log.write_text(f"[00] 2026-11-24 23:34:44 {mysql_seed.LOCKING_STAGE}\n")
     with running_group(tmp_path) as (marker, _proc):
         watcher = Throttle(LocalHost(), str(marker), SLOW_APP, what="seed",  # type: ignore[arg-type]
-                           may_not_stop=repl.seed_locking_command(str(log)), measure=lambda *_: 500.0)  # fmt: skip
+                           may_not_stop=mysql_seed.seed_locking_command(str(log)),
+                           measure=lambda *_: 500.0)  # fmt: skip
         with watcher:
             time.sleep(1.0)
             assert group_state(marker) == "S"

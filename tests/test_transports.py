@@ -18,11 +18,12 @@ import pytest
 import structlog
 from ruamel.yaml import YAML
 
+from orchestrator.database.mysql import session as mysql
 from orchestrator.lab.state import LabState
 from orchestrator.plan.model import Host, Plan, Retry
 from orchestrator.retry import call_with_retry
 from orchestrator.runtime import Runtime
-from orchestrator.transports import mysql, rsync
+from orchestrator.transports import rsync
 from orchestrator.transports.ssh import (
     CommandFailed,
     SshHost,

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import structlog
 
+from orchestrator.database.mysql import session as mysql
+from orchestrator.database.mysql.session import mask_query
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
@@ -38,8 +40,7 @@ from orchestrator.steps.files_final import FilesFinal
 from orchestrator.steps.preflight import Preflight, database_directories, is_within, outside_datadir
 from orchestrator.steps.start_target import StartTarget
 from orchestrator.steps.verify_target import VerifyTarget
-from orchestrator.transports import mysql, rsync
-from orchestrator.transports.mysql import mask_query
+from orchestrator.transports import rsync
 from orchestrator.transports.ssh import TransportError
 from orchestrator.window import DowntimeWindow
 from tests.test_e2e import assert_source_serves_and_dns_unchanged, live_lab  # noqa: F401 - a fixture

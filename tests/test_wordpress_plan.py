@@ -11,10 +11,10 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
+from orchestrator.database.mysql import seed
 from orchestrator.lab import hosts, planfile, wordpress
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
-from orchestrator.transports import replication as repl
 from orchestrator.transports import rsync, ssh
 from tests.engine.world import Result
 
@@ -160,11 +160,11 @@ def test_rsyncs_remote_end_and_the_seeds_receiver_run_through_sudo_on_a_become_t
     assert "--rsync-path=sudo -n -- rsync" in shlex.split(rsync.compare_command(plan, "/a", "/b"))
     root = load_plan(EXAMPLE).plan
     assert not [a for a in shlex.split(rsync.push_command(root, "/a", "/b", live=False)) if "rsync-path" in a]
-    spec = repl.SeedSpec("/var/lib/mysql", "/var/lib/mysql", ("ssh", "ops@t"), target_sudo=True)
-    script = shlex.split(repl.seed_stream_command(spec))[-1]  # bash -c SCRIPT
+    spec = seed.SeedSpec("/var/lib/mysql", "/var/lib/mysql", ("ssh", "ops@t"), target_sudo=True)
+    script = shlex.split(seed.seed_stream_command(spec))[-1]  # bash -c SCRIPT
     assert "ssh ops@t 'sudo -n -- sh -c '\"'\"'rm -rf" in script, script
-    plain = repl.SeedSpec("/var/lib/mysql", "/var/lib/mysql", ("ssh", "t"))
-    assert "sudo" not in shlex.split(repl.seed_stream_command(plain))[-1]
+    plain = seed.SeedSpec("/var/lib/mysql", "/var/lib/mysql", ("ssh", "t"))
+    assert "sudo" not in shlex.split(seed.seed_stream_command(plain))[-1]
 
 
 def test_become_is_sudo_or_nothing(tmp_path: Path, migrate_here: Callable[..., Result]) -> None:

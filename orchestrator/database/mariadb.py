@@ -1,7 +1,8 @@
 """The MariaDB (and MySQL) engine behind the `Database` protocol, over pymysql.
 
-Its SQL lives in `transports/mysql.py` (sessions, figures, the lock session, positions), `transports/replication.py`
-(the replica, the switch, the comparison) and `transports/grants.py`; this module is what the seam hands out.
+Its SQL lives in `database/mysql/`: `session.py` (sessions, figures, the lock session, positions), `gtid.py`,
+`replica.py`, `switch.py`, `seed.py`, `compare.py` (the replica, the switch, the comparison) and `grants.py`; this
+module is what the seam hands out.
 Driver errors become `DatabaseError`s once, here: every statement and ping of a session goes through the session's
 `query` / `ping`, which `_counted_and_wrapped` replaces, so a pymysql error leaves a session as a `DriverError`
 (the seam's DatabaseError, still its pymysql class for the SQL modules that tell one from another).
@@ -15,9 +16,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pymysql
 
+from orchestrator.database.mysql import session as mysql
+from orchestrator.database.mysql.switch import set_read_only
 from orchestrator.database.protocol import Blocker, DatabaseError, Session, TableLimit
-from orchestrator.transports import mysql
-from orchestrator.transports.replication import set_read_only
 
 if TYPE_CHECKING:
     from orchestrator.transports.meter import RoundTrips

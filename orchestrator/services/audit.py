@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from orchestrator.contracts import Host
+from orchestrator.database.mysql import session as mysql
 from orchestrator.database.protocol import DatabaseError, Session
-from orchestrator.transports import mysql
 
 # Options appended to the source server's own command line (later options win over earlier ones and its files).
 ISOLATION_OPTIONS = (

@@ -202,7 +202,7 @@ def datadir_estimate(rt: StepRuntime) -> TransferEstimate:
 
 def seed_size_command(datadir: str) -> str:
     """Run on the source: bytes and files of what mariadb-backup streams (the datadir without binlogs, relay logs,
-    the redo log and ibtmp1, as transports.replication.seed_size_command counts it), on two lines."""
+    the redo log and ibtmp1, as database.mysql.seed.seed_size_command counts it), on two lines."""
     quoted = shlex.quote(datadir.rstrip("/"))
     excluded = ("*.[0-9][0-9][0-9][0-9][0-9][0-9]", "*.index", "ib_logfile*", "ibtmp*")
     names = " ".join(f"! -name {shlex.quote(pattern)}" for pattern in excluded)
@@ -743,7 +743,7 @@ def catchup_part(units: UnitCosts, plan: Plan, compare: tuple[float, int] | None
 def measure_compare(rt: StepRuntime) -> tuple[float, int] | None:
     """What the replicate mode's comparison costs: one chunk's checksum on the largest table of the plan's schemas,
     and how many chunks every table makes (information_schema's row estimates), read-only on the source."""
-    from orchestrator.transports import replication as repl
+    from orchestrator.database.mysql import compare as mysql_compare
 
     plan = rt.plan
     if plan.replication is None or not plan.replication.compare:
@@ -763,8 +763,8 @@ def measure_compare(rt: StepRuntime) -> tuple[float, int] | None:
         counts = {table: rows.get(table, 0) for table in tables}
         chunks = sum(max(1, -(-count // chunk_rows)) for count in counts.values())
         largest = max(counts, key=lambda table: counts[table])
-        shape = repl.table_shape(conn, *largest)
-        seconds, read = repl.sample_checksum_seconds(conn, shape, chunk_rows)
+        shape = mysql_compare.table_shape(conn, *largest)
+        seconds, read = mysql_compare.sample_checksum_seconds(conn, shape, chunk_rows)
         # A chunk of chunk_rows rows: a smaller table's whole sample scaled up to a full chunk.
         return (seconds * chunk_rows / read if read else seconds), chunks
     finally:

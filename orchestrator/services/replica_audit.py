@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from orchestrator.database.mysql import compare, gtid
 from orchestrator.database.protocol import DatabaseError, Session
-from orchestrator.transports import replication as repl
 
 # A table missing on one side (ER_NO_SUCH_TABLE).
 NO_SUCH_TABLE = 1146
@@ -45,7 +45,7 @@ class AuditUnreadable(Exception):
 class ChunkedAudit:
     """What the chunked comparison found and what it cost."""
 
-    differences: list[repl.ChunkDiff] = field(default_factory=list)
+    differences: list[compare.ChunkDiff] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # tables the source has and the target's snapshot does not
     unread: dict[str, str] = field(default_factory=dict)  # table -> why it could not be compared
     tables: int = 0
@@ -60,7 +60,7 @@ def open_target_snapshot(conn: Session) -> None:
         cur.execute(SNAPSHOT_STATEMENT)
 
 
-def open_target_snapshot_at_position(conn: Session) -> repl.GtidPosition:
+def open_target_snapshot_at_position(conn: Session) -> gtid.GtidPosition:
     """Open the snapshot and read the target's GTID position (gtid_current_pos) in one statement, one round trip;
     the position read just after the read view was made."""
     with conn.cursor() as cur:
@@ -68,7 +68,7 @@ def open_target_snapshot_at_position(conn: Session) -> repl.GtidPosition:
         row = cur.fetchone()
     if row is None:
         raise DatabaseError("no GTID position came back with the snapshot")
-    return repl.GtidPosition.parse(str(row[0] or ""))
+    return gtid.GtidPosition.parse(str(row[0] or ""))
 
 
 def snapshot_isolation(conn: Session) -> str:
@@ -101,7 +101,7 @@ def compare_snapshots(
     pause_ratio: float = 0.0,
     on_chunk: Callable[[str, int, int], None] | None = None,
 ) -> ChunkedAudit:
-    """Both sides' checksums over the source's primary-key chunks (repl.chunk_bounds / repl.chunk_checksum, as
+    """Both sides' checksums over the source's primary-key chunks (compare.chunk_bounds / compare.chunk_checksum, as
     repl_catchup compares). A table one side cannot read is listed with why and the others go on; a connection
     that is gone ends it (AuditUnreadable). `pause_ratio`: after each chunk, that many times its duration (the
     live target's share)."""
@@ -112,18 +112,18 @@ def compare_snapshots(
         name = f"{schema}.{table}"
         side = "source"
         try:
-            shape = repl.table_shape(source, schema, table)
-            chunks = repl.chunk_bounds(source, shape, chunk_rows)
+            shape = compare.table_shape(source, schema, table)
+            chunks = compare.chunk_bounds(source, shape, chunk_rows)
             for chunk in chunks:
                 began = time.monotonic()
                 side = "source"
-                ours = repl.chunk_checksum(source, shape, chunk)
+                ours = compare.chunk_checksum(source, shape, chunk)
                 side = "target"
-                theirs = repl.chunk_checksum(target, shape, chunk)
+                theirs = compare.chunk_checksum(target, shape, chunk)
                 found.chunks += 1
                 found.rows += ours.rows
                 if ours != theirs:
-                    found.differences.append(repl.ChunkDiff(shape.name, chunk, shape.key, ours, theirs))
+                    found.differences.append(compare.ChunkDiff(shape.name, chunk, shape.key, ours, theirs))
                 if on_chunk is not None:
                     on_chunk(name, chunk.index + 1, len(chunks))
                 if pause_ratio > 0:

@@ -28,13 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.contracts import runtime
+from orchestrator.database.mysql import compare, gtid
+from orchestrator.database.mysql import session as mysql
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.results import AuditResult, CutoverResult, SwitchResult
 from orchestrator.services import audit, replica_audit
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import SWITCH_STEP
-from orchestrator.transports import mysql
-from orchestrator.transports import replication as repl
 
 Figures = tuple[dict[str, int], dict[str, int | None]]
 # Journaled before the source is started for the audit (its private directory), cleared once it stopped.
@@ -133,7 +133,7 @@ class Audit(Step):
                                "writes since the commit, so it is not compared now")  # fmt: skip
         if not final_text:
             return AuditResult(method="chunks", status="not_run", reason="the switch journaled no final position")
-        final = repl.GtidPosition.parse(final_text)
+        final = gtid.GtidPosition.parse(final_text)
         settings = rt.plan.replication
         chunk_rows = settings.chunk_rows if settings else 2000
         pause = settings.compare_pause if settings else 0.0
@@ -161,8 +161,8 @@ class Audit(Step):
                     return _cut_short(f"the target's session ran in {isolation}, not REPEATABLE READ: its snapshot "
                                       "was not consistent, nothing was compared")  # fmt: skip
                 source = rt.db("source", read_timeout=audit.READ_TIMEOUT)
-                snapshot = repl.open_consistent_snapshot(source)
-                if not repl.same_position(final, snapshot.gtid):
+                snapshot = compare.open_consistent_snapshot(source)
+                if not gtid.same_position(final, snapshot.gtid):
                     return _cut_short(f"the source stands at {snapshot.gtid or 'nothing'}, not at the final position "
                                       f"{final}: it changed since the switch, nothing was compared")  # fmt: skip
                 tables = mysql.list_tables(source, rt.plan.database.schemas)
@@ -175,7 +175,7 @@ class Audit(Step):
         finally:
             if source is not None:
                 with contextlib.suppress(Exception):
-                    repl.close_snapshot(source)
+                    compare.close_snapshot(source)
                 rt.release(source)
         assert found is not None
         return self._compare_chunks(found, engines, final).model_copy(
@@ -184,7 +184,7 @@ class Audit(Step):
 
     @staticmethod
     def _compare_chunks(found: replica_audit.ChunkedAudit, engines: dict[str, str],
-                        final: repl.GtidPosition) -> AuditResult:  # fmt: skip
+                        final: gtid.GtidPosition) -> AuditResult:  # fmt: skip
         """The verdict: a differing chunk of a transactional table is a difference; of another engine (read live,
         outside the snapshot), reported apart as maybe a write since the commit."""
         lines = [(d.table, d.describe()) for d in found.differences]

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from orchestrator.contracts import runtime
+from orchestrator.database.mysql import gtid, replica
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Service
 from orchestrator.report.build import build_report
@@ -37,7 +38,6 @@ from orchestrator.steps.repl_common import (
     replica_source,
     saved_from,
 )
-from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 
 # Names of the source services this run stopped (or was about to stop), journaled before each stop.
@@ -175,12 +175,12 @@ class Finish(Step):
             source = rt.db("source")
             target = rt.db("target")
             try:
-                status = repl.replica_status(source)
+                status = replica.replica_status(source)
                 if not (ctx.saved(REVERSE_POINTED) and status is not None and status.master_port == tunnel.port):
                     ctx.save(REVERSE_POINTED, True)
-                    repl.point_replica(source, replica_source(rt, tunnel.port), repl.GtidPosition.parse(str(final)))
-                repl.start_replica(source)
-                waited = repl.wait_for_position(source, repl.gtid_binlog_pos(target), REVERSE_CATCH_UP)
+                    replica.point_replica(source, replica_source(rt, tunnel.port), gtid.GtidPosition.parse(str(final)))
+                replica.start_replica(source)
+                waited = replica.wait_for_position(source, gtid.gtid_binlog_pos(target), REVERSE_CATCH_UP)
             finally:
                 rt.release(source)
                 rt.release(target)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.contracts import StepRuntime, Which, runtime
+from orchestrator.database.mysql import grants
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.checks import protected_problem
@@ -21,7 +22,7 @@ from orchestrator.steps.common import RESOLVED_DATADIRS
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import declared_mode, mode_reason, probe_replication
 from orchestrator.steps.run_owned import end_left_by_runs, waiting_guards
-from orchestrator.transports import grants, rsync
+from orchestrator.transports import rsync
 from orchestrator.transports.dns import DnsError
 from orchestrator.transports.ssh import TransportError
 

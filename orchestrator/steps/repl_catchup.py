@@ -18,12 +18,12 @@ import time
 from typing import Any
 
 from orchestrator.contracts import runtime
+from orchestrator.database.mysql import compare, gtid, replica
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CatchupResult, FilesResult
 from orchestrator.services import health
 from orchestrator.steps.common import keep_shells, open_window_route, tracked_prepass
 from orchestrator.steps.repl_common import reverse_over_replica
-from orchestrator.transports import replication as repl
 
 LOG_EVERY = 2.0
 
@@ -89,7 +89,7 @@ class ReplCatchup(Step):
             self._wait_for_lag(ctx, source, target, result)
             keep_shells(ctx)
             open_window_route(ctx)
-        except repl.ReplicationError as exc:
+        except gtid.ReplicationError as exc:
             raise StepError(f"catching up: {exc}") from None
         finally:
             rt.release(source)
@@ -98,7 +98,7 @@ class ReplCatchup(Step):
 
     @staticmethod
     def _replica_error(conn: Any) -> str | None:
-        status = repl.replica_status(conn)
+        status = replica.replica_status(conn)
         if status is None:
             return "the target is not a replica"
         return status.error
@@ -122,21 +122,21 @@ class ReplCatchup(Step):
                 ctx.log.info("repl.compare_progress", table=table, chunk=done, of=total)
 
         try:
-            repl.stop_replica(target)  # before the snapshot: the replica must not be past it
-            snapshot = repl.open_consistent_snapshot(snapshot_conn)
+            replica.stop_replica(target)  # before the snapshot: the replica must not be past it
+            snapshot = compare.open_consistent_snapshot(snapshot_conn)
             result.snapshot_gtid = str(snapshot.gtid)
-            stopped = repl.stop_replica_at(target, snapshot.gtid, settings.lag_wait)
+            stopped = compare.stop_replica_at(target, snapshot.gtid, settings.lag_wait)
             if stopped.outcome != "reached":
                 why = stopped.error or f"it did not reach it within {settings.lag_wait:g} s (replication.lag_wait)"
                 raise StepError(f"the replica could not stop at the snapshot's position {snapshot.gtid}: {why}")
             ctx.log.info("repl.compare_started", tables=len(tables), at=str(snapshot.gtid))
-            diffs = repl.compare_tables(
+            diffs = compare.compare_tables(
                 snapshot_conn, target, tables, chunk_rows=settings.chunk_rows, pause_ratio=settings.compare_pause,
                 on_chunk=_progress,
             )  # fmt: skip
         finally:
-            with contextlib.suppress(repl.ReplicationError):
-                repl.close_snapshot(snapshot_conn)
+            with contextlib.suppress(gtid.ReplicationError):
+                compare.close_snapshot(snapshot_conn)
             rt.release(snapshot_conn)
         result.compared_tables = len(tables)
         result.compared_chunks = chunks
@@ -150,7 +150,7 @@ class ReplCatchup(Step):
                 + "; ".join(d.describe() for d in diffs[:3])
                 + more
             )
-        repl.start_replica(target)
+        replica.start_replica(target)
         ctx.log.info("repl.compared_equal", tables=len(tables), chunks=chunks, seconds=result.compare_seconds)
 
     def _health(self, ctx: StepContext, result: CatchupResult) -> None:
@@ -183,8 +183,8 @@ class ReplCatchup(Step):
         started = time.monotonic()
         last_log = 0.0
         while True:
-            wanted = repl.gtid_binlog_pos(source)
-            waited = repl.wait_for_position(target, wanted, settings.max_lag)
+            wanted = gtid.gtid_binlog_pos(source)
+            waited = replica.wait_for_position(target, wanted, settings.max_lag)
             if waited.outcome == "reached":
                 result.lag_seconds = round(waited.waited, 3)
                 result.lag_waited_seconds = round(time.monotonic() - started, 3)
@@ -193,7 +193,7 @@ class ReplCatchup(Step):
             if waited.outcome == "replica_failed":
                 raise StepError(f"the replica stopped: {waited.error}")
             spent = time.monotonic() - started
-            status = repl.replica_status(target)
+            status = replica.replica_status(target)
             behind = status.seconds_behind if status else None
             if spent >= settings.lag_wait:
                 raise StepError(

@@ -17,11 +17,11 @@ from typing import Any
 from ruamel.yaml import YAML
 
 from orchestrator.contracts import StepRuntime, Which, runtime
+from orchestrator.database.mysql import gtid, replica, seed
 from orchestrator.database.protocol import Session
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import Plan, ReplicationEndpoint
 from orchestrator.services import owned, probes
-from orchestrator.transports import replication as repl
 from orchestrator.transports.rsync import target_ssh_command
 
 # The step whose presence in a run's journaled step list says the run is in replicate mode.
@@ -90,7 +90,7 @@ def reverse_kept_until(finish_saved: dict[str, Any] | None) -> float | None:
     return float(saved[REVERSE_KEPT])
 
 
-def replica_problem(status: repl.ReplicaStatus | None) -> str | None:
+def replica_problem(status: replica.ReplicaStatus | None) -> str | None:
     """Why the old source cannot carry a reverse cut-over now (None: it replicates, caught up or catching up)."""
     if status is None:
         return "the old source is not a replica of the target any more"
@@ -106,7 +106,7 @@ def reverse_problem(rt: StepRuntime, old_source: Which) -> str | None:
     """Read live on the old source (`old_source`: its side in `rt`'s plan): why reverse replication is not usable."""
     conn = rt.db(old_source, retry=False, read_timeout=10.0)
     try:
-        return replica_problem(repl.replica_status(conn))
+        return replica_problem(replica.replica_status(conn))
     finally:
         rt.release(conn)
 
@@ -119,8 +119,8 @@ def reverse_line(rt: StepRuntime, kept_until: float, plan_path: str) -> str:
     ends = f"{due} {until} (replication.keep_reverse); `migrate finish {plan_path}` ends it"
     source = rt.db("source", retry=False, read_timeout=10.0)
     try:
-        status = repl.replica_status(source)
-        executed = repl.gtid_slave_pos(source)
+        status = replica.replica_status(source)
+        executed = gtid.gtid_slave_pos(source)
     finally:
         rt.release(source)
     problem = replica_problem(status)
@@ -128,7 +128,7 @@ def reverse_line(rt: StepRuntime, kept_until: float, plan_path: str) -> str:
         return f"reverse replication: broken: {problem}; {ends}"
     target = rt.db("target", retry=False, read_timeout=10.0)
     try:
-        at = repl.gtid_binlog_pos(target)
+        at = gtid.gtid_binlog_pos(target)
     finally:
         rt.release(target)
     behind = "unknown" if status.seconds_behind is None else f"{status.seconds_behind} s"
@@ -146,7 +146,7 @@ def forget_replication_on(rt: StepRuntime, sides: tuple[Which, ...], *, retry: b
         try:
             conn = rt.db(which, retry=retry)
             try:
-                repl.forget_replication(conn)
+                replica.forget_replication(conn)
             finally:
                 rt.release(conn)
         except Exception as exc:
@@ -261,13 +261,13 @@ def ssh_to_target(plan: Plan) -> tuple[str, ...]:
     return (*shlex.split(target_ssh_command(plan, control="no")), login)
 
 
-def seed_spec(plan: Plan, *, source_datadir: str | None = None, target_datadir: str | None = None) -> repl.SeedSpec:
+def seed_spec(plan: Plan, *, source_datadir: str | None = None, target_datadir: str | None = None) -> seed.SeedSpec:
     """The seed's spec; a run passes each datadir as its host resolved it (steps.common.resolved_datadir): the
     staging copy, the install's renames and the kept `.before-seed` act on the real directory, beside it."""
     settings = plan.replication
     assert settings is not None
     db = plan.database
-    return repl.SeedSpec(
+    return seed.SeedSpec(
         source_datadir=source_datadir or db.source.datadir,
         target_datadir=target_datadir or db.target.datadir,
         ssh_to_target=ssh_to_target(plan),
@@ -310,13 +310,13 @@ class TunnelFacts:
         return cls(str(data["name"]), str(data["direction"]), int(data["port"]))
 
 
-def tunnel_spec(plan: Plan, facts: TunnelFacts) -> repl.TunnelSpec:
+def tunnel_spec(plan: Plan, facts: TunnelFacts) -> seed.TunnelSpec:
     """The forward tunnel (-R: the target reaches the source's database) or the reverse one (-L)."""
     if facts.direction == "remote":
         far = endpoint(plan, "source")
-        return repl.TunnelSpec(facts.name, "remote", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
+        return seed.TunnelSpec(facts.name, "remote", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
     far = endpoint(plan, "target")
-    return repl.TunnelSpec(facts.name, "local", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
+    return seed.TunnelSpec(facts.name, "local", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
 
 
 def tunnel_name(plan_name: str, plan_path: Path, direction: str, run_id: str) -> str:
@@ -326,10 +326,10 @@ def tunnel_name(plan_name: str, plan_path: Path, direction: str, run_id: str) ->
     return f"{owned.owner(plan_name, plan_path, run_id)}-{'fwd' if direction == 'remote' else 'rev'}"
 
 
-def replica_source(rt: StepRuntime, port: int) -> repl.ReplicaSource:
+def replica_source(rt: StepRuntime, port: int) -> replica.ReplicaSource:
     settings = rt.plan.replication
     assert settings is not None
-    return repl.ReplicaSource("127.0.0.1", port, settings.user, rt.secret(settings.password))
+    return replica.ReplicaSource("127.0.0.1", port, settings.user, rt.secret(settings.password))
 
 
 def open_tunnel(ctx: StepContext, direction: str, key: str, *, attempts: int = 5) -> TunnelFacts:
@@ -344,11 +344,11 @@ def open_tunnel(ctx: StepContext, direction: str, key: str, *, attempts: int = 5
     last = ""
     for _ in range(attempts):
         if facts is None:
-            port = repl.parse_port(listening.run(repl.free_port_command(), timeout=COMMAND_TIMEOUT).stdout)
+            port = seed.parse_port(listening.run(seed.free_port_command(), timeout=COMMAND_TIMEOUT).stdout)
             facts = TunnelFacts(tunnel_name(plan.name, rt.plan_path, direction, ctx.run_id), direction, port)
             ctx.save(key, facts.journal())
-        result = rt.source.run(repl.tunnel_up_command(tunnel_spec(plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
-        if result.exit_status == 0 and repl.parse_tunnel_pid(result.stdout) is not None:
+        result = rt.source.run(seed.tunnel_up_command(tunnel_spec(plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
+        if result.exit_status == 0 and seed.parse_tunnel_pid(result.stdout) is not None:
             ctx.log.info("repl.tunnel_up", tunnel=facts.name, port=facts.port, direction=direction)
             return facts
         last = ((result.stderr or result.stdout).strip().splitlines()[-1:] or [f"exit {result.exit_status}"])[0]
@@ -363,7 +363,7 @@ def close_tunnel(ctx: StepContext, key: str, facts: TunnelFacts | None = None) -
     facts = facts or TunnelFacts.of(ctx.saved(key))
     if facts is None:
         return
-    rt.source.run(repl.tunnel_down_command(tunnel_spec(rt.plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
+    rt.source.run(seed.tunnel_down_command(tunnel_spec(rt.plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
     ctx.log.info("repl.tunnel_down", tunnel=facts.name)
 
 
@@ -380,14 +380,14 @@ def replica_line(rt: StepRuntime) -> str:
     """One line on the replica, read live: its lag and position against the source's, or its own error."""
     target = rt.db("target", retry=False, read_timeout=10.0)
     try:
-        status = repl.replica_status(target)
+        status = replica.replica_status(target)
     finally:
         rt.release(target)
     if status is None:
         return "replica: the target is not replicating"
     source = rt.db("source", retry=False, read_timeout=10.0)
     try:
-        at = repl.gtid_binlog_pos(source)
+        at = gtid.gtid_binlog_pos(source)
     finally:
         rt.release(source)
     if status.error:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.contracts import runtime
+from orchestrator.database.mysql import gtid, replica, switch
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Service
 from orchestrator.results import ReplicaResult
@@ -30,7 +31,6 @@ from orchestrator.steps.repl_common import (
     saved_from,
     server_variables,
 )
-from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 
 DB_READY_TIMEOUT = 300.0
@@ -71,7 +71,7 @@ class ReplReplica(Step):
         start_at = saved_from(ctx, SEED_STEP, SEED_POSITION)
         if not start_at:
             raise StepError("no seed position in the journal: the seed did not finish")
-        position = repl.GtidPosition.parse(str(start_at))
+        position = gtid.GtidPosition.parse(str(start_at))
         tunnel = open_tunnel(ctx, "remote", FORWARD_TUNNEL)
         try:
             ctx.save(TARGET_DB_STARTED, True)
@@ -81,19 +81,19 @@ class ReplReplica(Step):
             conn = rt.db("target")
             try:
                 self._check_target(ctx, conn)
-                repl.set_read_only(conn, True, lock_wait_timeout=plan.cutover.lock_wait_timeout)
-                status = repl.replica_status(conn)
+                switch.set_read_only(conn, True, lock_wait_timeout=plan.cutover.lock_wait_timeout)
+                status = replica.replica_status(conn)
                 if not (ctx.saved(REPLICA_POINTED) and status is not None and status.master_port == tunnel.port):
                     # Nothing applied yet: the binlog starts where the copy's data does.
-                    repl.start_binlog_at(conn, position)
+                    replica.start_binlog_at(conn, position)
                     ctx.save(REPLICA_POINTED, True)
-                    repl.point_replica(conn, replica_source(rt, tunnel.port), position)
-                repl.start_replica(conn)
+                    replica.point_replica(conn, replica_source(rt, tunnel.port), position)
+                replica.start_replica(conn)
             finally:
                 rt.release(conn)
         except TransportError as exc:
             raise StepError(f"starting the replica: {exc}") from None
-        except repl.ReplicationError as exc:
+        except gtid.ReplicationError as exc:
             raise StepError(f"starting the replica: {exc}") from None
         services = self._start_services(ctx)
         ctx.log.info("repl.replica_started", tunnel=tunnel.name, port=tunnel.port, start_at=str(position))
@@ -157,7 +157,7 @@ class ReplReplica(Step):
             try:
                 conn = rt.db("target", retry=False)
                 try:
-                    repl.forget_replication(conn)
+                    replica.forget_replication(conn)
                 finally:
                     rt.release(conn)
             except Exception as exc:  # the database is stopped next anyway: say it, go on

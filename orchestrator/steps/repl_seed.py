@@ -35,12 +35,12 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.contracts import runtime
+from orchestrator.database.mysql import gtid, seed
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SeedResult
 from orchestrator.steps.common import resolved_datadir, throttle_text
 from orchestrator.steps.repl_common import SEED_POSITION, seed_spec
-from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 from orchestrator.transports.throttle import Thresholds, Throttle, group_marker, live_command
 
@@ -84,7 +84,7 @@ class RedoGuard:
         return None
 
 
-def _spec(ctx: StepContext) -> repl.SeedSpec:
+def _spec(ctx: StepContext) -> seed.SeedSpec:
     """The seed acts on each datadir as its host resolves it: with /var/lib/mysql a link to another disk, the copy
     is staged, swapped in and the old one kept beside the directory the link points at; the link stays."""
     return seed_spec(runtime(ctx).plan, source_datadir=resolved_datadir(ctx, "source"),
@@ -136,18 +136,18 @@ class ReplSeed(Step):
                     )
                 self._stream(ctx, spec, result)
                 started = time.monotonic()
-                rt.target.run(repl.prepare_command(spec), timeout=SEED_TIMEOUT)
+                rt.target.run(seed.prepare_command(spec), timeout=SEED_TIMEOUT)
                 result.prepare_seconds = round(time.monotonic() - started, 3)
                 ctx.save(INSTALLING, True)
-                rt.target.run(repl.install_command(spec), timeout=STOP_TIMEOUT)
+                rt.target.run(seed.install_command(spec), timeout=STOP_TIMEOUT)
             else:
                 ctx.log.info("repl.seed.finishing_install")
-                rt.target.run(repl.finish_install_command(spec), timeout=STOP_TIMEOUT)
-            info = rt.target.run(repl.backup_position_command(spec.target_datadir), timeout=60).stdout
-            position = repl.parse_backup_position(info)
+                rt.target.run(seed.finish_install_command(spec), timeout=STOP_TIMEOUT)
+            info = rt.target.run(seed.backup_position_command(spec.target_datadir), timeout=60).stdout
+            position = seed.parse_backup_position(info)
         except TransportError as exc:
             raise StepError(f"seeding the target: {exc}") from None
-        except repl.ReplicationError as exc:
+        except gtid.ReplicationError as exc:
             raise StepError(f"seeding the target: {exc}") from None
         ctx.save(SEED_POSITION, str(position.gtid))
         result.gtid = str(position.gtid)
@@ -155,17 +155,17 @@ class ReplSeed(Step):
         ctx.log.info("repl.seeded", gtid=result.gtid, bytes=result.bytes, seconds=result.stream_seconds)
         return result.journal()
 
-    def _stream(self, ctx: StepContext, spec: repl.SeedSpec, result: SeedResult) -> None:
+    def _stream(self, ctx: StepContext, spec: seed.SeedSpec, result: SeedResult) -> None:
         rt = runtime(ctx)
         try:
-            result.estimate_bytes = repl.parse_size(rt.source.run(repl.seed_size_command(spec), timeout=600).stdout)
+            result.estimate_bytes = seed.parse_size(rt.source.run(seed.seed_size_command(spec), timeout=600).stdout)
         except (TransportError, ValueError, IndexError):
             result.estimate_bytes = None
         last_log = 0.0
 
         def _line(line: str) -> None:
             nonlocal last_log
-            streamed = repl.parse_seed_progress(line)
+            streamed = seed.parse_seed_progress(line)
             if streamed is None:
                 return
             result.bytes = streamed
@@ -176,7 +176,7 @@ class ReplSeed(Step):
                 ctx.log.info("seed_progress", bytes=streamed, pct=pct)
 
         password = runtime(ctx).db_password()
-        # The password goes to the script's stdin, which gives it to mariadb-backup alone (transports/replication.py).
+        # The password goes to the script's stdin, which gives it to mariadb-backup alone (database/mysql/seed.py).
         stdin = (password or "") + "\n" if spec.password_env else None
         ctx.save(STREAMING, True)
         started = time.monotonic()
@@ -184,14 +184,14 @@ class ReplSeed(Step):
         if thresholds is None:
             # Under `nocache` like the pre-syncs (transfer.nocache, where the source has it): the backup's reads of
             # every data file leave the live server's page cache as they found it.
-            command = live_command(repl.seed_stream_command(spec), nocache=rt.plan.transfer.nocache, group_marker=None)
+            command = live_command(seed.seed_stream_command(spec), nocache=rt.plan.transfer.nocache, group_marker=None)
             streamed = rt.source.stream(command, _line, timeout=SEED_TIMEOUT, input=stdin)
         else:
             streamed = self._throttled(ctx, spec, thresholds, _line, stdin, result)
         result.stream_seconds = round(time.monotonic() - started, 3)
-        stages = repl.parse_backup_stages(streamed.stdout)
+        stages = seed.parse_backup_stages(streamed.stdout)
         result.backup_stages = {s.stage: f"{s.started[-8:]}-{s.finished[-8:]}" for s in stages}
-        locks = repl.parse_backup_locks(streamed.stdout)
+        locks = seed.parse_backup_locks(streamed.stdout)
         result.commits_blocked_seconds, result.ddl_blocked_seconds = locks.commits_blocked, locks.ddl_blocked
         result.commits_blocked_at = locks.commits_blocked_from
         ctx.log.info("repl.seed.source_locks", commits_blocked_s=locks.commits_blocked, ddl_blocked_s=locks.ddl_blocked)
@@ -199,7 +199,7 @@ class ReplSeed(Step):
     def _throttled(
         self,
         ctx: StepContext,
-        spec: repl.SeedSpec,
+        spec: seed.SeedSpec,
         thresholds: Thresholds,
         line: Callable[[str], None],
         stdin: str | None,
@@ -210,7 +210,7 @@ class ReplSeed(Step):
         rt = runtime(ctx)
         marker = group_marker("seed")
         log_path = marker + ".log"
-        command = live_command(repl.seed_stream_command(spec, log_path=log_path), nocache=rt.plan.transfer.nocache,
+        command = live_command(seed.seed_stream_command(spec, log_path=log_path), nocache=rt.plan.transfer.nocache,
                                group_marker=marker, max_load=thresholds.max_load)  # fmt: skip
         try:
             conn = rt.db("source", read_timeout=30.0)
@@ -218,11 +218,11 @@ class ReplSeed(Step):
             raise StepError(f"seeding the target: the throttle cannot read the source's redo log: {exc}") from None
         try:
             try:
-                guard = RedoGuard(lambda: repl.redo_lsn(conn), repl.redo_capacity(conn))
+                guard = RedoGuard(lambda: seed.redo_lsn(conn), seed.redo_capacity(conn))
             except DatabaseError as exc:
                 raise StepError(f"seeding the target: {exc.about('the source redo log size')}") from None
             throttle = Throttle(rt.source, marker, thresholds, what="seed",
-                                may_not_stop=repl.seed_locking_command(log_path), on_pause=guard.pause_began,
+                                may_not_stop=seed.seed_locking_command(log_path), on_pause=guard.pause_began,
                                 must_resume=guard.must_resume, paused_check_interval=PAUSED_CHECK_SECONDS)  # fmt: skip
             with throttle:
                 streamed = rt.source.stream(command, line, timeout=SEED_TIMEOUT, input=stdin)
@@ -244,8 +244,8 @@ class ReplSeed(Step):
             rt.target.run(rt.plan.database.target.stop, timeout=STOP_TIMEOUT)
             if rt.db_answers("target"):
                 raise StepError("the target database still answers after its stop command: its datadir stays seeded")
-            rt.target.run(repl.restore_previous_command(spec), timeout=STOP_TIMEOUT)
+            rt.target.run(seed.restore_previous_command(spec), timeout=STOP_TIMEOUT)
             ctx.log.info("repl.seed.previous_datadir_restored")
-        rt.target.run(repl.discard_staging_command(spec), timeout=STOP_TIMEOUT)
+        rt.target.run(seed.discard_staging_command(spec), timeout=STOP_TIMEOUT)
         ctx.save(INSTALLING, False)
         ctx.save(STREAMING, False)

@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.contracts import runtime
+from orchestrator.database.mysql import gtid, replica, switch
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
@@ -45,7 +46,6 @@ from orchestrator.steps.repl_common import (
     replica_source,
     reverse_over_replica,
 )
-from orchestrator.transports import replication as repl
 from orchestrator.transports.ssh import TransportError
 
 WRITES_BLOCKED_AT = "writes_blocked_at"
@@ -107,9 +107,9 @@ class ReplSwitch(Step):
             if ctx.saved(PROMOTED) or self._already_promoted(ctx, target):
                 ctx.log.info("repl.switch.already_promoted")
             else:
-                failure = repl.replica_status(target)
+                failure = replica.replica_status(target)
                 if ctx.saved(PROMOTING) and failure is not None and not failure.sql_running and not failure.error:
-                    repl.start_replica(target)  # a crash inside the promotion, after its STOP SLAVE
+                    replica.start_replica(target)  # a crash inside the promotion, after its STOP SLAVE
                 if failure is None or failure.error:
                     why = failure.error if failure is not None else "the target is not a replica"
                     raise StepError(f"the replica is not healthy before the window: {why}")
@@ -150,7 +150,7 @@ class ReplSwitch(Step):
             result.writes_blocked_at = window.begin(float(ctx.saved(WRITES_BLOCKED_AT)))
             result.final_gtid = result.final_gtid or ctx.saved(FINAL_GTID)
             result.executed_gtid = result.executed_gtid or ctx.saved(PROMOTED)
-        except repl.ReplicationError as exc:
+        except gtid.ReplicationError as exc:
             window.check("the switch")
             raise StepError(f"the switch: {exc}") from None
         except DatabaseError as exc:
@@ -235,11 +235,11 @@ class ReplSwitch(Step):
         return seconds
 
     def _wait_and_promote(
-        self, ctx: StepContext, target: Any, final: repl.GtidPosition, result: SwitchResult
-    ) -> repl.GtidPosition:
+        self, ctx: StepContext, target: Any, final: gtid.GtidPosition, result: SwitchResult
+    ) -> gtid.GtidPosition:
         """The replica's wait and its promotion with proof. Usually one round trip: the replica reaches the final
         position within a first slice of the wait and is promoted in the same compound statement
-        (repl.wait_and_promote). Else the wait goes on in slices that notice a broken replica, then the promotion
+        (switch.wait_and_promote). Else the wait goes on in slices that notice a broken replica, then the promotion
         as its own statements. `promoting` is journaled before each action that may promote."""
         window = ctx.window
         budget = runtime(ctx).plan.cutover.max_write_block
@@ -247,7 +247,7 @@ class ReplSwitch(Step):
         ctx.save(PROMOTING, True)
         started = time.monotonic()
         try:
-            first = repl.wait_and_promote(target, final, min(repl.WAIT_SLICE, window.timeout() or budget))
+            first = switch.wait_and_promote(target, final, min(replica.WAIT_SLICE, window.timeout() or budget))
             if first.promoted:
                 result.wait_seconds = round(first.waited, 3)
                 result.promote_seconds = round(time.monotonic() - started - first.waited, 3)
@@ -255,7 +255,7 @@ class ReplSwitch(Step):
             # Not reached within the slice: nothing changed on the target, which the journal says again (its undo
             # need not touch a target that was never promoted), until the promotion below.
             ctx.save(PROMOTING, False)
-            waited = repl.wait_for_position(target, final, window.timeout() or budget)
+            waited = replica.wait_for_position(target, final, window.timeout() or budget)
             result.wait_seconds = round(time.monotonic() - started, 3)
             if waited.outcome == "replica_failed":
                 raise StepError(f"the replica stopped inside the window: {waited.error}")
@@ -265,13 +265,13 @@ class ReplSwitch(Step):
             window.check("promoting the replica")
             ctx.save(PROMOTING, True)
             promoted = time.monotonic()
-            executed = repl.promote(target, expected=final)
+            executed = switch.promote(target, expected=final)
             result.promote_seconds = round(time.monotonic() - promoted, 3)
             return executed
-        except repl.PositionMismatch as exc:
+        except gtid.PositionMismatch as exc:
             raise StepError(f"not promoted: {exc}") from None
 
-    def _read_only(self, ctx: StepContext, source: Any) -> tuple[float, repl.GtidPosition]:
+    def _read_only(self, ctx: StepContext, source: Any) -> tuple[float, gtid.GtidPosition]:
         """read_only on the source, each try bounded by the budget, retried with backoff like the lock; with it, in
         the same round trip, the source's final position (read once read_only is set)."""
         c = runtime(ctx).plan.cutover
@@ -281,13 +281,13 @@ class ReplSwitch(Step):
         for attempt in range(1, c.lock_attempts + 1):
             window.check(f"setting read_only on the source (try {attempt})")
             try:
-                final = repl.read_only_and_position(
+                final = switch.read_only_and_position(
                     source, lock_wait_timeout=min(c.lock_wait_timeout, window.timeout() or 1.0)
                 )
                 seconds = round(time.monotonic() - started, 3)
                 ctx.log.info("repl.switch.source_read_only", attempt=attempt, seconds=seconds)
                 return seconds, final
-            except repl.ReplicationError as exc:
+            except gtid.ReplicationError as exc:
                 ctx.log.warning("repl.switch.read_only_wait_timeout", attempt=attempt, error=str(exc))
                 if attempt == c.lock_attempts:
                     raise StepError(
@@ -299,7 +299,7 @@ class ReplSwitch(Step):
                 delay *= 2
         raise AssertionError("unreachable")
 
-    def _final_position(self, ctx: StepContext, final: repl.GtidPosition) -> None:
+    def _final_position(self, ctx: StepContext, final: gtid.GtidPosition) -> None:
         """The source's last position, read once it is read-only: journaled before the target waits for it."""
         ctx.save(FINAL_GTID, str(final))
         ctx.log.info("repl.switch.final_position", gtid=str(final))
@@ -310,9 +310,9 @@ class ReplSwitch(Step):
         final = ctx.saved(FINAL_GTID)
         if not (ctx.saved(PROMOTING) and final):
             return False
-        if repl.replica_status(target) is not None or repl.is_read_only(target):
+        if replica.replica_status(target) is not None or switch.is_read_only(target):
             return False
-        return repl.same_position(repl.GtidPosition.parse(str(final)), repl.gtid_slave_pos(target))
+        return gtid.same_position(gtid.GtidPosition.parse(str(final)), gtid.gtid_slave_pos(target))
 
     def undo(self, ctx: StepContext) -> None:
         """The target read-only again (it must not take writes), the source writable again, its fence lifted.
@@ -329,7 +329,7 @@ class ReplSwitch(Step):
             try:
                 conn = rt.db("target", retry=False)
                 try:
-                    repl.set_read_only(conn, True, lock_wait_timeout=plan.cutover.lock_wait_timeout)
+                    switch.set_read_only(conn, True, lock_wait_timeout=plan.cutover.lock_wait_timeout)
                 finally:
                     rt.release(conn)
             except Exception as exc:
@@ -342,8 +342,8 @@ class ReplSwitch(Step):
         if ctx.saved(SOURCE_READ_ONLY) or ctx.saved(WRITES_BLOCKED_AT):
             conn = rt.db("source")
             try:
-                if repl.is_read_only(conn):
-                    repl.set_read_only(conn, False, lock_wait_timeout=plan.cutover.lock_wait_timeout)
+                if switch.is_read_only(conn):
+                    switch.set_read_only(conn, False, lock_wait_timeout=plan.cutover.lock_wait_timeout)
                     ctx.log.info("repl.switch.undo.source_writable")
             finally:
                 rt.release(conn)
@@ -364,13 +364,13 @@ class ReplSwitch(Step):
         rt = runtime(ctx)
         conn = rt.db("target", retry=False)
         try:
-            status = repl.replica_status(conn)
+            status = replica.replica_status(conn)
             port, final = ctx.saved(REPLICA_PORT), ctx.saved(FINAL_GTID)
             if status is None and port and final:
-                repl.point_replica(conn, replica_source(rt, int(port)), repl.GtidPosition.parse(str(final)))
-                status = repl.replica_status(conn)
+                replica.point_replica(conn, replica_source(rt, int(port)), gtid.GtidPosition.parse(str(final)))
+                status = replica.replica_status(conn)
             if status is not None and not status.replicating and not status.error:
-                repl.start_replica(conn)
+                replica.start_replica(conn)
                 ctx.log.info("repl.switch.undo.replicating_again")
         finally:
             rt.release(conn)

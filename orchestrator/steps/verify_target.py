@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.contracts import Which, runtime
+from orchestrator.database.mysql import gtid
+from orchestrator.database.mysql import session as mysql
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.plan.model import FileTree, Plan
@@ -32,8 +34,7 @@ from orchestrator.services.tracking import verify_listed_command
 from orchestrator.steps.common import window_route
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import SWITCH_STEP
-from orchestrator.transports import mysql, rsync
-from orchestrator.transports import replication as repl
+from orchestrator.transports import rsync
 from orchestrator.transports.rsync_daemon import DaemonRoute
 from orchestrator.transports.ssh import TransportError
 
@@ -198,7 +199,7 @@ class VerifyTarget(Step):
         final_text = ctx.output(SWITCH_STEP).get("final_gtid")
         if not final_text:
             return {}, ["no final GTID position recorded by the switch"]
-        final = repl.GtidPosition.parse(str(final_text))
+        final = gtid.GtidPosition.parse(str(final_text))
         timeout = ctx.window.timeout(rt.plan.database.read_timeout)
 
         held: dict[str, Any] = {}
@@ -211,10 +212,10 @@ class VerifyTarget(Step):
 
             with_snapshot = which == "target" and self.audit_wanted(ctx)
 
-            def _position(conn: Any) -> repl.GtidPosition:
+            def _position(conn: Any) -> gtid.GtidPosition:
                 if which == "source":
-                    return repl.gtid_binlog_pos(conn)
-                return self._snapshot_and_position(ctx, conn) if with_snapshot else repl.gtid_current_pos(conn)
+                    return gtid.gtid_binlog_pos(conn)
+                return self._snapshot_and_position(ctx, conn) if with_snapshot else gtid.gtid_current_pos(conn)
 
             try:
                 # The spare opened before the window, unpinged: the read itself is the check (one round trip).
@@ -242,7 +243,7 @@ class VerifyTarget(Step):
             except DatabaseError as exc:
                 ctx.window.check("comparing GTID positions")
                 return [f"reading the {which}'s GTID position: {exc}"]
-            if not repl.same_position(final, now):
+            if not gtid.same_position(final, now):
                 problems.append(f"the {which} stands at GTID {now or 'nothing'}, not the final position {final}")
             return problems
 
@@ -251,7 +252,7 @@ class VerifyTarget(Step):
             problems = [problem for future in futures for problem in future.result()]
         return held, problems
 
-    def _snapshot_and_position(self, ctx: StepContext, conn: Any) -> repl.GtidPosition:
+    def _snapshot_and_position(self, ctx: StepContext, conn: Any) -> gtid.GtidPosition:
         """The audit's snapshot and the target's position in one round trip (`_snapshot_open` says it opened); a
         server that refuses the compound statement (an SQL error, the connection fine) gets the position alone,
         and the snapshot is then opened apart."""
@@ -265,7 +266,7 @@ class VerifyTarget(Step):
             if exc.connection_lost:
                 raise
             ctx.log.warning("audit_snapshot_apart", error=str(exc))
-            return repl.gtid_current_pos(conn)
+            return gtid.gtid_current_pos(conn)
         self._snapshot_open = True
         return now
 

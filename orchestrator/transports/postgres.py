@@ -2,7 +2,7 @@
 standby through the SSH tunnel, promotion with proof, the old primary turned into a standby, preflight facts.
 
 Supported: PostgreSQL 13 and later on both sides, the same major version (physical replication needs it); proven on
-the lab with Debian 12's PostgreSQL 15. A thin adapter like transports/mysql.py and transports/replication.py: SQL
+the lab with Debian 12's PostgreSQL 15. A thin adapter like database/mysql/session.py and database/mysql/replica.py: SQL
 functions take an open psycopg connection, host work is a command string (run it with `host.run`) and the parse of
 its output, as probes.py does. It decides nothing about a migration.
 
