@@ -87,6 +87,10 @@ class Audit(Step):
                                "gone (the run was resumed); the target has taken writes since the commit")  # fmt: skip
         if tables is None:
             return AuditResult(status="not_run", reason="the cut-over journaled no list of tables")
+        if not rt.database.audits_stopped_source:
+            why = (f"starting a stopped {rt.database.name} source isolated for the audit is not built yet: the "
+                   "target's health checks and the files' comparison ran inside the window")  # fmt: skip
+            return AuditResult(status="not_run", tables=len(tables), reason=why)
         if held.source is None:
             why = (
                 "the source server's command line was not read in this process (resumed after the source's "
