@@ -26,7 +26,6 @@ ENGINES: dict[EngineName, str] = {
 }
 
 
-
 def engine_problem(name: str) -> str | None:
     """Why a plan cannot name this engine, or None when the registry knows it."""
     if name in ENGINES:

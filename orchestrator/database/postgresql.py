@@ -238,9 +238,11 @@ class PostgreSql:
 
     def missing_privileges(self, session: Session, needed: Iterable[str]) -> set[str]:
         """PostgreSQL's fence, checkpoint and settings need a superuser: SUPERUSER when the account is not one."""
-        return set() if bool(_scalar(session, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user")) else {
-            "SUPERUSER"
-        }
+        return (
+            set()
+            if bool(_scalar(session, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"))
+            else {"SUPERUSER"}
+        )
 
     def error_log_path(self, session: Session) -> str:
         return ""  # pg_ctl's -l file or the logging collector's: nothing the stop's timing reads

@@ -1077,11 +1077,11 @@ def cross_field_problems(plan: Plan) -> list[tuple[Location, str]]:
                 "needs a URL to measure: transfer.latency_url, or an http health check (aimed at the source)",
             )
         )
-    if plan.cutover.mode == "replicate" and plan.replication is None:
-        problems.append((("cutover", "mode"), "'replicate' needs a replication section (user, password)"))
     refusal = replicate_refusal(plan.database.engine)
     if plan.cutover.mode == "replicate" and refusal is not None:
-        problems.append((("cutover", "mode"), refusal))
+        problems.append((("cutover", "mode"), refusal))  # one line: the section would not help
+    elif plan.cutover.mode == "replicate" and plan.replication is None:
+        problems.append((("cutover", "mode"), "'replicate' needs a replication section (user, password)"))
     return problems
 
 

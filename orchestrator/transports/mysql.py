@@ -48,6 +48,7 @@ DIRECTORY_VARIABLES = (
 )
 FILE_VARIABLES = ("log_bin_basename", "log_bin_index")
 
+
 def db_error(what: str, exc: BaseException) -> DbError:
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
     text = exc.args[1] if len(exc.args) > 1 else str(exc)
