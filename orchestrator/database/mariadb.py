@@ -101,6 +101,7 @@ class MariaDb:
     """The `Database` for `database.engine: mariadb` (and `mysql`, which speaks the same protocol)."""
 
     server_files: tuple[str, ...] = probes.INNODB_FILES
+    fence_name = "FLUSH TABLES WITH READ LOCK"
     fence_in_data = False
     audits_stopped_source = True
     needed_privileges: tuple[str, ...] = ("RELOAD", "SELECT", "SHUTDOWN", "PROCESS")

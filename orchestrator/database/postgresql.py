@@ -138,6 +138,7 @@ class PostgreSql:
     """The `Database` for `database.engine: postgresql`."""
 
     server_files: tuple[str, ...] = SERVER_FILES
+    fence_name = "the app roles' fence (NOLOGIN, their sessions ended, then CHECKPOINT)"
     fence_in_data = True
     audits_stopped_source = False
     needed_privileges: tuple[str, ...] = ("SUPERUSER",)

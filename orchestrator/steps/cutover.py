@@ -84,7 +84,7 @@ class Cutover(Step):
             f"on {plan.source.address}: fence the service: {fence}"
             if fence
             else "no fence command: writes are blocked by the database lock only",
-            f"FLUSH TABLES WITH READ LOCK on the source database, waiting at most {c.lock_wait_timeout:g} s, "
+            f"{runtime(ctx).database.fence_name} on the source database, waiting at most {c.lock_wait_timeout:g} s, "
             f"{c.lock_attempts} tries with backoff from {c.lock_retry_backoff:g} s",
             "under the lock: the binary log position and the list of tables (no row is read while writes are"
             " blocked: row counts and checksums are the audit's, after the commit)",
@@ -415,11 +415,11 @@ class Cutover(Step):
         last = "no attempt"
         for attempt in range(1, c.lock_attempts + 1):
             self._block_writes(ctx)
-            window.check(f"waiting for FLUSH TABLES WITH READ LOCK (try {attempt})")
+            window.check(f"waiting for {database.fence_name} (try {attempt})")
             left = window.remaining() or 0.0
             if left < 1.0:  # MariaDB waits in whole seconds: a wait of at least 1 s would overrun the budget
                 raise StepError(
-                    f"another FLUSH TABLES WITH READ LOCK (try {attempt}) would keep writes blocked more than "
+                    f"another {database.fence_name} (try {attempt}) would keep writes blocked more than "
                     f"cutover.max_write_block {c.max_write_block:g} s: {max(left, 0):.1f} s remain after the "
                     f"rollback's reserve ({window.reserve:g} s); last try blocked by {last}"
                 )
@@ -453,7 +453,7 @@ class Cutover(Step):
                 self._let_writes_in(ctx, timeout=window.timeout(FENCE_COMMAND_TIMEOUT) or FENCE_COMMAND_TIMEOUT)
                 time.sleep(delays[attempt - 1])
         raise StepError(
-            f"could not get FLUSH TABLES WITH READ LOCK in {c.lock_attempts} tries of "
+            f"could not get {database.fence_name} in {c.lock_attempts} tries of "
             f"{c.lock_wait_timeout:g} s: blocked by {last}"
         )
 
