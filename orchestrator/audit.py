@@ -295,6 +295,27 @@ def snapshot_figures(
     return got_counts, got_sums
 
 
+def engine_figures(
+    database: Any, conn: Session, tables: list[str], *, counts: bool, checksums: bool
+) -> tuple[dict[str, int], dict[str, int | None]]:
+    """Row counts and checksums read in the held snapshot through the engine (`database`: a Database), one table at a
+    time; a table that cannot be read (missing on the target) is left out."""
+    got_counts: dict[str, int] = {}
+    got_sums: dict[str, int | None] = {}
+    with database.bounded(conn, READ_TIMEOUT):
+        for name in tables:
+            schema, _, table = name.partition(".")
+            try:
+                if counts:
+                    got_counts.update(database.row_counts(conn, [(schema, table)]))
+                if checksums:
+                    got_sums.update(database.checksums(conn, [(schema, table)]))
+            except DatabaseError as exc:
+                if not exc.statement_refused:
+                    raise
+    return got_counts, got_sums
+
+
 def differences(kind: str, source: dict[str, Any], target: dict[str, Any]) -> list[str]:
     """One line per table whose figure differs ('schema.table: row counts: source 10, target 9')."""
     lines = []

@@ -124,6 +124,9 @@ def test_apply_in_the_shutdown_mode_under_load_loses_no_acknowledged_write(pg_la
     assert verify.reviews_acknowledged > 0
     assert verify.acknowledged_lost == 0, verify.lost
     assert report["write_block_seconds"] > 0
+    # After the commit: the target's snapshot at the commit against the stopped source, started isolated.
+    assert report["audit"]["status"] == "equal", report["audit"]
+    assert report["audit"]["tables"] == len(report["row_counts"]) > 0
     # The app's roles were fenced on the source and travelled with the copy; the target let them in again.
     assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
 

@@ -225,6 +225,19 @@ class MariaDb:
     def open_snapshot(self, session: Session, schemas: list[str] | None) -> dict[str, str]:
         return mysql.open_snapshot(session, schemas)
 
+    def isolated_figures(
+        self,
+        host: Any,
+        binary: str,
+        user: str | None,
+        datadir: str,
+        tables: list[str],
+        *,
+        counts: bool,
+        checksums: bool,
+    ) -> tuple[dict[str, int], dict[str, int | None]]:
+        raise DatabaseError("MariaDB's stopped source is read by orchestrator/audit.py (audits_stopped_source)")
+
     def lift_fence(self, session: Session) -> list[str]:
         return []  # the fence is FTWRL and read_only: neither lives in the data a copy carries
 

@@ -14,6 +14,8 @@ starts fenced; `lift_fence` lets the marked roles in again (the target at its st
 from __future__ import annotations
 
 import contextlib
+import posixpath
+import shlex
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -37,6 +39,10 @@ QUERY_CANCELED = "57014"
 LOCK_NOT_AVAILABLE = "55P03"
 TRANSIENT_STATES = (CANNOT_CONNECT_NOW, "40001", "40P01", LOCK_NOT_AVAILABLE, *ADMIN_SHUTDOWN)
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema")
+# The audit's isolated source: any port (its socket lives in a private directory, no TCP), its bounds.
+ISOLATED_PORT = 5432
+ISOLATED_START_TIMEOUT = 180.0
+ISOLATED_READ_TIMEOUT = 4 * 3600.0
 # The data directory's files the server's processes hold open while it runs (WAL segments, relations): once no
 # process holds any, the server is gone and its directory quiet.
 SERVER_FILES = ("pg_wal/*", "base/*/*", "global/*")
@@ -140,7 +146,7 @@ class PostgreSql:
     server_files: tuple[str, ...] = SERVER_FILES
     fence_name = "the app roles' fence (NOLOGIN, their sessions ended, then CHECKPOINT)"
     fence_in_data = True
-    audits_stopped_source = False
+    audits_stopped_source = False  # the engine's own `isolated_figures` reads it
     needed_privileges: tuple[str, ...] = ("SUPERUSER",)
 
     def __init__(self, name: str = "postgresql", *, meter: RoundTrips | None = None) -> None:
@@ -359,6 +365,48 @@ class PostgreSql:
     def wal_position(self, session: Session) -> str:
         return str(pg.current_wal_lsn(_raw(session)))
 
+    # --- the after-commit audit ---
+
+    def isolated_figures(
+        self,
+        host: Any,
+        binary: str,
+        user: str | None,
+        datadir: str,
+        tables: list[str],
+        *,
+        counts: bool,
+        checksums: bool,
+    ) -> tuple[dict[str, int], dict[str, int | None]]:
+        """The stopped source's figures: its server started on its own data directory as its owner, unreachable but
+        through a socket in a private directory (no TCP), every transaction read-only, no autovacuum, no archiving,
+        read with psql, then stopped again (whatever happened) and the directory removed. Its shutdown adds a
+        checkpoint record to the old source's WAL: nothing else is written."""
+        owner = user or "postgres"
+        made = host.run(
+            'd=$(mktemp -d "${TMPDIR:-/tmp}/migrate-audit.XXXXXX") && chmod 700 "$d" && '
+            f'chown {shlex.quote(owner)} "$d" && printf %s "$d"',
+            timeout=30.0,
+        ).stdout.strip()
+        if not made.startswith("/"):
+            raise PgDriverError("no private directory for the isolated source on its host", None, lost=False,
+                                refused=False)  # fmt: skip
+        options = (f"-c listen_addresses='' -c unix_socket_directories={made} -c default_transaction_read_only=on"
+                   " -c autovacuum=off -c archive_mode=off",)  # fmt: skip
+        cluster = pg.Cluster(data_dir=datadir, port=ISOLATED_PORT, bin_dir=posixpath.dirname(binary),
+                             os_user=owner, log_file=f"{made}/postgresql.log", options=options)  # fmt: skip
+        try:
+            host.run(pg.pg_ctl_command(cluster, "start", wait=int(ISOLATED_START_TIMEOUT)),
+                     timeout=ISOLATED_START_TIMEOUT + 30)  # fmt: skip
+            psql = [cluster.program("psql"), "-X", "-q", "-A", "-t", "-F", "\t", "-h", made, "-p", str(ISOLATED_PORT),
+                    "-d", self.dbname]  # fmt: skip
+            out = host.run(cluster.as_owner(psql), input=_figures_sql(tables, counts, checksums),
+                           timeout=ISOLATED_READ_TIMEOUT, check=False).stdout  # fmt: skip
+            return _parse_figures(out, tables)
+        finally:
+            host.run(f"{pg.pg_ctl_command(cluster, 'stop')}; rm -rf {shlex.quote(made)}",
+                     timeout=ISOLATED_START_TIMEOUT + 30, check=False)  # fmt: skip
+
     # --- preflight ---
 
     def datadir_settings(self, session: Session) -> tuple[str, dict[str, str]]:
@@ -384,6 +432,34 @@ class PostgreSql:
             row = cur.fetchone()
         facts = {"data_checksums": str(row[0]) if row else "", "wal_log_hints": str(row[1]) if row else ""}
         return [], facts
+
+
+def _figures_sql(tables: list[str], counts: bool, checksums: bool) -> str:
+    """One marked row per table and figure: a table that fails (missing) leaves its figure out, nothing shifts."""
+    lines = []
+    for i, name in enumerate(tables):
+        schema, _, table = name.partition(".")
+        quoted = '"' + schema.replace('"', '""') + '"."' + table.replace('"', '""') + '"'
+        if counts:
+            lines.append(f"SELECT 'count#{i}', count(*) FROM {quoted};")
+        if checksums:
+            lines.append(f"SELECT 'checksum#{i}', coalesce(sum(hashtext(t::text)::bigint), 0) FROM {quoted} t;")
+    return "\n".join(lines) + "\n"
+
+
+def _parse_figures(output: str, tables: list[str]) -> tuple[dict[str, int], dict[str, int | None]]:
+    found_counts: dict[str, int] = {}
+    found_sums: dict[str, int | None] = {}
+    for line in output.splitlines():
+        head, _, value = line.partition("\t")
+        kind, _, index = head.partition("#")
+        if not index.isdigit() or int(index) >= len(tables):
+            continue
+        if kind == "count":
+            found_counts[tables[int(index)]] = int(value)
+        elif kind == "checksum":
+            found_sums[tables[int(index)]] = int(value)
+    return found_counts, found_sums
 
 
 def _newest_major(text: str) -> str:

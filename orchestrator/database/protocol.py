@@ -121,8 +121,8 @@ class Database(Protocol):
     # Whether the write fence lives in the data (PostgreSQL's NOLOGIN roles: a copy of the datadir carries it, and the
     # target's is lifted when it starts) rather than in a session or the server's memory (MariaDB's lock, read_only).
     fence_in_data: bool
-    # Whether the shutdown mode's audit can start the stopped source isolated and read-only to compare it with the
-    # target (MariaDB's server options; PostgreSQL's not built yet: its audit says so and does not run).
+    # Whether the shutdown mode's audit starts the stopped source isolated and read-only with orchestrator/audit.py
+    # (MariaDB's server options) or asks the engine (`isolated_figures`: PostgreSQL).
     audits_stopped_source: bool
     # What preflight asks of the plan's account (`missing_privileges`), as the engine spells it.
     needed_privileges: tuple[str, ...]
@@ -225,6 +225,23 @@ class Database(Protocol):
     def lift_fence(self, session: Session) -> list[str]:
         """Let in again what a fence left in the data itself (PostgreSQL: NOLOGIN roles, copied to the target with
         the data directory); the accounts let in (none for an engine whose fence is a session's lock)."""
+
+    # --- the after-commit audit ---
+
+    def isolated_figures(
+        self,
+        host: Any,
+        binary: str,
+        user: str | None,
+        datadir: str,
+        tables: list[str],
+        *,
+        counts: bool,
+        checksums: bool,
+    ) -> tuple[dict[str, int], dict[str, int | None]]:
+        """The stopped source's row counts and checksums ("schema.table" → figure), its server (`binary`, run as
+        `user`) started isolated and read-only on `host`, then stopped again; a table that cannot be read is left
+        out. Only for an engine whose `audits_stopped_source` is False."""
 
     # --- positions ---
 

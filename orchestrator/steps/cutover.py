@@ -287,7 +287,7 @@ class Cutover(Step):
         only: a command line may carry what a journal must not). A failure costs the audit, never the run."""
         rt = runtime(ctx)
         verify = rt.plan.database.verify
-        if not (verify.row_counts or verify.checksum) or not rt.database.audits_stopped_source:
+        if not (verify.row_counts or verify.checksum):
             return
         try:
             launch = audit.read_launch(rt.source, self._server_pids)
