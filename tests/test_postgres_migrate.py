@@ -104,7 +104,7 @@ def test_apply_in_the_shutdown_mode_under_load_loses_no_acknowledged_write(pg_la
     )  # fmt: skip
     try:
         wait_for_ack(load_dir, state.source.address, since=0.0)
-        result = migrate(state, "apply", str(state.plan_file), "--yes")
+        result = migrate(state, "apply", str(checksummed_plan(state)), "--yes")
         assert result.returncode == exit_codes.OK, outcome(result)
         wait_for_ack(load_dir, state.target.address, since=time.time())  # clients followed the records
     finally:
@@ -127,8 +127,20 @@ def test_apply_in_the_shutdown_mode_under_load_loses_no_acknowledged_write(pg_la
     # After the commit: the target's snapshot at the commit against the stopped source, started isolated.
     assert report["audit"]["status"] == "equal", report["audit"]
     assert report["audit"]["tables"] == len(report["row_counts"]) > 0
+    assert report["audit"]["checksums_compared"] == len(report["row_counts"]), report["audit"]
     # The app's roles were fenced on the source and travelled with the copy; the target let them in again.
     assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
+
+
+def checksummed_plan(state: LabState) -> Path:
+    """The lab's plan, its audit comparing checksums too (the lab's compares row counts)."""
+    yaml = YAML()
+    data = yaml.load(state.plan_file.read_text())
+    data["database"]["verify"] = {"row_counts": True, "checksum": True}
+    plan = state.path / "plan-checksum.yaml"
+    with plan.open("w") as out:
+        yaml.dump(data, out)
+    return plan
 
 
 def latest_report(state: LabState) -> dict[str, Any]:
