@@ -105,6 +105,7 @@ class MariaDb:
     fence_in_data = False
     audits_stopped_source = True
     needed_privileges: tuple[str, ...] = ("RELOAD", "SELECT", "SHUTDOWN", "PROCESS")
+    grant_hint = "GRANT them ON *.*"
 
     def __init__(self, name: str = "mariadb", *, meter: RoundTrips | None = None) -> None:
         self.name = name

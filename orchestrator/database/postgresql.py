@@ -148,6 +148,7 @@ class PostgreSql:
     fence_in_data = True
     audits_stopped_source = False  # the engine's own `isolated_figures` reads it
     needed_privileges: tuple[str, ...] = ("SUPERUSER",)
+    grant_hint = "ALTER ROLE <user> SUPERUSER"
 
     def __init__(self, name: str = "postgresql", *, meter: RoundTrips | None = None) -> None:
         self.name = name
@@ -360,7 +361,7 @@ class PostgreSql:
     # --- positions ---
 
     def final_position(self, session: Session) -> dict[str, Any] | None:
-        return None  # the WAL position is logged by the cut-over; a binary log position has no meaning here
+        return None  # a binary log position has no meaning here (a resume after the shutdown began rolls back)
 
     def wal_position(self, session: Session) -> str:
         return str(pg.current_wal_lsn(_raw(session)))

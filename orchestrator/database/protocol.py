@@ -124,8 +124,9 @@ class Database(Protocol):
     # Whether the shutdown mode's audit starts the stopped source isolated and read-only with orchestrator/audit.py
     # (MariaDB's server options) or asks the engine (`isolated_figures`: PostgreSQL).
     audits_stopped_source: bool
-    # What preflight asks of the plan's account (`missing_privileges`), as the engine spells it.
+    # What preflight asks of the plan's account (`missing_privileges`), as the engine spells it, and how to give it.
     needed_privileges: tuple[str, ...]
+    grant_hint: str
 
     def configure(self, settings: Any) -> None:
         """The plan's `database` section, given once when the run opens the engine."""

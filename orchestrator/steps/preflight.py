@@ -314,7 +314,8 @@ class Preflight(Step):
             problems.add(note)
         if missing:
             user = runtime(ctx).plan.database.user
-            problems.add(f"database user {user} lacks {', '.join(sorted(missing))} on the source: GRANT them ON *.*")
+            hint = runtime(ctx).database.grant_hint
+            problems.add(f"database user {user} lacks {', '.join(sorted(missing))} on the source: {hint}")
         return version
 
     def _datadir(self, ctx: StepContext, problems: Problems) -> None:
