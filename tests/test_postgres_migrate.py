@@ -1,6 +1,7 @@
-"""`migrate apply` of a PostgreSQL lab (`lab up --engine postgresql`) in the shutdown mode, under the lab's load and
-through the front doors: every acknowledged write is on the target, the window is reported; and a plan asking
-the replicate mode of PostgreSQL is refused in one line.
+"""`migrate apply` of a PostgreSQL lab (`lab up --engine postgresql`) in the shutdown mode: a run failing inside the
+window rolls back and the source takes writes again; a run under the lab's load, through the front doors, keeps
+every acknowledged write and its audit finds the target equal to the source; and a plan asking the replicate mode
+of PostgreSQL is refused in one line.
 
 One lab for the module, under /var/tmp (the clusters run as `postgres`, which cannot reach pytest's private
 temporary directories).
@@ -16,7 +17,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +98,17 @@ def test_the_replicate_mode_of_postgresql_is_refused_in_one_line(pg_lab: LabStat
     assert "replicate mode is MariaDB-only" in lines[0] and f"{plan}:" in lines[0], lines[0]
 
 
-def test_apply_in_the_shutdown_mode_under_load_loses_no_acknowledged_write(pg_lab: LabState) -> None:
+def test_a_failed_run_lets_the_roles_in_again_then_a_run_under_load_loses_no_acknowledged_write(
+    pg_lab: LabState,
+) -> None:
     state = pg_lab
+    # First a run whose health check fails inside the window: the rollback starts the source's server again and
+    # lets the app's roles (fenced NOLOGIN, marked) log in again, so the source's app takes writes.
+    failed = migrate(state, "apply", str(plan_copy(state, "failing", failing_health_check)), "--yes")
+    assert failed.returncode == exit_codes.FAILED, outcome(failed)
+    assert latest_report(state)["status"] == "rolled_back"
+    status, body = post_review(state)
+    assert status == 201, f"the source refused a write after the rollback: {status} {body[:200]!r}"
     load_dir = state.path / "load"
     load = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path), "--duration", "300",
@@ -104,7 +117,7 @@ def test_apply_in_the_shutdown_mode_under_load_loses_no_acknowledged_write(pg_la
     )  # fmt: skip
     try:
         wait_for_ack(load_dir, state.source.address, since=0.0)
-        result = migrate(state, "apply", str(checksummed_plan(state)), "--yes")
+        result = migrate(state, "apply", str(plan_copy(state, "checksum", with_checksums)), "--yes")
         assert result.returncode == exit_codes.OK, outcome(result)
         wait_for_ack(load_dir, state.target.address, since=time.time())  # clients followed the records
     finally:
@@ -132,15 +145,38 @@ def test_apply_in_the_shutdown_mode_under_load_loses_no_acknowledged_write(pg_la
     assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
 
 
-def checksummed_plan(state: LabState) -> Path:
-    """The lab's plan, its audit comparing checksums too (the lab's compares row counts)."""
+def plan_copy(state: LabState, name: str, change: Callable[[Any], None]) -> Path:
+    """The lab's plan with `change` made to it, beside it (same plan name: the same journal and reports)."""
     yaml = YAML()
     data = yaml.load(state.plan_file.read_text())
-    data["database"]["verify"] = {"row_counts": True, "checksum": True}
-    plan = state.path / "plan-checksum.yaml"
+    change(data)
+    plan = state.path / f"plan-{name}.yaml"
     with plan.open("w") as out:
         yaml.dump(data, out)
     return plan
+
+
+def with_checksums(data: Any) -> None:
+    data["database"]["verify"] = {"row_counts": True, "checksum": True}  # the lab's compares row counts only
+
+
+def failing_health_check(data: Any) -> None:
+    data["health"]["checks"][1]["expect"] = "2"  # there is 1 review at least, never 2 from EXISTS
+    data["health"]["attempts"] = 1
+
+
+def post_review(state: LabState) -> tuple[int, bytes]:
+    review = {"id": f"after-rollback-{uuid.uuid4().hex[:8]}", "author": "check", "course": "pg", "rating": 5,
+              "body": "written after the rollback"}  # fmt: skip
+    request = urllib.request.Request(
+        f"http://{state.source.address}:{state.source.app_port}/reviews", data=json.dumps(review).encode(),
+        method="POST", headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
 
 
 def latest_report(state: LabState) -> dict[str, Any]:
