@@ -10,16 +10,18 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pymysql
 import pytest
 import structlog
 
-from orchestrator.database import engines, mariadb
+from orchestrator.database import engines, mariadb, postgresql
 from orchestrator.database.mysql import session as mysql
 from orchestrator.database.names import EngineName
 from orchestrator.database.protocol import Database, DatabaseError
 from orchestrator.plan.loader import PlanError, load_plan
 from orchestrator.plan.model import Database as DatabaseSection
+from orchestrator.plan.model import static_mode
 from orchestrator.runtime import DatabaseUnreachable, Runtime
 from orchestrator.transports.meter import RoundTrips
 from orchestrator.transports.ssh import TransportError
@@ -46,29 +48,74 @@ def offline_session(failing: BaseException | None = None) -> pymysql.Connection:
 
 def test_the_plan_accepts_exactly_the_engines_the_registry_opens() -> None:
     accepted = typing.get_args(DatabaseSection.model_fields["engine"].annotation)
-    assert accepted == typing.get_args(EngineName) == ("mariadb", "mysql")
+    assert accepted == typing.get_args(EngineName) == ("mariadb", "mysql", "postgresql")
     assert set(engines.ENGINES) == set(accepted)
     meter = RoundTrips()
     example = plan()
     for name in accepted:
-        section = example.database.model_copy(update={"engine": name})
+        section = example.database.model_copy(update={"engine": name, "schemas": ["shop"]})
         engine = engines.open_database(example.model_copy(update={"database": section}), meter=meter)
         assert isinstance(engine, Database) and engine.name == name
-        assert isinstance(engine, mariadb.MariaDb) and engine.meter is meter  # MySQL speaks MariaDB's SQL here
+        assert engine.meter is meter  # type: ignore[attr-defined]  # both engines keep it
+        if name == "postgresql":
+            assert isinstance(engine, postgresql.PostgreSql) and engine.dbname == "shop"  # schemas name the database
+        else:
+            assert isinstance(engine, mariadb.MariaDb)  # MySQL speaks MariaDB's SQL here
+
+
+def test_every_engine_has_every_member_of_the_protocol() -> None:
+    members = {n for n in vars(Database) if not n.startswith("_")} | set(Database.__annotations__)
+    for module in {engines.ENGINES[name] for name in engines.ENGINES}:
+        engine = engines.open_engine(next(n for n, m in engines.ENGINES.items() if m == module))
+        missing = sorted(n for n in members if not hasattr(engine, n))
+        assert not missing, f"{module} lacks {missing}"
+
+
+def test_a_postgresql_error_leaves_a_session_as_a_database_error() -> None:
+    lost = postgresql.wrapped(psycopg.OperationalError("connection refused"))
+    assert isinstance(lost, DatabaseError) and lost.connection_lost and lost.transient and not lost.server_answered
+    missing = postgresql.wrapped(psycopg.errors.lookup("42P01")('relation "nope" does not exist'))
+    assert missing.statement_refused and missing.server_answered and not missing.connection_lost
+    assert missing.about("reading nope") == 'reading nope: relation "nope" does not exist (SQLSTATE 42P01)'
+    starting = postgresql.wrapped(psycopg.errors.lookup("57P03")("the database system is starting up"))
+    assert not starting.server_answered and starting.transient  # not up yet: wait, as for no answer at all
+    denied = postgresql.wrapped(psycopg.errors.lookup("28P01")("password authentication failed"))
+    assert denied.server_answered and not denied.transient
+    where = denied.prefixed("source")
+    assert type(where) is type(denied) and str(where) == "source password authentication failed"
+    assert where.sqlstate == "28P01" and where.server_answered
+
+
+def test_the_replicate_mode_is_refused_for_postgresql_and_auto_resolves_to_shutdown(tmp_path: Path) -> None:
+    text = PLAN_FILE.read_text().replace("database:\n  engine: mariadb\n", "database:\n  engine: postgresql\n", 1)
+    assert "\n  mode: shutdown\n" in text
+    auto = tmp_path / "auto.yaml"
+    section = "\nreplication:\n  user: repl\n  password: {env: REPL_PASSWORD}\n"
+    auto.write_text(text.replace("\n  mode: shutdown\n", "\n  mode: auto\n") + section)
+    assert load_plan(auto).plan.replication is not None
+    assert static_mode(load_plan(auto).plan) == "shutdown"  # even with a replication section
+    replicate = tmp_path / "replicate.yaml"
+    replicate.write_text(text.replace("\n  mode: shutdown\n", "\n  mode: replicate\n"))
+    with pytest.raises(PlanError) as caught:
+        load_plan(replicate)
+    assert str(caught.value).count("\n") == 0
+    assert "the replicate mode is MariaDB-only for now (database.engine postgresql)" in str(caught.value)
 
 
 def test_an_engine_the_registry_does_not_know_is_refused_in_one_line(tmp_path: Path) -> None:
-    assert engines.engine_problem("postgresql") == "unknown database engine 'postgresql' (known: mariadb, mysql)"
-    with pytest.raises(ValueError, match="unknown database engine 'postgresql'"):
-        engines.open_engine("postgresql")
-    text = PLAN_FILE.read_text().replace("database:\n  engine: mariadb\n", "database:\n  engine: postgresql\n", 1)
-    assert "engine: postgresql" in text
+    assert engines.engine_problem("oracle") == "unknown database engine 'oracle' (known: mariadb, mysql, postgresql)"
+    with pytest.raises(ValueError, match="unknown database engine 'oracle'"):
+        engines.open_engine("oracle")
+    text = PLAN_FILE.read_text().replace("database:\n  engine: mariadb\n", "database:\n  engine: oracle\n", 1)
+    assert "engine: oracle" in text
     path = tmp_path / "plan.yaml"
     path.write_text(text)
     with pytest.raises(PlanError) as caught:
         load_plan(path)
-    line = next(number for number, row in enumerate(text.splitlines(), 1) if row == "  engine: postgresql")
-    assert str(caught.value) == f"{path}:{line}:3: database.engine: must be 'mariadb' or 'mysql', got 'postgresql'"
+    line = next(number for number, row in enumerate(text.splitlines(), 1) if row == "  engine: oracle")
+    assert str(caught.value) == (
+        f"{path}:{line}:3: database.engine: must be 'mariadb', 'mysql' or 'postgresql', got 'oracle'"
+    )
 
 
 def test_the_runtime_opens_the_plans_engine_once_its_sessions_counted_on_the_run() -> None:

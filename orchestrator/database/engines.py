@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 ENGINES: dict[EngineName, str] = {
     "mariadb": "orchestrator.database.mariadb",
     "mysql": "orchestrator.database.mariadb",
+    "postgresql": "orchestrator.database.postgresql",
 }
 
 
@@ -42,5 +43,8 @@ def open_engine(name: str, *, meter: RoundTrips | None = None) -> Database:
 
 
 def open_database(plan: Plan, *, meter: RoundTrips | None = None) -> Database:
-    """The engine the plan's `database.engine` names."""
-    return open_engine(plan.database.engine, meter=meter)
+    """The engine the plan's `database.engine` names, told the plan's database section (PostgreSQL connects to the
+    database `schemas` names)."""
+    database = open_engine(plan.database.engine, meter=meter)
+    database.configure(plan.database)
+    return database

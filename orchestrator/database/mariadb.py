@@ -18,6 +18,7 @@ import pymysql
 
 from orchestrator.database.mysql import session as mysql
 from orchestrator.database.mysql.switch import set_read_only
+from orchestrator import probes, storage
 from orchestrator.database.protocol import Blocker, DatabaseError, Session, TableLimit
 
 if TYPE_CHECKING:
@@ -93,12 +94,26 @@ def _raw(session: Session) -> pymysql.Connection:
     return cast(pymysql.Connection, session)
 
 
+# The server's settings whose durability depends on fsync (preflight's storage comparison).
+DURABILITY_VARIABLES = (*storage.DURABLE_SETTINGS, "innodb_flush_method")
+
+
 class MariaDb:
     """The `Database` for `database.engine: mariadb` (and `mysql`, which speaks the same protocol)."""
+
+    server_files: tuple[str, ...] = probes.INNODB_FILES
+    fence_name = "FLUSH TABLES WITH READ LOCK"
+    fence_in_data = False
+    audits_stopped_source = True
+    needed_privileges: tuple[str, ...] = ("RELOAD", "SELECT", "SHUTDOWN", "PROCESS")
+    grant_hint = "GRANT them ON *.*"
 
     def __init__(self, name: str = "mariadb", *, meter: RoundTrips | None = None) -> None:
         self.name = name
         self.meter = meter
+
+    def configure(self, settings: Any) -> None:
+        return None  # every session reaches every schema
 
     # --- sessions ---
 
@@ -209,10 +224,53 @@ class MariaDb:
     def set_read_only(self, session: Session, on: bool, *, lock_wait_timeout: float) -> None:
         set_read_only(session, on, lock_wait_timeout=lock_wait_timeout)
 
+    def open_snapshot(self, session: Session, schemas: list[str] | None) -> dict[str, str]:
+        return mysql.open_snapshot(session, schemas)
+
+    def isolated_figures(
+        self,
+        host: Any,
+        binary: str,
+        user: str | None,
+        datadir: str,
+        tables: list[str],
+        *,
+        counts: bool,
+        checksums: bool,
+    ) -> tuple[dict[str, int], dict[str, int | None]]:
+        raise DatabaseError("MariaDB's stopped source is read by orchestrator/audit.py (audits_stopped_source)")
+
+    def lift_fence(self, session: Session) -> list[str]:
+        return []  # the fence is FTWRL and read_only: neither lives in the data a copy carries
+
     # --- positions ---
 
     def final_position(self, session: Session) -> dict[str, Any] | None:
         return mysql.binlog_position(session)
+
+    # --- preflight ---
+
+    def _variables(self, session: Session, names: Iterable[str]) -> dict[str, str]:
+        names = list(names)
+        with session.cursor() as cur:
+            cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names)
+            return {str(name): str(value or "") for name, value in cur.fetchall()}
+
+    def datadir_settings(self, session: Session) -> tuple[str, dict[str, str]]:
+        with session.cursor() as cur:
+            cur.execute("SELECT @@datadir")
+            row = cur.fetchone()
+        datadir = str(row[0]) if row else ""
+        return datadir, self._variables(session, (*mysql.DIRECTORY_VARIABLES, *mysql.FILE_VARIABLES))
+
+    def durability_settings(self, session: Session) -> dict[str, str]:
+        return self._variables(session, DURABILITY_VARIABLES)
+
+    def installed_version(self) -> probes.Probe[str]:
+        return probes.database_server_version()
+
+    def preflight_notes(self, session: Session) -> tuple[list[str], dict[str, Any]]:
+        return [], {}
 
 
 def open_database(name: str, *, meter: RoundTrips | None = None) -> MariaDb:

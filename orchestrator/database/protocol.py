@@ -113,6 +113,23 @@ class Database(Protocol):
     always one this engine's `connect` opened."""
 
     name: str
+    # Patterns (relative to the data directory) of the files the server's processes hold open while it runs: once
+    # none is held, the server is gone and its data directory quiet (the shutdown mode's proof).
+    server_files: tuple[str, ...]
+    # The write fence in words ("FLUSH TABLES WITH READ LOCK"), as the cut-over's lines and errors name it.
+    fence_name: str
+    # Whether the write fence lives in the data (PostgreSQL's NOLOGIN roles: a copy of the datadir carries it, and the
+    # target's is lifted when it starts) rather than in a session or the server's memory (MariaDB's lock, read_only).
+    fence_in_data: bool
+    # Whether the shutdown mode's audit starts the stopped source isolated and read-only with orchestrator/audit.py
+    # (MariaDB's server options) or asks the engine (`isolated_figures`: PostgreSQL).
+    audits_stopped_source: bool
+    # What preflight asks of the plan's account (`missing_privileges`), as the engine spells it, and how to give it.
+    needed_privileges: tuple[str, ...]
+    grant_hint: str
+
+    def configure(self, settings: Any) -> None:
+        """The plan's `database` section, given once when the run opens the engine."""
 
     # --- sessions ---
 
@@ -175,6 +192,10 @@ class Database(Protocol):
         self, session: Session, tables: Iterable[tuple[str, str]], *, limit: TableLimit | None = None
     ) -> dict[str, int | None]: ...
 
+    def open_snapshot(self, session: Session, schemas: list[str] | None) -> dict[str, str]:
+        """A read-only consistent snapshot on `session` (the caller keeps it open): each table ("schema.table") and
+        its storage engine, lower case."""
+
     # --- the fence: writes refused at the server ---
 
     def set_lock_wait_timeout(self, session: Session, seconds: float) -> None:
@@ -202,10 +223,45 @@ class Database(Protocol):
 
     def set_read_only(self, session: Session, on: bool, *, lock_wait_timeout: float) -> None: ...
 
+    def lift_fence(self, session: Session) -> list[str]:
+        """Let in again what a fence left in the data itself (PostgreSQL: NOLOGIN roles, copied to the target with
+        the data directory); the accounts let in (none for an engine whose fence is a session's lock)."""
+
+    # --- the after-commit audit ---
+
+    def isolated_figures(
+        self,
+        host: Any,
+        binary: str,
+        user: str | None,
+        datadir: str,
+        tables: list[str],
+        *,
+        counts: bool,
+        checksums: bool,
+    ) -> tuple[dict[str, int], dict[str, int | None]]:
+        """The stopped source's row counts and checksums ("schema.table" → figure), its server (`binary`, run as
+        `user`) started isolated and read-only on `host`, then stopped again; a table that cannot be read is left
+        out. Only for an engine whose `audits_stopped_source` is False."""
+
     # --- positions ---
 
     def final_position(self, session: Session) -> dict[str, Any] | None:
         """Where the server's change log ends (journaled as is; None when it keeps none)."""
+
+    # --- preflight ---
+
+    def datadir_settings(self, session: Session) -> tuple[str, dict[str, str]]:
+        """The server's data directory, and its settings naming where else it keeps files (as it spells them)."""
+
+    def durability_settings(self, session: Session) -> dict[str, str]:
+        """The server's settings whose durability depends on fsync."""
+
+    def installed_version(self) -> Any:
+        """A probe (orchestrator.probes.Probe[str]) of a host's installed server version ('' when none)."""
+
+    def preflight_notes(self, session: Session) -> tuple[list[str], dict[str, Any]]:
+        """The engine's own preflight problems on the source (one line each) and facts to report."""
 
 
 __all__ = ["Blocker", "Cursor", "Database", "DatabaseError", "Session", "TableLimit"]

@@ -14,6 +14,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from orchestrator.lab import bastion, haproxy, operator, wordpress
+from orchestrator.lab import postgres as pglab
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
 
@@ -56,6 +57,72 @@ def _endpoint(host: HostState) -> str:
     stop: {s(host.bin_dir / "db-stop")}"""
 
 
+def _pg_endpoint(host: HostState) -> str:
+    return f"""    host: {s(host.address)}
+    port: {host.db_port}
+    datadir: {s(pglab.data_dir(host))}
+    start: {s(host.bin_dir / "db-start")}
+    stop: {s(host.bin_dir / "db-stop")}"""
+
+
+def _database(state: LabState) -> str:
+    src, tgt = state.source, state.target
+    if state.engine == pglab.ENGINE:
+        return f"""\
+# PostgreSQL: the data directory is pre-synced in rounds while the source runs, then the app's roles are
+# fenced (NOLOGIN, their sessions ended), a CHECKPOINT, a clean shutdown of the source and a final pass. The copy
+# carries the fence: the target's roles log in again when it starts. `schemas` names the database to verify.
+database:
+  engine: postgresql
+  user: {s(state.migrate_user)}
+  password: {{env: {state.db_password_env}}}
+  schemas: [{s(state.db_name)}]
+  source:
+{_pg_endpoint(src)}
+  target:
+{_pg_endpoint(tgt)}"""
+    return f"""\
+# MariaDB: the datadir is pre-synced in rounds while the source runs, then FLUSH TABLES WITH READ LOCK, a clean
+# shutdown of the source and a final pass. The start/stop commands are the lab's scripts (systemctl on a real host).
+database:
+  engine: mariadb
+  user: {s(state.migrate_user)}
+  password: {{env: {state.db_password_env}}}
+  schemas: [{s(state.db_name)}]
+  source:
+{_endpoint(src)}
+  target:
+{_endpoint(tgt)}"""
+
+
+def _replication(state: LabState) -> str:
+    src, tgt = state.source, state.target
+    if state.engine == pglab.ENGINE:
+        return "# The replicate mode is MariaDB's only for now: a PostgreSQL plan has no replication section.\n"
+    return f"""\
+# The replicate mode. Replication runs through an SSH tunnel the source opens over its host-key-verified hop to the
+# target (ssh -R; ssh -L for the reverse path after the flip): nothing of it crosses the network outside SSH. The
+# password is a reference, like every secret. Defaults: max_lag 1 s (0-3600), lag_wait 600 s (0-86400), no seed
+# throttle (1-100000 read operations per second), seed_nice true, compare true, chunk_rows 2000 (10-10000000),
+# compare_pause 0 (0-100), keep_reverse 0 s (0-86400).
+replication:
+  user: {s(state.repl_user)}
+  password: {{env: {state.repl_password_env}}}
+  source:   # the databases' TCP addresses as seen from their own hosts: the tunnels' far ends
+    host: {s(src.address)}
+    port: {src.db_port}
+  target:
+    host: {s(tgt.address)}
+    port: {tgt.db_port}
+  max_lag: 1
+  lag_wait: 120
+  compare: true
+  chunk_rows: 2000
+  app_users: [{s(state.app_user)}]   # must not hold READ_ONLY ADMIN or SUPER: read_only must stop them
+  keep_reverse: 0
+"""
+
+
 def _front_door(host: HostState, other: HostState) -> str:
     return f"""    kind: haproxy
     admin_socket: {s(host.haproxy_socket)}
@@ -91,6 +158,16 @@ proxy:
 MODES = ("auto", "replicate", "shutdown")
 
 
+def _engine_title(state: LabState) -> str:
+    return "PostgreSQL" if state.engine == pglab.ENGINE else "MariaDB"
+
+
+def _exists_query(state: LabState) -> str:
+    if state.engine == pglab.ENGINE:  # connected to the database itself; EXISTS is a boolean there
+        return "SELECT EXISTS(SELECT 1 FROM reviews)::int"
+    return f"SELECT EXISTS(SELECT 1 FROM {state.db_name}.reviews)"
+
+
 def plan_text(state: LabState, mode: str = "auto") -> str:
     src, tgt = state.source, state.target
     records = "\n".join(f"    - {s(r)}" for r in state.records)
@@ -99,7 +176,7 @@ def plan_text(state: LabState, mode: str = "auto") -> str:
 # Written by `migrate lab up`; every value comes from {state.path / "lab.json"}. Secrets are not here: they are
 # named by environment variable (see {state.env_file}: `set -a; . lab.env; set +a`).
 {distance_comment(state)}name: {PLAN_NAME}
-description: "course reviews: uploads + MariaDB + DNS, lab source to lab target"
+description: "course reviews: uploads + {_engine_title(state)} + DNS, lab source to lab target"
 
 # Both servers are reached over SSH as root with the lab's key.
 source:
@@ -113,17 +190,7 @@ files:
     source: {s(src.uploads)}
     target: {s(tgt.uploads)}
 
-# MariaDB: the datadir is pre-synced in rounds while the source runs, then FLUSH TABLES WITH READ LOCK, a clean
-# shutdown of the source and a final pass. The start/stop commands are the lab's scripts (systemctl on a real host).
-database:
-  engine: mariadb
-  user: {s(state.migrate_user)}
-  password: {{env: {state.db_password_env}}}
-  schemas: [{s(state.db_name)}]
-  source:
-{_endpoint(src)}
-  target:
-{_endpoint(tgt)}
+{_database(state)}
 
 services:
   # Started on the target once its database runs.
@@ -160,7 +227,7 @@ health:
       expect_body: ok
     - kind: sql
       name: reviews present
-      query: "SELECT EXISTS(SELECT 1 FROM {state.db_name}.reviews)"
+      query: {s(_exists_query(state))}
       expect: "1"
   attempts: 20
   interval: 0.5
@@ -185,27 +252,7 @@ cutover:
   max_write_block: 60
   mode: {mode}
 
-# The replicate mode. Replication runs through an SSH tunnel the source opens over its host-key-verified hop to the
-# target (ssh -R; ssh -L for the reverse path after the flip): nothing of it crosses the network outside SSH. The
-# password is a reference, like every secret. Defaults: max_lag 1 s (0-3600), lag_wait 600 s (0-86400), no seed
-# throttle (1-100000 read operations per second), seed_nice true, compare true, chunk_rows 2000 (10-10000000),
-# compare_pause 0 (0-100), keep_reverse 0 s (0-86400).
-replication:
-  user: {s(state.repl_user)}
-  password: {{env: {state.repl_password_env}}}
-  source:   # the databases' TCP addresses as seen from their own hosts: the tunnels' far ends
-    host: {s(src.address)}
-    port: {src.db_port}
-  target:
-    host: {s(tgt.address)}
-    port: {tgt.db_port}
-  max_lag: 1
-  lag_wait: 120
-  compare: true
-  chunk_rows: 2000
-  app_users: [{s(state.app_user)}]   # must not hold READ_ONLY ADMIN or SUPER: read_only must stop them
-  keep_reverse: 0
-
+{_replication(state)}
 {_proxy(src, tgt)}
 # rsync runs on the source and pushes to the target; the source ssh's to the target from its own address.
 transfer:
@@ -255,6 +302,8 @@ def validate_text(text: str) -> Plan:
 
 def write_plan(state: LabState, mode: str = "auto") -> Path:
     """Write <dir>/plan.yaml (and the empty hooks dir it names); raises if the plan would not validate."""
+    if state.engine == pglab.ENGINE and mode == "auto":
+        mode = "shutdown"  # the replicate mode is MariaDB's only: say the mode the run will take
     text = plan_text(state, mode)
     if state.app == wordpress.APP_NAME:
         text = wordpress.plan_text(text, state)

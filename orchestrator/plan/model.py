@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from orchestrator.database.names import EngineName
+from orchestrator.database.names import EngineName, replicate_refusal
 from orchestrator.plan.checks import (
     MAX_SOCKET_BYTES,
     Location,
@@ -567,7 +567,9 @@ def static_mode(plan: Plan) -> str:
     """The cut-over mode known without asking the servers: the declared one, except that 'auto' without a
     `replication` section can only be 'shutdown' (the replicate mode needs the replication account)."""
     mode = plan.cutover.mode
-    return "shutdown" if mode == "auto" and plan.replication is None else mode
+    if mode == "auto" and (plan.replication is None or replicate_refusal(plan.database.engine) is not None):
+        return "shutdown"
+    return mode
 
 
 class ReplicationEndpoint(Strict):
@@ -1082,10 +1084,11 @@ def cross_field_problems(plan: Plan) -> list[tuple[Location, str]]:
                 "needs a URL to measure: transfer.latency_url, or an http health check (aimed at the source)",
             )
         )
-    if plan.cutover.mode == "replicate" and plan.replication is None:
+    refusal = replicate_refusal(plan.database.engine)
+    if plan.cutover.mode == "replicate" and refusal is not None:
+        problems.append((("cutover", "mode"), refusal))  # one line: the section would not help
+    elif plan.cutover.mode == "replicate" and plan.replication is None:
         problems.append((("cutover", "mode"), "'replicate' needs a replication section (user, password)"))
-    if plan.cutover.mode == "replicate" and plan.database.engine != "mariadb":
-        problems.append((("cutover", "mode"), "'replicate' needs database.engine mariadb (mariadb-backup, its GTIDs)"))
     return problems
 
 

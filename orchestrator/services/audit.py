@@ -45,7 +45,7 @@ STOP_TIMEOUT = 300.0
 POLL = 0.5
 # One whole-table read per table on a stopped, otherwise idle server: generous, it is after the commit.
 READ_TIMEOUT = 4 * 3600.0
-TRANSACTIONAL = ("innodb",)
+TRANSACTIONAL = ("innodb", "heap")  # PostgreSQL's tables are all "heap" (MVCC, in the snapshot)
 
 
 @dataclass
@@ -269,17 +269,7 @@ def source_figures(
 
 def open_snapshot(conn: Session, schemas: list[str] | None) -> dict[str, str]:
     """A read-only consistent snapshot on `conn` (kept open by the caller), and each table's engine, lower case."""
-    with conn.cursor() as cur:
-        cur.execute("START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT")
-    tables = mysql.list_tables(conn, schemas)
-    engines: dict[str, str] = {}
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT TABLE_SCHEMA, TABLE_NAME, ENGINE FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'"
-        )
-        for schema, table, engine in cur.fetchall():
-            engines[f"{schema}.{table}"] = str(engine or "").lower()
-    return {f"{s}.{t}": engines.get(f"{s}.{t}", "innodb") for s, t in tables}
+    return mysql.open_snapshot(conn, schemas)
 
 
 def snapshot_figures(
@@ -302,6 +292,27 @@ def snapshot_figures(
                 if not exc.statement_refused:
                     raise
                 continue  # the table is missing on the target
+    return got_counts, got_sums
+
+
+def engine_figures(
+    database: Any, conn: Session, tables: list[str], *, counts: bool, checksums: bool
+) -> tuple[dict[str, int], dict[str, int | None]]:
+    """Row counts and checksums read in the held snapshot through the engine (`database`: a Database), one table at a
+    time; a table that cannot be read (missing on the target) is left out."""
+    got_counts: dict[str, int] = {}
+    got_sums: dict[str, int | None] = {}
+    with database.bounded(conn, READ_TIMEOUT):
+        for name in tables:
+            schema, _, table = name.partition(".")
+            try:
+                if counts:
+                    got_counts.update(database.row_counts(conn, [(schema, table)]))
+                if checksums:
+                    got_sums.update(database.checksums(conn, [(schema, table)]))
+            except DatabaseError as exc:
+                if not exc.statement_refused:
+                    raise
     return got_counts, got_sums
 
 

@@ -254,16 +254,17 @@ def glob_escape(path: str) -> str:
     return re.sub(r"([*?\[\\])", r"\\\1", path)
 
 
-def innodb_holders_command(datadir: str, pids: Iterable[int] = ()) -> str:
+def innodb_holders_command(datadir: str, pids: Iterable[int] = (), files: Iterable[str] = INNODB_FILES) -> str:
     """A command: '/proc/<pid>/fd <file>' for every open descriptor on the datadir's InnoDB files, and
     '/proc/<pid>/fd (running)' for each of `pids` (the server's, seen before its stop) still running.
 
     /proc/<pid>/fd/* links name the real path, so `datadir` must be resolved (`real_path`) first. Processes that
     vanish during the scan, and those the ssh user may not look into, are silently skipped: see
-    `innodb_files_visible` for the latter. A zombie (exited, not yet reaped) is not running.
+    `innodb_files_visible` for the latter. A zombie (exited, not yet reaped) is not running. `files`: the patterns
+    of the server's files (the engine's `server_files`; InnoDB's by default).
     """
     base = glob_escape(datadir.rstrip("/") or "/")
-    tests = " -o ".join(f"-lname {shlex.quote(base + '/' + name)}" for name in INNODB_FILES)
+    tests = " -o ".join(f"-lname {shlex.quote(base + '/' + name)}" for name in files)
     command = f"find /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \\( {tests} \\) -printf '%h %l\\n' 2>/dev/null"
     for pid in sorted(set(pids)):
         stat = f"/proc/{int(pid)}/stat"
@@ -285,8 +286,10 @@ def parse_holders(output: str) -> dict[int, set[str]]:
     return holders
 
 
-def innodb_holders_probe(datadir: str, pids: Iterable[int] = ()) -> Probe[dict[int, set[str]]]:
-    return Probe(innodb_holders_command(datadir, pids), parse_holders, check=False)
+def innodb_holders_probe(
+    datadir: str, pids: Iterable[int] = (), files: Iterable[str] = INNODB_FILES
+) -> Probe[dict[int, set[str]]]:
+    return Probe(innodb_holders_command(datadir, pids, files), parse_holders, check=False)
 
 
 def describe_holders(holders: dict[int, set[str]]) -> str:
@@ -299,10 +302,14 @@ def describe_holders(holders: dict[int, set[str]]) -> str:
 
 
 def innodb_holders(
-    host: Host, datadir: str, timeout: float | None = 60.0, pids: Iterable[int] = ()
+    host: Host,
+    datadir: str,
+    timeout: float | None = 60.0,
+    pids: Iterable[int] = (),
+    files: Iterable[str] = INNODB_FILES,
 ) -> dict[int, set[str]]:
     """Processes on `host` that hold the InnoDB files of the (resolved) `datadir` open, and those of `pids` alive."""
-    return ask(host, innodb_holders_probe(datadir, pids), timeout=timeout)
+    return ask(host, innodb_holders_probe(datadir, pids, files), timeout=timeout)
 
 
 def real_datadir(host: Host, datadir: str) -> str:
@@ -310,13 +317,13 @@ def real_datadir(host: Host, datadir: str) -> str:
     return ask(host, real_path(datadir))
 
 
-def innodb_files_visible(host: Host, datadir: str) -> tuple[set[int], str | None]:
+def innodb_files_visible(host: Host, datadir: str, files: Iterable[str] = INNODB_FILES) -> tuple[set[int], str | None]:
     """While the database runs: the pids holding its InnoDB files, or why none can be seen.
 
     Proving that the database has really stopped relies on seeing them: an ssh user who may not look into the
     server's /proc/<pid>/fd sees nothing, and nothing would look like stopped.
     """
-    holders = innodb_holders(host, datadir)
+    holders = innodb_holders(host, datadir, files=files)
     if holders:
         return set(holders), None
     return set(), (

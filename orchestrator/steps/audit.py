@@ -33,6 +33,7 @@ from orchestrator.database.mysql import session as mysql
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.results import AuditResult, CutoverResult, SwitchResult
 from orchestrator.services import audit, replica_audit
+from orchestrator.steps.common import resolved_datadir
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import SWITCH_STEP
 
@@ -99,19 +100,31 @@ class Audit(Step):
 
         snapshot = held.snapshot  # not None: checked above (a closure would not see that)
 
+        database = rt.database
+        launch = held.source
+
         def _target() -> Figures:
             began = time.monotonic()
             try:
-                return audit.snapshot_figures(snapshot, tables, **wanted)
+                if database.audits_stopped_source:
+                    return audit.snapshot_figures(snapshot, tables, **wanted)
+                return audit.engine_figures(database, snapshot, tables, **wanted)
             finally:
                 timing["target"] = round(time.monotonic() - began, 3)
+
+        def _source() -> Figures:
+            if database.audits_stopped_source:
+                return self._source(ctx, launch, tables, wanted)
+            ctx.log.info("audit.source_starting", binary=launch.binary)
+            datadir = resolved_datadir(ctx, "source")
+            return database.isolated_figures(rt.source, launch.binary, launch.user, datadir, tables, **wanted)
 
         try:
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit") as pool:
                 target_future = pool.submit(contextvars.copy_context().run, _target)
                 began = time.monotonic()
                 try:
-                    source = self._source(ctx, held.source, tables, wanted)
+                    source = _source()
                 finally:
                     timing["source"] = round(time.monotonic() - began, 3)
                 target = target_future.result()

@@ -84,7 +84,7 @@ class Cutover(Step):
             f"on {plan.source.address}: fence the service: {fence}"
             if fence
             else "no fence command: writes are blocked by the database lock only",
-            f"FLUSH TABLES WITH READ LOCK on the source database, waiting at most {c.lock_wait_timeout:g} s, "
+            f"{runtime(ctx).database.fence_name} on the source database, waiting at most {c.lock_wait_timeout:g} s, "
             f"{c.lock_attempts} tries with backoff from {c.lock_retry_backoff:g} s",
             "under the lock: the binary log position and the list of tables (no row is read while writes are"
             " blocked: row counts and checksums are the audit's, after the commit)",
@@ -265,12 +265,16 @@ class Cutover(Step):
         # The lock's session is opened while writes still flow: connecting is not part of the window.
         conn = self._open_lock_session(ctx)
         # Before the window too: proving the shutdown later needs the server's open files to be visible.
-        self._server_pids, blind = probes.innodb_files_visible(rt.source, self._datadir)
+        self._server_pids, blind = probes.innodb_files_visible(rt.source, self._datadir, rt.database.server_files)
         if blind:
             raise StepError(blind)
         self._remember_server(ctx)
         self._reserve_for_rollback(ctx)
         source_guard.start(ctx, clock_offset=self._clock_offset)
+        if rt.database.fence_in_data:
+            # The database's fence outlives every session (PostgreSQL's NOLOGIN roles): what to put back at a
+            # rollback is journaled before it goes up, not after.
+            ctx.save(SOURCE_READ_ONLY, {"set": True, "was": rt.database.is_read_only(conn)})
         lock = self._take_lock(ctx, conn)
         self._refuse_writes_in_the_database(ctx, conn)
         final = self._final_state(ctx, lock)
@@ -378,12 +382,16 @@ class Cutover(Step):
         """SET GLOBAL read_only under our lock: it outlives our session, so writes queued behind the lock (or sent
         by anyone bypassing the app's fence) fail instead of committing when the lock goes with the shutdown."""
         database = runtime(ctx).database
-        was = database.is_read_only(conn)
-        ctx.save(SOURCE_READ_ONLY, {"set": True, "was": was})
+        noted = ctx.saved(SOURCE_READ_ONLY)
+        if database.fence_in_data and isinstance(noted, dict):
+            was = bool(noted.get("was"))  # journaled before the fence, which is this engine's read_only
+        else:
+            was = database.is_read_only(conn)
+            ctx.save(SOURCE_READ_ONLY, {"set": True, "was": was})
         directory = source_guard.directory(ctx)
         if directory is not None:  # the guard restarts a read-only database it finds running
             guard.mark(runtime(ctx).source, directory, guard.READ_ONLY, timeout=ctx.window.timeout(30.0))
-        if not was:
+        if not was and not database.fence_in_data:
             database.set_read_only(conn, True, lock_wait_timeout=1)
         ctx.log.info("cutover.read_only", was=was)
 
@@ -407,11 +415,11 @@ class Cutover(Step):
         last = "no attempt"
         for attempt in range(1, c.lock_attempts + 1):
             self._block_writes(ctx)
-            window.check(f"waiting for FLUSH TABLES WITH READ LOCK (try {attempt})")
+            window.check(f"waiting for {database.fence_name} (try {attempt})")
             left = window.remaining() or 0.0
             if left < 1.0:  # MariaDB waits in whole seconds: a wait of at least 1 s would overrun the budget
                 raise StepError(
-                    f"another FLUSH TABLES WITH READ LOCK (try {attempt}) would keep writes blocked more than "
+                    f"another {database.fence_name} (try {attempt}) would keep writes blocked more than "
                     f"cutover.max_write_block {c.max_write_block:g} s: {max(left, 0):.1f} s remain after the "
                     f"rollback's reserve ({window.reserve:g} s); last try blocked by {last}"
                 )
@@ -445,7 +453,7 @@ class Cutover(Step):
                 self._let_writes_in(ctx, timeout=window.timeout(FENCE_COMMAND_TIMEOUT) or FENCE_COMMAND_TIMEOUT)
                 time.sleep(delays[attempt - 1])
         raise StepError(
-            f"could not get FLUSH TABLES WITH READ LOCK in {c.lock_attempts} tries of "
+            f"could not get {database.fence_name} in {c.lock_attempts} tries of "
             f"{c.lock_wait_timeout:g} s: blocked by {last}"
         )
 
@@ -528,8 +536,9 @@ class Cutover(Step):
         while True:
             try:
                 holders = probes.innodb_holders(
-                    rt.source, self._datadir, timeout=window.timeout(), pids=self._server_pids
-                )
+                    rt.source, self._datadir, timeout=window.timeout(), pids=self._server_pids,
+                    files=rt.database.server_files,
+                )  # fmt: skip
             except TransportError:
                 remaining = window.remaining()
                 if polls and remaining is not None and remaining <= 0:

@@ -26,22 +26,15 @@ from orchestrator.transports import rsync
 from orchestrator.transports.dns import DnsError
 from orchestrator.transports.ssh import TransportError
 
-NEEDED_PRIVILEGES = ("RELOAD", "SELECT", "SHUTDOWN", "PROCESS")
 # What lets an application account write through the source's read_only, spelled as MariaDB 10.11 shows it.
 WRITES_THROUGH_READ_ONLY = ("READ_ONLY ADMIN", "SUPER")
 SPACE_MARGIN = 1.10
 ER_ACCESS_DENIED = 1045
 COMMAND_TIMEOUT = 60.0
 
-# Server variables naming where the database keeps files: a directory each, or a file whose directory counts.
-# Only those the server has are checked (MySQL has no aria_log_dir_path, binary logging may be off).
-DIRECTORY_VARIABLES = (
-    "innodb_log_group_home_dir",
-    "innodb_undo_directory",
-    "innodb_data_home_dir",
-    "aria_log_dir_path",
-)
-FILE_VARIABLES = ("log_bin_basename", "log_bin_index")
+# Server variables naming where the database keeps files (MariaDB's; PostgreSQL keeps them all in its datadir).
+DIRECTORY_VARIABLES = mysql.DIRECTORY_VARIABLES
+FILE_VARIABLES = mysql.FILE_VARIABLES
 MAX_LINKS_LISTED = 5
 
 
@@ -107,7 +100,8 @@ class Preflight(Step):
             f"ssh to the source {plan.source.user}@{plan.source.address} and the target"
             f" {plan.target.user}@{plan.target.address} with verified host keys",
             "ssh from the source to the target (the way rsync will), rsync present on both",
-            f"the source database answers with {', '.join(NEEDED_PRIVILEGES)}; same major version on the target",
+            f"the source database answers with {', '.join(runtime(ctx).database.needed_privileges)}; same major"
+            " version on the target",
             "every datadir and tree resolved on its host (symbolic links followed): what it resolves to judged like"
             " the plan's text (protected directories), the datadirs' real directories journaled for every later"
             " step; a datadir that links to nothing refused",
@@ -309,15 +303,20 @@ class Preflight(Step):
             rt = runtime(ctx)
             conn = rt.db("source")
             version = rt.database.server_version(conn)
-            missing = rt.database.missing_privileges(conn, NEEDED_PRIVILEGES)
+            missing = rt.database.missing_privileges(conn, rt.database.needed_privileges)
+            notes, facts = rt.database.preflight_notes(conn)
         except DatabaseError as exc:
             hint = ": check database.user and its password" if exc.code == ER_ACCESS_DENIED else ""
             problems.add(f"source database: {exc}{hint}")
             return None
         figures["source_version"] = version
+        figures.update(facts)
+        for note in notes:
+            problems.add(note)
         if missing:
             user = runtime(ctx).plan.database.user
-            problems.add(f"database user {user} lacks {', '.join(sorted(missing))} on the source: GRANT them ON *.*")
+            hint = runtime(ctx).database.grant_hint
+            problems.add(f"database user {user} lacks {', '.join(sorted(missing))} on the source: {hint}")
         return version
 
     def _datadir(self, ctx: StepContext, problems: Problems) -> None:
@@ -329,24 +328,17 @@ class Preflight(Step):
         """
         rt = runtime(ctx)
         plan_datadir = rt.plan.database.source.datadir
-        names = (*DIRECTORY_VARIABLES, *FILE_VARIABLES)
         try:
             conn = rt.db("source")
-            with conn.cursor() as cur:
-                cur.execute("SELECT @@datadir")
-                row = cur.fetchone()
-                server_datadir = str(row[0]) if row else plan_datadir
-                cur.execute(
-                    "SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names
-                )
-                values = {str(name): str(value or "") for name, value in cur.fetchall()}
+            server_datadir, values = rt.database.datadir_settings(conn)
+            server_datadir = server_datadir or plan_datadir
             directories = database_directories(server_datadir, values)
             # Resolved on the source, links included (readlink -m: the path need not exist).
             paths = [plan_datadir, server_datadir, *directories.values()]
             resolved = probes.ask(rt.source, probes.resolved_paths(paths), timeout=COMMAND_TIMEOUT)
             datadir, server_real = resolved[0], resolved[1]
             links = probes.ask(rt.source, probes.links_in(datadir, MAX_LINKS_LISTED), timeout=COMMAND_TIMEOUT)
-            _pids, blind = probes.innodb_files_visible(rt.source, datadir)
+            _pids, blind = probes.innodb_files_visible(rt.source, datadir, rt.database.server_files)
         except (DatabaseError, TransportError) as exc:
             problems.add(f"source datadir: {exc}")
             return
@@ -372,12 +364,13 @@ class Preflight(Step):
         self, ctx: StepContext, problems: Problems, figures: dict[str, Any], source_version: str | None
     ) -> None:
         try:
-            target_version = probes.ask(runtime(ctx).target, probes.database_server_version(), timeout=COMMAND_TIMEOUT)
+            probe = runtime(ctx).database.installed_version()
+            target_version = probes.ask(runtime(ctx).target, probe, timeout=COMMAND_TIMEOUT)
         except TransportError as exc:
             problems.add(f"target database version: {exc}")
             return
         if not target_version:
-            problems.add("neither mariadbd nor mysqld found on the target: install the database server")
+            problems.add(f"no {runtime(ctx).database.name} server found on the target: install the database server")
             return
         figures["target_version"] = target_version
         if source_version is None:
@@ -468,10 +461,7 @@ DURABILITY_VARIABLES = (*storage.DURABLE_SETTINGS, "innodb_flush_method")
 def _db_settings(rt: StepRuntime, which: Which) -> dict[str, str]:
     conn = rt.db(which, retry=False, read_timeout=COMMAND_TIMEOUT)
     try:
-        with conn.cursor() as cur:
-            names = DURABILITY_VARIABLES
-            cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names)
-            return {str(name): str(value) for name, value in cur.fetchall()}
+        return rt.database.durability_settings(conn)
     finally:
         rt.release(conn)
 

@@ -18,6 +18,7 @@ from ruamel.yaml import YAML
 
 from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.database.mysql import gtid, replica, seed
+from orchestrator.database.names import replicate_refusal
 from orchestrator.database.protocol import Session
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import Plan, ReplicationEndpoint
@@ -216,6 +217,9 @@ def replication_problems(
 def probe_replication(rt: StepRuntime) -> list[str]:
     """Ask both hosts (reads only) whether the replicate mode can run: the problems, empty when it can."""
     plan = rt.plan
+    refusal = replicate_refusal(plan.database.engine)
+    if refusal is not None:
+        return [refusal]  # nothing to ask the servers
     programs: dict[str, bool] = {}
     wanted: tuple[tuple[Which, tuple[str, ...]], ...] = (
         ("source", ("mariadb-backup",)),

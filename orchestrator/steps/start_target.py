@@ -108,6 +108,8 @@ class StartTarget(Step):
         ready_seconds = wait_db_answers(ctx, "target", window.timeout(DB_READY_TIMEOUT) or DB_READY_TIMEOUT)
         ctx.log.info("target_database_ready", seconds=round(ready_seconds, 3))
         window.check("waiting for the target database")
+        if rt.database.fence_in_data:
+            self._open_database(ctx)
         started = run_services(
             ctx,
             rt.target,
@@ -122,6 +124,18 @@ class StartTarget(Step):
         return StartTargetResult(
             db_ready_seconds=round(ready_seconds, 3), services=started.done, target_fenced=bool(fence)
         ).journal()
+
+    def _open_database(self, ctx: StepContext) -> None:
+        """The source's database fence came with the copy (PostgreSQL's NOLOGIN roles): lifted here, so the app and
+        its health checks can log in. Until the commit the app's own fence (services.target_fence) holds writes, as
+        it does on a target whose database fence does not travel."""
+        rt = runtime(ctx)
+        conn = rt.db("target", read_timeout=ctx.window.timeout(COMMAND_TIMEOUT))
+        try:
+            roles = rt.database.lift_fence(conn)
+        finally:
+            rt.release(conn)
+        ctx.log.info("target_database_fence_lifted", roles=roles)
 
     def undo(self, ctx: StepContext) -> None:
         """Stop the services (reverse order), then the database; every stop is tried even if one fails.

@@ -115,8 +115,8 @@ class VerifyTarget(Step):
         window.check(doing)
         try:
             conn = conn or rt.db("target", read_timeout=window.timeout(plan.database.read_timeout))
-            with mysql.read_timeout(conn, window.timeout(plan.database.read_timeout)):
-                engines = self.mode.open_audit_snapshot(conn, plan.database.schemas)
+            with rt.database.bounded(conn, window.timeout(plan.database.read_timeout)):
+                engines = self.mode.open_audit_snapshot(conn, plan.database.schemas, rt.database)
         except DatabaseError as exc:
             if conn is not None:
                 rt.release(conn)

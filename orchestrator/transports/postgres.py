@@ -640,3 +640,49 @@ def parse_majors(text: str) -> list[int]:
 
 def installed_majors() -> Probe[list[int]]:
     return Probe(installed_majors_command(), parse_majors, check=False)
+
+
+# --- the fence as the database seam holds it (orchestrator/database/postgresql.py) ----------------------------------
+
+# A custom setting stored on each role the fence made NOLOGIN (pg_db_role_setting, a shared catalog): it travels with
+# the data directory and the WAL like NOLOGIN itself, so whoever lifts the fence (the source at a rollback, the
+# target at its start, a resumed run) knows which roles to let in again, whatever process fenced them. A NOLOGIN
+# role never opens a session, so the setting never applies to anything.
+FENCE_MARK = "migrate.fenced"
+
+
+def app_roles(conn: psycopg.Connection) -> list[str]:
+    """The roles an application logs in as: those that can log in, neither superuser nor replication, nor us."""
+    rows = conn.execute(
+        "SELECT rolname FROM pg_roles WHERE rolcanlogin AND NOT rolsuper AND NOT rolreplication"
+        " AND rolname <> current_user AND rolname !~ '^pg_' ORDER BY rolname"
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def marked_roles(conn: psycopg.Connection) -> list[str]:
+    """The roles this fence made NOLOGIN and has not let in again."""
+    rows = conn.execute(
+        "SELECT r.rolname FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole"
+        " WHERE s.setdatabase = 0 AND %s = ANY(s.setconfig) ORDER BY r.rolname",
+        (f"{FENCE_MARK}=on",),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def fence_marked(conn: psycopg.Connection) -> FenceState:
+    """`fence` of every application role, each marked first (the mark is what `unfence_marked` puts back)."""
+    roles = app_roles(conn)
+    for role in roles:
+        conn.execute(sql.SQL("ALTER ROLE {} SET " + FENCE_MARK + " = 'on'").format(sql.Identifier(role)))
+    fenced = sorted(set(roles) | set(marked_roles(conn)))  # a fence re-entered: the roles it made NOLOGIN before
+    return fence(conn, fenced, before=dict.fromkeys(fenced, True))
+
+
+def unfence_marked(conn: psycopg.Connection) -> list[str]:
+    """The marked roles log in again, their marks removed: the roles let in."""
+    roles = marked_roles(conn)
+    for role in roles:
+        conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("ALTER ROLE {} RESET " + FENCE_MARK).format(sql.Identifier(role)))
+    return roles

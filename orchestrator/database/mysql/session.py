@@ -38,6 +38,17 @@ class DbError(DatabaseError):
         return self.code is not None and self.code < CLIENT_ERRORS
 
 
+# Server variables naming where the database keeps files: a directory each, or a file whose directory counts.
+# Only those the server has are checked (MySQL has no aria_log_dir_path, binary logging may be off).
+DIRECTORY_VARIABLES = (
+    "innodb_log_group_home_dir",
+    "innodb_undo_directory",
+    "innodb_data_home_dir",
+    "aria_log_dir_path",
+)
+FILE_VARIABLES = ("log_bin_basename", "log_bin_index")
+
+
 def db_error(what: str, exc: BaseException) -> DbError:
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
     text = exc.args[1] if len(exc.args) > 1 else str(exc)
@@ -141,6 +152,21 @@ def list_tables(conn: Session, schemas: list[str] | None = None) -> list[tuple[s
     with conn.cursor() as cur:
         cur.execute(sql, args)
         return [(str(s), str(t)) for s, t in cur.fetchall()]
+
+
+def open_snapshot(conn: Session, schemas: list[str] | None) -> dict[str, str]:
+    """A read-only consistent snapshot on `conn` (kept open by the caller), and each table's engine, lower case."""
+    with conn.cursor() as cur:
+        cur.execute("START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT")
+    tables = list_tables(conn, schemas)
+    engines: dict[str, str] = {}
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT TABLE_SCHEMA, TABLE_NAME, ENGINE FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'"
+        )
+        for schema, table, engine in cur.fetchall():
+            engines[f"{schema}.{table}"] = str(engine or "").lower()
+    return {f"{s}.{t}": engines.get(f"{s}.{t}", "innodb") for s, t in tables}
 
 
 def _quoted(schema: str, table: str) -> str:

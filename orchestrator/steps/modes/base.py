@@ -131,8 +131,9 @@ class CutoverMode(ABC):
         file tree compared)."""
 
     @abstractmethod
-    def open_audit_snapshot(self, conn: Any, schemas: list[str] | None) -> dict[str, str] | None:
-        """The audit's consistent snapshot opened on `conn`: the tables' engines read in it (None: read later)."""
+    def open_audit_snapshot(self, conn: Any, schemas: list[str] | None, database: Any) -> dict[str, str] | None:
+        """The audit's consistent snapshot opened on `conn` (a session of `database`, the plan's engine): the tables'
+        storage engines read in it (None: read later)."""
 
     @abstractmethod
     def verify(self, ctx: StepContext, kit: VerifyKit) -> dict[str, Any]:

@@ -81,7 +81,7 @@ class Replicate(CutoverMode):
             *trees,
         ]
 
-    def open_audit_snapshot(self, conn: Any, schemas: list[str] | None) -> dict[str, str] | None:
+    def open_audit_snapshot(self, conn: Any, schemas: list[str] | None, database: Any) -> dict[str, str] | None:
         # One statement: the tables and their engines are read on the frozen source after the commit.
         replica_audit.open_target_snapshot(conn)
         return None

@@ -53,8 +53,8 @@ class Shutdown(CutoverMode):
             )  # fmt: skip
         return lines + trees
 
-    def open_audit_snapshot(self, conn: Any, schemas: list[str] | None) -> dict[str, str] | None:
-        return audit.open_snapshot(conn, schemas)
+    def open_audit_snapshot(self, conn: Any, schemas: list[str] | None, database: Any) -> dict[str, str] | None:
+        return database.open_snapshot(conn, schemas)
 
     def verify(self, ctx: StepContext, kit: VerifyKit) -> dict[str, Any]:
         # The three checks are independent and each takes time inside the downtime window: run them side by side
