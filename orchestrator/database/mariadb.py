@@ -18,8 +18,8 @@ import pymysql
 
 from orchestrator.database.mysql import session as mysql
 from orchestrator.database.mysql.switch import set_read_only
-from orchestrator import probes, storage
 from orchestrator.database.protocol import Blocker, DatabaseError, Session, TableLimit
+from orchestrator.services import probes, storage
 
 if TYPE_CHECKING:
     from orchestrator.transports.meter import RoundTrips
@@ -238,7 +238,9 @@ class MariaDb:
         counts: bool,
         checksums: bool,
     ) -> tuple[dict[str, int], dict[str, int | None]]:
-        raise DatabaseError("MariaDB's stopped source is read by orchestrator/audit.py (audits_stopped_source)")
+        raise DatabaseError(
+            "MariaDB's stopped source is read by orchestrator/services/audit.py (audits_stopped_source)"
+        )
 
     def lift_fence(self, session: Session) -> list[str]:
         return []  # the fence is FTWRL and read_only: neither lives in the data a copy carries

@@ -23,7 +23,7 @@ import psycopg
 from psycopg import sql
 
 from orchestrator.database.protocol import Blocker, DatabaseError, Session, TableLimit
-from orchestrator.probes import Probe
+from orchestrator.services.probes import Probe
 from orchestrator.transports import postgres as pg
 
 if TYPE_CHECKING:

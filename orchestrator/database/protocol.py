@@ -121,8 +121,8 @@ class Database(Protocol):
     # Whether the write fence lives in the data (PostgreSQL's NOLOGIN roles: a copy of the datadir carries it, and the
     # target's is lifted when it starts) rather than in a session or the server's memory (MariaDB's lock, read_only).
     fence_in_data: bool
-    # Whether the shutdown mode's audit starts the stopped source isolated and read-only with orchestrator/audit.py
-    # (MariaDB's server options) or asks the engine (`isolated_figures`: PostgreSQL).
+    # Whether the shutdown mode's audit starts the stopped source isolated and read-only with
+    # orchestrator/services/audit.py (MariaDB's server options) or asks the engine (`isolated_figures`: PostgreSQL).
     audits_stopped_source: bool
     # What preflight asks of the plan's account (`missing_privileges`), as the engine spells it, and how to give it.
     needed_privileges: tuple[str, ...]
@@ -258,7 +258,7 @@ class Database(Protocol):
         """The server's settings whose durability depends on fsync."""
 
     def installed_version(self) -> Any:
-        """A probe (orchestrator.probes.Probe[str]) of a host's installed server version ('' when none)."""
+        """A probe (orchestrator.services.probes.Probe[str]) of a host's installed server version ('' when none)."""
 
     def preflight_notes(self, session: Session) -> tuple[list[str], dict[str, Any]]:
         """The engine's own preflight problems on the source (one line each) and facts to report."""

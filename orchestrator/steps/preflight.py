@@ -13,6 +13,7 @@ from typing import Any
 
 from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.database.mysql import grants
+from orchestrator.database.mysql import session as mysql
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.checks import protected_problem
