@@ -29,6 +29,7 @@ from orchestrator.steps.db_final import DbFinal
 from orchestrator.steps.db_presync import DbPresync
 from orchestrator.steps.files_final import FilesFinal
 from orchestrator.steps.files_presync import FilesPresync
+from orchestrator.steps.modes import mode_of
 from orchestrator.steps.preflight import Preflight
 from orchestrator.steps.prepare_target import PrepareTarget
 from orchestrator.steps.start_target import StartTarget
@@ -169,7 +170,7 @@ def test_preflight_lists_every_problem_with_what_to_fix(rt: Runtime, lab: LabSta
     )
     broken_rt = with_plan(rt, broken)
     try:
-        step = Preflight()
+        step = Preflight(mode=mode_of(broken))  # the replicate mode the plan now asks for
         with pytest.raises(StepError) as failed:
             step.run(context(broken_rt, step))
     finally:
