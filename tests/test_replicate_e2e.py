@@ -661,7 +661,10 @@ def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_
             time.sleep(0.1)
         result = migrate_apply(state, plan, timeout=TIMEOUT)
         assert result.returncode == exit_codes.FAILED, outcome(result)
-        assert "cutover.max_write_block" in result.stdout + result.stderr, outcome(result)
+        # Why it rolled back, in one line: the budget spent, or, when this resume took longer to start than the
+        # guard's margin past the budget (a busy machine), the source the guard restored has taken writes since.
+        said = result.stdout + result.stderr
+        assert "cutover.max_write_block" in said or "has taken writes since" in said, outcome(result)
         wait_for_load_acks_on(load_dir, state.source.address, since=time.time())
     finally:
         load.send_signal(signal.SIGTERM)
