@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-SYSTEM_PACKAGES := openssh-server openssh-client rsync mariadb-server mariadb-client mariadb-backup inotify-tools haproxy chromium nocache nginx php8.2-fpm php8.2-mysql wordpress sudo postgresql postgresql-client
+SYSTEM_PACKAGES := openssh-server openssh-client rsync mariadb-server mariadb-client mariadb-backup inotify-tools haproxy chromium nocache nginx php8.2-fpm php8.2-mysql wordpress sudo postgresql postgresql-client socat
 
 .PHONY: test test-fast demo venv system-packages lint docs clean
 
