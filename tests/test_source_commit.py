@@ -109,3 +109,16 @@ def test_answers_split_on_their_empty_lines() -> None:
     assert sc.split_answers("a\nb\n\n\nc\n\n", 3) == ["a\nb\n", "", "c\n"]
     with pytest.raises(sc.DoorUnanswered, match="1 of 2"):
         sc.split_answers("a\n\nb\n", 2)
+
+
+def test_the_commit_runs_on_the_source_only_when_two_round_trips_cost_more_than_its_work_there() -> None:
+    script = sc.cost_probe_command("/run/haproxy/admin.sock", "ssh -p 22 app@target true")
+    assert script.count("socat") == 2 and "ssh -p 22 app@target true" in script
+    assert sc.LOCAL_COST in script
+    cost = sc.parse_local_cost(f"noise\n{sc.LOCAL_COST}60000000\n")
+    assert cost == 0.06
+    assert sc.parse_local_cost("socat: not found\n") is None
+    # Near hosts (2 ms round trips): the source's 60 ms of processes cost more; 40 ms away they are worth it.
+    assert not sc.worth_driving_from_source(0.002, cost)
+    assert sc.worth_driving_from_source(0.040, cost)
+    assert not sc.worth_driving_from_source(1.0, None), "an unmeasured cost is no reason to move it"

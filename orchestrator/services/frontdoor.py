@@ -220,17 +220,17 @@ def _probe_local_door(ctx: StepContext, config: FrontDoorProxy) -> None:
     both measured now (source_commit.worth_driving_from_source). The hop to the target is opened now for it. Best
     effort: otherwise the commit is driven from here."""
     rt = runtime(ctx)
-    command = source_commit.probe_command(config.admin_socket)
-    fence = rt.plan.services.target_fence
-    hop = None
-    if fence.enable and fence.disable:
-        command += f"; {rsync.open_master_command(rt.plan)} >/dev/null 2>&1 || true"
-        hop = rsync.open_master_command(rt.plan)
-    able, round_trip, local_cost = False, None, None
     if config.commit_from == "orchestrator":
         ctx.log.info("frontdoor.local_door", commit_from_source=False, why="proxy.commit_from: orchestrator")
         setattr(rt, LOCAL_DOOR, False)
         return
+    command = source_commit.probe_command(config.admin_socket)
+    fence = rt.plan.services.target_fence
+    hop = None  # the command over the hosts' hop that opens (or keeps) its shared connection
+    if fence.enable and fence.disable:
+        hop = rsync.open_master_command(rt.plan)
+        command += f"; {hop} >/dev/null 2>&1 || true"
+    able, round_trip, local_cost = False, None, None
     try:
         able = source_commit.probe_ok(rt.source.run(command, timeout=LOCAL_TIMEOUT, check=False).stdout)
         if able and config.commit_from == "auto":
