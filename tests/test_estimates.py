@@ -86,11 +86,11 @@ def test_window_parts_are_the_steps_operations_at_the_measured_unit_costs() -> N
     # The tracked pass: one command on the source (the change list with its trust probe) and one rsync, not the
     # whole tree's comparison (4 s).
     assert parts["files_final"].seconds == 1 * 0.5 + 1.0
-    # With a front door on the source the commit is made there, driven from the source host: two commands there
-    # (the hold checked with the guard told; the target's fence lifted over the hosts' hop and the door repointed);
-    # no DNS call inside the window.
+    # With a front door on the source the commit is made there, driven from the source host: one command there
+    # (the hold checked, the guard told, the commit recorded, the target's fence lifted over the hosts' hop and the
+    # door repointed); no DNS call inside the window.
     assert "dns_flip" not in parts
-    assert parts["switch_traffic"].seconds == round(2 * 0.5, 3)
+    assert parts["switch_traffic"].seconds == round(1 * 0.5, 3)
     # Without one, DNS is the commit: 5 DNS calls per record, 11 HAProxy commands (none: no door), the target's
     # fence lift and the guard told on the source.
     no_door = dataclasses.replace(SHAPE, front_door=False)

@@ -234,46 +234,90 @@ def commit_ctx(tmp_path: Path, source: Any) -> StepContext:
     def save(step: str, key: str, value: Any) -> None:
         history.append({"event": "step_saved", "step": step, "key": key, "value": value})
 
-    rt = SimpleNamespace(plan=plan, source=source, front_doors={}, source_door_local=True)
+    rt = SimpleNamespace(plan=plan, plan_path=tmp_path / "plan.yaml", source=source, front_doors={},
+                         source_door_local=True)  # fmt: skip
     return StepContext(
         run_id="r", step="switch_traffic", dry_run=False, rt=rt, log=QuietLog(), _save=save,
         _history=lambda: history,
     )  # fmt: skip
 
 
-def test_the_commit_from_the_source_is_two_commands_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hold checked and the guard told in one command; the target's fence lifted over the hop and the door
-    repointed and released in another: two round trips to the source, none to the target or through the door's
-    own connection (the target's door is released beside them)."""
+def test_the_commit_from_the_source_is_one_command_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hold checked, the guard told, the commit recorded, the target's fence lifted over the hop and the door
+    repointed and released: one round trip to the source, none to the target or through the door's own connection
+    (the target's door is released beside it)."""
     from orchestrator.services import source_commit as sc
     from tests.fakes import RecordingHost
     from tests.test_source_commit import CHECK, framed, servers, stat
 
     forwarded = framed(f"{stat(12).replace('app_front', 'shop_front')}\n\n\n\n{servers('203.0.113.20', 80)}\n")
-    source = RecordingHost([(sc.MARKED, framed(CHECK) + f"{sc.HOLD_OK}\n{sc.MARKED}\n"),
-                            ("set server", forwarded)])  # fmt: skip
+    answer = framed(CHECK) + f"{sc.HOLD_OK}\n{sc.MARKED}\n{sc.RECORDED}\n" + forwarded
+    source = RecordingHost([(sc.MARKED, answer)])
     released: list[str] = []
     monkeypatch.setattr(frontdoor, "_release_target_door", lambda _ctx: released.append("target") or True)
     monkeypatch.setattr(frontdoor, "door", lambda _ctx, side: SimpleNamespace(
         frontend="shop_front", backend="shop_app", server="app", hold_map="/etc/haproxy/frontdoor.map"))  # fmt: skip
     ctx = commit_ctx(tmp_path, source)
     assert frontdoor.drivable_from_source(ctx)
-    frontdoor.commit_check_from_source(ctx, "/tmp/migrate-guard-x", timeout=5)
-    outcome = frontdoor.lift_and_forward_from_source(ctx, timeout=5)
+    record = frontdoor.commit_record(ctx)
+    assert record.startswith("/tmp/" + sc.RECORD_PREFIX) and record.endswith("-r")
+    outcome = frontdoor.commit_from_source(ctx, "/tmp/migrate-guard-x", record, timeout=5)
     assert outcome == sc.ForwardOutcome(None, "", 12, None)  # the small plan declares no target fence
-    assert len(source.commands) == 2 and released == ["target"]
-    assert "touch /tmp/migrate-guard-x/committed" in source.commands[0]
-    assert "set server shop_app/app addr 203.0.113.20 port 80" in source.commands[1]
+    assert len(source.commands) == 1 and released == ["target"]
+    command = source.commands[0]
+    assert command.index("touch /tmp/migrate-guard-x/committed") < command.index(f"touch {record}")
+    assert command.index(f"touch {record}") < command.index("set server shop_app/app addr 203.0.113.20 port 80")
     assert ctx.saved(FORWARDED) == {"to": "203.0.113.20:80", "requests": 12}
 
 
-def test_a_restarted_door_seen_from_the_source_is_a_rollback_line(tmp_path: Path) -> None:
+def test_a_run_that_died_after_its_commit_on_the_source_finishes_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its journal says the commit was sent, not that it committed: the record on the source is read first. Found:
+    the run commits in its journal and finishes from here (the door forwarded again), and a rollback is refused.
+    Not found: the commit is made as usual."""
+    from orchestrator.engine.step import StepError
+    from orchestrator.services import source_commit as sc
+    from orchestrator.steps.switch_traffic import COMMIT_SENT, COMMITTED_AT, SwitchTraffic
+    from tests.fakes import RecordingHost
+
+    source = RecordingHost([(sc.RECORD_PREFIX, f"{sc.RECORDED}\n")])
+    ctx = commit_ctx(tmp_path, source)
+    ctx.window = SimpleNamespace(blocked_at=None)  # type: ignore[assignment]  # only when writes were blocked is read
+    committed: list[str] = []
+    ctx._commit = lambda step, reason: committed.append(step)
+    ctx.save(COMMIT_SENT, "/tmp/migrate-committed-x")
+    monkeypatch.setattr(frontdoor, "forward_to_target", lambda _ctx: True)
+    monkeypatch.setattr(frontdoor, "commit_from_source", lambda *_a, **_k: pytest.fail("committed twice"))
+    monkeypatch.setattr(frontdoor, "check_source_hold", lambda _ctx: pytest.fail("the hold is gone by now"))
+    with pytest.raises(StepError, match=r"committed on the source .* `migrate apply` finishes it"):
+        SwitchTraffic().undo(ctx)
+    result = SwitchTraffic().run(ctx)
+    assert committed == ["switch_traffic"] and ctx.saved(COMMITTED_AT) is not None
+    assert result["committed_at"] == ctx.saved(COMMITTED_AT)
+    assert [c for c in source.commands if sc.RECORD_PREFIX in c] == [sc.record_probe("/tmp/migrate-committed-x")] * 2
+
+    nothing = RecordingHost()
+    ctx = commit_ctx(tmp_path, nothing)
+    ctx.save(COMMIT_SENT, "/tmp/migrate-committed-x")
+    SwitchTraffic().undo(ctx)  # not committed there: the rollback goes on
+    assert nothing.commands == [sc.record_probe("/tmp/migrate-committed-x")]
+
+
+def test_a_restarted_door_seen_from_the_source_is_a_rollback_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from orchestrator.engine.step import StepError
     from orchestrator.services import source_commit as sc
     from tests.fakes import RecordingHost
     from tests.test_source_commit import CHECK, framed
 
     restarted = CHECK.replace("4242", "5151").replace("1764217000.123", "0")
-    source = RecordingHost([(sc.MARKED, framed(restarted))])
+    source = RecordingHost([(sc.RECORD_PREFIX, framed(restarted))])
+    monkeypatch.setattr(frontdoor, "_release_target_door", lambda _ctx: True)
+    monkeypatch.setattr(frontdoor, "door", lambda _ctx, side: SimpleNamespace(
+        frontend="shop_front", backend="shop_app", server="app", hold_map="/etc/haproxy/frontdoor.map"))  # fmt: skip
     with pytest.raises(StepError, match=r"lost its hold \(HAProxy pid 4242 → 5151"):
-        frontdoor.commit_check_from_source(commit_ctx(tmp_path, source), "/tmp/migrate-guard-x", timeout=5)
+        frontdoor.commit_from_source(
+            commit_ctx(tmp_path, source), "/tmp/migrate-guard-x", "/tmp/migrate-committed-x", timeout=5
+        )

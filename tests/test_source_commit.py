@@ -1,5 +1,5 @@
-"""The commit driven from the source host (orchestrator/services/source_commit.py): its two commands and what they
-answer.
+"""The commit driven from the source host (orchestrator/services/source_commit.py): its one command and what it
+answers.
 
 The answers below are HAProxy 2.6's own, captured from its admin socket in its non-interactive mode (each answer
 ends with an empty line; the connection closes after the last)."""
@@ -7,6 +7,7 @@ ends with an empty line; the connection closes after the last)."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -39,19 +40,79 @@ HOLD = sc.HoldToCheck("4242", 1764217000.123, writes_only=True)
 CHECK = "Name: HAProxy\nPid: 4242\nUptime_sec: 9\n\n0x55 hold_until 0\n0x56 hold_writes_until 1764217000.123\n\n"
 
 
-def test_the_scripts_are_valid_shell_with_any_path() -> None:
+RECORD = "/tmp/migrate-committed-plan's run"
+
+
+def test_the_script_is_valid_shell_with_any_path() -> None:
     """Paths with spaces and quotes reach the shell quoted; each script parses."""
-    check = sc.check_and_mark_script(SOCKET, MAP, HOLD, "/tmp/migrate guard's dir")
     fence = sc.fence_command_on_target("ssh -p 22", "deploy@127.0.0.3", "/srv/bin/fence-off 'now'", sudo=True)
-    lift = sc.lift_and_forward_script(SOCKET, fence_on_target=fence, forward=FORWARD)
-    for script in (check, lift, sc.probe_command(SOCKET)):
+    commit = sc.commit_script(SOCKET, MAP, HOLD, "/tmp/migrate guard's dir", RECORD, fence_on_target=fence,
+                              forward=FORWARD)  # fmt: skip
+    bare = sc.commit_script(SOCKET, MAP, None, None, RECORD, fence_on_target=None, forward=FORWARD)
+    for script in (commit, bare, sc.probe_command(SOCKET), sc.record_probe(RECORD)):
         subprocess.run(["sh", "-n", "-c", script], check=True)
-    assert "'/run/haproxy/admin sock'" in check and "sudo -n -- sh -c" in fence
+    assert "admin sock" in commit and "sudo -n -- sh -c" in fence and commit.startswith("setsid -w sh -c ")
+
+
+def test_the_commit_is_recorded_after_the_guard_is_told_and_before_the_fence_is_lifted(tmp_path: Path) -> None:
+    """Run for real by sh, with stand-ins for socat (answering the hold that stands, then the forward) and ssh:
+    the order of what it does, the record left, and its answer parsed."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "did"
+    bin_dir.mkdir()
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / "1").write_text(CHECK)
+    (answers / "2").write_text(forward_body())
+    (bin_dir / "socat").write_text(
+        f"#!/bin/sh\ncat >/dev/null; n=$(ls {tmp_path}/did.socat* 2>/dev/null | wc -l); n=$((n + 1)); "
+        f"touch {tmp_path}/did.socat$n; echo socat$n >> {log}; cat {answers}/$n\n"
+    )
+    (bin_dir / "fence-off").write_text(f"#!/bin/sh\necho fence >> {log}\n")
+    for tool in ("socat", "fence-off"):
+        (bin_dir / tool).chmod(0o755)
+    guard_dir, record = tmp_path / "guard", tmp_path / "migrate-committed-x"
+    guard_dir.mkdir()
+    script = sc.commit_script(SOCKET, MAP, HOLD, str(guard_dir), str(record), fence_on_target="fence-off",
+                              forward=FORWARD)  # fmt: skip
+    # What the record's existence says is read at the fence: the guard told and the record written before it.
+    (bin_dir / "fence-off").write_text(
+        f"#!/bin/sh\n[ -e {guard_dir}/committed ] && [ -e {record} ] && echo fence >> {log}\n"
+    )
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout  # fmt: skip
+    assert log.read_text().split() == ["socat1", "fence", "socat2"]
+    assert record.exists() and not Path(f"{record}.out").exists()
+    check, forwarded = sc.parse_commit(out, HOLD, fenced=True, frontend="app_front", forward=FORWARD)
+    assert check == sc.CheckOutcome(True, "4242", 1764217000.123)
+    assert forwarded == sc.ForwardOutcome(True, "", 17, None)
+    assert sc.recorded(subprocess.run(["sh", "-c", sc.record_probe(str(record))], capture_output=True, text=True,
+                                      check=True).stdout)  # fmt: skip
+
+
+def test_a_hold_that_does_not_stand_records_nothing_and_lifts_nothing(tmp_path: Path) -> None:
+    bin_dir, log = tmp_path / "bin", tmp_path / "did"
+    bin_dir.mkdir()
+    (tmp_path / "answer").write_text(CHECK.replace("4242", "5151"))
+    (bin_dir / "socat").write_text(f"#!/bin/sh\ncat >/dev/null; echo socat >> {log}; cat {tmp_path}/answer\n")
+    (bin_dir / "fence-off").write_text(f"#!/bin/sh\necho fence >> {log}\n")
+    for tool in ("socat", "fence-off"):
+        (bin_dir / tool).chmod(0o755)
+    record = tmp_path / "migrate-committed-x"
+    script = sc.commit_script(SOCKET, MAP, HOLD, str(tmp_path / "guard"), str(record), fence_on_target="fence-off",
+                              forward=FORWARD)  # fmt: skip
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout  # fmt: skip
+    assert log.read_text().split() == ["socat"] and not record.exists()
+    check, forwarded = sc.parse_commit(out, HOLD, fenced=True, frontend="app_front", forward=FORWARD)
+    assert check == sc.CheckOutcome(False, "5151", 1764217000.123) and forwarded is None
+    assert not sc.recorded(subprocess.run(["sh", "-c", sc.record_probe(str(record))], capture_output=True,
+                                          text=True, check=True).stdout)  # fmt: skip
 
 
 def test_a_door_command_that_could_break_the_line_is_refused() -> None:
     with pytest.raises(ValueError):
-        sc.lift_and_forward_script(SOCKET, fence_on_target=None, forward=sc.Forward("b;x", "s", MAP, "1.2.3.4", 1))
+        sc.commit_script(SOCKET, MAP, None, None, RECORD, fence_on_target=None,
+                         forward=sc.Forward("b;x", "s", MAP, "1.2.3.4", 1))  # fmt: skip
 
 
 def test_the_hold_that_stands_is_read_back_and_the_guard_was_told() -> None:
@@ -78,9 +139,13 @@ def test_without_a_hold_to_check_only_the_marker_counts() -> None:
     assert sc.parse_check("", None) == sc.CheckOutcome(False)
 
 
-def forward_answer(address: str = "127.0.0.3", port: int = 8080, *, repoint: str = "") -> str:
+def forward_body(address: str = "127.0.0.3", port: int = 8080, *, repoint: str = "") -> str:
     said = repoint or "no need to change the addr, port changed from '8081' to '8080' by 'stats socket command'\n"
-    return framed(f"{stat(17)}\n{said}\n\n\n{servers(address, port)}\n")
+    return f"{stat(17)}\n{said}\n\n\n{servers(address, port)}\n"
+
+
+def forward_answer(address: str = "127.0.0.3", port: int = 8080, *, repoint: str = "") -> str:
+    return framed(forward_body(address, port, repoint=repoint))
 
 
 def test_the_fence_lifted_then_the_door_forwarding_read_back() -> None:

@@ -300,10 +300,10 @@ DB_FINAL = {"ssh_source": 1, "ssh_target": 1, "ssh_both": 1}  # changed-file lis
 FILES_FINAL_TRACKED = {"ssh_source": 1}  # per tree: the change list with its trust probe (one command); the rsync
 FLIP = {"dns_per_record": 5, "haproxy": 11}  # find, edit, read back, two converging reads; + the target's fence lift
 # The commit at the source's front door (switch_traffic), driven from the source host
-# (orchestrator/services/source_commit.py): one command checks the hold on the door's local socket and tells the guard;
-# one lifts the target's fence over the hosts' hop and repoints and releases the door (the target's door released beside
-# it). No DNS call: it comes after.
-DOOR_COMMIT = {"ssh_source": 2}
+# (orchestrator/services/source_commit.py): one command checks the hold on the door's local socket, tells the guard,
+# records the commit, lifts the target's fence over the hosts' hop and repoints and releases the door (the target's
+# door released beside it). No DNS call: it comes after.
+DOOR_COMMIT = {"ssh_source": 1}
 # read_only with the final position (one compound statement), the replica's wait with its promotion (one more); the
 # hold with the requests in flight (one batch), the drain's poll. + the fence (beside read_only: counted in full
 # here); + the drain of the writes in flight.

@@ -44,7 +44,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FrontDoorProxy
 from orchestrator.results import DnsFlipResult
-from orchestrator.services import guard, source_commit
+from orchestrator.services import guard, owned, source_commit
 from orchestrator.transports import rsync
 from orchestrator.transports.haproxy import (
     HOLD_KEY,
@@ -263,51 +263,43 @@ def drivable_from_source(ctx: StepContext) -> bool:
     return bool(getattr(rt, LOCAL_DOOR, False)) and engaged(ctx) and rt.plan.reverse_of is None
 
 
-def commit_check_from_source(ctx: StepContext, guard_dir: str | None, *, timeout: float | None) -> None:
-    """The commit's first command on the source: the hold checked on the door's local socket and, only when it
-    stands, the guard told (`committed`). Fails, one line, as check_source_hold and source_guard.commit do: the
-    run then rolls back (nothing irreversible happened)."""
+def commit_record(ctx: StepContext) -> str:
+    """Where the commit driven from the source records itself on the source (source_commit.commit_record)."""
+    rt = runtime(ctx)
+    return source_commit.commit_record(owned.RUN_DIR, owned.owner(rt.plan.name, rt.plan_path, ctx.run_id))
+
+
+def committed_on_source(ctx: StepContext, record: str) -> bool:
+    """Whether the commit driven from the source recorded itself there (one round trip): asked by a run that sent
+    that command and whose journal does not say committed (it died before the answer), before anything else."""
+    try:
+        out = runtime(ctx).source.run(source_commit.record_probe(record), timeout=LOCAL_TIMEOUT).stdout
+    except TransportError as exc:
+        raise StepError(f"cannot read on the source whether this run committed there ({record}): {exc}") from None
+    return source_commit.recorded(out)
+
+
+def commit_from_source(
+    ctx: StepContext, guard_dir: str | None, record: str, *, timeout: float | None
+) -> source_commit.ForwardOutcome:
+    """The commit in one command on the source (source_commit.commit_script): the hold checked on the door's local
+    socket and, only when it stands, the guard told, the commit recorded (`record`), the target's fence lifted over
+    the hosts' hop and the door forwarding to the target; the target's door released beside it (from here).
+
+    Fails, one line, when the commit was not recorded (the hold lost, the guard or the record not written, the door
+    unanswered): nothing irreversible happened, the run rolls back. Once recorded, returns what the fence and the
+    door did (the caller journals the commit first, then says what failed), and journals the forwarding as
+    _forward_source_door does."""
+    rt = runtime(ctx)
     config = section(ctx, "source")
-    assert config is not None
+    front = door(ctx, "source")
+    assert config is not None and front is not None
     held = _saved_by(ctx, None, SOURCE_HOLD)
     hold = None
     if held and "deadline" in held:
         hold = source_commit.HoldToCheck(
             str(held.get("pid", "")), float(held["deadline"]), bool(held.get("writes_only"))
         )
-    script = source_commit.check_and_mark_script(config.admin_socket, config.hold_map, hold, guard_dir)
-    try:
-        out = runtime(ctx).source.run(script, timeout=timeout or LOCAL_TIMEOUT, check=False).stdout
-        outcome = source_commit.parse_check(out, hold)
-    except TransportError as exc:
-        raise StepError(f"cannot tell the guard on the source that the run commits: {exc}") from None
-    except (source_commit.DoorUnanswered, HaproxyError, ValueError) as exc:
-        raise StepError(f"source's front door, checking its hold: {exc}") from None
-    if hold is not None and outcome.pid != hold.pid:
-        raise StepError(
-            f"the source's front door lost its hold (HAProxy pid {hold.pid} → {outcome.pid}, hold_until "
-            f"{hold.deadline} → {outcome.until}): HAProxy restarted mid-window and requests reached the fenced source"
-        )
-    if hold is not None and (
-        outcome.until is None or abs(outcome.until - hold.deadline) > source_commit.DEADLINE_TOLERANCE
-    ):
-        raise StepError(
-            f"the source's front door lost its hold ({hold.key} {hold.deadline} → {outcome.until} in "
-            f"{config.hold_map}): something else changed it mid-window and requests may have reached the fenced source"
-        )
-    if not outcome.marked:
-        raise StepError("cannot tell the guard on the source that the run commits: the marker was not written")
-
-
-def lift_and_forward_from_source(ctx: StepContext, *, timeout: float | None) -> source_commit.ForwardOutcome:
-    """After the run is journaled committed: the target's fence lifted over the hosts' hop and, once it is, the
-    source's door forwarding to the target, in one command on the source; the target's door released beside it
-    (from here). Journals the forwarding as _forward_source_door does. The caller says what failed."""
-    rt = runtime(ctx)
-    config = section(ctx, "source")
-    assert config is not None
-    front = door(ctx, "source")
-    assert front is not None
     fence = rt.plan.services.target_fence
     fence_command = None
     if fence.enable and fence.disable:
@@ -317,7 +309,8 @@ def lift_and_forward_from_source(ctx: StepContext, *, timeout: float | None) -> 
         )
     to = config.forward_to
     forward = source_commit.Forward(front.backend, front.server, front.hold_map, to.address, to.port)
-    script = source_commit.lift_and_forward_script(config.admin_socket, fence_on_target=fence_command, forward=forward)
+    script = source_commit.commit_script(config.admin_socket, config.hold_map, hold, guard_dir, record,
+                                         fence_on_target=fence_command, forward=forward)  # fmt: skip
     if _saved_by(ctx, None, FORWARDED) is None:
         # Before: undo and finish know the door may forward (the request count comes with the switch itself).
         ctx.save(FORWARDED, {"to": f"{to.address}:{to.port}", "requests": None})
@@ -325,11 +318,30 @@ def lift_and_forward_from_source(ctx: StepContext, *, timeout: float | None) -> 
         target_released = pool.submit(contextvars.copy_context().run, _release_target_door, ctx)
         try:
             out = rt.source.run(script, timeout=timeout or LOCAL_TIMEOUT, check=False).stdout
-            outcome = source_commit.parse_forward(out, fenced=fence_command is not None, frontend=front.frontend,
-                                                  forward=forward)  # fmt: skip
+            check, outcome = source_commit.parse_commit(out, hold, fenced=fence_command is not None,
+                                                        frontend=front.frontend, forward=forward)  # fmt: skip
         except TransportError as exc:
-            outcome = source_commit.ForwardOutcome(None if fence_command is None else False, str(exc), None, str(exc))
-        released = target_released.result()
+            raise StepError(f"cannot tell the guard on the source that the run commits: {exc}") from None
+        except (source_commit.DoorUnanswered, HaproxyError, ValueError) as exc:
+            raise StepError(f"source's front door, checking its hold: {exc}") from None
+        finally:
+            released = target_released.result()
+    if outcome is None:
+        if hold is not None and check.pid != hold.pid:
+            raise StepError(
+                f"the source's front door lost its hold (HAProxy pid {hold.pid} → {check.pid}, hold_until "
+                f"{hold.deadline} → {check.until}): HAProxy restarted mid-window and requests reached the fenced "
+                "source"
+            )
+        if hold is not None and (
+            check.until is None or abs(check.until - hold.deadline) > source_commit.DEADLINE_TOLERANCE
+        ):
+            raise StepError(
+                f"the source's front door lost its hold ({hold.key} {hold.deadline} → {check.until} in "
+                f"{config.hold_map}): something else changed it mid-window and requests may have reached the "
+                "fenced source"
+            )
+        raise StepError("cannot tell the guard on the source that the run commits: the marker was not written")
     if outcome.door_error is None and outcome.requests is not None:
         ctx.save(FORWARDED, {"to": f"{to.address}:{to.port}", "requests": outcome.requests})
         ctx.log.info("frontdoor.source_forwarding", to=f"{to.address}:{to.port}", from_source=True)

@@ -1,15 +1,22 @@
-"""The commit at the front door driven from the source host: two commands there instead of four round trips.
+"""The commit at the front door driven from the source host: one command there instead of four round trips.
 
-The commit's chain (steps/switch_traffic.py) is: the source's door still holds → the guard told → the run journaled
-committed → the target's fence lifted → the source's door forwards to the target. Driven from here each link is a
-round trip to a host; driven from the source host itself, the door is its local admin socket (socat) and the target
-is one hop away (the hosts' own SSH connection, the one rsync's `-e` reuses), so the chain costs two round trips:
+The commit's chain (steps/switch_traffic.py) is: the source's door still holds → the guard told → the commit recorded
+→ the target's fence lifted → the source's door forwards to the target. Driven from here each link is a round trip
+to a host; driven from the source host itself, the door is its local admin socket (socat) and the target is one hop
+away (the hosts' own SSH connection, the one rsync's `-e` reuses), so the whole chain is one command
+(`commit_script`):
 
-1. `check_and_mark_script`: the door's pid and hold read on the local socket; only when they are the ones the window
-   set, the guard's `committed` marker. The answers come back either way (the orchestrator says what changed).
-2. the run is journaled committed (here, between the two: nothing irreversible happened before it);
-3. `lift_and_forward_script`: the target's fence lifted over the hop, and only if it was, the door repointed at the
-   target and its holds cleared in one batch on the local socket, read back.
+1. the door's pid and hold read on the local socket; only when they are the ones the window set:
+2. the guard's `committed` marker, then the commit's **record** (`commit_record`: a file beside the guard's
+   directory, which the guard deletes once it reads its marker) — from here the run is committed;
+3. the target's fence lifted over the hop, and only if it was, the door repointed at the target and its holds
+   cleared in one batch on the local socket, read back.
+
+The run's journal says committed once the answer is back. The record is what makes that safe: a run that dies
+between the two (its command goes on without it: it runs detached from the SSH session, its answer in a file) has
+left a service that serves (the target takes writes, the source's door forwards every client to it, DNS untouched),
+and a resumed run, or a rollback, reads the record before anything else and finishes forward instead of rolling a
+committed service back.
 
 Each answer is framed by markers and parsed by the pure functions below. A source without socat, or whose socket
 cannot be reached by it, is found before the window (`probe_command`): the commit then runs from here as before.
@@ -37,6 +44,9 @@ from orchestrator.transports.haproxy import (
 SOCAT_TIMEOUT = 5
 DOOR_BEGIN, DOOR_END = "__migrate_door_begin__", "__migrate_door_end__"
 MARKED = "__migrate_guard_marked__"
+# Printed once the commit's record is written (after the guard's marker): the run is committed from there.
+RECORDED = "__migrate_commit_recorded__"
+RECORD_PREFIX = "migrate-committed-"
 HOLD_OK = "__migrate_hold_ok__"
 FENCE_EXIT = "__migrate_fence_exit="
 DOOR_EXIT = "__migrate_door_exit="
@@ -118,23 +128,6 @@ def check_commands(hold_map: str) -> list[str]:
     return ["show info", f"show map {hold_map}"]
 
 
-def check_and_mark_script(socket_path: str, hold_map: str, hold: HoldToCheck | None, guard_dir: str | None) -> str:
-    """Command 1: the hold checked on the local socket (None: nothing held to check), then, only if it stands, the
-    guard's `committed` marker (None: no guard)."""
-    mark = f"{guard.marker_command(guard_dir, guard.COMMITTED)} && " if guard_dir else ""
-    if hold is None:
-        return f"{mark}echo {MARKED}"
-    pid = shlex.quote(hold.pid)
-    return (
-        f"ans=$({_door(socket_path, check_commands(hold_map))}); printf '%s\\n' \"$ans\"; "
-        f"pid=$(printf '%s\\n' \"$ans\" | sed -n 's/^Pid: //p'); "
-        f"until=$(printf '%s\\n' \"$ans\" | awk '$2 == \"{hold.key}\" {{ print $3; exit }}'); "
-        f'if [ -n "$pid" ] && [ "$pid" = {pid} ] && awk -v a="$until" -v b={hold.deadline!r} '
-        f"'BEGIN {{ d = a - b; if (d < 0) d = -d; exit !(a != \"\" && d <= {DEADLINE_TOLERANCE}) }}'; then "
-        f"echo {HOLD_OK} && {mark}echo {MARKED}; fi"
-    )
-
-
 @dataclass(frozen=True)
 class Forward:
     """Where the source's door sends its requests from the commit on, and the names it has them under."""
@@ -146,13 +139,61 @@ class Forward:
     port: int
 
 
-def lift_and_forward_script(socket_path: str, *, fence_on_target: str | None, forward: Forward) -> str:
-    """Command 3: the target's fence lifted over the hop (`fence_on_target`: the whole ssh command line; None: no
-    fence to lift), and only when it was, the door repointed and released in one batch, read back."""
+def commit_record(run_dir: str, owner: str) -> str:
+    """The commit's record on the source (`owner`: the run's, services/owned.py): a file no sweep of leftovers
+    matches, left by the commit before the target takes writes."""
+    return f"{run_dir.rstrip('/')}/{RECORD_PREFIX}{owner}"
+
+
+def record_probe(record: str) -> str:
+    """Shell: whether the commit's record is there (a resumed run, or a rollback, asks before anything else)."""
+    return f"if [ -e {shlex.quote(record)} ]; then echo {RECORDED}; fi"
+
+
+def recorded(stdout: str) -> bool:
+    return RECORDED in stdout.split()
+
+
+def commit_script(
+    socket_path: str,
+    hold_map: str,
+    hold: HoldToCheck | None,
+    guard_dir: str | None,
+    record: str,
+    *,
+    fence_on_target: str | None,
+    forward: Forward,
+) -> str:
+    """The whole commit in one command on the source: the hold checked on the local socket (None: nothing held to
+    check); only if it stands, the guard's `committed` marker (None: no guard), the commit's record, then the target's
+    fence lifted over the hop (`fence_on_target`: the whole ssh command line; None: no fence) and, only once it is,
+    the door repointed and released in one batch, read back.
+
+    It runs in a session of its own (setsid), its output in a file beside the record that is printed once it ends:
+    should the SSH connection drop (the orchestrator killed), the commit it began still ends, and leaves a service
+    that serves."""
+    mark = f"{guard.marker_command(guard_dir, guard.COMMITTED)} && " if guard_dir else ""
+    rec = shlex.quote(record)
     door = _door(socket_path, forward_commands(forward))
     if fence_on_target is None:
-        return door
-    return f'{fence_on_target} </dev/null 2>&1; rc=$?; echo "{FENCE_EXIT}$rc"; if [ "$rc" -eq 0 ]; then {door}; fi'
+        lift = door
+    else:
+        lift = f'{fence_on_target} </dev/null 2>&1; rc=$?; echo "{FENCE_EXIT}$rc"; if [ "$rc" -eq 0 ]; then {door}; fi'
+    commit = f"{mark}touch {rec} && echo {MARKED} && echo {RECORDED} && {{ {lift}; }}"
+    if hold is None:
+        inner = commit
+    else:
+        pid = shlex.quote(hold.pid)
+        inner = (
+            f"ans=$({_door(socket_path, check_commands(hold_map))}); printf '%s\\n' \"$ans\"; "
+            f"pid=$(printf '%s\\n' \"$ans\" | sed -n 's/^Pid: //p'); "
+            f"until=$(printf '%s\\n' \"$ans\" | awk '$2 == \"{hold.key}\" {{ print $3; exit }}'); "
+            f'if [ -n "$pid" ] && [ "$pid" = {pid} ] && awk -v a="$until" -v b={hold.deadline!r} '
+            f"'BEGIN {{ d = a - b; if (d < 0) d = -d; exit !(a != \"\" && d <= {DEADLINE_TOLERANCE}) }}'; then "
+            f"echo {HOLD_OK} && {commit}; fi"
+        )
+    out = shlex.quote(record + ".out")
+    return f"setsid -w sh -c {shlex.quote(inner)} >{out} 2>&1 </dev/null; cat {out}; rm -f {out}"
 
 
 def forward_commands(to: Forward) -> list[str]:
@@ -215,7 +256,8 @@ class CheckOutcome:
 
 
 def parse_check(stdout: str, hold: HoldToCheck | None) -> CheckOutcome:
-    """What command 1 did. Raises DoorUnanswered when the door could not be read (nothing was marked then)."""
+    """What the hold's check did (and whether the commit was recorded after it). Raises DoorUnanswered when the door
+    could not be read (nothing was marked then)."""
     marked = MARKED in stdout.split()
     if hold is None:
         return CheckOutcome(marked)
@@ -267,3 +309,19 @@ def parse_forward(stdout: str, *, fenced: bool, frontend: str, forward: Forward)
     except (DoorUnanswered, HaproxyRefused, ValueError) as exc:
         return ForwardOutcome(lifted, said, None, str(exc))
     return ForwardOutcome(lifted, said, requests, None)
+
+
+def parse_commit(
+    stdout: str, hold: HoldToCheck | None, *, fenced: bool, frontend: str, forward: Forward
+) -> tuple[CheckOutcome, ForwardOutcome | None]:
+    """What `commit_script` did: the hold's check (and whether the commit was recorded), then, when it was, the fence
+    and the door (None: not committed, nothing lifted). Raises as parse_check does when the door could not be read."""
+    head, marked, tail = stdout.partition(f"{MARKED}\n")
+    if not marked:
+        return parse_check(head, hold), None
+    # Recorded: the source found the hold standing, whatever we make of its answer here.
+    try:
+        check = parse_check(head + marked, hold)
+    except (DoorUnanswered, HaproxyRefused, ValueError):
+        check = CheckOutcome(True, None if hold is None else hold.pid, None if hold is None else hold.deadline)
+    return check, parse_forward(tail.removeprefix(f"{RECORDED}\n"), fenced=fenced, frontend=frontend, forward=forward)

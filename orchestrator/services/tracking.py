@@ -54,6 +54,7 @@ SCAN = (
     '$g++ if /^([A-Z_,]*,)?(UNMOUNT|(DELETE_SELF|MOVE_SELF)[A-Z_,]* \\.\\/$)/; } END { print "$o $q $g\\n"; }'
 )
 BARRIER_PREFIX = ".migrate-tracker-barrier-"
+BARRIER_POLL = 0.002  # seconds between two looks for the barrier in the events file
 READY_LINE = "Watches established."
 WATCH_LIMIT_TEXT = "upper limit on inotify watches reached"
 # inotify sees only writes made through this kernel: on these, other clients' writes are invisible.
@@ -489,7 +490,9 @@ class ChangeTracker:
         marker = BARRIER_PREFIX + secrets.token_hex(6)
         events = _q(self.events_file)
         tmp = _q(list_file + ".tmp")
-        tries = max(1, int(wait / 0.02))
+        # Polled every 2 ms: inotify usually delivers the marker's events within a millisecond, and this runs inside
+        # the window (a 20 ms poll cost the window up to 20 ms for nothing).
+        tries = max(1, int(wait / BARRIER_POLL))
         return (
             f"set -e; export LC_ALL=C; "
             f"before=$(stat -c %s {events}); "
@@ -497,7 +500,7 @@ class ChangeTracker:
             f"n=0; until tail -c +$((before + 1)) {events} | grep -z -q -x -F {_q('DELETE ./' + marker)}; do "
             f"n=$((n + 1)); if [ $n -gt {tries} ]; then echo 'the tracker did not record the barrier' >&2; exit 5; "
             f"fi; if ! {{ {self._alive_test()}; }}; then echo 'the tracker is not running' >&2; exit 6; fi; "
-            f"sleep 0.02; done; "
+            f"sleep {BARRIER_POLL}; done; "
             f"end=$(stat -c %s {events}); "
             f"{{ head -c $end {events} | grep -z -v '^Q_OVERFLOW' "
             f"| sed -z -e 's/^[A-Z_,]* //' -e 's:^\\./::' -e 's:/*$::' -e 's:^$:.:'; "

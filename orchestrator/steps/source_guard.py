@@ -119,7 +119,7 @@ def journaled_directory(ctx: StepContext) -> str | None:
 def commit(ctx: StepContext, reason: str, *, timeout: float | None = None, told: bool = False) -> None:
     """The guard on the source learns of the commit first (it must then leave the source alone), then the
     journal. A guard that cannot be told means no commit: the step fails before the target takes writes. `told`:
-    the caller left the marker itself (the commit driven from the source, frontdoor.commit_check_from_source)."""
+    the caller left the marker itself (the commit driven from the source, frontdoor.commit_from_source)."""
     found = journaled_directory(ctx)
     if found is not None and not told:
         try:

@@ -14,9 +14,11 @@ hold: one line, rollback); after it, every failure is finished forward by `migra
 each of its actions is idempotent).
 
 When the source host can drive its own door (frontdoor.drivable_from_source, found before the window), the chain
-runs there in two commands (orchestrator/services/source_commit.py): the hold checked and the guard told, then, once the
-run is journaled committed, the target's fence lifted over the hosts' hop and the door forwarded: the same facts in the
-same order, two round trips instead of four.
+runs there in one command (orchestrator/services/source_commit.py): the hold checked, the guard told, the commit
+recorded on the source, the target's fence lifted over the hosts' hop and the door forwarded: the same facts in the
+same order, one round trip instead of four. The journal says committed once its answer is back; the record on the
+source is what a run that died in between reads first (`COMMIT_SENT` says it may be there): it finishes forward, and
+its service served meanwhile (the command ends on the source whatever becomes of us).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from orchestrator.steps.common import TARGET_FENCE_LIFTED, lift_target_fence
 
 # Journaled: when the run committed here (the target's fence lifted is journaled as steps.common says).
 COMMITTED_AT = "committed_at"
+# Journaled before the commit's one command on the source: where that command records the commit there.
+COMMIT_SENT = "commit_sent"
 FENCE_COMMAND_TIMEOUT = 120.0
 NOT_FORWARDED = (
     "committed, but the source's front door could not be pointed at the target (see the log line above): its held "
@@ -69,22 +73,33 @@ class SwitchTraffic(Step):
         plan = runtime(ctx).plan
         committed_at = ctx.saved(COMMITTED_AT)
         reason = "the target is verified: its fence is lifted and the source's front door forwards to it"
-        # Driven from the source host when it can drive its own door (found before the window): two commands there
+        if committed_at is None and self._recorded_on_source(ctx):
+            # This run died after its commit on the source, before the journal heard of it: committed; finished
+            # forward from here (the fence and the door again: both idempotent).
+            ctx.log.warning("committed_on_source", record=ctx.saved(COMMIT_SENT))
+            source_guard.commit(ctx, reason, told=True)
+            committed_at = time.time()
+            ctx.save(COMMITTED_AT, committed_at)
+        # Driven from the source host when it can drive its own door (found before the window): one command there
         # instead of four round trips from here. A re-entered step (committed already) finishes from here.
         from_source = committed_at is None and frontdoor.drivable_from_source(ctx)
+        outcome = None
         if committed_at is None:
             ctx.window.check("committing at the front door")
             timeout = ctx.window.timeout(FENCE_COMMAND_TIMEOUT)
             if from_source:
-                frontdoor.commit_check_from_source(ctx, source_guard.journaled_directory(ctx), timeout=timeout)
+                record = frontdoor.commit_record(ctx)
+                ctx.save(COMMIT_SENT, record)  # before: a run that dies now reads the record first
+                guard_dir = source_guard.journaled_directory(ctx)
+                outcome = frontdoor.commit_from_source(ctx, guard_dir, record, timeout=timeout)
                 source_guard.commit(ctx, reason, told=True)
             else:
                 frontdoor.check_source_hold(ctx)
                 source_guard.commit(ctx, reason, timeout=timeout)
             committed_at = time.time()
             ctx.save(COMMITTED_AT, committed_at)
-        if from_source:
-            lifted = self._lift_and_forward_from_source(ctx)
+        if outcome is not None:
+            lifted = self._lifted_and_forwarded(ctx, outcome)
         else:
             if plan.reverse_of is not None:
                 # The way back: the old source's door forwarded to the target since the forward run; it serves its
@@ -104,13 +119,23 @@ class SwitchTraffic(Step):
 
     def undo(self, ctx: StepContext) -> None:
         """Nothing to put back: what this step changes comes after its commit, and a committed run is finished
-        forward, never rolled back (the way back is `migrate rollback`'s reverse run)."""
+        forward, never rolled back (the way back is `migrate rollback`'s reverse run). A run that sent its commit to
+        the source and died before the answer may have committed there: then it refuses to roll back (the target
+        serves, the source's door forwards to it) and says how to finish."""
+        if ctx.saved(COMMITTED_AT) is None and self._recorded_on_source(ctx):
+            raise StepError(
+                f"this run committed on the source ({ctx.saved(COMMIT_SENT)}) before it stopped: the target serves "
+                "and the source's front door forwards to it; it is not rolled back: `migrate apply` finishes it"
+            )
 
-    def _lift_and_forward_from_source(self, ctx: StepContext) -> bool:
-        """The target's fence lifted and the source's door forwarding, in one command on the source (committed by
-        now: a failure is finished forward by `migrate apply`). Whether a fence was lifted."""
-        # Not bounded by what is left of the budget: committed, the run finishes forward however long it takes.
-        outcome = frontdoor.lift_and_forward_from_source(ctx, timeout=FENCE_COMMAND_TIMEOUT)
+    def _recorded_on_source(self, ctx: StepContext) -> bool:
+        """Whether this step's commit on the source recorded itself (asked only when the command was sent)."""
+        record = ctx.saved(COMMIT_SENT)
+        return bool(record) and frontdoor.committed_on_source(ctx, str(record))
+
+    def _lifted_and_forwarded(self, ctx: StepContext, outcome: Any) -> bool:
+        """What the commit's command did after the commit (a failure is finished forward by `migrate apply`):
+        whether a fence was lifted."""
         if outcome.fence_lifted is False:
             raise StepError(
                 f"committed, but lifting the target's fence failed ({outcome.fence_said}): it refuses writes until "
