@@ -64,6 +64,11 @@ class TreeFigures(Contract):
     throttled_seconds: float = 0.0  # paused for the source's load (transfer.max_load)
     # files_final, tracked: how rsync reached the target ("daemon": the window's route; "ssh": -e ssh).
     route: str | None = None
+    # files_final, tracked through the window's route: the comparison of the listed paths (rsync --dry-run
+    # --checksum), run in the pass's own command right after it: how many differ (None: not compared there,
+    # verify_target compares them itself) and the first of them.
+    differing: int | None = None
+    differing_items: list[str] = []
 
 
 class FilesResult(Contract):

@@ -546,11 +546,14 @@ def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_
 
 
 def test_killed_at_the_door_commit_then_while_dns_converges_resumes_committed(live: LabState, tmp_path: Path) -> None:
-    """The commit at the front door, killed twice under load. First kill -9 after the target's fence is lifted (the
-    run journaled committed) and before the source's door forwards to it; the resume finishes forward (SIGTERM right
-    after its commit step is only noted: a committed run is finished, never rolled back) until, the DNS API answering
-    slowly, kill -9 again while the DNS flip after the window waits on it. The last resume re-reads where the records
-    point and completes: DNS on the target, nothing lost, no rollback."""
+    """The commit at the front door, killed twice under load. First kill -9 inside the commit's one command on the
+    source, after the commit is recorded there and the target's fence lifted, before its answer (the journal does not
+    say committed yet): that command ends without the run, and the service serves at once, nobody resuming: writes
+    are acknowledged by the target through the source's door, DNS still on the source (not split). The resume reads
+    the record and finishes forward (SIGTERM right after its commit step is only noted: a committed run is finished,
+    never rolled back) until, the DNS API answering slowly, kill -9 again while the DNS flip after the window waits
+    on it. The last resume re-reads where the records point and completes: DNS on the target, nothing lost, no
+    rollback."""
     state = live
     pid_file = state.path / "replkill-door.pid"
     hooks = {
@@ -582,7 +585,12 @@ def test_killed_at_the_door_commit_then_while_dns_converges_resumes_committed(li
         while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
             time.sleep(0.05)
         run_killed(state, plan)
+        killed_at = time.time()
         assert Path(used).exists(), "the fence command did not kill the run"
+        # Nobody resumes yet: the commit's command ended on the source without the run, the service serves.
+        assert not any(e.get("event") == "committed" for e in journal_events(state, plan))
+        wait_for_load_acks_on(load_dir, state.target.address, since=killed_at, timeout=30)
+        assert dns_contents(state) == {name: state.source.address for name in state.records}
         cf_control(state, "faults", {"mode": "slow", "delay": 2, "count": -1, "methods": ["PATCH", "PUT"]})
         resumed = subprocess.Popen(
             [str(MIGRATE), "apply", str(plan), "--yes", "--env-file", str(state.env_file)],
@@ -614,8 +622,10 @@ def test_killed_at_the_door_commit_then_while_dns_converges_resumes_committed(li
     events = journal_events(state, plan)
     resumes = [i for i, e in enumerate(events) if e.get("event") == "run_resumed"]
     assert len(resumes) == 2, "resumed twice"
-    # Committed before the first kill: every resume went forward (no rollback), the commit step re-entered once.
-    assert any(e.get("event") == "committed" for e in events[: resumes[0]])
+    # Committed on the source before the first kill, in the journal by the first resume: every resume went forward
+    # (no rollback), the commit step re-entered once.
+    assert not any(e.get("event") == "committed" for e in events[: resumes[0]])
+    assert any(e.get("event") == "committed" for e in events[resumes[0] : resumes[1]])
     assert not any(e.get("event") == "rollback_started" for e in events)
     report = run_report(state, plan_name(plan))
     assert report["status"] == "completed"
@@ -630,6 +640,7 @@ def test_killed_at_the_door_commit_then_while_dns_converges_resumes_committed(li
         json.loads(line) for log in journal.parent.glob("run-*.log.jsonl") for line in log.read_text().splitlines()
     ]
     assert any(r.get("event") == "frontdoor.local_door" and r.get("commit_from_source") for r in logged)
+    assert any(r.get("event") == "committed_on_source" for r in logged)
 
 
 def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_source(

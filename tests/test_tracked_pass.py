@@ -13,6 +13,8 @@ from orchestrator.report.build import build_report, checks_where, final_pass_tre
 from orchestrator.results import TreeFigures
 from orchestrator.services.tracking import ChangeTracker, tracker_name
 from orchestrator.steps.db_presync import warm_command, warm_outcome
+from orchestrator.steps.files_final import compared_after_pass, pass_then_compare
+from orchestrator.steps.verify_target import VerifyTarget
 from orchestrator.steps.verify_target import tree_verification
 from orchestrator.transports import rsync
 from tests.fakes import LocalHost
@@ -78,6 +80,61 @@ def test_the_in_window_check_covers_the_paths_deleted_since_the_presync() -> Non
     assert scope == SCOPE
     stats = rsync.parse_stats("Number of files: 4 (reg: 3, dir: 1)\nNumber of deleted files: 3 (reg: 2, dir: 1)\n")
     assert stats.deleted == 3
+
+
+def test_the_comparison_rides_the_pass_and_its_answer_is_the_verification(tmp_path: Path) -> None:
+    """Run for real: the pass over the list, then in the same command the --dry-run --checksum of the same paths;
+    the pass's figures and status come back as before, the comparison's items apart (none: equal). A comparison that
+    fails is no answer (verify_target compares then), and a failed pass runs no comparison."""
+    from orchestrator.services.tracking import final_pass_command, verify_listed_command
+
+    src, dst, other = tmp_path / "src", tmp_path / "dst", tmp_path / "other"
+    for d in (src, dst, other):
+        d.mkdir()
+    (src / "a.jpg").write_text("new")
+    (src / "b.jpg").write_text("b")
+    (other / "a.jpg").write_text("old")
+    listed = tmp_path / "list"
+    listed.write_bytes(b"a.jpg\0b.jpg\0gone.jpg\0")
+
+    def run(command: str) -> tuple[int, str]:
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        return done.returncode, done.stdout + done.stderr
+
+    passing = final_pass_command(str(src), str(dst), str(listed))
+    code, out = run(pass_then_compare(passing, verify_listed_command(str(src), str(dst), str(listed))))
+    output, differing = compared_after_pass(out)
+    assert code == 0 and differing == [] and (dst / "a.jpg").read_text() == "new"
+    assert rsync.parse_stats(output).files_transferred == 2
+    code, out = run(pass_then_compare(passing, verify_listed_command(str(src), str(other), str(listed))))
+    found = compared_after_pass(out)[1] or []
+    assert code == 0 and [item.split(" ", 1)[1] for item in found] == ["a.jpg", "b.jpg"]
+    code, out = run(pass_then_compare(passing, "false"))
+    assert code == 0 and compared_after_pass(out)[1] is None
+    code, out = run(pass_then_compare("exit 12", "echo '>fcsT.... never'"))
+    assert code == 12 and compared_after_pass(out) == (out.partition("--compared--\n")[0], None)
+
+
+def test_verify_reads_the_comparison_made_with_the_pass(tmp_path: Path) -> None:
+    """A tree the pass's command compared: verify_target runs no command of its own and reports what it found."""
+    from types import SimpleNamespace
+
+    from orchestrator.engine.step import StepContext
+    from orchestrator.results import FilesResult
+    from tests.fakes import RecordingHost
+    from tests.test_frontdoor import QuietLog
+
+    figures = TreeFigures.model_validate({**UPLOADS, "differing": 7, "differing_items": [f"f{i}" for i in range(7)]})
+    plan = PLAN.model_copy(update={"files": [TREE]})
+    source = RecordingHost()
+    rt = SimpleNamespace(plan=plan, source=source, target=RecordingHost())
+    ctx = StepContext(run_id="r", step="verify_target", dry_run=False, rt=rt, log=QuietLog())
+    ctx.window = SimpleNamespace(check=lambda *_: None, timeout=lambda *_: None)  # type: ignore[assignment]
+    ctx.output = lambda step: FilesResult(trees={"uploads": figures}).journal()  # type: ignore[method-assign]
+    found, problems = VerifyTarget().trees(ctx)
+    assert source.commands == []
+    assert found["trees_differing_items"] == {"uploads": 7} and found["trees_verified"] == {"uploads": SCOPE}
+    assert problems == ["tree uploads differs: f0, f1, f2, f3, f4 and 2 more"]
 
 
 def test_the_report_says_how_the_final_pass_worked_and_where_each_check_ran() -> None:

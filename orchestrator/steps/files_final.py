@@ -19,7 +19,13 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Retry
 from orchestrator.results import FilesResult, TreeFigures
-from orchestrator.services.tracking import ChangeList, ChangeTracker, TrackingError, final_pass_command
+from orchestrator.services.tracking import (
+    ChangeList,
+    ChangeTracker,
+    TrackingError,
+    final_pass_command,
+    verify_listed_command,
+)
 from orchestrator.steps.common import sync_tree, window_route
 from orchestrator.transports import rsync
 from orchestrator.transports.rsync import Stats
@@ -28,6 +34,10 @@ from orchestrator.transports.ssh import TransportError
 TRACKED = "tracked"
 ONE_TRY = Retry(attempts=1)
 FULL_SCAN = "full_scan"
+# The comparison that rides the pass's command: its output follows this line, its exit status the other marker.
+COMPARE_MARK = "--compared--"
+COMPARE_EXIT = "compare_exit="
+KEPT_ITEMS = 20  # differing paths kept in the result (their count is kept whole)
 
 
 class FilesFinal(Step):
@@ -97,15 +107,25 @@ class FilesFinal(Step):
         return figures
 
     def _pass_command(self, ctx: StepContext, tree: FileTree, list_file: str) -> str | None:
-        """The final pass over the list through the window's rsync route (None: no route, the pass goes apart)."""
+        """The final pass over the list through the window's rsync route (None: no route, the pass goes apart),
+        then, when it succeeded and the plan verifies files, the comparison verify_target makes of the listed paths
+        (rsync --dry-run --checksum through the same route): writes are stopped, so nothing changes between the two,
+        and verify_target reads its answer instead of a round trip of its own. The pass's status is the command's."""
+        rt = runtime(ctx)
         route = window_route(ctx)
         if route is None:
             return None
-        transfer = runtime(ctx).plan.transfer
-        return final_pass_command(
+        transfer = rt.plan.transfer
+        passing = final_pass_command(
             tree.source, route.url(tree), list_file, exclude=tree.exclude, chown=tree.owner,
             timeout=transfer.rsync_timeout, whole_file=transfer.whole_file, extra=route.options(),
         )  # fmt: skip
+        if not rt.plan.database.verify.files:
+            return passing
+        compare = verify_listed_command(
+            tree.source, route.url(tree), list_file, exclude=tree.exclude, chown=tree.owner, extra=route.options()
+        )
+        return pass_then_compare(passing, compare)
 
     def _passed_with_list(
         self, ctx: StepContext, tree: FileTree, changes: ChangeList, started: float
@@ -119,13 +139,17 @@ class FilesFinal(Step):
         if rsync.exit_kind(code) != "ok":
             ctx.log.warning("final_pass_with_list_failed", tree=tree.name, exit=code, instead="a pass apart")
             return None
+        output, differing = compared_after_pass(output)
         stats = rsync.parse_stats(output)
         figures = TreeFigures(
             bytes=stats.transferred_bytes, files=stats.files_transferred, total_size=stats.total_size,
             seconds=round(time.monotonic() - started, 3), mode=TRACKED, listed=changes.count,
             change_list=changes.path, deleted=stats.deleted, route="daemon",
         )  # fmt: skip
-        ctx.log.info("final_pass_tracked", tree=tree.name, paths=changes.count, with_list=True)
+        if differing is not None:
+            figures.differing, figures.differing_items = len(differing), differing[:KEPT_ITEMS]
+        ctx.log.info("final_pass_tracked", tree=tree.name, paths=changes.count, with_list=True,
+                     compared=differing is not None)  # fmt: skip
         ctx.log.info("tree_synced", tree=tree.name, **figures.journal())
         return figures
 
@@ -194,3 +218,24 @@ class FilesFinal(Step):
         figures.fallback_reason = reason
         figures.entries = figures.entries or entries
         return figures
+
+
+def pass_then_compare(passing: str, compare: str) -> str:
+    """Shell: the pass, then, only when it succeeded, the comparison; the pass's status is the command's. The
+    comparison's messages are not items: one that fails says so by its status (and verify_target compares)."""
+    return (
+        f"{passing}; rc=$?; echo {COMPARE_MARK}; if [ $rc -eq 0 ]; then {compare} 2>/dev/null; "
+        f"echo {COMPARE_EXIT}$?; fi; exit $rc"
+    )
+
+
+def compared_after_pass(output: str) -> tuple[str, list[str] | None]:
+    """The pass's own output, and the items its comparison found differing (None: no comparison ran, or it failed:
+    verify_target compares then)."""
+    passed, marked, rest = output.partition(f"{COMPARE_MARK}\n")
+    if not marked:
+        return output, None
+    listed, found, status = rest.rpartition(COMPARE_EXIT)
+    if not found or status.strip() != "0":
+        return passed, None
+    return passed, rsync.itemized(listed)

@@ -166,6 +166,16 @@ class VerifyTarget(Step):
             command, scopes[tree.name] = tree_verification(plan, tree, figures, route)
             doing = f"comparing tree {tree.name} ({scopes[tree.name]})"
             window.check(doing)
+            if command is not None and figures is not None and figures.differing is not None:
+                # Compared by the pass's own command right after it (files_final): its answer, no round trip.
+                trees[tree.name] = figures.differing
+                if figures.differing:
+                    more = figures.differing - len(figures.differing_items[:MAX_LISTED])
+                    tail = f" and {more} more" if more > 0 else ""
+                    problems.append(
+                        f"tree {tree.name} differs: {', '.join(figures.differing_items[:MAX_LISTED])}{tail}"
+                    )
+                continue
             if command is None:
                 trees[tree.name] = 0
                 continue

@@ -382,12 +382,17 @@ def changed_items(host: Host, command: str, *, what: str, timeout: float | None 
         result = host.run(command, timeout=timeout, check=True)
     except CommandFailed as exc:
         raise RsyncError(what, exc.exit_status, exc.stderr) from None
+    return itemized(result.stdout)
+
+
+def itemized(stdout: str) -> list[str]:
+    """The items a compare_command printed that differ (a directory whose only difference is its mtime holds no
+    different data)."""
     items = []
-    for line in result.stdout.splitlines():
+    for line in stdout.splitlines():
         if not line.strip():
             continue
         flags, _, _name = line.partition(" ")
-        # A directory whose only difference is its mtime holds no different data.
         if _DIR_TIMES_ONLY.match(flags):
             continue
         items.append(line)
