@@ -14,8 +14,7 @@ from orchestrator.results import TreeFigures
 from orchestrator.services.tracking import ChangeTracker, tracker_name
 from orchestrator.steps.db_presync import warm_command, warm_outcome
 from orchestrator.steps.files_final import compared_after_pass, pass_then_compare
-from orchestrator.steps.verify_target import VerifyTarget
-from orchestrator.steps.verify_target import tree_verification
+from orchestrator.steps.verify_target import VerifyTarget, tree_verification
 from orchestrator.transports import rsync
 from tests.fakes import LocalHost
 from tests.test_transports import minimal_plan
