@@ -177,3 +177,34 @@ def test_the_undo_leaves_a_source_that_is_writable_already_as_it_is(monkeypatch:
     # Not promoting: the target is left alone; the source is asked, not assumed, and was writable.
     assert [c[:2] for c in servers.calls] == [("is_read_only", "source")]
     assert rt.source.commands == [rt.plan.services.fence.disable]
+
+
+def test_verify_takes_the_positions_the_switch_read_as_it_promoted() -> None:
+    """The switch starts verify_target's position reads once it promoted the target; verify_target takes their
+    answer for the same final position (no read of its own), and reads again for another one, or when they failed."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from orchestrator.engine.step import StepContext
+    from orchestrator.steps.verify_target import EARLY_POSITIONS, VerifyTarget
+    from tests.test_frontdoor import QuietLog
+
+    def ctx_with(early: tuple[str, Future[Any]] | None) -> StepContext:
+        def no_db(*_a: Any, **_k: Any) -> Any:
+            raise AssertionError("read again")
+
+        rt = SimpleNamespace(db=no_db, plan=SimpleNamespace(database=SimpleNamespace(read_timeout=5.0)))
+        setattr(rt, EARLY_POSITIONS, early)
+        ctx = StepContext(run_id="r", step="verify_target", dry_run=False, rt=rt, log=QuietLog())
+        ctx.window = SimpleNamespace(timeout=no_db, check=no_db)  # type: ignore[assignment]
+        ctx.output = lambda step: {"final_gtid": "0-1-42"}  # type: ignore[method-assign]
+        return ctx
+
+    answered: Future[Any] = Future()
+    answered.set_result(({"audit_snapshot_at": 1.0}, []))
+    ctx = ctx_with(("0-1-42", answered))
+    assert VerifyTarget().positions(ctx) == ({"audit_snapshot_at": 1.0}, [])
+    assert getattr(ctx.rt, EARLY_POSITIONS) is None, "taken once"
+    for early in (("0-1-41", answered), None):
+        with pytest.raises(AssertionError, match="read again"):
+            VerifyTarget().positions(ctx_with(early))

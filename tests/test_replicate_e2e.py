@@ -53,6 +53,7 @@ from tests.test_e2e import (
     restore_source_live,
     run_report,
     start_load,
+    wait_for_load_ack,
     wait_for_load_acks_on,
 )
 from tests.test_frontdoor_e2e import (
@@ -587,9 +588,16 @@ def test_killed_at_the_door_commit_then_while_dns_converges_resumes_committed(li
         run_killed(state, plan)
         killed_at = time.time()
         assert Path(used).exists(), "the fence command did not kill the run"
-        # Nobody resumes yet: the commit's command ended on the source without the run, the service serves.
+        # Nobody resumes yet: the commit's command ended on the source without the run, and the service serves:
+        # writes are acknowledged again while the source's database is still read-only (by the target, through the
+        # source's door: the clients still connect to the source's address), DNS not split.
         assert not any(e.get("event") == "committed" for e in journal_events(state, plan))
-        wait_for_load_acks_on(load_dir, state.target.address, since=killed_at, timeout=30)
+        wait_for_load_ack(
+            load_dir, lambda ack: float(ack.get("ack_ts", 0)) > killed_at + 1, "no write acknowledged after the kill",
+            30,
+        )  # fmt: skip
+        writable, _ = source_is_plain_and_writable(state)
+        assert not writable, "the source's database is read-only: the acknowledged writes are the target's"
         assert dns_contents(state) == {name: state.source.address for name in state.records}
         cf_control(state, "faults", {"mode": "slow", "delay": 2, "count": -1, "methods": ["PATCH", "PUT"]})
         resumed = subprocess.Popen(

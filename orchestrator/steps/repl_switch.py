@@ -37,7 +37,7 @@ from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
 from orchestrator.services import frontdoor, guard, health, probes
-from orchestrator.steps import source_guard
+from orchestrator.steps import source_guard, verify_target
 from orchestrator.steps.repl_common import (
     FINAL_GTID,
     REPLICA_PORT,
@@ -145,6 +145,8 @@ class ReplSwitch(Step):
                 executed = self._wait_and_promote(ctx, target, final, result)
                 result.executed_gtid = str(executed)
                 ctx.save(PROMOTED, str(executed))
+                # verify_target's position reads (and the audit's snapshot) begin now, beside the uploads' pass.
+                verify_target.read_positions_early(ctx, str(final))
                 self._checked(checks, result)
                 result.switch_seconds = round(time.monotonic() - began, 3)
             result.writes_blocked_at = window.begin(float(ctx.saved(WRITES_BLOCKED_AT)))

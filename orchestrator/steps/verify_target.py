@@ -32,13 +32,16 @@ from orchestrator.results import FilesResult, TreeFigures
 from orchestrator.services import audit, health, replica_audit
 from orchestrator.services.tracking import verify_listed_command
 from orchestrator.steps.common import window_route
-from orchestrator.steps.modes import SHUTDOWN, CutoverMode
+from orchestrator.steps.modes import REPLICATE, SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import SWITCH_STEP
 from orchestrator.transports import rsync
 from orchestrator.transports.rsync_daemon import DaemonRoute
 from orchestrator.transports.ssh import TransportError
 
 MAX_LISTED = 5
+# On the run's runtime: (the final position, the future of `positions`) the replicate switch started once it promoted
+# the target (read_positions_early).
+EARLY_POSITIONS = "early_positions"
 
 
 def _listed(items: list[str]) -> str:
@@ -202,11 +205,23 @@ class VerifyTarget(Step):
                 problems.append(f"tree {tree.name} differs: {_listed(items)}")
         return {"trees_differing_items": trees, "trees_verified": scopes}, problems
 
-    def positions(self, ctx: StepContext) -> tuple[dict[str, Any], list[str]]:
+    def positions(self, ctx: StepContext, final_text: str | None = None) -> tuple[dict[str, Any], list[str]]:
         """Replicate mode: O(changes) proof of the data. The source is still at the final position the switch
-        journaled (nothing committed there since), and the target executed exactly that position."""
+        journaled (nothing committed there since), and the target executed exactly that position.
+
+        When the switch read them as soon as it promoted the target (`read_positions_early`, in this process, for
+        this final position), their answer is taken: no round trip here. `final_text`: the switch's own call."""
         rt = runtime(ctx)
-        final_text = ctx.output(SWITCH_STEP).get("final_gtid")
+        if final_text is None:
+            final_text = ctx.output(SWITCH_STEP).get("final_gtid")
+            early = getattr(rt, EARLY_POSITIONS, None)
+            setattr(rt, EARLY_POSITIONS, None)
+            if early is not None and early[0] == final_text:
+                try:
+                    found: tuple[dict[str, Any], list[str]] = early[1].result()
+                    return found
+                except Exception as exc:  # read again below, as without it
+                    ctx.log.warning("early_positions_failed", error=str(exc))
         if not final_text:
             return {}, ["no final GTID position recorded by the switch"]
         final = gtid.GtidPosition.parse(str(final_text))
@@ -284,3 +299,15 @@ class VerifyTarget(Step):
         ctx.window.check("starting the verification")
         # The mode runs the parts that prove its data side by side (health, trees, the snapshot or the positions).
         return self.mode.verify(ctx, self)
+
+
+def read_positions_early(ctx: StepContext, final_text: str) -> None:
+    """Called by the replicate switch as soon as the target is promoted: verify_target's reads of both sides' GTID
+    positions (and, with them, the audit's snapshot of the promoted, still fenced target) start now, in a thread of
+    their own, side by side with the uploads' final pass verify_target waits for; it takes their answer instead of a
+    round trip of its own. Nothing writes either side meanwhile (the source is read-only and fenced, the target
+    fenced until the commit), so reading now proves what reading then would, before the commit as before."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="positions")
+    future = pool.submit(contextvars.copy_context().run, VerifyTarget(mode=REPLICATE).positions, ctx, final_text)
+    pool.shutdown(wait=False)
+    setattr(runtime(ctx), EARLY_POSITIONS, (final_text, future))
