@@ -34,6 +34,7 @@ get its refusal, as without a front door) until `migrate apply` or `migrate roll
 from __future__ import annotations
 
 import contextvars
+import shlex
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -261,6 +262,23 @@ def drivable_from_source(ctx: StepContext) -> bool:
     """The commit may run on the source host: found able before the window, in this process, on a forward run."""
     rt = runtime(ctx)
     return bool(getattr(rt, LOCAL_DOOR, False)) and engaged(ctx) and rt.plan.reverse_of is None
+
+
+# Journaled by the commit step before its one command on the source: where that command records the commit there.
+COMMIT_SENT = "commit_sent"
+
+
+def forget_commit_record(ctx: StepContext) -> None:
+    """At the run's end: the commit's record on the source (and an answer a dead run left beside it) deleted, best
+    effort (a file left in /tmp says nothing to a later run: each run has its own)."""
+    record = _saved_by(ctx, None, COMMIT_SENT)
+    if not record:
+        return
+    path = shlex.quote(str(record))
+    try:
+        runtime(ctx).source.run(f"rm -f {path} {path}.out", timeout=LOCAL_TIMEOUT, check=False)
+    except TransportError as exc:
+        ctx.log.warning("frontdoor.commit_record_left", record=record, error=str(exc))
 
 
 def commit_record(ctx: StepContext) -> str:

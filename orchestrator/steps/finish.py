@@ -144,6 +144,7 @@ class Finish(Step):
                 keep_going=False, kind="source service", before=_journal_first,
             )  # fmt: skip
         trackers = stop_trackers(ctx)
+        frontdoor.forget_commit_record(ctx)
         # The full report (this step included) is written by the command line once the run has ended.
         report = build_report(ctx.history(), now=time.time())
         return FinishResult(

@@ -36,7 +36,7 @@ from orchestrator.steps.common import TARGET_FENCE_LIFTED, lift_target_fence
 # Journaled: when the run committed here (the target's fence lifted is journaled as steps.common says).
 COMMITTED_AT = "committed_at"
 # Journaled before the commit's one command on the source: where that command records the commit there.
-COMMIT_SENT = "commit_sent"
+COMMIT_SENT = frontdoor.COMMIT_SENT
 FENCE_COMMAND_TIMEOUT = 120.0
 NOT_FORWARDED = (
     "committed, but the source's front door could not be pointed at the target (see the log line above): its held "
