@@ -321,3 +321,26 @@ def test_a_restarted_door_seen_from_the_source_is_a_rollback_line(
         frontdoor.commit_from_source(
             commit_ctx(tmp_path, source), "/tmp/migrate-guard-x", "/tmp/migrate-committed-x", timeout=5
         )
+
+
+def test_the_window_holds_and_fences_from_the_source_only_where_the_commit_would_run_there(tmp_path: Path) -> None:
+    """One command on the source for the hold, the drain and the fence: when the source host was found able and
+    worth driving its door (the commit's finding), there is a fence to put up, and the run goes forward."""
+    ready = frontdoor.HoldReady(writes_only=True, pid="4242", clock_offset=0.0, target_at_own_app=True)
+    ctx = commit_ctx(tmp_path, None)
+    plan = ctx.rt.plan
+    fenced = plan.model_copy(update={"services": plan.services.model_copy(
+        update={"fence": plan.services.fence.model_copy(update={"enable": "touch /srv/fenced"})})})  # fmt: skip
+    ctx.rt.plan = fenced
+    assert frontdoor.holds_from_source(ctx, ready)
+    assert not frontdoor.holds_from_source(ctx, None), "no source door"
+    ctx.rt.source_door_local = False
+    assert not frontdoor.holds_from_source(ctx, ready), "driven from here"
+    ctx.rt.source_door_local = True
+    ctx.rt.plan = plan.model_copy(update={"services": plan.services.model_copy(
+        update={"fence": plan.services.fence.model_copy(update={"enable": None})})})  # fmt: skip
+    assert not frontdoor.holds_from_source(ctx, ready), "no fence: the hold alone, from here"
+    reverse = fenced.model_copy()
+    reverse._reverse_of = "shop"
+    ctx.rt.plan = reverse
+    assert not frontdoor.holds_from_source(ctx, ready), "a reverse run"

@@ -187,3 +187,54 @@ def test_the_commit_runs_on_the_source_only_when_two_round_trips_cost_more_than_
     assert not sc.worth_driving_from_source(0.002, cost)
     assert sc.worth_driving_from_source(0.040, cost)
     assert not sc.worth_driving_from_source(1.0, None), "an unmeasured cost is no reason to move it"
+
+
+# --- the window's first command: the hold, the drain and the fence on the source ---------------------------------
+
+
+def hold_and_fence(tmp_path: Path, awk: str, answers: list[str], *, fence: str = "echo fenced >> {log}") -> str:
+    """Run the script for real by sh with a stand-in socat that answers `answers` in turn (the last repeating) and
+    records each line it was sent, with `awk` as the host's awk."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "did"
+    bin_dir.mkdir(exist_ok=True)
+    for i, answer in enumerate(answers, 1):
+        (tmp_path / f"answer{i}").write_text(answer)
+    (bin_dir / "socat").write_text(
+        f"#!/bin/sh\nread line; echo \"socat: $line\" >> {log}; n=$(grep -c '^socat' {log}); "
+        f"[ -f {tmp_path}/answer$n ] || n={len(answers)}; cat {tmp_path}/answer$n\n"
+    )
+    (bin_dir / "awk").symlink_to(awk)
+    for tool in ("socat",):
+        (bin_dir / tool).chmod(0o755)
+    script = sc.hold_and_fence_script("/run/haproxy/admin.sock", MAP, key="hold_writes_until", deadline=1030.5,
+                                      frontend="app_front", writes_only=True, drain_seconds=5,
+                                      fence=fence.format(log=log))  # fmt: skip
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout  # fmt: skip
+
+
+@pytest.mark.parametrize("awk", ["/usr/bin/gawk", "/usr/bin/mawk"])
+def test_the_hold_then_the_writes_in_flight_drained_then_the_fence(tmp_path: Path, awk: str) -> None:
+    """The hold and the first listing in one exchange; the listing again until the write in flight (the POST: the
+    GET in flight is a read, which the fence does not refuse) is gone; then, only then, the fence."""
+    from tests.test_haproxy import SHOW_SESS_ALL
+
+    if not Path(awk).exists():
+        pytest.skip(f"{awk} is not installed")
+    get_only = SHOW_SESS_ALL[: SHOW_SESS_ALL.index("0x5576ba59b960")]
+    out = hold_and_fence(tmp_path, awk, ["\n" + SHOW_SESS_ALL + "\n", SHOW_SESS_ALL + "\n", get_only + "\n"])
+    did = (tmp_path / "did").read_text().splitlines()
+    assert did[0] == f"socat: set map {MAP} hold_writes_until 1030.5; show sess all"
+    assert did[1:] == ["socat: show sess all", "socat: show sess all", "fenced"]
+    assert sc.parse_hold_and_fence(out) == sc.HoldAndFence(True, "", 1, True, True, "exit 0")
+
+
+def test_a_hold_refused_fences_nothing_and_a_failed_fence_says_why(tmp_path: Path) -> None:
+    out = hold_and_fence(tmp_path, "/usr/bin/gawk", ["entry not found.\n\n"])
+    sent = [f"socat: set map {MAP} hold_writes_until 1030.5; show sess all"]
+    assert (tmp_path / "did").read_text().splitlines() == sent
+    assert sc.parse_hold_and_fence(out) == sc.HoldAndFence(False, "entry not found.")
+    failing = tmp_path / "again"
+    failing.mkdir()
+    out = hold_and_fence(failing, "/usr/bin/gawk", ["\n\n"], fence="echo 'fence: permission denied'; exit 3")
+    assert sc.parse_hold_and_fence(out) == sc.HoldAndFence(True, "", 0, True, False, "fence: permission denied")

@@ -413,6 +413,62 @@ def hold_source(
     ctx.log.info("frontdoor.source_drained", drained=drained, within_s=bound)
 
 
+def holds_from_source(ctx: StepContext, ready: HoldReady | None) -> bool:
+    """Whether the window's first command runs on the source (hold_and_fence_from_source): a source door found
+    drivable from the source host and worth it (the same finding as the commit's), a fence to put up, a forward run."""
+    rt = runtime(ctx)
+    return (
+        ready is not None
+        and bool(getattr(rt, LOCAL_DOOR, False))
+        and bool(rt.plan.services.fence.enable)
+        and rt.plan.reverse_of is None
+    )
+
+
+def hold_and_fence_from_source(
+    ctx: StepContext, blocked_at: float, ready: HoldReady, *, timeout: float | None
+) -> float:
+    """The hold, the drain of the writes in flight and the source's fence in one command on the source
+    (source_commit.hold_and_fence_script): one round trip where hold_source and the fence cost two, plus one per
+    look while a write is in flight. Journaled as hold_source journals its hold. Fails, one line, when the hold was
+    not set (nothing fenced) or the fence failed (held: the rollback releases). Returns the fence's seconds (the
+    whole command's)."""
+    front, config = door(ctx, "source"), section(ctx, "source")
+    assert front is not None and config is not None
+    rt = runtime(ctx)
+    if not ready.target_at_own_app:
+        _point_at_own_app(ctx, "target")
+    budget_left = rt.plan.cutover.max_write_block - (time.time() - blocked_at)
+    seconds = max(budget_left + HOLD_MARGIN, MIN_HOLD)
+    facts: dict[str, Any] = {"seconds": round(seconds, 3), "writes_only": ready.writes_only}
+    ctx.save(SOURCE_HOLD, facts)  # before: a crash still knows a hold may stand
+    deadline = round(time.time() + ready.clock_offset + seconds, 3)
+    drain = min(config.drain_timeout, ctx.window.timeout() or config.drain_timeout) if config.drain_timeout else 0
+    script = source_commit.hold_and_fence_script(
+        config.admin_socket, front.hold_map, key=_hold_key({"writes_only": ready.writes_only}), deadline=deadline,
+        frontend=front.frontend, writes_only=ready.writes_only, drain_seconds=drain,
+        fence=str(rt.plan.services.fence.enable),
+    )  # fmt: skip
+    started = time.monotonic()
+    try:
+        out = rt.source.run(script, timeout=timeout or LOCAL_TIMEOUT, check=False).stdout
+    except TransportError as exc:
+        ctx.window.check("holding requests and fencing the source")
+        raise StepError(f"holding requests and fencing the source: {exc}") from None
+    done = source_commit.parse_hold_and_fence(out)
+    if not done.held:
+        raise StepError(f"source's front door, holding requests: {done.door_said}")
+    ctx.save(SOURCE_HOLD, {**facts, "deadline": deadline, "pid": ready.pid})
+    ctx.log.info("frontdoor.source_held", seconds=round(seconds, 3), deadline=deadline,
+                 writes_only=ready.writes_only, from_source=True)  # fmt: skip
+    # Not drained in time: those requests met the fence (and meet read_only) as they would without a door.
+    ctx.log.info("frontdoor.source_drained", drained=done.drained, in_flight=done.in_flight, within_s=drain)
+    if not done.fenced:
+        ctx.window.check("fencing the source")
+        raise StepError(f"fencing the source: {done.fence_said}")
+    return round(time.monotonic() - started, 3)
+
+
 def _holding_reads_too(ctx: StepContext, front: FrontDoor) -> None:
     ctx.log.warning(
         "frontdoor.holding_reads_too",

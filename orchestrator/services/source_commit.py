@@ -18,6 +18,9 @@ left a service that serves (the target takes writes, the source's door forwards 
 and a resumed run, or a rollback, reads the record before anything else and finishes forward instead of rolling a
 committed service back.
 
+The window's first command can run there too (`hold_and_fence_script`): the hold set on the local socket, the writes
+in flight waited for there (no round trip per look), then the source's fence: one round trip instead of two or three.
+
 Each answer is framed by markers and parsed by the pure functions below. A source without socat, or whose socket
 cannot be reached by it, is found before the window (`probe_command`): the commit then runs from here as before.
 """
@@ -50,6 +53,10 @@ RECORD_PREFIX = "migrate-committed-"
 HOLD_OK = "__migrate_hold_ok__"
 FENCE_EXIT = "__migrate_fence_exit="
 DOOR_EXIT = "__migrate_door_exit="
+HOLD_EXIT = "__migrate_hold_exit="
+IN_FLIGHT = "__migrate_in_flight="
+LEFT = "__migrate_in_flight_left="
+DRAIN_POLL = 0.002  # seconds between two looks at the writes in flight, on the source host
 # The hold's deadline read back may differ from the journaled one by its rounding only.
 DEADLINE_TOLERANCE = 0.01
 
@@ -126,6 +133,94 @@ class HoldToCheck:
 
 def check_commands(hold_map: str) -> list[str]:
     return ["show info", f"show map {hold_map}"]
+
+
+def in_flight_awk(frontend: str, *, writes_only: bool) -> str:
+    """An awk program counting, in a `show sess all` answer, the streams the drain waits for: those of `frontend`
+    already past its rules (their backend set: a held request has none) and, holding writes alone, not a read
+    (HAProxy's method numbers 0-2; a stream whose method is not shown yet counts as a write), as
+    haproxy.parse_sessions_all and FrontDoor.hold_and_in_flight tell them apart."""
+    reads = '(m == "0" || m == "1" || m == "2")' if writes_only else "0"
+    program = (
+        'function val(key,   s) { if (match($0, "(^|[^A-Za-z0-9_.])" key "=[^ ]+")) { '
+        's = substr($0, RSTART, RLENGTH); sub(/^[^=]*=/, "", s); return s } return "" } '
+        'function flush() { if (blk && f == fe && b != "" && b != "<NONE>" && !' + reads + ") n++ } "
+        '/^0x/ { flush(); blk = 1; f = ""; b = ""; m = "" } '
+        'blk { if (f == "") f = val("frontend"); if (b == "") b = val("backend"); if (m == "") m = val("meth") } '
+        "END { flush(); print n + 0 }"
+    )
+    return f"awk -v fe={shlex.quote(frontend)} {shlex.quote(program)}"
+
+
+def hold_and_fence_script(
+    socket_path: str,
+    hold_map: str,
+    *,
+    key: str,
+    deadline: float,
+    frontend: str,
+    writes_only: bool,
+    drain_seconds: float,
+    fence: str,
+) -> str:
+    """The window's first command on the source: the hold set on the door's local socket and, in the same exchange,
+    the streams listed (HAProxy lists them after the `set map`: a request it does not list reads the new deadline
+    and is held); then, looking again every DRAIN_POLL s for at most `drain_seconds`, until no write it let through
+    is still in flight; then the source's fence. Nothing is fenced when the hold was not set."""
+    sock = shlex.quote(socket_path)
+    line = f"set map {hold_map} {key} {deadline!r}; show sess all"
+    if any(c in line for c in "'\n"):
+        raise ValueError(f"a door command holds a quote or a newline: {line}")
+    count = in_flight_awk(frontend, writes_only=writes_only)
+    first = "awk '/^$/ { exit } { print }'"  # the set map's answer: up to its empty line (none: it was set)
+    rest = "awk 'f { print } !f && /^$/ { f = 1 }'"
+    return (
+        f"ans=$(printf '%s\\n' '{line}' | socat -t {SOCAT_TIMEOUT} - UNIX-CONNECT:{sock} 2>&1); rc=$?; "
+        f'echo "{HOLD_EXIT}$rc"; set_ans=$(printf \'%s\\n\' "$ans" | {first}); '
+        f"echo {DOOR_BEGIN}; printf '%s\\n' \"$set_ans\"; echo {DOOR_END}; "
+        f'if [ "$rc" -eq 0 ] && [ -z "$set_ans" ]; then '
+        f'n=$(printf \'%s\\n\' "$ans" | {rest} | {count}); echo "{IN_FLIGHT}$n"; '
+        f"end=$(( $(date +%s%N) + {int(max(drain_seconds, 0.0) * 1e9)} )); "
+        f'while [ "$n" -gt 0 ] && [ "$(date +%s%N)" -lt "$end" ]; do sleep {DRAIN_POLL}; '
+        f"n=$(printf 'show sess all\\n' | socat -t {SOCAT_TIMEOUT} - UNIX-CONNECT:{sock} 2>/dev/null | {count}); "
+        f'done; echo "{LEFT}$n"; '
+        f'( {fence}\n) </dev/null 2>&1; echo "{FENCE_EXIT}$?"; fi'
+    )
+
+
+@dataclass(frozen=True)
+class HoldAndFence:
+    """What hold_and_fence_script did."""
+
+    held: bool
+    door_said: str  # socat's or HAProxy's words when the hold was not set
+    in_flight: int | None = None  # writes in flight when the hold began (None: not held)
+    drained: bool = False
+    fenced: bool = False
+    fence_said: str = ""
+
+
+def parse_hold_and_fence(stdout: str) -> HoldAndFence:
+    def value(marker: str) -> str | None:
+        for found in stdout.splitlines():
+            if found.startswith(marker):
+                return found[len(marker) :].strip()
+        return None
+
+    status = value(HOLD_EXIT)
+    begin, end = stdout.find(DOOR_BEGIN + "\n"), stdout.find(DOOR_END)
+    said = stdout[begin + len(DOOR_BEGIN) + 1 : end].strip() if 0 <= begin < end else ""
+    counted = value(IN_FLIGHT)
+    if status != "0" or counted is None:
+        return HoldAndFence(False, said or f"socat on the source exited {status or 'without a status'}")
+    left = value(LEFT)
+    head, found, tail = stdout.partition(FENCE_EXIT)
+    if not found:
+        return HoldAndFence(True, "", int(counted), left == "0", False, "the fence command's status did not come back")
+    fence_status = tail.split("\n", 1)[0].strip()
+    fence_out = head.split(f"{LEFT}{left}\n", 1)[-1].strip()
+    fence_said = fence_out.splitlines()[-1] if fence_out else ""
+    return HoldAndFence(True, "", int(counted), left == "0", fence_status == "0", fence_said or f"exit {fence_status}")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,9 @@ resumed switch that found the promotion done).
 
 With a front door (plan section `proxy`), the source's HAProxy holds new requests just before the fence goes up
 and its undo releases them once the source takes writes again (orchestrator/services/frontdoor.py, as in the cut-over).
+When the source host drives its own door (found before the window: frontdoor.holds_from_source), the hold, the drain
+of the writes in flight and the fence are one command there (one round trip instead of two or more); read_only
+follows it, beside the uploads' pass, and the in-window checks begin with the window.
 """
 
 from __future__ import annotations
@@ -119,20 +122,21 @@ class ReplSwitch(Step):
                 # What the front door's hold needs is read while writes still flow (reads only).
                 ready = frontdoor.prepare_hold(ctx, source_serves_reads=True)
                 began = time.monotonic()
-                # The app's fence and the database's read_only go up side by side: either blocks writes, and the
-                # fence's SSH round trip need not come before the database's.
-                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fence") as pool:
-                    blocked_at = self._begin(ctx, ready)
+                if frontdoor.holds_from_source(ctx, ready):
+                    assert ready is not None
+                    # The hold, the drain and the fence in one command on the source; read_only after it, beside
+                    # the uploads' pass (which needs the fence only). The checks (reads of the fenced target) begin
+                    # with the window, beside that command.
+                    blocked_at = self._begin(ctx, None, hold=False)
                     checks = checking.submit(contextvars.copy_context().run, self._window_checks, ctx)
-                    result.hold_seconds = round(time.monotonic() - began, 3)
-                    fenced = pool.submit(contextvars.copy_context().run, self._fence, ctx)
-                    try:
-                        result.read_only_seconds, final = self._read_only(ctx, source)
-                    finally:
-                        fence_failure = fenced.exception()  # waited for: undo finds the fence up, not going up
-                    if fence_failure is not None:
-                        raise fence_failure
-                    result.fence_seconds = fenced.result()
+                    result.fence_seconds = frontdoor.hold_and_fence_from_source(
+                        ctx, blocked_at, ready, timeout=ctx.window.timeout(FENCE_TIMEOUT)
+                    )
+                    result.hold_seconds = result.fence_seconds
+                    ctx.start_next_beside()
+                    result.read_only_seconds, final = self._read_only(ctx, source)
+                else:
+                    blocked_at, checks, final = self._hold_then_fence(ctx, ready, source, checking, result, began)
                 result.writes_blocked_at = blocked_at
                 # Nothing can write the uploads now (the app's fence is up): their final delta (files_final) runs
                 # beside the replica's last transactions and the promotion instead of after them.
@@ -170,6 +174,31 @@ class ReplSwitch(Step):
 
     # -- the sequence
 
+    def _hold_then_fence(
+        self,
+        ctx: StepContext,
+        ready: frontdoor.HoldReady | None,
+        source: Any,
+        checking: ThreadPoolExecutor,
+        result: SwitchResult,
+        began: float,
+    ) -> tuple[float, Future[tuple[dict[str, int], list[str], float]], gtid.GtidPosition]:
+        """The hold from here (its own round trips), then the app's fence and the database's read_only side by
+        side: either blocks writes, and the fence's SSH round trip need not come before the database's."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fence") as pool:
+            blocked_at = self._begin(ctx, ready)
+            checks = checking.submit(contextvars.copy_context().run, self._window_checks, ctx)
+            result.hold_seconds = round(time.monotonic() - began, 3)
+            fenced = pool.submit(contextvars.copy_context().run, self._fence, ctx)
+            try:
+                result.read_only_seconds, final = self._read_only(ctx, source)
+            finally:
+                fence_failure = fenced.exception()  # waited for: undo finds the fence up, not going up
+            if fence_failure is not None:
+                raise fence_failure
+            result.fence_seconds = fenced.result()
+        return blocked_at, checks, final
+
     def _start_guard(self, ctx: StepContext) -> None:
         """Before the window, the guard on the source (steps/source_guard.py), as in the shutdown mode: should this
         run die inside the window and nobody resume it, the guard restores the source once the budget and its margin
@@ -187,8 +216,9 @@ class ReplSwitch(Step):
         """A resumed run (or `migrate rollback`) in a new process: the guard hears this run's heartbeat again."""
         source_guard.reattach(ctx)
 
-    def _begin(self, ctx: StepContext, ready: frontdoor.HoldReady | None) -> float:
-        """The window begins: journaled (`writes_blocked_at`, `fenced`, `source_read_only`) before anything moves."""
+    def _begin(self, ctx: StepContext, ready: frontdoor.HoldReady | None, *, hold: bool = True) -> float:
+        """The window begins: journaled (`writes_blocked_at`, `fenced`, `source_read_only`) before anything moves;
+        then the front door's hold (unless `hold` is False: the caller holds with its fence)."""
         saved_at = ctx.saved(WRITES_BLOCKED_AT)
         blocked_at = float(saved_at) if saved_at else time.time()
         if runtime(ctx).plan.services.fence.enable:
@@ -199,7 +229,8 @@ class ReplSwitch(Step):
         ctx.window.begin(blocked_at)
         # The front door holds new requests before the fence and read_only would refuse them (plan section `proxy`);
         # the source database goes on serving reads.
-        frontdoor.hold_source(ctx, blocked_at, source_serves_reads=True, ready=ready)
+        if hold:
+            frontdoor.hold_source(ctx, blocked_at, source_serves_reads=True, ready=ready)
         return blocked_at
 
     def _window_checks(self, ctx: StepContext) -> tuple[dict[str, int], list[str], float]:
