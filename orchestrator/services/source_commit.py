@@ -56,6 +56,7 @@ DOOR_EXIT = "__migrate_door_exit="
 HOLD_EXIT = "__migrate_hold_exit="
 IN_FLIGHT = "__migrate_in_flight="
 LEFT = "__migrate_in_flight_left="
+SET_OK = "__migrate_hold_set__"
 DRAIN_POLL = 0.002  # seconds between two looks at the writes in flight, on the source host
 # The hold's deadline read back may differ from the journaled one by its rounding only.
 DEADLINE_TOLERANCE = 0.01
@@ -135,21 +136,34 @@ def check_commands(hold_map: str) -> list[str]:
     return ["show info", f"show map {hold_map}"]
 
 
-def in_flight_awk(frontend: str, *, writes_only: bool) -> str:
+_COUNT = (
+    'function val(key,   s) { if (match($0, "(^|[^A-Za-z0-9_.])" key "=[^ ]+")) { '
+    's = substr($0, RSTART, RLENGTH); sub(/^[^=]*=/, "", s); return s } return "" } '
+    'function flush() { if (blk && f == fe && b != "" && b != "<NONE>" && !(wo && (m == "0" || m == "1" || '
+    'm == "2"))) n++ } '
+    '/^0x/ { flush(); blk = 1; f = ""; b = ""; m = "" } '
+    'blk { if (f == "") f = val("frontend"); if (b == "") b = val("backend"); if (m == "") m = val("meth") } '
+)
+
+
+def in_flight_awk(frontend: str, *, writes_only: bool, hold_answer: bool = False) -> str:
     """An awk program counting, in a `show sess all` answer, the streams the drain waits for: those of `frontend`
     already past its rules (their backend set: a held request has none) and, holding writes alone, not a read
     (HAProxy's method numbers 0-2; a stream whose method is not shown yet counts as a write), as
-    haproxy.parse_sessions_all and FrontDoor.hold_and_in_flight tell them apart."""
-    reads = '(m == "0" || m == "1" || m == "2")' if writes_only else "0"
-    program = (
-        'function val(key,   s) { if (match($0, "(^|[^A-Za-z0-9_.])" key "=[^ ]+")) { '
-        's = substr($0, RSTART, RLENGTH); sub(/^[^=]*=/, "", s); return s } return "" } '
-        'function flush() { if (blk && f == fe && b != "" && b != "<NONE>" && !' + reads + ") n++ } "
-        '/^0x/ { flush(); blk = 1; f = ""; b = ""; m = "" } '
-        'blk { if (f == "") f = val("frontend"); if (b == "") b = val("backend"); if (m == "") m = val("meth") } '
-        "END { flush(); print n + 0 }"
-    )
-    return f"awk -v fe={shlex.quote(frontend)} {shlex.quote(program)}"
+    haproxy.parse_sessions_all and FrontDoor.hold_and_in_flight tell them apart. It prints the count alone, or, with
+    `hold_answer` (the answer to `set map …; show sess all`), the set map's answer framed, SET_OK when it is empty
+    (set), then the count after IN_FLIGHT: one process for the whole first answer."""
+    if hold_answer:
+        program = (
+            f'BEGIN {{ print "{DOOR_BEGIN}" }} '
+            f'!set && /^$/ {{ set = 1; print "{DOOR_END}"; if (!said) print "{SET_OK}"; next }} '
+            "!set { print; said = 1; next } "
+            + _COUNT
+            + f'END {{ if (!set) print "{DOOR_END}"; flush(); print "{IN_FLIGHT}" n + 0 }}'
+        )
+    else:
+        program = _COUNT + "END { flush(); print n + 0 }"
+    return f"awk -v fe={shlex.quote(frontend)} -v wo={int(writes_only)} {shlex.quote(program)}"
 
 
 def hold_and_fence_script(
@@ -165,26 +179,25 @@ def hold_and_fence_script(
 ) -> str:
     """The window's first command on the source: the hold set on the door's local socket and, in the same exchange,
     the streams listed (HAProxy lists them after the `set map`: a request it does not list reads the new deadline
-    and is held); then, looking again every DRAIN_POLL s for at most `drain_seconds`, until no write it let through
-    is still in flight; then the source's fence. Nothing is fenced when the hold was not set."""
+    and is held); then, while a write it let through is still in flight, a look again every DRAIN_POLL s for at most
+    `drain_seconds`; then the source's fence. Nothing is fenced when the hold was not set. Few processes (socat, one
+    awk, the fence), each costing the window milliseconds on a busy host."""
     sock = shlex.quote(socket_path)
     line = f"set map {hold_map} {key} {deadline!r}; show sess all"
     if any(c in line for c in "'\n"):
         raise ValueError(f"a door command holds a quote or a newline: {line}")
+    first = in_flight_awk(frontend, writes_only=writes_only, hold_answer=True)
     count = in_flight_awk(frontend, writes_only=writes_only)
-    first = "awk '/^$/ { exit } { print }'"  # the set map's answer: up to its empty line (none: it was set)
-    rest = "awk 'f { print } !f && /^$/ { f = 1 }'"
     return (
         f"ans=$(printf '%s\\n' '{line}' | socat -t {SOCAT_TIMEOUT} - UNIX-CONNECT:{sock} 2>&1); rc=$?; "
-        f'echo "{HOLD_EXIT}$rc"; set_ans=$(printf \'%s\\n\' "$ans" | {first}); '
-        f"echo {DOOR_BEGIN}; printf '%s\\n' \"$set_ans\"; echo {DOOR_END}; "
-        f'if [ "$rc" -eq 0 ] && [ -z "$set_ans" ]; then '
-        f'n=$(printf \'%s\\n\' "$ans" | {rest} | {count}); echo "{IN_FLIGHT}$n"; '
-        f"end=$(( $(date +%s%N) + {int(max(drain_seconds, 0.0) * 1e9)} )); "
+        f'echo "{HOLD_EXIT}$rc"; res=$(printf \'%s\\n\' "$ans" | {first}); printf \'%s\\n\' "$res"; '
+        f"n=${{res##*{IN_FLIGHT}}}; "
+        f'case "$rc $res" in "0 "*{SET_OK}*) '
+        f'if [ "$n" -gt 0 ]; then end=$(( $(date +%s%N) + {int(max(drain_seconds, 0.0) * 1e9)} )); '
         f'while [ "$n" -gt 0 ] && [ "$(date +%s%N)" -lt "$end" ]; do sleep {DRAIN_POLL}; '
         f"n=$(printf 'show sess all\\n' | socat -t {SOCAT_TIMEOUT} - UNIX-CONNECT:{sock} 2>/dev/null | {count}); "
-        f'done; echo "{LEFT}$n"; '
-        f'( {fence}\n) </dev/null 2>&1; echo "{FENCE_EXIT}$?"; fi'
+        f'done; fi; echo "{LEFT}$n"; '
+        f'( {fence}\n) </dev/null 2>&1; echo "{FENCE_EXIT}$?";; esac'
     )
 
 
@@ -211,7 +224,7 @@ def parse_hold_and_fence(stdout: str) -> HoldAndFence:
     begin, end = stdout.find(DOOR_BEGIN + "\n"), stdout.find(DOOR_END)
     said = stdout[begin + len(DOOR_BEGIN) + 1 : end].strip() if 0 <= begin < end else ""
     counted = value(IN_FLIGHT)
-    if status != "0" or counted is None:
+    if status != "0" or SET_OK not in stdout.split() or counted is None:
         return HoldAndFence(False, said or f"socat on the source exited {status or 'without a status'}")
     left = value(LEFT)
     head, found, tail = stdout.partition(FENCE_EXIT)
