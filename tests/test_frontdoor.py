@@ -265,8 +265,8 @@ def test_the_commit_from_the_source_is_one_command_there(tmp_path: Path, monkeyp
     assert outcome == sc.ForwardOutcome(None, "", 12, None)  # the small plan declares no target fence
     assert len(source.commands) == 1 and released == ["target"]
     command = source.commands[0]
-    assert command.index("touch /tmp/migrate-guard-x/committed") < command.index(f"touch {record}")
-    assert command.index(f"touch {record}") < command.index("set server shop_app/app addr 203.0.113.20 port 80")
+    assert command.index("touch /tmp/migrate-guard-x/committed") < command.index(f": > {record}")
+    assert command.index(f": > {record}") < command.index("set server shop_app/app addr 203.0.113.20 port 80")
     assert ctx.saved(FORWARDED) == {"to": "203.0.113.20:80", "requests": 12}
 
 

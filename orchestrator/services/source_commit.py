@@ -287,18 +287,20 @@ def commit_script(
         lift = door
     else:
         lift = f'{fence_on_target} </dev/null 2>&1; rc=$?; echo "{FENCE_EXIT}$rc"; if [ "$rc" -eq 0 ]; then {door}; fi'
-    commit = f"{mark}touch {rec} && echo {MARKED} && echo {RECORDED} && {{ {lift}; }}"
+    commit = f"{mark}: > {rec} && echo {MARKED} && echo {RECORDED} && {{ {lift}; }}"
     if hold is None:
         inner = commit
     else:
-        pid = shlex.quote(hold.pid)
+        # One awk reads the pid and the hold's deadline from the answer and compares both (one process, not three).
+        check = (
+            f"awk -v pid={shlex.quote(hold.pid)} -v key={hold.key} -v d={hold.deadline!r} "
+            '\'$1 == "Pid:" { p = $2 } $2 == key && u == "" { u = $3 } '
+            'END { x = u - d; if (x < 0) x = -x; exit !(p == pid && u != "" && x <= '
+            f"{DEADLINE_TOLERANCE}) }}'"
+        )
         inner = (
             f"ans=$({_door(socket_path, check_commands(hold_map))}); printf '%s\\n' \"$ans\"; "
-            f"pid=$(printf '%s\\n' \"$ans\" | sed -n 's/^Pid: //p'); "
-            f"until=$(printf '%s\\n' \"$ans\" | awk '$2 == \"{hold.key}\" {{ print $3; exit }}'); "
-            f'if [ -n "$pid" ] && [ "$pid" = {pid} ] && awk -v a="$until" -v b={hold.deadline!r} '
-            f"'BEGIN {{ d = a - b; if (d < 0) d = -d; exit !(a != \"\" && d <= {DEADLINE_TOLERANCE}) }}'; then "
-            f"echo {HOLD_OK} && {commit}; fi"
+            f"if printf '%s\\n' \"$ans\" | {check}; then echo {HOLD_OK} && {commit}; fi"
         )
     out = shlex.quote(record + ".out")
     return f"setsid -w sh -c {shlex.quote(inner)} >{out} 2>&1 </dev/null; cat {out}; rm -f {out}"
