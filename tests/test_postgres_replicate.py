@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -63,13 +65,21 @@ def pg_lab() -> Iterator[LabState]:
             lab_dir.rmdir()
 
 
-def plan_copy(state: LabState, suffix: str, **replication: Any) -> Path:
-    """The lab's plan (cutover.mode auto: the servers' facts must resolve it to replicate) with its own name."""
+def plan_copy(state: LabState, suffix: str, hook: str | None = None, **replication: Any) -> Path:
+    """The lab's plan (cutover.mode auto: the servers' facts must resolve it to replicate) with its own name; `hook`:
+    the body of its before-step hook."""
     yaml = YAML()
     data = yaml.load(state.plan_file.read_text())
     data["name"] = f"{data['name']}-{suffix}"
     for key, value in replication.items():
         data["replication"][key] = value
+    if hook is not None:
+        hooks_dir = state.path / f"hooks-{suffix}"
+        hooks_dir.mkdir(exist_ok=True)
+        path = hooks_dir / "before-step"
+        path.write_text("#!/bin/bash\nset -u\n" + hook)
+        path.chmod(0o755)
+        data["hooks"] = {"dir": str(hooks_dir)}
     PLAN_NAMES.add(str(data["name"]))
     path = state.path / f"plan-{suffix}.yaml"
     with path.open("w") as out:
@@ -161,3 +171,56 @@ def test_replicate_under_load_then_rollback_after_the_commit_loses_nothing(pg_la
     # Writes were acknowledged on both sides: the target's, taken after the commit, came back with the rollback.
     assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
     assert not in_recovery(state, state.source)
+
+
+def test_killed_inside_the_window_once_the_source_stopped_resumes_to_the_end(pg_lab: LabState, tmp_path: Path) -> None:
+    """kill -9 inside the switch once the source's final position is journaled (its app roles fenced, its server
+    stopped cleanly; the standby promoted or about to be): `migrate apply` again resumes it (the stopped source's
+    final position read again from its control file) to a completed run, nothing acknowledged lost."""
+    state = pg_lab
+    name = "course-review-lab-replkill"
+    journal = state.path / ".migrate" / name / "journal.jsonl"
+    # A watcher the switch's before-step hook leaves behind: it kills the run once the final position is journaled.
+    killer = (
+        f'[ "$MIGRATE_STEP" = repl_switch ] || exit 0\nrun=$PPID\n'
+        f"( while ! grep -q '\"final_gtid\"' {shlex.quote(str(journal))}; do sleep 0.002; done; kill -9 $run ) "
+        ">/dev/null 2>&1 &\n"
+    )
+    plan = plan_copy(state, "replkill", hook=killer, compare=False)
+    assert plan_name(plan) == name
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, journal)
+    try:
+        acks = load_dir / "acks.jsonl"
+        wait_for(lambda: acks.exists() and acks.read_text().count("\n") >= 10, "writes on the source", 60)
+        killed = migrate(state, "apply", str(plan), "--yes")
+        assert killed.returncode == -signal.SIGKILL, outcome(killed)
+        assert in_recovery_or_down(state, state.source), "the source answered as a primary after the kill"
+        (state.path / "hooks-replkill" / "before-step").unlink()
+        resumed = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert resumed.returncode == exit_codes.OK, outcome(resumed)
+        assert "resuming" in resumed.stdout + resumed.stderr, outcome(resumed)
+        wait_for_load_acks_on(load_dir, state.target.address, since=time.time())
+    finally:
+        stop_load(load)
+    events = events_of(state, name)
+    assert not any(ev.get("event") == "rollback_started" for ev in events)
+    switches = [ev for ev in events if ev.get("event") == "step_started" and ev.get("step") == "repl_switch"]
+    assert len(switches) == 2, switches  # the switch re-entered once, after the kill
+    report = run_report(state, name)
+    assert report["status"] == "completed"
+    assert dns_contents(state) == {n: state.target.address for n in state.records}
+    verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
+    print(f"\nPostgreSQL replicate killed in the window, resumed: writes blocked {report['write_block_seconds']} s, "
+          f"longest write stall {verify.longest_write_stall_s} s, lost {verify.acknowledged_lost}")  # fmt: skip
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+
+
+def in_recovery_or_down(state: LabState, host: Any) -> bool:
+    """The server does not answer, or answers as a standby: it takes no write."""
+    try:
+        return in_recovery(state, host)
+    except pg.PostgresError:
+        return True
