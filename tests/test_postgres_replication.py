@@ -137,3 +137,23 @@ def test_both_engines_hand_out_their_replication_and_positions_round_trip_throug
     )
     assert not rep.same_position(final, rep.parse_position(""))
     assert slot_name("Course-Review lab") == "migrate_course_review_lab"
+
+
+def test_the_dry_run_of_a_postgresql_replicate_plan_says_what_postgresql_does(tmp_path: Path) -> None:
+    from orchestrator.lab import hosts, planfile
+    from orchestrator.lab import postgres as pglab
+    from orchestrator.run.commands import describe
+
+    state = hosts.new_state(tmp_path, hosts.SOURCE_ADDRESS, hosts.TARGET_ADDRESS, default_ports=False)
+    state.engine = pglab.ENGINE
+    state.cf_port = 8443
+    state.save()
+    path = planfile.write_plan(state, "replicate")
+    described = describe(path, estimate=False)
+    lines = {step.name: " ".join(step.lines) for step in described.steps}
+    assert "pg_basebackup -X stream -C -S migrate_" in lines["repl_seed"], lines["repl_seed"]
+    assert "primary_conninfo" in lines["repl_replica"] and "chunks of 2000 rows" in lines["repl_catchup"]
+    assert "pg_promote(wait => true)" in lines["repl_switch"] and "NOLOGIN" in lines["repl_switch"]
+    said = " ".join(lines.values())
+    assert "mariadb-backup" not in said and "MASTER_GTID_WAIT" not in said and "CHANGE MASTER" not in said
+    assert "GTID" not in said and "RESET SLAVE" not in said and "pg_controldata" in lines["finish"]

@@ -455,6 +455,12 @@ class Replication(Protocol):
     # inside the window after that, its undo starts it again, the front door holds reads too.
     source_stops: bool
 
+    def describe(self, part: str, plan: Any) -> list[str]:
+        """The dry-run's lines for one part of the mode as this engine does it: "seed" (repl_seed), "replica"
+        (repl_replica, before its services), "compare" (repl_catchup's comparison), "switch" (repl_switch, between
+        the app's fence and the health checks), "positions" (verify_target's proof), "finish" (two: the reverse
+        path, and the words for how it is torn down)."""
+
     # --- can this pair replicate? ---
 
     def programs(self) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -39,12 +39,7 @@ class ReplCatchup(Step):
             lines.append("the way back: the old source replicates from the target since the forward run's finish; "
                          "no comparison (the forward run compared), only the lag gate")  # fmt: skip
         elif settings is None or settings.compare:
-            rows = settings.chunk_rows if settings else 2000
-            lines.append(
-                "stop the replica, open a consistent snapshot on the source at its GTID position, run the replica "
-                f"to exactly that position, compare every table in chunks of {rows} rows (checksums); a difference "
-                "stops the run naming the table and chunk"
-            )
+            lines += replication(runtime(ctx)).describe("compare", plan)
         before = health.checks_for(plan.health, health.BEFORE, replicate=True)
         lines += [
             f"health check {health.check_label(c)} against the fenced target, before the window "

@@ -45,16 +45,12 @@ class ReplReplica(Step):
     title = "Start the target as a read-only GTID replica of the source, through an SSH tunnel"
 
     def describe(self, ctx: StepContext) -> list[str]:
-        plan = runtime(ctx).plan
-        settings = plan.replication
-        user = settings.user if settings else "(replication.user)"
+        rt = runtime(ctx)
+        plan = rt.plan
         lines = [
             f"on the source: ssh -f -N -R 127.0.0.1:<free port>:… to {plan.target.address} (the replication "
             "tunnel, over the host-key-verified hop; journaled, it outlives this run until finish)",
-            f"on the target: start the database ({plan.database.target.start}), SET GLOBAL read_only = 1, "
-            "its binlog starts at the seed's GTID position",
-            f"CHANGE MASTER TO 127.0.0.1:<tunnel port> as {user} (password from its secret reference), "
-            "MASTER_USE_GTID=slave_pos from the seed's position; START SLAVE",
+            *replication(rt).describe("replica", plan),
         ]
         fence = plan.services.target_fence.enable
         if fence:

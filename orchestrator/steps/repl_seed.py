@@ -101,22 +101,9 @@ class ReplSeed(Step):
     title = "Seed the target: a hot backup of the live source streamed over SSH, prepared and installed"
 
     def describe(self, ctx: StepContext) -> list[str]:
-        plan = runtime(ctx).plan
-        settings = plan.replication
-        throttle = f", --throttle={settings.seed_throttle}" if settings and settings.seed_throttle else ""
-        nice = "nice/ionice, " if settings is None or settings.seed_nice else ""
-        nice += "under nocache where installed, " if plan.transfer.nocache else ""
-        return [
-            f"on the source: mariadb-backup --backup --stream ({nice}--log-copy-interval=10{throttle}) of "
-            f"{plan.database.source.datadir} | ssh {plan.target.address} mbstream -x into "
-            f"{plan.database.target.datadir}.seed (the source keeps serving; its commits wait only during the "
-            "backup's BLOCK_COMMIT stage, measured to the millisecond and reported)",
-            f"on the target (database stopped): mariadb-backup --prepare, then the copy replaces "
-            f"{plan.database.target.datadir} (the old one kept as {plan.database.target.datadir}.before-seed; for a "
-            "datadir that is a symbolic link, the directory it points at is replaced and kept beside itself, the link "
-            "stays)",
-            "journal the copy's GTID position (the replica starts there)",
-        ] + (
+        rt = runtime(ctx)
+        plan = rt.plan
+        return replication(rt).describe("seed", plan) + (
             [
                 f"the backup {throttle_text(plan)} (never once it began locking the source, from BACKUP STAGE FLUSH "
                 f"on; a pause ends once the source wrote {REDO_SHARE:.0%} of its redo log)"

@@ -75,12 +75,7 @@ class ReplSwitch(Step):
         fence = plan.services.fence.enable
         return [
             f"on {plan.source.address}: fence the service: {fence}" if fence else "no fence command: read_only only",
-            f"SET GLOBAL read_only = 1 on the source database, waiting at most {c.lock_wait_timeout:g} s per try, "
-            f"{c.lock_attempts} tries (running commits finish; the app's account must not hold READ ONLY ADMIN)",
-            "read the source's final GTID position (journaled)",
-            "on the target: MASTER_GTID_WAIT(final position), bounded by what is left of the budget",
-            "promote the target: STOP SLAVE, proof that it executed exactly the final position, RESET SLAVE ALL, "
-            "read_only = 0 (its services stay fenced until the DNS flip)",
+            *replication(runtime(ctx)).describe("switch", plan),
             *[
                 f"side by side once writes are held: health check {health.check_label(c)} against the fenced "
                 f"target (up to {plan.health.attempts} tries)"

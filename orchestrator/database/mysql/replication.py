@@ -65,6 +65,62 @@ class MariaDbReplication:
         self.engine = engine
         self.seed: SeedKit = MariaDbSeed()
 
+    def describe(self, part: str, plan: Any) -> list[str]:
+        settings = plan.replication
+        db = plan.database
+        if part == "seed":
+            throttle = f", --throttle={settings.seed_throttle}" if settings and settings.seed_throttle else ""
+            nice = "nice/ionice, " if settings is None or settings.seed_nice else ""
+            nice += "under nocache where installed, " if plan.transfer.nocache else ""
+            return [
+                f"on the source: mariadb-backup --backup --stream ({nice}--log-copy-interval=10{throttle}) of "
+                f"{db.source.datadir} | ssh {plan.target.address} mbstream -x into "
+                f"{db.target.datadir}.seed (the source keeps serving; its commits wait only during the "
+                "backup's BLOCK_COMMIT stage, measured to the millisecond and reported)",
+                f"on the target (database stopped): mariadb-backup --prepare, then the copy replaces "
+                f"{db.target.datadir} (the old one kept as {db.target.datadir}.before-seed; for a "
+                "datadir that is a symbolic link, the directory it points at is replaced and kept beside itself, the "
+                "link stays)",
+                "journal the copy's GTID position (the replica starts there)",
+            ]
+        if part == "replica":
+            user = settings.user if settings else "(replication.user)"
+            return [
+                f"on the target: start the database ({db.target.start}), SET GLOBAL read_only = 1, "
+                "its binlog starts at the seed's GTID position",
+                f"CHANGE MASTER TO 127.0.0.1:<tunnel port> as {user} (password from its secret reference), "
+                "MASTER_USE_GTID=slave_pos from the seed's position; START SLAVE",
+            ]
+        if part == "compare":
+            rows = settings.chunk_rows if settings else 2000
+            return [
+                "stop the replica, open a consistent snapshot on the source at its GTID position, run the replica "
+                f"to exactly that position, compare every table in chunks of {rows} rows (checksums); a difference "
+                "stops the run naming the table and chunk"
+            ]
+        if part == "switch":
+            c = plan.cutover
+            return [
+                f"SET GLOBAL read_only = 1 on the source database, waiting at most {c.lock_wait_timeout:g} s per try, "
+                f"{c.lock_attempts} tries (running commits finish; the app's account must not hold READ ONLY ADMIN)",
+                "read the source's final GTID position (journaled)",
+                "on the target: MASTER_GTID_WAIT(final position), bounded by what is left of the budget",
+                "promote the target: STOP SLAVE, proof that it executed exactly the final position, RESET SLAVE ALL, "
+                "read_only = 0 (its services stay fenced until the DNS flip)",
+            ]
+        if part == "positions":
+            return [
+                "GTID positions: the source still at its final position, the target executed exactly it "
+                "(the database was compared before the window; nothing inside it reads whole tables)"
+            ]
+        if part == "finish":  # the reverse path, and how it ends
+            return [
+                "reverse replication: ssh -L on the source reaches the target's database; the old source (read-only) "
+                "becomes a GTID replica of the target from the switch's final position, and catches up",
+                "STOP SLAVE, RESET SLAVE ALL (master.info, which holds the password, deleted)",
+            ]
+        return []
+
     # --- can this pair replicate? ---
 
     def programs(self) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -120,6 +120,57 @@ class PgReplication:
     def __init__(self) -> None:
         self.seed: SeedKit = PgSeed()
 
+    def describe(self, part: str, plan: Any) -> list[str]:
+        settings = plan.replication
+        db = plan.database
+        user = settings.user if settings else "(replication.user)"
+        if part == "seed":
+            return [
+                f"on the source: ssh -R 127.0.0.1:<random port>:… {plan.target.address} (for this command only), "
+                f"and there: the password of {user} into {db.target.datadir}.pgpass (0600, from stdin), then "
+                f"pg_basebackup -X stream -C -S {slot_name(plan.name)} -R -c fast into {db.target.datadir}.seed (a "
+                "slot on the source keeps the WAL the standby needs; the source keeps serving, nothing is locked)",
+                f"on the target (database stopped): the copy replaces {db.target.datadir} (the old one kept as "
+                f"{db.target.datadir}.before-seed)",
+                "journal the copy's WAL position (backup_label)",
+            ]
+        if part == "replica":
+            return [
+                f"on the target: start the database ({db.target.start}): a hot standby (standby.signal), read-only",
+                f"ALTER SYSTEM SET primary_conninfo to 127.0.0.1:<tunnel port> as {user} (the password file named, "
+                "never the password), reloaded: it streams from the source",
+            ]
+        if part == "compare":
+            rows = settings.chunk_rows if settings else 2000
+            return [
+                f"compare every table in chunks of {rows} rows (count and sum of row hashes): each chunk read on the "
+                "source with its WAL position, the standby waited for until it replayed it, the chunk read there; "
+                "a chunk that differs is read again (up to 5 times), then stops the run naming the table and chunk"
+            ]
+        if part == "switch":
+            return [
+                "before the window: CHECKPOINT on the source (its shutdown inside the window has little to flush)",
+                "on the source database: the app's roles marked, NOLOGIN, their sessions ended (pg_terminate_backend)",
+                f"stop the source's server cleanly ({db.source.stop}): its last WAL record, the shutdown checkpoint, "
+                "streamed to the standby; pg_controldata: the final position just past it (journaled)",
+                "on the target: wait until it replayed the final position, bounded by what is left of the budget",
+                "promote the target: pg_promote(wait => true), proof (out of recovery, timeline + 1, replayed up to "
+                "the final position), the roles' fence lifted there (its services stay fenced until the commit)",
+            ]
+        if part == "positions":
+            return [
+                "WAL positions: the target replayed the source's last record (its shutdown checkpoint, proven by the "
+                "promotion); the stopped source is not read (the tables were compared before the window)"
+            ]
+        if part == "finish":
+            return [
+                "the old primary follows the new one: checked shut down cleanly (pg_controldata), its password file, "
+                "primary_conninfo through ssh -L on the source, recovery_target_timeline latest, a slot on the new "
+                "primary, standby.signal, started: it replays the new timeline, no pg_rewind",
+                "the standby's primary_conninfo reset, the unused slots dropped",
+            ]
+        return []
+
     # --- can this pair replicate? ---
 
     def programs(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
