@@ -142,6 +142,7 @@ def test_replicate_under_load_then_rollback_after_the_commit_loses_nothing(pg_la
     assert "repl_switch" in steps and "cutover" not in steps, steps  # auto chose replicate on the lab
     preflight = completed(events, "preflight")
     assert preflight["cutover_mode"] == "replicate" and preflight["mode_reason"].startswith("replicate"), preflight
+    assert "wal_level replica" in preflight["mode_reason"], preflight["mode_reason"]  # PostgreSQL's own needs
     report = run_report(state, name)
     assert report["status"] == "completed", report["status"]
     switch = report["replicate"]

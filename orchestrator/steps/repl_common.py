@@ -214,8 +214,17 @@ def probe_replication(rt: StepRuntime) -> list[str]:
     return rep.problems(plan, variables["source"], variables["target"], programs)
 
 
+def engine_requirements(engine: str) -> str:
+    """What the engine's replicate mode relies on, in words ('' for an engine without one)."""
+    from orchestrator.database.engines import open_engine
+
+    found = open_engine(engine).replication()
+    return found.requirements if found is not None else ""
+
+
 def mode_reason(mode: str, problems: list[str], declared: str, requirements: str | None = None) -> str:
-    """The one line preflight says about the mode (`requirements`: what the engine's replication relies on)."""
+    """The one line preflight says about the mode (`requirements`: what the engine's replication relies on,
+    engine_requirements)."""
     if mode == "replicate":
         how = "chosen by 'auto'" if declared == "auto" else "as the plan says"
         needs = requirements or "binlog on, ROW format, GTID strict, log_slave_updates, distinct server ids"
