@@ -119,9 +119,9 @@ class ReplSwitch(Step):
                     raise StepError(f"the replica is not healthy before the window: {why}")
                 if reverse_over_replica(ctx) and not ctx.saved(REPLICA_PORT):
                     ctx.save(REPLICA_PORT, failure.master_port)  # undo makes the old source a replica again
-                self._start_guard(ctx)
                 if source is not None:
-                    rep.before_window(source)
+                    rep.before_window(source)  # before the guard: its deadline counts from its start
+                self._start_guard(ctx)
                 # What the front door's hold needs is read while writes still flow (reads only).
                 ready = frontdoor.prepare_hold(ctx, source_serves_reads=not rep.source_stops)
                 began = time.monotonic()
@@ -212,7 +212,7 @@ class ReplSwitch(Step):
         ctx.save(SOURCE_READ_ONLY, True)
         ctx.window.begin(blocked_at)
         # The front door holds new requests before the fence and read_only would refuse them (plan section `proxy`);
-        # the source database goes on serving reads.
+        # the source database goes on serving reads, unless the engine's switch stops it (it holds reads too then).
         stops = replication(runtime(ctx)).source_stops
         frontdoor.hold_source(ctx, blocked_at, source_serves_reads=not stops, ready=ready)
         return blocked_at
