@@ -5,13 +5,18 @@ A physical standby cannot be stopped at an arbitrary source position the way a M
 UNTIL`), and a source snapshot cannot be tied to one WAL position. So each chunk is compared where both sides agree
 on what it holds: its count and sum of row hashes read on the source in one statement together with the source's
 WAL position then (every commit that statement sees lies below it), the standby waited for until it replayed that
-position, then the same chunk read there. A standby that replayed more may have seen a later write to the chunk: a
-chunk that differs is read again, both sides, up to `TRIES` times; one that still differs is reported. A chunk that
-only kept moving under writes therefore shows up as a difference after `TRIES` reads, never as equal.
+position, then the same chunk read there. A standby that replayed more may have seen a later write to the chunk, so
+a chunk that differs is read again, up to `TRIES` times. One still differing (a chunk written to all the time) is
+compared once more with the table held still: on the source, in a transaction, `LOCK TABLE … IN SHARE MODE` (reads
+go on; writers of that table wait, and the lock itself waits at most `LOCK_WAIT` for the writers already in flight,
+tried `LOCK_TRIES` times), the chunk read and the WAL position taken, the standby waited for and read, then the
+lock released: no write to the table commits in between, so both sides hold exactly the same rows and a difference
+then is real. Writers of that table wait for the one chunk's two reads (milliseconds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,10 +24,14 @@ from typing import Any
 
 from psycopg import sql
 
-from orchestrator.database.protocol import Comparison, Session
+from orchestrator.database.protocol import Comparison, DatabaseError, Session
 from orchestrator.transports import postgres as pg
 
-TRIES = 5
+TRIES = 3
+LOCK_NOT_AVAILABLE = "55P03"
+# The held comparison: how long the lock may wait for the table's writers in flight, and how often it is tried.
+LOCK_WAIT = 0.2
+LOCK_TRIES = 20
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,35 @@ def _sums(conn: Session, name: sql.Composable, where: sql.Composable, args: list
     return _rows(conn, query, args)[0]
 
 
+def _held(
+    source: Session, standby: Session, name: sql.Composable, where: sql.Composable, args: list[Any], timeout: float
+) -> tuple[tuple[int, int], tuple[int, int]] | str:
+    """Both sides' sums of one chunk with the table held still on the source (the module's last resort); or why
+    it could not be held."""
+    for _ in range(LOCK_TRIES):
+        with source.cursor() as cur:
+            cur.execute("BEGIN")
+            try:
+                cur.execute("SELECT set_config('lock_timeout', %s, true)", (str(round(LOCK_WAIT * 1000)),))
+                try:
+                    cur.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(name))
+                except DatabaseError as exc:
+                    if getattr(exc, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                        raise
+                    cur.execute("ROLLBACK")
+                    continue  # the table's writers in flight did not finish in time: again, a moment later
+                count, total_sum, at = _sums(source, name, where, args, with_lsn=True)
+                waited = pg.wait_for_replay(standby, pg.Lsn.parse(str(at)), timeout)  # type: ignore[arg-type]
+                if not waited.reached:
+                    return f"the standby did not replay {at} within {timeout:g} s"
+                theirs = _sums(standby, name, where, args, with_lsn=False)
+                return (int(count), int(total_sum)), (int(theirs[0]), int(theirs[1]))
+            finally:
+                with contextlib.suppress(DatabaseError):
+                    cur.execute("ROLLBACK")  # the lock released (a no-op once rolled back)
+    return f"{LOCK_TRIES} tries of LOCK TABLE … IN SHARE MODE waited out their {LOCK_WAIT:g} s each"
+
+
 def compare_tables(
     source: Session,
     standby: Session,
@@ -132,6 +170,11 @@ def compare_tables(
                 if ours == theirs:
                     break
             else:
+                held = _held(source, standby, name, where, args, timeout)
+                if isinstance(held, str):
+                    return Comparison(began, diffs, error=held)
+                ours, theirs = held
+            if ours != theirs:
                 low, high = edges[index], edges[index + 1]
                 diffs.append(PgChunkDiff(label, index, "" if low is None else str(low), "" if high is None else
                                          str(high), ours, theirs))  # fmt: skip
