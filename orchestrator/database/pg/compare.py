@@ -9,8 +9,9 @@ position, then the same chunk read there. A standby that replayed more may have 
 a chunk that differs is read again, up to `TRIES` times. One still differing (a chunk written to all the time) is
 compared once more with the table held still: on the source, in a transaction, `LOCK TABLE … IN SHARE MODE` (reads
 go on; writers of that table wait, and the lock itself waits at most `LOCK_WAIT` for the writers already in flight,
-tried `LOCK_TRIES` times), the chunk read and the WAL position taken, the standby waited for and read, then the
-lock released: no write to the table commits in between, so both sides hold exactly the same rows and a difference
+tried `LOCK_TRIES` times; an autovacuum of that table, whose lock SHARE waits for, is cancelled first: it would
+give way only after deadlock_timeout, and starts again later), the chunk read and the WAL position taken, the
+standby waited for and read, then the lock released: no write to the table commits in between, so both sides hold exactly the same rows and a difference
 then is real. Writers of that table wait for the one chunk's two reads (milliseconds).
 """
 
@@ -105,6 +106,18 @@ def _sums(conn: Session, name: sql.Composable, where: sql.Composable, args: list
     return _rows(conn, query, args)[0]
 
 
+AUTOVACUUM_CANCEL = (
+    "SELECT pg_cancel_backend(a.pid) FROM pg_stat_activity a"
+    " WHERE a.backend_type = 'autovacuum worker' AND a.pid IN ("
+    "SELECT pid FROM pg_stat_progress_vacuum WHERE relid = {table}::regclass"
+    " UNION SELECT pid FROM pg_stat_progress_analyze WHERE relid = {table}::regclass)"
+)
+
+
+def _regclass(name: sql.Composable) -> str:
+    return name.as_string(None)
+
+
 def _held(
     source: Session, standby: Session, name: sql.Composable, where: sql.Composable, args: list[Any], timeout: float
 ) -> tuple[tuple[int, int], tuple[int, int]] | str:
@@ -112,6 +125,9 @@ def _held(
     it could not be held."""
     for _ in range(LOCK_TRIES):
         with source.cursor() as cur:
+            # An autovacuum of the table holds a lock SHARE waits for (for minutes on a large table); it gives way
+            # by itself only after deadlock_timeout, so it is asked to now (it starts again later, unharmed).
+            cur.execute(sql.SQL(AUTOVACUUM_CANCEL).format(table=sql.Literal(_regclass(name))))
             cur.execute("BEGIN")
             try:
                 cur.execute("SELECT set_config('lock_timeout', %s, true)", (str(round(LOCK_WAIT * 1000)),))
