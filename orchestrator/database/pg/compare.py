@@ -11,8 +11,9 @@ compared once more with the table held still: on the source, in a transaction, `
 go on; writers of that table wait, and the lock itself waits at most `LOCK_WAIT` for the writers already in flight,
 tried `LOCK_TRIES` times; an autovacuum of that table, whose lock SHARE waits for, is cancelled first: it would
 give way only after deadlock_timeout, and starts again later), the chunk read and the WAL position taken, the
-standby waited for and read, then the lock released: no write to the table commits in between, so both sides hold exactly the same rows and a difference
-then is real. Writers of that table wait for the one chunk's two reads (milliseconds).
+standby waited for (it caught up just before, unlocked; at most `HELD_WAIT` locked, else released and tried
+again) and read, then the lock released: no write to the table commits in between, so both sides hold exactly
+the same rows and a difference then is real. Writers of that table wait for the one chunk's two reads.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ TRIES = 3
 LOCK_NOT_AVAILABLE = "55P03"
 # The held comparison: how long the lock may wait for the table's writers in flight, and how often it is tried.
 LOCK_WAIT = 0.2
+# How long the held table waits for the standby to replay the chunk's position (it caught up just before).
+HELD_WAIT = 0.5
 LOCK_TRIES = 20
 
 
@@ -124,6 +127,10 @@ def _held(
     """Both sides' sums of one chunk with the table held still on the source (the module's last resort); or why
     it could not be held."""
     for _ in range(LOCK_TRIES):
+        # The standby caught up first, unlocked: the locked wait below is then for the last few records only.
+        now = pg.current_wal_lsn(source)  # type: ignore[arg-type]  # an engine session is a psycopg connection
+        if not pg.wait_for_replay(standby, now, timeout).reached:  # type: ignore[arg-type]
+            return f"the standby did not replay {now} within {timeout:g} s"
         with source.cursor() as cur:
             # An autovacuum of the table holds a lock SHARE waits for (for minutes on a large table); it gives way
             # by itself only after deadlock_timeout, so it is asked to now (it starts again later, unharmed).
@@ -139,15 +146,19 @@ def _held(
                     cur.execute("ROLLBACK")
                     continue  # the table's writers in flight did not finish in time: again, a moment later
                 count, total_sum, at = _sums(source, name, where, args, with_lsn=True)
-                waited = pg.wait_for_replay(standby, pg.Lsn.parse(str(at)), timeout)  # type: ignore[arg-type]
+                # Bounded: the table's writers wait meanwhile. A standby slower than that: released, tried again.
+                waited = pg.wait_for_replay(standby, pg.Lsn.parse(str(at)), HELD_WAIT)  # type: ignore[arg-type]
                 if not waited.reached:
-                    return f"the standby did not replay {at} within {timeout:g} s"
+                    continue
                 theirs = _sums(standby, name, where, args, with_lsn=False)
                 return (int(count), int(total_sum)), (int(theirs[0]), int(theirs[1]))
             finally:
                 with contextlib.suppress(DatabaseError):
                     cur.execute("ROLLBACK")  # the lock released (a no-op once rolled back)
-    return f"{LOCK_TRIES} tries of LOCK TABLE … IN SHARE MODE waited out their {LOCK_WAIT:g} s each"
+    return (
+        f"{LOCK_TRIES} tries of LOCK TABLE … IN SHARE MODE waited out their {LOCK_WAIT:g} s each, or the standby "
+        f"did not replay the chunk's position within {HELD_WAIT:g} s"
+    )
 
 
 def compare_tables(
