@@ -1,6 +1,7 @@
 """Benchmark: how long writes are unavailable with `migrate apply` in each cut-over mode, against the naive procedure.
 
     .venv/bin/python bench/cutover.py --db-size-mb 256,2048 --modes replicate,shutdown,naive
+    .venv/bin/python bench/cutover.py --engine postgresql --db-size-mb 256,2048 --modes replicate,naive
 
 For each database size, brings up a lab of that size (in a temporary directory unless --lab-dir), runs the lab's
 load (clients resolving through the Cloudflare double, short DNS cache) and, one after the other under the same
@@ -52,11 +53,13 @@ import pymysql
 
 from orchestrator.database.mysql import replica, switch
 from orchestrator.lab import haproxy, hosts, planfile, relay
+from orchestrator.lab import postgres as pglab
 from orchestrator.lab.load import REQUESTS_FILE
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report.build import render_report
 from orchestrator.runtime import Runtime
+from orchestrator.transports import postgres as pg
 from orchestrator.transports import rsync
 from orchestrator.transports.cloudflare import DnsClient
 
@@ -103,6 +106,8 @@ def point_dns(state: LabState, address: str) -> None:
 
 def source_writable(state: LabState) -> None:
     """After a replicate run the old source is read-only (and, while finish keeps it, a replica): undo both."""
+    if state.engine == pglab.ENGINE:
+        return pg_source_writable(state)
     conn = pymysql.connect(
         host=state.source.address, port=state.source.db_port, user=state.migrate_user,
         password=state.secrets()[state.db_password_env], autocommit=True, connect_timeout=10,
@@ -112,6 +117,18 @@ def source_writable(state: LabState) -> None:
         switch.set_read_only(conn, False, lock_wait_timeout=5)
     finally:
         conn.close()
+
+
+def pg_source_writable(state: LabState) -> None:
+    """PostgreSQL: an old source left a standby (a replicate run) is promoted on its own timeline (the target is
+    seeded again by the next run), and the roles a fence marked log in again (a shutdown run's fence came back with
+    the server)."""
+    password = state.secrets()[state.db_password_env]
+    endpoint = pg.Endpoint(state.source.address, state.source.db_port, state.migrate_user, state.db_name)
+    with pg.connect(endpoint, password) as conn:
+        if pg.in_recovery(conn):
+            conn.execute("SELECT pg_promote(true, 60)")
+        pg.unfence_marked(conn)
 
 
 def source_live(state: LabState) -> None:
@@ -259,6 +276,7 @@ def naive(state: LabState, work: Path, dns_ttl: float, rate: float) -> Outcome:
             *[(tree.source, tree.target) for tree in plan.files],
         ]:
             rt.target.run(f"rm -rf {shlex.quote(tree_target)} && mkdir -p {shlex.quote(tree_target)}")
+            # (a PostgreSQL data directory's own mode and owner come with it: rsync -a sets the top directory's)
             command = rsync.push_command(plan, tree_source, tree_target, live=False)
             moved += rsync.push(rt.source, command, what="naive copy", retry=plan.retry).transferred_bytes
         run_bin(state.target, "db-start")
@@ -456,12 +474,15 @@ def requests_table(work: Path, sizes: list[int], modes: list[str]) -> str:
 
 
 @contextmanager
-def lab_of_size(work: Path, size: int, lab_dir: Path | None, uploads_size_mb: int) -> Iterator[LabState]:
+def lab_of_size(
+    work: Path, size: int, lab_dir: Path | None, uploads_size_mb: int, engine: str = "mariadb"
+) -> Iterator[LabState]:
     """A lab whose source database holds about `size` MiB, up for the block; stopped and removed after it unless
     `lab_dir` (kept) was given. Its plan is put back to the lab's default."""
     directory = lab_dir or work / f"lab-{size}"
     began = time.monotonic()
-    state = hosts.up(directory, db_size_mb=size, uploads_size_mb=uploads_size_mb, default_ports=False, say=print)
+    state = hosts.up(directory, db_size_mb=size, uploads_size_mb=uploads_size_mb, default_ports=False, say=print,
+                     engine=engine)  # fmt: skip
     print(f"lab of {size} MiB up in {time.monotonic() - began:.1f} s: {directory}", flush=True)
     distance = (state.latency_ms, state.api_latency_ms)
     try:
@@ -474,11 +495,14 @@ def lab_of_size(work: Path, size: int, lab_dir: Path | None, uploads_size_mb: in
 
 
 @contextmanager
-def bench_work(prefix: str) -> Iterator[Path]:
+def bench_work(prefix: str, parent: str | None = None) -> Iterator[Path]:
     """A scratch directory for a bench's labs and load records, removed at the end. A SIGTERM (the bench stopped by
-    hand) unwinds like an exception: the labs' servers are stopped, nothing is left."""
+    hand) unwinds like an exception: the labs' servers are stopped, nothing is left. `parent`: where (a PostgreSQL
+    lab must be reachable by the `postgres` account: /var/tmp, the directory opened to it)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    work = Path(tempfile.mkdtemp(prefix=prefix))
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    if parent is not None:
+        work.chmod(0o755)
     try:
         yield work
     finally:
@@ -490,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db-size-mb", default="200", help="one size or several, comma-separated (e.g. 64,512)")
     parser.add_argument("--modes", default="replicate,shutdown,naive", help="comma-separated: replicate,shutdown,naive")
     parser.add_argument("--uploads-size-mb", type=int, default=20)
+    parser.add_argument("--engine", default="mariadb", choices=("mariadb", "postgresql"), help="the lab's database")
     parser.add_argument("--dns-ttl", type=float, default=1.0, help="clients' DNS cache, seconds")
     parser.add_argument("--rate", type=float, default=40.0, help="load requests per second")
     parser.add_argument("--lab-dir", type=Path, default=None, help="reuse/keep this lab (one size only)")
@@ -522,9 +547,10 @@ def main(argv: list[str] | None = None) -> int:
     distances = [NEAR, *fars]
 
     rows: list[tuple[int, Outcome]] = []
-    with bench_work("migrate-bench-") as work:
+    parent = "/var/tmp" if args.engine == pglab.ENGINE else None
+    with bench_work("migrate-bench-", parent) as work:
         for size in sizes:
-            with lab_of_size(work, size, args.lab_dir, args.uploads_size_mb) as state:
+            with lab_of_size(work, size, args.lab_dir, args.uploads_size_mb, args.engine) as state:
                 for mode in modes:
                     for run in range(1 if mode == "naive" else max(1, args.repeat)):
                         for distance in [NEAR] if mode == "naive" else distances:

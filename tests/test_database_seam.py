@@ -86,20 +86,24 @@ def test_a_postgresql_error_leaves_a_session_as_a_database_error() -> None:
     assert where.sqlstate == "28P01" and where.server_answered
 
 
-def test_the_replicate_mode_is_refused_for_postgresql_and_auto_resolves_to_shutdown(tmp_path: Path) -> None:
-    text = PLAN_FILE.read_text().replace("database:\n  engine: mariadb\n", "database:\n  engine: postgresql\n", 1)
-    assert "\n  mode: shutdown\n" in text
-    auto = tmp_path / "auto.yaml"
+def test_the_replicate_mode_is_refused_for_mysql_and_auto_resolves_to_shutdown_there(tmp_path: Path) -> None:
+    """PostgreSQL and MariaDB replicate (auto asks the servers); MySQL is refused in one line, auto takes shutdown."""
+    base = PLAN_FILE.read_text()
+    assert "\n  mode: shutdown\n" in base
     section = "\nreplication:\n  user: repl\n  password: {env: REPL_PASSWORD}\n"
-    auto.write_text(text.replace("\n  mode: shutdown\n", "\n  mode: auto\n") + section)
-    assert load_plan(auto).plan.replication is not None
-    assert static_mode(load_plan(auto).plan) == "shutdown"  # even with a replication section
+    for engine, resolved in (("postgresql", "auto"), ("mysql", "shutdown")):
+        text = base.replace("database:\n  engine: mariadb\n", f"database:\n  engine: {engine}\n", 1)
+        auto = tmp_path / f"auto-{engine}.yaml"
+        auto.write_text(text.replace("\n  mode: shutdown\n", "\n  mode: auto\n") + section)
+        assert load_plan(auto).plan.replication is not None
+        assert static_mode(load_plan(auto).plan) == resolved  # mysql: even with a replication section
+    text = base.replace("database:\n  engine: mariadb\n", "database:\n  engine: mysql\n", 1)
     replicate = tmp_path / "replicate.yaml"
     replicate.write_text(text.replace("\n  mode: shutdown\n", "\n  mode: replicate\n"))
     with pytest.raises(PlanError) as caught:
         load_plan(replicate)
     assert str(caught.value).count("\n") == 0
-    assert "the replicate mode is MariaDB-only for now (database.engine postgresql)" in str(caught.value)
+    assert "the replicate mode runs on MariaDB and PostgreSQL only (database.engine mysql)" in str(caught.value)
 
 
 def test_an_engine_the_registry_does_not_know_is_refused_in_one_line(tmp_path: Path) -> None:

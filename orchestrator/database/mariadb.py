@@ -18,7 +18,7 @@ import pymysql
 
 from orchestrator.database.mysql import session as mysql
 from orchestrator.database.mysql.switch import set_read_only
-from orchestrator.database.protocol import Blocker, DatabaseError, Session, TableLimit
+from orchestrator.database.protocol import Blocker, DatabaseError, Replication, Session, TableLimit
 from orchestrator.services import probes, storage
 
 if TYPE_CHECKING:
@@ -273,6 +273,12 @@ class MariaDb:
 
     def preflight_notes(self, session: Session) -> tuple[list[str], dict[str, Any]]:
         return [], {}
+
+    def replication(self) -> Replication | None:
+        """GTID replication (database/mysql/replication.py), imported when a replicate run first needs it."""
+        from orchestrator.database.mysql.replication import open_replication
+
+        return open_replication(self.name)
 
 
 def open_database(name: str, *, meter: RoundTrips | None = None) -> MariaDb:

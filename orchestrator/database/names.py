@@ -8,12 +8,15 @@ from typing import Literal, get_args
 
 EngineName = Literal["mariadb", "mysql", "postgresql"]
 ENGINE_NAMES: tuple[str, ...] = get_args(EngineName)
-# The engines the replicate cut-over mode runs on (mariadb-backup, GTID replication); the others: shutdown only.
-REPLICATE_ENGINES: tuple[str, ...] = ("mariadb",)
+# The engines the replicate cut-over mode runs on (MariaDB: mariadb-backup and GTID replication; PostgreSQL:
+# pg_basebackup and a streaming standby); the others (mysql): shutdown only.
+REPLICATE_ENGINES: tuple[str, ...] = ("mariadb", "postgresql")
 
 
 def replicate_refusal(engine: str) -> str | None:
     """Why the replicate mode cannot run on this engine (one line), None when it can."""
     if engine in REPLICATE_ENGINES:
         return None
-    return f"the replicate mode is MariaDB-only for now (database.engine {engine}): use cutover.mode shutdown"
+    return (
+        f"the replicate mode runs on MariaDB and PostgreSQL only (database.engine {engine}): use cutover.mode shutdown"
+    )

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import psycopg
 from psycopg import sql
 
-from orchestrator.database.protocol import Blocker, DatabaseError, Session, TableLimit
+from orchestrator.database.protocol import Blocker, DatabaseError, Replication, Session, TableLimit
 from orchestrator.services.probes import Probe
 from orchestrator.transports import postgres as pg
 
@@ -433,6 +433,12 @@ class PostgreSql:
             row = cur.fetchone()
         facts = {"data_checksums": str(row[0]) if row else "", "wal_log_hints": str(row[1]) if row else ""}
         return [], facts
+
+    def replication(self) -> Replication | None:
+        """Streaming replication (database/pg/replication.py), imported when a replicate run first needs it."""
+        from orchestrator.database.pg.replication import open_replication
+
+        return open_replication()
 
 
 def _figures_sql(tables: list[str], counts: bool, checksums: bool) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from orchestrator.redaction import redact
@@ -263,5 +263,325 @@ class Database(Protocol):
     def preflight_notes(self, session: Session) -> tuple[list[str], dict[str, Any]]:
         """The engine's own preflight problems on the source (one line each) and facts to report."""
 
+    # --- the replicate mode ---
 
-__all__ = ["Blocker", "Cursor", "Database", "DatabaseError", "Session", "TableLimit"]
+    def replication(self) -> Replication | None:
+        """The engine's replica control for the replicate mode (None: the engine runs the shutdown mode only)."""
+
+
+# --- the replicate mode's replica control --------------------------------------------------------------------------
+
+# A position in the engine's change log (MariaDB: a GTID position; PostgreSQL: a WAL position). Steps keep it opaque:
+# they journal its str() and read it back with `Replication.parse_position`; an empty one is falsy.
+Position = Any
+
+
+class ReplicationError(Exception):
+    """A replication operation failed; the message is one line, with the server's own words and no secret."""
+
+
+class PositionMismatch(ReplicationError):
+    """The replica did not execute exactly the source's final position: it was not promoted."""
+
+
+@dataclass(frozen=True)
+class ServerAccess:
+    """Where a server runs, for what an engine does on its host rather than over SQL (a clean stop, a standby's
+    files): the host (a contracts.Host), its data directory and the plan's start and stop commands."""
+
+    host: Any
+    datadir: str
+    start: str
+    stop: str
+
+
+@dataclass(frozen=True)
+class ReplicaSource:
+    """Where a replica reads from (through a tunnel: 127.0.0.1 and the tunnel's port)."""
+
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    connect_retry: int = 1
+    heartbeat_period: float = 1.0
+
+
+class ReplicaStatus(Protocol):
+    """A replica's state, the parts a run decides on (None instead of one: the server is no replica)."""
+
+    @property
+    def io_running(self) -> str:
+        """Whether it receives from its source, in the engine's words (Yes, No, Connecting, streaming...)."""
+
+    @property
+    def sql_running(self) -> bool:
+        """Whether it applies what it received."""
+
+    @property
+    def seconds_behind(self) -> int | None: ...
+
+    @property
+    def gtid_io_pos(self) -> Position:
+        """Up to where it received."""
+
+    @property
+    def master_port(self) -> int:
+        """The port it reads its source through (the tunnel's)."""
+
+    @property
+    def replicating(self) -> bool:
+        """Receiving and applying."""
+
+    @property
+    def error(self) -> str | None:
+        """The replica's own words for what stopped it, or None."""
+
+
+class WaitResult(Protocol):
+    """A bounded wait for a replica to reach a position: `outcome` is reached, timed_out or replica_failed."""
+
+    @property
+    def outcome(self) -> str: ...
+
+    @property
+    def waited(self) -> float: ...
+
+    @property
+    def position(self) -> Position: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
+class Promotion(Protocol):
+    """A wait for a position and, once reached, the promotion with its proof (`promoted`), in one call."""
+
+    @property
+    def reached(self) -> bool: ...
+
+    @property
+    def promoted(self) -> bool: ...
+
+    @property
+    def executed(self) -> Position: ...
+
+    @property
+    def waited(self) -> float: ...
+
+
+class ChunkDifference(Protocol):
+    def describe(self) -> str:
+        """One line naming the table and the chunk that differ."""
+
+
+@dataclass
+class Comparison:
+    """The comparison before the window: the position both sides were compared at, the chunks that differ, or why
+    the replica could not be held at that position (`error`: nothing was compared)."""
+
+    position: Position
+    differences: list[Any] = field(default_factory=list)
+    error: str | None = None
+
+
+class SeedKit(Protocol):
+    """The seed of a replica, as host commands and the parsers of their output, on the engine's own spec
+    (`Replication.seed_spec`). Each command is one idempotent shell line run on the host its name says."""
+
+    # Which password the stream command reads on its stdin: the plan's database account's ("database") or the
+    # replication account's ("replication").
+    secret: str
+
+    def seed_size_command(self, spec: Any) -> str:
+        """On the source: the bytes the seed will stream."""
+
+    def parse_size(self, stdout: str) -> int: ...
+
+    def seed_stream_command(self, spec: Any, *, log_path: str | None = None) -> str:
+        """On the source: the live copy streamed into a staging directory beside the target's datadir, its progress
+        on stdout; the database password (when the spec says so) on stdin."""
+
+    def parse_seed_progress(self, line: str) -> int | None: ...
+
+    def seed_locking_command(self, log_path: str) -> str:
+        """On the source: exit 0 once the copy holds locks on the live server (a throttle must not pause it)."""
+
+    def prepare_command(self, spec: Any) -> str:
+        """On the target: make the staged copy consistent."""
+
+    def install_command(self, spec: Any) -> str:
+        """On the target: the staged copy takes the datadir's place, the previous one kept beside it."""
+
+    def finish_install_command(self, spec: Any) -> str:
+        """On the target: finish an install a crash cut short."""
+
+    def restore_previous_command(self, spec: Any) -> str: ...
+
+    def discard_staging_command(self, spec: Any) -> str: ...
+
+    def backup_position_command(self, backup_dir: str) -> str:
+        """On the target: what the installed copy recorded of its position."""
+
+    def parse_backup_position(self, text: str) -> Any:
+        """That position (its `gtid`: the replica starts there; `file`, `position`: the change log's file)."""
+
+    def parse_backup_stages(self, stdout: str) -> list[Any]: ...
+
+    def parse_backup_locks(self, stdout: str) -> Any: ...
+
+    def redo_lsn(self, conn: Session) -> int:
+        """The source's redo (or WAL) write position in bytes (the throttle's pause bound)."""
+
+    def redo_capacity(self, conn: Session) -> int:
+        """How many bytes of redo the source keeps before writing over them."""
+
+
+@runtime_checkable
+class Replication(Protocol):
+    """The replicate mode's replica control: seed a replica, start, stop and observe it, stop writes on the source
+    and read its final position, wait for a replica to reach a position, promote it with proof, make the old
+    primary follow the new one, compare the tables in chunks. Every failure is a `ReplicationError` (or a
+    `DatabaseError` from the session); positions are opaque (`Position`)."""
+
+    # How long one bounded wait may block before the replica's health is looked at again.
+    wait_slice: float
+    # The seed's commands and parsers.
+    seed: SeedKit
+    # What the mode relies on, in words (preflight's line when the replicate mode is chosen).
+    requirements: str
+    # The switch stops the source's server (PostgreSQL: a clean shutdown, whose checkpoint is the final position a
+    # standby can follow on from) rather than leaving it running read-only (MariaDB): nothing reads the source
+    # inside the window after that, its undo starts it again, the front door holds reads too.
+    source_stops: bool
+
+    def describe(self, part: str, plan: Any) -> list[str]:
+        """The dry-run's lines for one part of the mode as this engine does it: "seed" (repl_seed), "replica"
+        (repl_replica, before its services), "compare" (repl_catchup's comparison), "switch" (repl_switch, between
+        the app's fence and the health checks), "positions" (verify_target's proof), "finish" (two: the reverse
+        path, and the words for how it is torn down)."""
+
+    # --- can this pair replicate? ---
+
+    def programs(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """The programs each side ("source", "target") needs installed."""
+
+    def server_facts(self, conn: Session) -> dict[str, str]:
+        """The server settings replication depends on (read only)."""
+
+    def problems(self, plan: Any, source: dict[str, str] | None, target: dict[str, str] | None,
+                 programs: dict[str, bool]) -> list[str]:  # fmt: skip
+        """Why these servers cannot replicate (None: that side did not answer); empty when they can."""
+
+    def pair_problems(self, source: dict[str, str], target: dict[str, str]) -> list[str]:
+        """What only the running target shows (checked once the replica starts)."""
+
+    def seed_spec(self, plan: Any, *, source_datadir: str, target_datadir: str, ssh_to_target: tuple[str, ...],
+                  password_env: str | None) -> Any:  # fmt: skip
+        """The seed's spec (the engine's own), for `seed`'s commands."""
+
+    # --- positions ---
+
+    def parse_position(self, text: str | None) -> Position: ...
+
+    def same_position(self, final: Position, executed: Position) -> bool:
+        """Does `executed` stand exactly at `final`?"""
+
+    def write_position(self, conn: Session) -> Position:
+        """Where this server's change log ends (what a replica of it must reach)."""
+
+    def current_position(self, conn: Session) -> Position:
+        """The position this server's data stands at (what it wrote or applied)."""
+
+    def executed_position(self, conn: Session) -> Position:
+        """What this server applied as a replica."""
+
+    # --- the replica ---
+
+    def replica_status(self, conn: Session) -> ReplicaStatus | None: ...
+
+    def follow(
+        self,
+        conn: Session | None,
+        source: ReplicaSource,
+        start_at: Position,
+        *,
+        seeded: bool,
+        server: ServerAccess | None = None,
+        primary: Session | None = None,
+    ) -> None:
+        """Make this server a replica of `source` from `start_at` (not started); `seeded`: a freshly seeded copy,
+        whose change log starts at `start_at` first. `conn` None: the server is stopped (an old primary the switch
+        stopped), and `server` says where it runs; `primary`: a session on the server it will follow."""
+
+    def start_replica(self, conn: Session) -> None: ...
+
+    def stop_replica(self, conn: Session) -> None: ...
+
+    def forget_replication(self, conn: Session) -> None:
+        """No more replication, and whatever holds the replication password on the server deleted; a no-op on a
+        server that is not a replica."""
+
+    def wait_for_position(self, conn: Session, wanted: Position, timeout: float) -> WaitResult:
+        """At most `timeout` seconds; a replica that stops with an error ends the wait at once."""
+
+    # --- the switch ---
+
+    def is_read_only(self, conn: Session) -> bool: ...
+
+    def set_read_only(self, conn: Session, on: bool, *, lock_wait_timeout: float) -> None: ...
+
+    def before_window(self, conn: Session) -> None:
+        """On the source, just before the window: what keeps the window's own work short (PostgreSQL: a
+        CHECKPOINT, so the clean shutdown inside the window has little to flush)."""
+
+    def stop_writes(self, conn: Session | None, *, lock_wait_timeout: float, server: ServerAccess) -> Position:
+        """The source refuses writes from now on, and its final position (read once it does), in one round trip
+        where the engine can. ReplicationError when the wait for running writes timed out (nothing changed).
+        `server`: the source's host, for an engine whose `source_stops` (`conn` None: stopped already, by this
+        switch before a crash; its final position is read from its files)."""
+
+    def wait_and_promote(self, conn: Session, expected: Position, wait: float) -> Promotion:
+        """Wait at most `wait` for `expected`, then promote with proof (PositionMismatch: not promoted)."""
+
+    def promote(self, conn: Session, expected: Position) -> Position:
+        """The replica (which reached `expected`) becomes a primary, with proof; what it executed."""
+
+    # --- the comparison before the window ---
+
+    def compare(
+        self,
+        snapshot_conn: Session,
+        target: Session,
+        tables: list[tuple[str, str]],
+        *,
+        chunk_rows: int,
+        pause_ratio: float,
+        timeout: float,
+        on_chunk: Callable[[str, int, int], None],
+    ) -> Comparison:
+        """The replica stopped, a consistent snapshot opened on `snapshot_conn` (the source) at a known position,
+        the replica run to exactly it, every table checksummed over the same chunks on both sides; the snapshot
+        closed. The replica stays stopped: the caller starts it again when nothing differs."""
+
+
+__all__ = [
+    "Blocker",
+    "ChunkDifference",
+    "Comparison",
+    "Cursor",
+    "Database",
+    "DatabaseError",
+    "Position",
+    "PositionMismatch",
+    "Promotion",
+    "ReplicaSource",
+    "ReplicaStatus",
+    "Replication",
+    "ReplicationError",
+    "SeedKit",
+    "ServerAccess",
+    "Session",
+    "TableLimit",
+    "WaitResult",
+]

@@ -98,7 +98,27 @@ database:
 def _replication(state: LabState) -> str:
     src, tgt = state.source, state.target
     if state.engine == pglab.ENGINE:
-        return "# The replicate mode is MariaDB's only for now: a PostgreSQL plan has no replication section.\n"
+        return f"""\
+# The replicate mode. The target is seeded with pg_basebackup through an ssh -R forward (WAL streamed, a slot on the
+# source), then runs as a streaming standby through an SSH tunnel (ssh -R; ssh -L for the reverse path): nothing
+# of it crosses the network outside SSH. Inside the window the source's app roles are fenced, its server stopped
+# cleanly, the standby replays its last record and is promoted with proof. The password is a reference; the
+# standby reads it from a 0600 file beside its data directory.
+replication:
+  user: {s(state.repl_user)}
+  password: {{env: {state.repl_password_env}}}
+  source:   # the databases' TCP addresses as seen from their own hosts: the tunnels' far ends
+    host: {s(src.address)}
+    port: {src.db_port}
+  target:
+    host: {s(tgt.address)}
+    port: {tgt.db_port}
+  max_lag: 1
+  lag_wait: 120
+  compare: true
+  chunk_rows: 2000
+  keep_reverse: 0
+"""
     return f"""\
 # The replicate mode. Replication runs through an SSH tunnel the source opens over its host-key-verified hop to the
 # target (ssh -R; ssh -L for the reverse path after the flip): nothing of it crosses the network outside SSH. The
@@ -302,8 +322,6 @@ def validate_text(text: str) -> Plan:
 
 def write_plan(state: LabState, mode: str = "auto") -> Path:
     """Write <dir>/plan.yaml (and the empty hooks dir it names); raises if the plan would not validate."""
-    if state.engine == pglab.ENGINE and mode == "auto":
-        mode = "shutdown"  # the replicate mode is MariaDB's only: say the mode the run will take
     text = plan_text(state, mode)
     if state.app == wordpress.APP_NAME:
         text = wordpress.plan_text(text, state)

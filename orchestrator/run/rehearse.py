@@ -66,7 +66,7 @@ def resolve_mode(rt: Runtime) -> tuple[str, str | None]:
     """The cut-over mode the run would use and, for `auto`, why: the run's own read-only probe of both servers
     (compose.resolve_mode), so the estimate is of the mode the run will take."""
     from orchestrator.plan.model import static_mode
-    from orchestrator.steps.repl_common import mode_reason, probe_replication
+    from orchestrator.steps.repl_common import engine_requirements, mode_reason, probe_replication
 
     plan = rt.plan
     mode = static_mode(plan)
@@ -74,7 +74,7 @@ def resolve_mode(rt: Runtime) -> tuple[str, str | None]:
         return mode, None if plan.cutover.mode != "auto" else mode_reason(mode, ["no replication section"], "auto")
     problems = probe_replication(rt)
     mode = "shutdown" if problems else "replicate"
-    return mode, mode_reason(mode, problems, "auto")
+    return mode, mode_reason(mode, problems, "auto", engine_requirements(plan.database.engine))
 
 
 def last_rehearsal(state_dir: Path) -> dict[str, Any] | None:

@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from orchestrator.contracts import runtime
-from orchestrator.database.mysql import gtid, replica
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Service
 from orchestrator.report.build import build_report
@@ -36,7 +35,9 @@ from orchestrator.steps.repl_common import (
     forget_replication_on,
     open_tunnel,
     replica_source,
+    replication,
     saved_from,
+    server_access,
 )
 from orchestrator.transports.ssh import TransportError
 
@@ -172,18 +173,27 @@ class Finish(Step):
         if not final:
             return None
         try:
+            rep = replication(rt)
             tunnel = open_tunnel(ctx, "local", REVERSE_TUNNEL)
-            source = rt.db("source")
             target = rt.db("target")
+            source = None
             try:
-                status = replica.replica_status(source)
+                if rep.source_stops and not ctx.saved(REVERSE_POINTED) and not rt.db_answers("source"):
+                    # The switch stopped the old source cleanly: it starts again as a replica of the target.
+                    ctx.save(REVERSE_POINTED, True)
+                    rep.follow(None, replica_source(rt, tunnel.port), rep.parse_position(str(final)), seeded=False,
+                               server=server_access(rt, "source"), primary=target)  # fmt: skip
+                source = rt.db("source")
+                status = rep.replica_status(source)
                 if not (ctx.saved(REVERSE_POINTED) and status is not None and status.master_port == tunnel.port):
                     ctx.save(REVERSE_POINTED, True)
-                    replica.point_replica(source, replica_source(rt, tunnel.port), gtid.GtidPosition.parse(str(final)))
-                replica.start_replica(source)
-                waited = replica.wait_for_position(source, gtid.gtid_binlog_pos(target), REVERSE_CATCH_UP)
+                    rep.follow(source, replica_source(rt, tunnel.port), rep.parse_position(str(final)), seeded=False,
+                               server=server_access(rt, "source"), primary=target)  # fmt: skip
+                rep.start_replica(source)
+                waited = rep.wait_for_position(source, rep.write_position(target), REVERSE_CATCH_UP)
             finally:
-                rt.release(source)
+                if source is not None:
+                    rt.release(source)
                 rt.release(target)
         except Exception as exc:  # committed: say it, go on
             ctx.log.warning("finish.reverse_replication_failed", error=str(exc))

@@ -21,7 +21,7 @@ from orchestrator.secrets import redact
 from orchestrator.services import probes, storage
 from orchestrator.steps.common import RESOLVED_DATADIRS
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
-from orchestrator.steps.repl_common import declared_mode, mode_reason, probe_replication
+from orchestrator.steps.repl_common import declared_mode, engine_requirements, mode_reason, probe_replication
 from orchestrator.steps.run_owned import end_left_by_runs, waiting_guards
 from orchestrator.transports import rsync
 from orchestrator.transports.dns import DnsError
@@ -175,7 +175,7 @@ class Preflight(Step):
             problems.add(problem)
         mode = self.mode.name
         figures["cutover_mode"] = mode
-        figures["mode_reason"] = mode_reason(mode, found, declared)
+        figures["mode_reason"] = mode_reason(mode, found, declared, engine_requirements(rt.plan.database.engine))
         ctx.log.info("preflight.cutover_mode", mode=mode)
         ctx.log.info("preflight.mode_reason", why=figures["mode_reason"])
 

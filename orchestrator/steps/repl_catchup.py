@@ -13,17 +13,16 @@ once with the replica's own message. Nothing here changes the source.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
 from orchestrator.contracts import runtime
-from orchestrator.database.mysql import compare, gtid, replica
+from orchestrator.database.protocol import ReplicationError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import CatchupResult, FilesResult
 from orchestrator.services import health
 from orchestrator.steps.common import keep_shells, open_window_route, tracked_prepass
-from orchestrator.steps.repl_common import reverse_over_replica
+from orchestrator.steps.repl_common import replication, reverse_over_replica
 
 LOG_EVERY = 2.0
 
@@ -40,12 +39,7 @@ class ReplCatchup(Step):
             lines.append("the way back: the old source replicates from the target since the forward run's finish; "
                          "no comparison (the forward run compared), only the lag gate")  # fmt: skip
         elif settings is None or settings.compare:
-            rows = settings.chunk_rows if settings else 2000
-            lines.append(
-                "stop the replica, open a consistent snapshot on the source at its GTID position, run the replica "
-                f"to exactly that position, compare every table in chunks of {rows} rows (checksums); a difference "
-                "stops the run naming the table and chunk"
-            )
+            lines += replication(runtime(ctx)).describe("compare", plan)
         before = health.checks_for(plan.health, health.BEFORE, replicate=True)
         lines += [
             f"health check {health.check_label(c)} against the fenced target, before the window "
@@ -77,7 +71,7 @@ class ReplCatchup(Step):
         source = rt.db("source")
         target = rt.db("target")
         try:
-            failure = self._replica_error(target)
+            failure = self._replica_error(ctx, target)
             if failure:
                 raise StepError(f"the replica stopped: {failure}")
             # The way back compares nothing: the forward run did, and the reverse replica applies the target's
@@ -89,7 +83,7 @@ class ReplCatchup(Step):
             self._wait_for_lag(ctx, source, target, result)
             keep_shells(ctx)
             open_window_route(ctx)
-        except gtid.ReplicationError as exc:
+        except ReplicationError as exc:
             raise StepError(f"catching up: {exc}") from None
         finally:
             rt.release(source)
@@ -97,8 +91,8 @@ class ReplCatchup(Step):
         return result.journal()
 
     @staticmethod
-    def _replica_error(conn: Any) -> str | None:
-        status = replica.replica_status(conn)
+    def _replica_error(ctx: StepContext, conn: Any) -> str | None:
+        status = replication(runtime(ctx)).replica_status(conn)
         if status is None:
             return "the target is not a replica"
         return status.error
@@ -121,23 +115,20 @@ class ReplCatchup(Step):
                 last_log = now
                 ctx.log.info("repl.compare_progress", table=table, chunk=done, of=total)
 
+        rep = replication(rt)
+        ctx.log.info("repl.compare_started", tables=len(tables))
         try:
-            replica.stop_replica(target)  # before the snapshot: the replica must not be past it
-            snapshot = compare.open_consistent_snapshot(snapshot_conn)
-            result.snapshot_gtid = str(snapshot.gtid)
-            stopped = compare.stop_replica_at(target, snapshot.gtid, settings.lag_wait)
-            if stopped.outcome != "reached":
-                why = stopped.error or f"it did not reach it within {settings.lag_wait:g} s (replication.lag_wait)"
-                raise StepError(f"the replica could not stop at the snapshot's position {snapshot.gtid}: {why}")
-            ctx.log.info("repl.compare_started", tables=len(tables), at=str(snapshot.gtid))
-            diffs = compare.compare_tables(
+            compared = rep.compare(
                 snapshot_conn, target, tables, chunk_rows=settings.chunk_rows, pause_ratio=settings.compare_pause,
-                on_chunk=_progress,
+                timeout=settings.lag_wait, on_chunk=_progress,
             )  # fmt: skip
         finally:
-            with contextlib.suppress(gtid.ReplicationError):
-                compare.close_snapshot(snapshot_conn)
             rt.release(snapshot_conn)
+        result.snapshot_gtid = str(compared.position)
+        if compared.error is not None:
+            why = compared.error or f"it did not reach it within {settings.lag_wait:g} s (replication.lag_wait)"
+            raise StepError(f"the replica could not stop at the snapshot's position {compared.position}: {why}")
+        diffs = compared.differences
         result.compared_tables = len(tables)
         result.compared_chunks = chunks
         result.compare_seconds = round(time.monotonic() - started, 3)
@@ -150,7 +141,7 @@ class ReplCatchup(Step):
                 + "; ".join(d.describe() for d in diffs[:3])
                 + more
             )
-        replica.start_replica(target)
+        rep.start_replica(target)
         ctx.log.info("repl.compared_equal", tables=len(tables), chunks=chunks, seconds=result.compare_seconds)
 
     def _health(self, ctx: StepContext, result: CatchupResult) -> None:
@@ -180,11 +171,12 @@ class ReplCatchup(Step):
     def _wait_for_lag(self, ctx: StepContext, source: Any, target: Any, result: CatchupResult) -> None:
         settings = runtime(ctx).plan.replication
         assert settings is not None
+        rep = replication(runtime(ctx))
         started = time.monotonic()
         last_log = 0.0
         while True:
-            wanted = gtid.gtid_binlog_pos(source)
-            waited = replica.wait_for_position(target, wanted, settings.max_lag)
+            wanted = rep.write_position(source)
+            waited = rep.wait_for_position(target, wanted, settings.max_lag)
             if waited.outcome == "reached":
                 result.lag_seconds = round(waited.waited, 3)
                 result.lag_waited_seconds = round(time.monotonic() - started, 3)
@@ -193,7 +185,7 @@ class ReplCatchup(Step):
             if waited.outcome == "replica_failed":
                 raise StepError(f"the replica stopped: {waited.error}")
             spent = time.monotonic() - started
-            status = replica.replica_status(target)
+            status = rep.replica_status(target)
             behind = status.seconds_behind if status else None
             if spent >= settings.lag_wait:
                 raise StepError(

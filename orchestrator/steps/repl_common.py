@@ -17,12 +17,12 @@ from typing import Any
 from ruamel.yaml import YAML
 
 from orchestrator.contracts import StepRuntime, Which, runtime
-from orchestrator.database.mysql import gtid, replica, seed
 from orchestrator.database.names import replicate_refusal
-from orchestrator.database.protocol import Session
+from orchestrator.database.protocol import ReplicaSource, ReplicaStatus, Replication, ServerAccess
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import Plan, ReplicationEndpoint
 from orchestrator.services import owned, probes
+from orchestrator.transports import tunnel
 from orchestrator.transports.rsync import target_ssh_command
 
 # The step whose presence in a run's journaled step list says the run is in replicate mode.
@@ -47,16 +47,21 @@ TUNNEL_DIR = owned.RUN_DIR
 # The password of the replication account travels to a host only in this environment variable's value.
 REPL_PASSWORD_ENV = "MIGRATE_REPL_PASSWORD"
 DB_PASSWORD_ENV = "MIGRATE_DB_PASSWORD"
-# Server variables the replicate mode depends on.
-REPLICATION_VARIABLES = (
-    "log_bin",
-    "server_id",
-    "log_slave_updates",
-    "binlog_format",
-    "gtid_strict_mode",
-    "read_only",
-)
 COMMAND_TIMEOUT = 60.0
+
+
+def replication(rt: StepRuntime) -> Replication:
+    """The plan's engine's replica control (database/protocol.Replication): the replicate steps speak only that."""
+    found = rt.database.replication()
+    if found is None:
+        raise StepError(f"database.engine {rt.plan.database.engine} has no replicate mode: use cutover.mode shutdown")
+    return found
+
+
+def server_access(rt: StepRuntime, which: Which) -> ServerAccess:
+    """Where that side's database runs, for the engine's host commands (a clean stop, a standby's files)."""
+    endpoint = rt.plan.database.source if which == "source" else rt.plan.database.target
+    return ServerAccess(rt.host(which), endpoint.datadir, endpoint.start, endpoint.stop)
 
 
 def declared_mode(ctx: StepContext) -> str:
@@ -91,7 +96,7 @@ def reverse_kept_until(finish_saved: dict[str, Any] | None) -> float | None:
     return float(saved[REVERSE_KEPT])
 
 
-def replica_problem(status: replica.ReplicaStatus | None) -> str | None:
+def replica_problem(status: ReplicaStatus | None) -> str | None:
     """Why the old source cannot carry a reverse cut-over now (None: it replicates, caught up or catching up)."""
     if status is None:
         return "the old source is not a replica of the target any more"
@@ -107,7 +112,7 @@ def reverse_problem(rt: StepRuntime, old_source: Which) -> str | None:
     """Read live on the old source (`old_source`: its side in `rt`'s plan): why reverse replication is not usable."""
     conn = rt.db(old_source, retry=False, read_timeout=10.0)
     try:
-        return replica_problem(replica.replica_status(conn))
+        return replica_problem(replication(rt).replica_status(conn))
     finally:
         rt.release(conn)
 
@@ -118,10 +123,11 @@ def reverse_line(rt: StepRuntime, kept_until: float, plan_path: str) -> str:
     until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(kept_until))
     due = "due since" if time.time() >= kept_until else "kept until"
     ends = f"{due} {until} (replication.keep_reverse); `migrate finish {plan_path}` ends it"
+    rep = replication(rt)
     source = rt.db("source", retry=False, read_timeout=10.0)
     try:
-        status = replica.replica_status(source)
-        executed = gtid.gtid_slave_pos(source)
+        status = rep.replica_status(source)
+        executed = rep.executed_position(source)
     finally:
         rt.release(source)
     problem = replica_problem(status)
@@ -129,7 +135,7 @@ def reverse_line(rt: StepRuntime, kept_until: float, plan_path: str) -> str:
         return f"reverse replication: broken: {problem}; {ends}"
     target = rt.db("target", retry=False, read_timeout=10.0)
     try:
-        at = gtid.gtid_binlog_pos(target)
+        at = rep.write_position(target)
     finally:
         rt.release(target)
     behind = "unknown" if status.seconds_behind is None else f"{status.seconds_behind} s"
@@ -147,7 +153,7 @@ def forget_replication_on(rt: StepRuntime, sides: tuple[Which, ...], *, retry: b
         try:
             conn = rt.db(which, retry=retry)
             try:
-                replica.forget_replication(conn)
+                replication(rt).forget_replication(conn)
             finally:
                 rt.release(conn)
         except Exception as exc:
@@ -166,52 +172,19 @@ def end_tunnels(host: Any, plan_name: str, plan_path: Path) -> list[owned.Leftov
 # --- can this pair of servers replicate? ----------------------------------------------------------------------
 
 
-def server_variables(conn: Session) -> dict[str, str]:
-    names = REPLICATION_VARIABLES
-    with conn.cursor() as cur:
-        cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names)
-        return {str(k).lower(): str(v) for k, v in cur.fetchall()}
-
-
-def _on(value: str | None) -> bool:
-    return (value or "").upper() in ("ON", "1", "YES")
-
-
 def replication_problems(
     plan: Plan, source: dict[str, str] | None, target: dict[str, str] | None, programs: dict[str, bool]
 ) -> list[str]:
-    """Why the replicate mode cannot run on these servers (empty: it can).
+    """Why the replicate mode cannot run on these servers (empty: it can), as the plan's engine judges them.
 
-    `source`/`target`: their server variables (None: that database did not answer; the target's are then checked
-    when the seed starts it). log_bin and log_slave_updates need a server restart: that is the shutdown mode's job.
-    """
-    problems: list[str] = []
-    if plan.replication is None:
-        problems.append("the plan has no replication section (user, password)")
-    if plan.database.engine != "mariadb":
-        problems.append("database.engine is not mariadb")
-    for name, present in sorted(programs.items()):
-        if not present:
-            problems.append(f"{name} is not installed")
-    if source is None:
-        problems.append("the source database did not answer")
-        return problems
-    for side, variables in (("source", source), ("target", target)):
-        if variables is None:
-            continue
-        if not _on(variables.get("log_bin")):
-            problems.append(f"the {side}'s binary log is off (log_bin needs a restart)")
-        if not _on(variables.get("log_slave_updates")):
-            problems.append(f"the {side} does not log replicated events (log_slave_updates needs a restart)")
-        if (variables.get("binlog_format") or "").upper() != "ROW":
-            problems.append(f"the {side}'s binlog_format is {variables.get('binlog_format')}, not ROW")
-        if not _on(variables.get("gtid_strict_mode")):
-            problems.append(f"the {side} runs without gtid_strict_mode")
-    if source.get("server_id") in (None, "0"):
-        problems.append("the source's server_id is 0")
-    if target is not None and target.get("server_id") == source.get("server_id"):
-        problems.append(f"source and target share server_id {source.get('server_id')}")
-    return problems
+    `source`/`target`: their replication facts (None: that database did not answer; the target's are then checked
+    when the seed starts it)."""
+    from orchestrator.database.engines import open_engine
+
+    found = open_engine(plan.database.engine).replication()
+    if found is None:
+        return [replicate_refusal(plan.database.engine) or f"database.engine {plan.database.engine} cannot replicate"]
+    return found.problems(plan, source, target, programs)
 
 
 def probe_replication(rt: StepRuntime) -> list[str]:
@@ -220,12 +193,10 @@ def probe_replication(rt: StepRuntime) -> list[str]:
     refusal = replicate_refusal(plan.database.engine)
     if refusal is not None:
         return [refusal]  # nothing to ask the servers
+    rep = replication(rt)
     programs: dict[str, bool] = {}
-    wanted: tuple[tuple[Which, tuple[str, ...]], ...] = (
-        ("source", ("mariadb-backup",)),
-        ("target", ("mariadb-backup", "mbstream")),
-    )
-    for which, names in wanted:
+    for side, names in rep.programs():
+        which: Which = "source" if side == "source" else "target"
         for name in names:
             programs[f"{name} on the {which}"] = probes.ask(rt.host(which), probes.has_program(name))
     variables: dict[str, dict[str, str] | None] = {}
@@ -237,20 +208,27 @@ def probe_replication(rt: StepRuntime) -> list[str]:
             variables[which] = None
             continue
         try:
-            variables[which] = server_variables(conn)
+            variables[which] = rep.server_facts(conn)
         finally:
             rt.release(conn)
-    return replication_problems(plan, variables["source"], variables["target"], programs)
+    return rep.problems(plan, variables["source"], variables["target"], programs)
 
 
-def mode_reason(mode: str, problems: list[str], declared: str) -> str:
-    """The one line preflight says about the mode."""
+def engine_requirements(engine: str) -> str:
+    """What the engine's replicate mode relies on, in words ('' for an engine without one)."""
+    from orchestrator.database.engines import open_engine
+
+    found = open_engine(engine).replication()
+    return found.requirements if found is not None else ""
+
+
+def mode_reason(mode: str, problems: list[str], declared: str, requirements: str | None = None) -> str:
+    """The one line preflight says about the mode (`requirements`: what the engine's replication relies on,
+    engine_requirements)."""
     if mode == "replicate":
         how = "chosen by 'auto'" if declared == "auto" else "as the plan says"
-        return (
-            f"replicate ({how}): binlog on, ROW format, GTID strict, log_slave_updates, distinct server ids; "
-            "the window waits for the replica instead of copying files"
-        )
+        needs = requirements or "binlog on, ROW format, GTID strict, log_slave_updates, distinct server ids"
+        return f"replicate ({how}): {needs}; the window waits for the replica instead of copying files"
     if declared == "auto":
         return "shutdown (chosen by 'auto'): replication is not possible here: " + "; ".join(problems)
     return "shutdown (as the plan says): the source database is stopped cleanly inside the window"
@@ -265,24 +243,18 @@ def ssh_to_target(plan: Plan) -> tuple[str, ...]:
     return (*shlex.split(target_ssh_command(plan, control="no")), login)
 
 
-def seed_spec(plan: Plan, *, source_datadir: str | None = None, target_datadir: str | None = None) -> seed.SeedSpec:
-    """The seed's spec; a run passes each datadir as its host resolved it (steps.common.resolved_datadir): the
-    staging copy, the install's renames and the kept `.before-seed` act on the real directory, beside it."""
-    settings = plan.replication
-    assert settings is not None
+def seed_spec(plan: Plan, rep: Replication, *, source_datadir: str | None = None,
+              target_datadir: str | None = None) -> Any:  # fmt: skip
+    """The seed's spec (the engine's own); a run passes each datadir as its host resolved it
+    (steps.common.resolved_datadir): the staging copy, the install's renames and the kept `.before-seed` act on the
+    real directory, beside it."""
     db = plan.database
-    return seed.SeedSpec(
+    return rep.seed_spec(
+        plan,
         source_datadir=source_datadir or db.source.datadir,
         target_datadir=target_datadir or db.target.datadir,
         ssh_to_target=ssh_to_target(plan),
-        source_socket=db.source.socket,
-        source_user=db.user,
         password_env=DB_PASSWORD_ENV if db.password is not None else None,
-        owner=settings.datadir_owner,
-        throttle=settings.seed_throttle,
-        nice=settings.seed_nice,
-        no_defaults=False,
-        target_sudo=plan.target.become == "sudo",
     )
 
 
@@ -314,13 +286,13 @@ class TunnelFacts:
         return cls(str(data["name"]), str(data["direction"]), int(data["port"]))
 
 
-def tunnel_spec(plan: Plan, facts: TunnelFacts) -> seed.TunnelSpec:
+def tunnel_spec(plan: Plan, facts: TunnelFacts) -> tunnel.TunnelSpec:
     """The forward tunnel (-R: the target reaches the source's database) or the reverse one (-L)."""
     if facts.direction == "remote":
         far = endpoint(plan, "source")
-        return seed.TunnelSpec(facts.name, "remote", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
+        return tunnel.TunnelSpec(facts.name, "remote", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
     far = endpoint(plan, "target")
-    return seed.TunnelSpec(facts.name, "local", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
+    return tunnel.TunnelSpec(facts.name, "local", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
 
 
 def tunnel_name(plan_name: str, plan_path: Path, direction: str, run_id: str) -> str:
@@ -330,10 +302,10 @@ def tunnel_name(plan_name: str, plan_path: Path, direction: str, run_id: str) ->
     return f"{owned.owner(plan_name, plan_path, run_id)}-{'fwd' if direction == 'remote' else 'rev'}"
 
 
-def replica_source(rt: StepRuntime, port: int) -> replica.ReplicaSource:
+def replica_source(rt: StepRuntime, port: int) -> ReplicaSource:
     settings = rt.plan.replication
     assert settings is not None
-    return replica.ReplicaSource("127.0.0.1", port, settings.user, rt.secret(settings.password))
+    return ReplicaSource("127.0.0.1", port, settings.user, rt.secret(settings.password))
 
 
 def open_tunnel(ctx: StepContext, direction: str, key: str, *, attempts: int = 5) -> TunnelFacts:
@@ -348,11 +320,11 @@ def open_tunnel(ctx: StepContext, direction: str, key: str, *, attempts: int = 5
     last = ""
     for _ in range(attempts):
         if facts is None:
-            port = seed.parse_port(listening.run(seed.free_port_command(), timeout=COMMAND_TIMEOUT).stdout)
+            port = tunnel.parse_port(listening.run(tunnel.free_port_command(), timeout=COMMAND_TIMEOUT).stdout)
             facts = TunnelFacts(tunnel_name(plan.name, rt.plan_path, direction, ctx.run_id), direction, port)
             ctx.save(key, facts.journal())
-        result = rt.source.run(seed.tunnel_up_command(tunnel_spec(plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
-        if result.exit_status == 0 and seed.parse_tunnel_pid(result.stdout) is not None:
+        result = rt.source.run(tunnel.tunnel_up_command(tunnel_spec(plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
+        if result.exit_status == 0 and tunnel.parse_tunnel_pid(result.stdout) is not None:
             ctx.log.info("repl.tunnel_up", tunnel=facts.name, port=facts.port, direction=direction)
             return facts
         last = ((result.stderr or result.stdout).strip().splitlines()[-1:] or [f"exit {result.exit_status}"])[0]
@@ -367,7 +339,7 @@ def close_tunnel(ctx: StepContext, key: str, facts: TunnelFacts | None = None) -
     facts = facts or TunnelFacts.of(ctx.saved(key))
     if facts is None:
         return
-    rt.source.run(seed.tunnel_down_command(tunnel_spec(rt.plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
+    rt.source.run(tunnel.tunnel_down_command(tunnel_spec(rt.plan, facts)), timeout=COMMAND_TIMEOUT, check=False)
     ctx.log.info("repl.tunnel_down", tunnel=facts.name)
 
 
@@ -382,16 +354,17 @@ def repl_error(what: str, exc: Exception) -> StepError:
 
 def replica_line(rt: StepRuntime) -> str:
     """One line on the replica, read live: its lag and position against the source's, or its own error."""
+    rep = replication(rt)
     target = rt.db("target", retry=False, read_timeout=10.0)
     try:
-        status = replica.replica_status(target)
+        status = rep.replica_status(target)
     finally:
         rt.release(target)
     if status is None:
         return "replica: the target is not replicating"
     source = rt.db("source", retry=False, read_timeout=10.0)
     try:
-        at = gtid.gtid_binlog_pos(source)
+        at = rep.write_position(source)
     finally:
         rt.release(source)
     if status.error:

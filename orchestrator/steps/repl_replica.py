@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.contracts import runtime
-from orchestrator.database.mysql import gtid, replica, switch
+from orchestrator.database.protocol import ReplicationError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import Service
 from orchestrator.results import ReplicaResult
@@ -28,8 +28,8 @@ from orchestrator.steps.repl_common import (
     close_tunnel,
     open_tunnel,
     replica_source,
+    replication,
     saved_from,
-    server_variables,
 )
 from orchestrator.transports.ssh import TransportError
 
@@ -45,16 +45,12 @@ class ReplReplica(Step):
     title = "Start the target as a read-only GTID replica of the source, through an SSH tunnel"
 
     def describe(self, ctx: StepContext) -> list[str]:
-        plan = runtime(ctx).plan
-        settings = plan.replication
-        user = settings.user if settings else "(replication.user)"
+        rt = runtime(ctx)
+        plan = rt.plan
         lines = [
             f"on the source: ssh -f -N -R 127.0.0.1:<free port>:… to {plan.target.address} (the replication "
             "tunnel, over the host-key-verified hop; journaled, it outlives this run until finish)",
-            f"on the target: start the database ({plan.database.target.start}), SET GLOBAL read_only = 1, "
-            "its binlog starts at the seed's GTID position",
-            f"CHANGE MASTER TO 127.0.0.1:<tunnel port> as {user} (password from its secret reference), "
-            "MASTER_USE_GTID=slave_pos from the seed's position; START SLAVE",
+            *replication(rt).describe("replica", plan),
         ]
         fence = plan.services.target_fence.enable
         if fence:
@@ -71,7 +67,8 @@ class ReplReplica(Step):
         start_at = saved_from(ctx, SEED_STEP, SEED_POSITION)
         if not start_at:
             raise StepError("no seed position in the journal: the seed did not finish")
-        position = gtid.GtidPosition.parse(str(start_at))
+        rep = replication(rt)
+        position = rep.parse_position(str(start_at))
         tunnel = open_tunnel(ctx, "remote", FORWARD_TUNNEL)
         try:
             ctx.save(TARGET_DB_STARTED, True)
@@ -81,19 +78,18 @@ class ReplReplica(Step):
             conn = rt.db("target")
             try:
                 self._check_target(ctx, conn)
-                switch.set_read_only(conn, True, lock_wait_timeout=plan.cutover.lock_wait_timeout)
-                status = replica.replica_status(conn)
+                rep.set_read_only(conn, True, lock_wait_timeout=plan.cutover.lock_wait_timeout)
+                status = rep.replica_status(conn)
                 if not (ctx.saved(REPLICA_POINTED) and status is not None and status.master_port == tunnel.port):
-                    # Nothing applied yet: the binlog starts where the copy's data does.
-                    replica.start_binlog_at(conn, position)
                     ctx.save(REPLICA_POINTED, True)
-                    replica.point_replica(conn, replica_source(rt, tunnel.port), position)
-                replica.start_replica(conn)
+                    # Nothing applied yet: the change log starts where the copy's data does (seeded).
+                    rep.follow(conn, replica_source(rt, tunnel.port), position, seeded=True)
+                rep.start_replica(conn)
             finally:
                 rt.release(conn)
         except TransportError as exc:
             raise StepError(f"starting the replica: {exc}") from None
-        except gtid.ReplicationError as exc:
+        except ReplicationError as exc:
             raise StepError(f"starting the replica: {exc}") from None
         services = self._start_services(ctx)
         ctx.log.info("repl.replica_started", tunnel=tunnel.name, port=tunnel.port, start_at=str(position))
@@ -102,19 +98,18 @@ class ReplReplica(Step):
         ).journal()
 
     def _check_target(self, ctx: StepContext, conn: Any) -> None:
-        """What preflight could not see while the target was stopped: its own server id and binlog settings."""
+        """What preflight could not see while the target was stopped (MariaDB: its own server id)."""
         rt = runtime(ctx)
-        variables = server_variables(conn)
+        rep = replication(rt)
+        facts = rep.server_facts(conn)
         source = rt.db("source")
         try:
-            source_id = server_variables(source).get("server_id")
+            source_facts = rep.server_facts(source)
         finally:
             rt.release(source)
-        if variables.get("server_id") == source_id:
-            raise StepError(
-                f"the target's server_id is {source_id}, the same as the source's: give it its own (server_id "
-                "in its configuration)"
-            )
+        problems = rep.pair_problems(source_facts, facts)
+        if problems:
+            raise StepError("; ".join(problems))
 
     def _start_services(self, ctx: StepContext) -> list[str]:
         rt = runtime(ctx)
@@ -157,7 +152,7 @@ class ReplReplica(Step):
             try:
                 conn = rt.db("target", retry=False)
                 try:
-                    replica.forget_replication(conn)
+                    replication(rt).forget_replication(conn)
                 finally:
                     rt.release(conn)
             except Exception as exc:  # the database is stopped next anyway: say it, go on

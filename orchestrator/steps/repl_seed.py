@@ -35,12 +35,11 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.contracts import runtime
-from orchestrator.database.mysql import gtid, seed
-from orchestrator.database.protocol import DatabaseError
+from orchestrator.database.protocol import DatabaseError, ReplicationError, SeedKit
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SeedResult
 from orchestrator.steps.common import resolved_datadir, throttle_text
-from orchestrator.steps.repl_common import SEED_POSITION, seed_spec
+from orchestrator.steps.repl_common import SEED_POSITION, replication, seed_spec
 from orchestrator.transports.ssh import TransportError
 from orchestrator.transports.throttle import Thresholds, Throttle, group_marker, live_command
 
@@ -84,11 +83,17 @@ class RedoGuard:
         return None
 
 
-def _spec(ctx: StepContext) -> seed.SeedSpec:
+def _spec(ctx: StepContext) -> Any:
     """The seed acts on each datadir as its host resolves it: with /var/lib/mysql a link to another disk, the copy
     is staged, swapped in and the old one kept beside the directory the link points at; the link stays."""
-    return seed_spec(runtime(ctx).plan, source_datadir=resolved_datadir(ctx, "source"),
+    rt = runtime(ctx)
+    return seed_spec(rt.plan, replication(rt), source_datadir=resolved_datadir(ctx, "source"),
                      target_datadir=resolved_datadir(ctx, "target"))  # fmt: skip
+
+
+def _kit(ctx: StepContext) -> SeedKit:
+    """The engine's seed commands and their parsers."""
+    return replication(runtime(ctx)).seed
 
 
 class ReplSeed(Step):
@@ -96,22 +101,9 @@ class ReplSeed(Step):
     title = "Seed the target: a hot backup of the live source streamed over SSH, prepared and installed"
 
     def describe(self, ctx: StepContext) -> list[str]:
-        plan = runtime(ctx).plan
-        settings = plan.replication
-        throttle = f", --throttle={settings.seed_throttle}" if settings and settings.seed_throttle else ""
-        nice = "nice/ionice, " if settings is None or settings.seed_nice else ""
-        nice += "under nocache where installed, " if plan.transfer.nocache else ""
-        return [
-            f"on the source: mariadb-backup --backup --stream ({nice}--log-copy-interval=10{throttle}) of "
-            f"{plan.database.source.datadir} | ssh {plan.target.address} mbstream -x into "
-            f"{plan.database.target.datadir}.seed (the source keeps serving; its commits wait only during the "
-            "backup's BLOCK_COMMIT stage, measured to the millisecond and reported)",
-            f"on the target (database stopped): mariadb-backup --prepare, then the copy replaces "
-            f"{plan.database.target.datadir} (the old one kept as {plan.database.target.datadir}.before-seed; for a "
-            "datadir that is a symbolic link, the directory it points at is replaced and kept beside itself, the link "
-            "stays)",
-            "journal the copy's GTID position (the replica starts there)",
-        ] + (
+        rt = runtime(ctx)
+        plan = rt.plan
+        return replication(rt).describe("seed", plan) + (
             [
                 f"the backup {throttle_text(plan)} (never once it began locking the source, from BACKUP STAGE FLUSH "
                 f"on; a pause ends once the source wrote {REDO_SHARE:.0%} of its redo log)"
@@ -125,7 +117,7 @@ class ReplSeed(Step):
 
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         rt = runtime(ctx)
-        spec = _spec(ctx)
+        spec, seed = _spec(ctx), _kit(ctx)
         result = SeedResult()
         try:
             if not ctx.saved(INSTALLING):
@@ -147,7 +139,7 @@ class ReplSeed(Step):
             position = seed.parse_backup_position(info)
         except TransportError as exc:
             raise StepError(f"seeding the target: {exc}") from None
-        except gtid.ReplicationError as exc:
+        except ReplicationError as exc:
             raise StepError(f"seeding the target: {exc}") from None
         ctx.save(SEED_POSITION, str(position.gtid))
         result.gtid = str(position.gtid)
@@ -155,8 +147,9 @@ class ReplSeed(Step):
         ctx.log.info("repl.seeded", gtid=result.gtid, bytes=result.bytes, seconds=result.stream_seconds)
         return result.journal()
 
-    def _stream(self, ctx: StepContext, spec: seed.SeedSpec, result: SeedResult) -> None:
+    def _stream(self, ctx: StepContext, spec: Any, result: SeedResult) -> None:
         rt = runtime(ctx)
+        seed = _kit(ctx)
         try:
             result.estimate_bytes = seed.parse_size(rt.source.run(seed.seed_size_command(spec), timeout=600).stdout)
         except (TransportError, ValueError, IndexError):
@@ -175,8 +168,12 @@ class ReplSeed(Step):
                 pct = round(100 * streamed / result.estimate_bytes, 1) if result.estimate_bytes else None
                 ctx.log.info("seed_progress", bytes=streamed, pct=pct)
 
-        password = runtime(ctx).db_password()
-        # The password goes to the script's stdin, which gives it to mariadb-backup alone (database/mysql/seed.py).
+        settings = rt.plan.replication
+        if seed.secret == "replication" and settings is not None:
+            password: str | None = rt.secret(settings.password)
+        else:
+            password = rt.db_password()
+        # The password goes to the script's stdin, which gives it to the backup program alone (the engine's seed).
         stdin = (password or "") + "\n" if spec.password_env else None
         ctx.save(STREAMING, True)
         started = time.monotonic()
@@ -199,7 +196,7 @@ class ReplSeed(Step):
     def _throttled(
         self,
         ctx: StepContext,
-        spec: seed.SeedSpec,
+        spec: Any,
         thresholds: Thresholds,
         line: Callable[[str], None],
         stdin: str | None,
@@ -208,6 +205,7 @@ class ReplSeed(Step):
         """The stream in a process group of its own, paused while the source is loaded or the app slow, within the
         backup's own bounds (its locking stages, its redo log)."""
         rt = runtime(ctx)
+        seed = _kit(ctx)
         marker = group_marker("seed")
         log_path = marker + ".log"
         command = live_command(seed.seed_stream_command(spec, log_path=log_path), nocache=rt.plan.transfer.nocache,
@@ -239,7 +237,7 @@ class ReplSeed(Step):
         rt = runtime(ctx)
         if not (ctx.saved(STREAMING) or ctx.saved(INSTALLING)):
             return
-        spec = _spec(ctx)
+        spec, seed = _spec(ctx), _kit(ctx)
         if ctx.saved(INSTALLING):
             rt.target.run(rt.plan.database.target.stop, timeout=STOP_TIMEOUT)
             if rt.db_answers("target"):

@@ -35,8 +35,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.contracts import runtime
-from orchestrator.database.mysql import gtid, replica, switch
-from orchestrator.database.protocol import DatabaseError
+from orchestrator.database.protocol import (
+    DatabaseError,
+    Position,
+    PositionMismatch,
+    Replication,
+    ReplicationError,
+    Session,
+)
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
 from orchestrator.services import frontdoor, guard, health, probes
@@ -47,7 +53,9 @@ from orchestrator.steps.repl_common import (
     declared_mode,
     mode_reason,
     replica_source,
+    replication,
     reverse_over_replica,
+    server_access,
 )
 from orchestrator.transports.ssh import TransportError
 
@@ -70,12 +78,7 @@ class ReplSwitch(Step):
         fence = plan.services.fence.enable
         return [
             f"on {plan.source.address}: fence the service: {fence}" if fence else "no fence command: read_only only",
-            f"SET GLOBAL read_only = 1 on the source database, waiting at most {c.lock_wait_timeout:g} s per try, "
-            f"{c.lock_attempts} tries (running commits finish; the app's account must not hold READ ONLY ADMIN)",
-            "read the source's final GTID position (journaled)",
-            "on the target: MASTER_GTID_WAIT(final position), bounded by what is left of the budget",
-            "promote the target: STOP SLAVE, proof that it executed exactly the final position, RESET SLAVE ALL, "
-            "read_only = 0 (its services stay fenced until the DNS flip)",
+            *replication(runtime(ctx)).describe("switch", plan),
             *[
                 f"side by side once writes are held: health check {health.check_label(c)} against the fenced "
                 f"target (up to {plan.health.attempts} tries)"
@@ -95,9 +98,10 @@ class ReplSwitch(Step):
         rt = runtime(ctx)
         plan = rt.plan
         window = ctx.window
-        result = SwitchResult(mode_reason=mode_reason("replicate", [], declared_mode(ctx)))
+        rep = replication(rt)
+        result = SwitchResult(mode_reason=mode_reason("replicate", [], declared_mode(ctx), rep.requirements))
         # Connections are opened while writes still flow: connecting is not part of the window.
-        source = rt.db("source", read_timeout=max(plan.database.read_timeout, plan.cutover.lock_wait_timeout + 30))
+        source = self._source(ctx, rep)
         target = rt.db("target", read_timeout=max(plan.database.read_timeout, plan.cutover.max_write_block + 30))
         # And those the window's reads take after the promotion: the SQL health checks, verify_target's positions.
         sql_checks = [c for c in health.checks_for(plan.health, health.INSIDE, replicate=True) if c.kind == "sql"]
@@ -110,17 +114,19 @@ class ReplSwitch(Step):
             if ctx.saved(PROMOTED) or self._already_promoted(ctx, target):
                 ctx.log.info("repl.switch.already_promoted")
             else:
-                failure = replica.replica_status(target)
+                failure = rep.replica_status(target)
                 if ctx.saved(PROMOTING) and failure is not None and not failure.sql_running and not failure.error:
-                    replica.start_replica(target)  # a crash inside the promotion, after its STOP SLAVE
+                    rep.start_replica(target)  # a crash inside the promotion, after its STOP SLAVE
                 if failure is None or failure.error:
                     why = failure.error if failure is not None else "the target is not a replica"
                     raise StepError(f"the replica is not healthy before the window: {why}")
                 if reverse_over_replica(ctx) and not ctx.saved(REPLICA_PORT):
                     ctx.save(REPLICA_PORT, failure.master_port)  # undo makes the old source a replica again
+                if source is not None:
+                    rep.before_window(source)  # before the guard: its deadline counts from its start
                 self._start_guard(ctx)
                 # What the front door's hold needs is read while writes still flow (reads only).
-                ready = frontdoor.prepare_hold(ctx, source_serves_reads=True)
+                ready = frontdoor.prepare_hold(ctx, source_serves_reads=not rep.source_stops)
                 began = time.monotonic()
                 if frontdoor.holds_from_source(ctx, ready):
                     assert ready is not None
@@ -156,7 +162,7 @@ class ReplSwitch(Step):
             result.writes_blocked_at = window.begin(float(ctx.saved(WRITES_BLOCKED_AT)))
             result.final_gtid = result.final_gtid or ctx.saved(FINAL_GTID)
             result.executed_gtid = result.executed_gtid or ctx.saved(PROMOTED)
-        except gtid.ReplicationError as exc:
+        except ReplicationError as exc:
             window.check("the switch")
             raise StepError(f"the switch: {exc}") from None
         except DatabaseError as exc:
@@ -164,7 +170,8 @@ class ReplSwitch(Step):
             raise StepError(f"the switch: {exc}") from None
         finally:
             checking.shutdown(wait=True)
-            rt.release(source)
+            if source is not None:
+                rt.release(source)
             rt.release(target)
         ctx.log.info(
             "repl.switched", final=result.final_gtid, wait_s=result.wait_seconds, total_s=result.switch_seconds
@@ -182,7 +189,7 @@ class ReplSwitch(Step):
         checking: ThreadPoolExecutor,
         result: SwitchResult,
         began: float,
-    ) -> tuple[float, Future[tuple[dict[str, int], list[str], float]], gtid.GtidPosition]:
+    ) -> tuple[float, Future[tuple[dict[str, int], list[str], float]], Position]:
         """The hold from here (its own round trips), then the app's fence and the database's read_only side by
         side: either blocks writes, and the fence's SSH round trip need not come before the database's."""
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fence") as pool:
@@ -198,6 +205,15 @@ class ReplSwitch(Step):
                 raise fence_failure
             result.fence_seconds = fenced.result()
         return blocked_at, checks, final
+
+    def _source(self, ctx: StepContext, rep: Replication) -> Session | None:
+        """The source's session; None for a source this switch already stopped (a re-entered switch of an engine
+        whose switch stops it: its final position is read from its files then)."""
+        rt = runtime(ctx)
+        plan = rt.plan
+        if rep.source_stops and ctx.saved(WRITES_BLOCKED_AT) and not rt.db_answers("source"):
+            return None
+        return rt.db("source", read_timeout=max(plan.database.read_timeout, plan.cutover.lock_wait_timeout + 30))
 
     def _start_guard(self, ctx: StepContext) -> None:
         """Before the window, the guard on the source (steps/source_guard.py), as in the shutdown mode: should this
@@ -228,9 +244,10 @@ class ReplSwitch(Step):
         ctx.save(SOURCE_READ_ONLY, True)
         ctx.window.begin(blocked_at)
         # The front door holds new requests before the fence and read_only would refuse them (plan section `proxy`);
-        # the source database goes on serving reads.
+        # the source database goes on serving reads, unless the engine's switch stops it (it holds reads too then).
         if hold:
-            frontdoor.hold_source(ctx, blocked_at, source_serves_reads=True, ready=ready)
+            stops = replication(runtime(ctx)).source_stops
+            frontdoor.hold_source(ctx, blocked_at, source_serves_reads=not stops, ready=ready)
         return blocked_at
 
     def _window_checks(self, ctx: StepContext) -> tuple[dict[str, int], list[str], float]:
@@ -267,20 +284,19 @@ class ReplSwitch(Step):
         ctx.log.info("repl.switch.fenced", fence=bool(fence), seconds=seconds)
         return seconds
 
-    def _wait_and_promote(
-        self, ctx: StepContext, target: Any, final: gtid.GtidPosition, result: SwitchResult
-    ) -> gtid.GtidPosition:
+    def _wait_and_promote(self, ctx: StepContext, target: Any, final: Position, result: SwitchResult) -> Position:
         """The replica's wait and its promotion with proof. Usually one round trip: the replica reaches the final
         position within a first slice of the wait and is promoted in the same compound statement
         (switch.wait_and_promote). Else the wait goes on in slices that notice a broken replica, then the promotion
         as its own statements. `promoting` is journaled before each action that may promote."""
         window = ctx.window
         budget = runtime(ctx).plan.cutover.max_write_block
+        rep = replication(runtime(ctx))
         window.check("promoting the replica")
         ctx.save(PROMOTING, True)
         started = time.monotonic()
         try:
-            first = switch.wait_and_promote(target, final, min(replica.WAIT_SLICE, window.timeout() or budget))
+            first = rep.wait_and_promote(target, final, min(rep.wait_slice, window.timeout() or budget))
             if first.promoted:
                 result.wait_seconds = round(first.waited, 3)
                 result.promote_seconds = round(time.monotonic() - started - first.waited, 3)
@@ -288,7 +304,7 @@ class ReplSwitch(Step):
             # Not reached within the slice: nothing changed on the target, which the journal says again (its undo
             # need not touch a target that was never promoted), until the promotion below.
             ctx.save(PROMOTING, False)
-            waited = replica.wait_for_position(target, final, window.timeout() or budget)
+            waited = rep.wait_for_position(target, final, window.timeout() or budget)
             result.wait_seconds = round(time.monotonic() - started, 3)
             if waited.outcome == "replica_failed":
                 raise StepError(f"the replica stopped inside the window: {waited.error}")
@@ -298,29 +314,32 @@ class ReplSwitch(Step):
             window.check("promoting the replica")
             ctx.save(PROMOTING, True)
             promoted = time.monotonic()
-            executed = switch.promote(target, expected=final)
+            executed = rep.promote(target, final)
             result.promote_seconds = round(time.monotonic() - promoted, 3)
             return executed
-        except gtid.PositionMismatch as exc:
+        except PositionMismatch as exc:
             raise StepError(f"not promoted: {exc}") from None
 
-    def _read_only(self, ctx: StepContext, source: Any) -> tuple[float, gtid.GtidPosition]:
+    def _read_only(self, ctx: StepContext, source: Any) -> tuple[float, Position]:
         """read_only on the source, each try bounded by the budget, retried with backoff like the lock; with it, in
         the same round trip, the source's final position (read once read_only is set)."""
         c = runtime(ctx).plan.cutover
+        rep = replication(runtime(ctx))
         window = ctx.window
         started = time.monotonic()
         delay = c.lock_retry_backoff
         for attempt in range(1, c.lock_attempts + 1):
             window.check(f"setting read_only on the source (try {attempt})")
             try:
-                final = switch.read_only_and_position(
-                    source, lock_wait_timeout=min(c.lock_wait_timeout, window.timeout() or 1.0)
+                final = rep.stop_writes(
+                    source,
+                    lock_wait_timeout=min(c.lock_wait_timeout, window.timeout() or 1.0),
+                    server=server_access(runtime(ctx), "source"),
                 )
                 seconds = round(time.monotonic() - started, 3)
                 ctx.log.info("repl.switch.source_read_only", attempt=attempt, seconds=seconds)
                 return seconds, final
-            except gtid.ReplicationError as exc:
+            except ReplicationError as exc:
                 ctx.log.warning("repl.switch.read_only_wait_timeout", attempt=attempt, error=str(exc))
                 if attempt == c.lock_attempts:
                     raise StepError(
@@ -332,7 +351,7 @@ class ReplSwitch(Step):
                 delay *= 2
         raise AssertionError("unreachable")
 
-    def _final_position(self, ctx: StepContext, final: gtid.GtidPosition) -> None:
+    def _final_position(self, ctx: StepContext, final: Position) -> None:
         """The source's last position, read once it is read-only: journaled before the target waits for it."""
         ctx.save(FINAL_GTID, str(final))
         ctx.log.info("repl.switch.final_position", gtid=str(final))
@@ -343,9 +362,10 @@ class ReplSwitch(Step):
         final = ctx.saved(FINAL_GTID)
         if not (ctx.saved(PROMOTING) and final):
             return False
-        if replica.replica_status(target) is not None or switch.is_read_only(target):
+        rep = replication(runtime(ctx))
+        if rep.replica_status(target) is not None or rep.is_read_only(target):
             return False
-        return gtid.same_position(gtid.GtidPosition.parse(str(final)), gtid.gtid_slave_pos(target))
+        return rep.same_position(rep.parse_position(str(final)), rep.executed_position(target))
 
     def undo(self, ctx: StepContext) -> None:
         """The target read-only again (it must not take writes), the source writable again, its fence lifted.
@@ -358,11 +378,12 @@ class ReplSwitch(Step):
         # Held requests wait while the source takes writes again (the hold is stretched), then go to it.
         frontdoor.keep_holding_for_rollback(ctx)
         failures: list[str] = []
+        rep = replication(rt)
         if ctx.saved(PROMOTING):
             try:
                 conn = rt.db("target", retry=False)
                 try:
-                    switch.set_read_only(conn, True, lock_wait_timeout=plan.cutover.lock_wait_timeout)
+                    rep.set_read_only(conn, True, lock_wait_timeout=plan.cutover.lock_wait_timeout)
                 finally:
                     rt.release(conn)
             except Exception as exc:
@@ -373,10 +394,13 @@ class ReplSwitch(Step):
             except Exception as exc:
                 failures.append(f"making the old source a replica of the target again: {exc}")
         if ctx.saved(SOURCE_READ_ONLY) or ctx.saved(WRITES_BLOCKED_AT):
+            if rep.source_stops and not rt.db_answers("source"):
+                rt.source.run(plan.database.source.start, timeout=FENCE_TIMEOUT)  # the switch stopped it
+                ctx.log.info("repl.switch.undo.source_started")
             conn = rt.db("source")
             try:
-                if switch.is_read_only(conn):
-                    switch.set_read_only(conn, False, lock_wait_timeout=plan.cutover.lock_wait_timeout)
+                if rep.is_read_only(conn):
+                    rep.set_read_only(conn, False, lock_wait_timeout=plan.cutover.lock_wait_timeout)
                     ctx.log.info("repl.switch.undo.source_writable")
             finally:
                 rt.release(conn)
@@ -395,15 +419,16 @@ class ReplSwitch(Step):
         position when the promotion had forgotten its replication, so the reverse path stays as the forward run
         keeps it (a later `migrate rollback` can go back over it)."""
         rt = runtime(ctx)
+        rep = replication(rt)
         conn = rt.db("target", retry=False)
         try:
-            status = replica.replica_status(conn)
+            status = rep.replica_status(conn)
             port, final = ctx.saved(REPLICA_PORT), ctx.saved(FINAL_GTID)
             if status is None and port and final:
-                replica.point_replica(conn, replica_source(rt, int(port)), gtid.GtidPosition.parse(str(final)))
-                status = replica.replica_status(conn)
+                rep.follow(conn, replica_source(rt, int(port)), rep.parse_position(str(final)), seeded=False)
+                status = rep.replica_status(conn)
             if status is not None and not status.replicating and not status.error:
-                replica.start_replica(conn)
+                rep.start_replica(conn)
                 ctx.log.info("repl.switch.undo.replicating_again")
         finally:
             rt.release(conn)

@@ -23,8 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.contracts import Which, runtime
-from orchestrator.database.mysql import gtid
-from orchestrator.database.mysql import session as mysql
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.plan.model import FileTree, Plan
@@ -33,7 +31,7 @@ from orchestrator.services import audit, health, replica_audit
 from orchestrator.services.tracking import verify_listed_command
 from orchestrator.steps.common import window_route
 from orchestrator.steps.modes import REPLICATE, SHUTDOWN, CutoverMode
-from orchestrator.steps.repl_common import SWITCH_STEP
+from orchestrator.steps.repl_common import SWITCH_STEP, replication
 from orchestrator.transports import rsync
 from orchestrator.transports.rsync_daemon import DaemonRoute
 from orchestrator.transports.ssh import TransportError
@@ -224,7 +222,8 @@ class VerifyTarget(Step):
                     ctx.log.warning("early_positions_failed", error=str(exc))
         if not final_text:
             return {}, ["no final GTID position recorded by the switch"]
-        final = gtid.GtidPosition.parse(str(final_text))
+        rep = replication(rt)
+        final = rep.parse_position(str(final_text))
         timeout = ctx.window.timeout(rt.plan.database.read_timeout)
 
         held: dict[str, Any] = {}
@@ -235,12 +234,13 @@ class VerifyTarget(Step):
             then keeps: no round trip and no connection of its own."""
             problems: list[str] = []
 
-            with_snapshot = which == "target" and self.audit_wanted(ctx)
+            # A stopped source is not compared after the commit (the mode's audit says why): no snapshot for it.
+            with_snapshot = which == "target" and self.audit_wanted(ctx) and not rep.source_stops
 
-            def _position(conn: Any) -> gtid.GtidPosition:
+            def _position(conn: Any) -> Any:
                 if which == "source":
-                    return gtid.gtid_binlog_pos(conn)
-                return self._snapshot_and_position(ctx, conn) if with_snapshot else gtid.gtid_current_pos(conn)
+                    return rep.write_position(conn)
+                return self._snapshot_and_position(ctx, conn) if with_snapshot else rep.current_position(conn)
 
             try:
                 # The spare opened before the window, unpinged: the read itself is the check (one round trip).
@@ -268,16 +268,19 @@ class VerifyTarget(Step):
             except DatabaseError as exc:
                 ctx.window.check("comparing GTID positions")
                 return [f"reading the {which}'s GTID position: {exc}"]
-            if not gtid.same_position(final, now):
+            if not rep.same_position(final, now):
                 problems.append(f"the {which} stands at GTID {now or 'nothing'}, not the final position {final}")
             return problems
 
+        # A source the switch stopped (its final position is its clean shutdown's, proven by the promotion) is not
+        # read: only the target's position is.
+        sides: tuple[Which, ...] = ("target",) if rep.source_stops else ("source", "target")
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gtid") as pool:
-            futures = [pool.submit(contextvars.copy_context().run, _read, which) for which in ("source", "target")]
+            futures = [pool.submit(contextvars.copy_context().run, _read, which) for which in sides]
             problems = [problem for future in futures for problem in future.result()]
         return held, problems
 
-    def _snapshot_and_position(self, ctx: StepContext, conn: Any) -> gtid.GtidPosition:
+    def _snapshot_and_position(self, ctx: StepContext, conn: Any) -> Any:
         """The audit's snapshot and the target's position in one round trip (`_snapshot_open` says it opened); a
         server that refuses the compound statement (an SQL error, the connection fine) gets the position alone,
         and the snapshot is then opened apart."""
@@ -285,13 +288,14 @@ class VerifyTarget(Step):
         window = ctx.window
         window.check("opening the target's snapshot for the audit")
         try:
-            with mysql.read_timeout(conn, window.timeout(runtime(ctx).plan.database.read_timeout)):
+            rt = runtime(ctx)
+            with rt.database.bounded(conn, window.timeout(rt.plan.database.read_timeout)):
                 now = replica_audit.open_target_snapshot_at_position(conn)
         except DatabaseError as exc:
             if exc.connection_lost:
                 raise
             ctx.log.warning("audit_snapshot_apart", error=str(exc))
-            return gtid.gtid_current_pos(conn)
+            return replication(runtime(ctx)).current_position(conn)
         self._snapshot_open = True
         return now
 

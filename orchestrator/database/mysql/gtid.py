@@ -13,15 +13,11 @@ from dataclasses import dataclass
 import pymysql
 
 from orchestrator.database.mysql.session import db_error
-from orchestrator.database.protocol import Session
 
+# The replicate mode's errors are the seam's (every engine raises them); named here too for this package's modules.
+from orchestrator.database.protocol import PositionMismatch, ReplicationError, Session
 
-class ReplicationError(Exception):
-    """A replication operation failed; the message is one line, with the server's own words and no secret."""
-
-
-class PositionMismatch(ReplicationError):
-    """The replica did not execute exactly the source's final position: it was not promoted."""
+__all__ = ["PositionMismatch", "ReplicationError"]
 
 
 # --- GTID positions ---------------------------------------------------------------------------------------------

@@ -5,14 +5,14 @@ SLAVE, SHOW SLAVE STATUS parsed, MASTER_GTID_WAIT in slices that notice a broken
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, cast
 
 import pymysql
 
 from orchestrator.database.mysql.gtid import GtidPosition, ReplicationError, _run, _scalar, gtid_slave_pos
 from orchestrator.database.mysql.session import db_error, read_timeout
-from orchestrator.database.protocol import Session
+from orchestrator.database.protocol import ReplicaSource, Session
 from orchestrator.secrets import redact, register
 
 # How long one MASTER_GTID_WAIT call may block before the replica's health is looked at again.
@@ -20,18 +20,6 @@ WAIT_SLICE = 0.5
 
 
 # --- the replica ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReplicaSource:
-    """Where a replica reads from (through a tunnel: 127.0.0.1 and the tunnel's port)."""
-
-    host: str
-    port: int
-    user: str
-    password: str = field(repr=False)
-    connect_retry: int = 1
-    heartbeat_period: float = 1.0
 
 
 def start_binlog_at(conn: Session, position: GtidPosition) -> None:

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.contracts import StepRuntime, runtime
+from orchestrator.database.engines import open_engine
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import Plan
 from orchestrator.results import AuditResult, StartTargetResult, SwitchResult, VerifyResult
@@ -20,7 +21,7 @@ from orchestrator.services import audit, estimates, health, replica_audit
 from orchestrator.services.health import HealthCheck
 from orchestrator.steps.common import COMMAND_TIMEOUT, run_services
 from orchestrator.steps.modes.base import AuditKit, CutoverMode, FinishKit, VerifyKit, with_door
-from orchestrator.steps.repl_common import REPLICA_STEP, SWITCH_STEP, TORN_DOWN
+from orchestrator.steps.repl_common import REPLICA_STEP, SWITCH_STEP, TORN_DOWN, replication
 
 
 class Replicate(CutoverMode):
@@ -75,8 +76,7 @@ class Replicate(CutoverMode):
         )  # fmt: skip
         return [
             *lines,
-            "GTID positions: the source still at its final position, the target executed exactly it "
-            "(the database was compared before the window; nothing inside it reads whole tables)",
+            *replication(runtime(ctx)).describe("positions", runtime(ctx).plan),
             *snapshot,
             *trees,
         ]
@@ -122,27 +122,29 @@ class Replicate(CutoverMode):
         ]
 
     def audit(self, ctx: StepContext, kit: AuditKit, held: audit.Held) -> AuditResult:
+        if replication(runtime(ctx)).source_stops:
+            # Nothing to compare against: the source was stopped inside the window and follows the target by now.
+            return AuditResult(method="chunks", status="not_run", reason=(
+                "the source was stopped cleanly inside the window: the promotion proved the target replayed every "
+                "WAL record it wrote, its shutdown checkpoint included, and the tables were compared in chunks "
+                "before the window"))  # fmt: skip
         return kit.audit_chunks(ctx, held)
 
     # -- finish (a forward run)
     def describe_finish(self, plan: Plan) -> list[str]:
         keep = plan.replication.keep_reverse if plan.replication else 0.0
-        lines = [
-            "reverse replication: ssh -L on the source reaches the target's database; the old source (read-only) "
-            "becomes a GTID replica of the target from the switch's final position, and catches up"
-        ]
+        found = open_engine(plan.database.engine).replication()
+        reverse, ends = found.describe("finish", plan) if found is not None else ["", ""]
+        lines = [reverse]
         if keep:
             lines.append(
                 f"keep that reverse path {keep:g} s (replication.keep_reverse) after the run: meanwhile `migrate "
                 "rollback` moves back through it losing nothing, `migrate status` shows its lag, `migrate finish` "
-                "ends it (STOP SLAVE, RESET SLAVE ALL: master.info, which holds the password, deleted; tunnels "
-                "ended)"
+                f"ends it ({ends}; tunnels ended)"
             )
         else:
-            lines.append(
-                "then tear replication down on both sides (replication.keep_reverse 0): STOP SLAVE, RESET SLAVE "
-                "ALL (master.info, which holds the password, deleted), tunnels ended"
-            )
+            lines.append(f"then tear replication down on both sides (replication.keep_reverse 0): {ends}, tunnels "
+                         "ended")  # fmt: skip
         return lines
 
     def reverse_path(self, ctx: StepContext, kit: FinishKit) -> dict[str, Any] | None:

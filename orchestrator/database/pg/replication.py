@@ -1,0 +1,485 @@
+"""PostgreSQL's replica control behind the seam's `Replication` protocol: a physical streaming standby, seeded by
+pg_basebackup (seed.py), its source's server stopped cleanly inside the window and the standby promoted with proof.
+
+Positions are WAL positions (`transports.postgres.Lsn`). The switch, in the order the steps call it:
+
+1. `before_window`: a CHECKPOINT on the source, so the clean shutdown inside the window has little to flush;
+2. `stop_writes`: the application's roles fenced (marked, NOLOGIN, their sessions ended: transports/postgres.fence),
+   then the plan's stop command (a clean fast shutdown: the walsender streams every WAL record up to and including
+   the shutdown checkpoint to the standby before the server exits), then pg_controldata: "shut down", and the
+   final position is just past that checkpoint's record (nothing of the source's can follow it);
+3. `wait_and_promote`: the standby replayed up to the final position (the shutdown checkpoint included), then
+   `pg_promote(wait => true)` with its proof (out of recovery, the timeline went up by one, the replayed position at
+   or past the final one) and the fence, which came with the WAL, lifted there (the app's own target fence still
+   holds writes until the commit).
+
+Since the source's last record is its shutdown checkpoint and the standby replayed it before branching off, the old
+primary can follow the new one without pg_rewind (`follow` of a stopped server checks its clean shutdown first; the
+new timeline's branch point is then proven by the standby replaying on it).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import psycopg
+from psycopg import sql
+
+from orchestrator.database.pg import compare
+from orchestrator.database.pg.seed import BIN_DIR, PgSeed, PgSeedSpec
+from orchestrator.database.protocol import (
+    Comparison,
+    DatabaseError,
+    PositionMismatch,
+    ReplicaSource,
+    ReplicationError,
+    SeedKit,
+    ServerAccess,
+    Session,
+)
+from orchestrator.secrets import register
+from orchestrator.transports import postgres as pg
+
+SLOT_PREFIX = "migrate_"
+REVERSE_SLOT = "migrate_reverse"
+STOP_TIMEOUT = 300.0
+
+
+def _raw(session: Session) -> psycopg.Connection[Any]:
+    return cast("psycopg.Connection[Any]", session)
+
+
+def _scalar(session: Session, query: str | sql.Composable, args: Any = None) -> Any:
+    with session.cursor() as cur:
+        cur.execute(query, args)
+        row = cur.fetchone()
+    return None if row is None else row[0]
+
+
+def _lsn(value: Any) -> pg.Lsn:
+    return pg.Lsn.parse(str(value)) if value else pg.Lsn(0)
+
+
+def slot_name(plan_name: str) -> str:
+    """The forward standby's slot on the source: ours by its prefix, the plan's by its name (63 bytes at most)."""
+    return (SLOT_PREFIX + re.sub(r"[^a-z0-9_]", "_", plan_name.lower()))[:63]
+
+
+@dataclass(frozen=True)
+class PgReplicaStatus:
+    """A standby's state: its WAL receiver (pg_stat_wal_receiver) and its replay."""
+
+    io_running: str  # the WAL receiver's status ("streaming", "starting", ...) or "No" when it does not run
+    sql_running: bool  # replay not paused
+    seconds_behind: int | None
+    gtid_io_pos: pg.Lsn  # received up to
+    master_port: int  # the port the receiver reads its primary through (the tunnel's)
+    replay: pg.Lsn
+
+    @property
+    def replicating(self) -> bool:
+        return self.io_running == "streaming" and self.sql_running
+
+    @property
+    def error(self) -> str | None:
+        return None  # a standby keeps retrying its primary; its errors are in its log, the lag says the rest
+
+
+@dataclass(frozen=True)
+class PgWait:
+    outcome: str
+    waited: float
+    position: pg.Lsn
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class PgPromotion:
+    reached: bool
+    promoted: bool
+    executed: pg.Lsn
+    waited: float
+
+
+class PgReplication:
+    """Streaming replication between two PostgreSQL clusters of one major version (13 and later; proven on the
+    lab with 15)."""
+
+    wait_slice = 0.5
+    requirements = (
+        "wal_level replica, WAL senders and slots, pg_hba.conf letting the replication account in through the "
+        "tunnel, one major version; the source is stopped cleanly inside the window and its standby promoted"
+    )
+    source_stops = True
+
+    def __init__(self) -> None:
+        self.seed: SeedKit = PgSeed()
+
+    def describe(self, part: str, plan: Any) -> list[str]:
+        settings = plan.replication
+        db = plan.database
+        user = settings.user if settings else "(replication.user)"
+        if part == "seed":
+            return [
+                f"on the source: ssh -R 127.0.0.1:<random port>:… {plan.target.address} (for this command only), "
+                f"and there: the password of {user} into {db.target.datadir}.pgpass (0600, from stdin), then "
+                f"pg_basebackup -X stream -C -S {slot_name(plan.name)} -R -c fast into {db.target.datadir}.seed (a "
+                "slot on the source keeps the WAL the standby needs; the source keeps serving, nothing is locked)",
+                f"on the target (database stopped): the copy replaces {db.target.datadir} (the old one kept as "
+                f"{db.target.datadir}.before-seed)",
+                "journal the copy's WAL position (backup_label)",
+            ]
+        if part == "replica":
+            return [
+                f"on the target: start the database ({db.target.start}): a hot standby (standby.signal), read-only",
+                f"ALTER SYSTEM SET primary_conninfo to 127.0.0.1:<tunnel port> as {user} (the password file named, "
+                "never the password), reloaded: it streams from the source",
+            ]
+        if part == "compare":
+            rows = settings.chunk_rows if settings else 2000
+            return [
+                f"compare every table in chunks of {rows} rows (count and sum of row hashes): each chunk read on the "
+                "source with its WAL position, the standby waited for until it replayed it, the chunk read there; "
+                "a chunk that differs is read again (up to 5 times), then stops the run naming the table and chunk"
+            ]
+        if part == "switch":
+            return [
+                "before the window: CHECKPOINT on the source (its shutdown inside the window has little to flush)",
+                "on the source database: the app's roles marked, NOLOGIN, their sessions ended (pg_terminate_backend)",
+                f"stop the source's server cleanly ({db.source.stop}): its last WAL record, the shutdown checkpoint, "
+                "streamed to the standby; pg_controldata: the final position just past it (journaled)",
+                "on the target: wait until it replayed the final position, bounded by what is left of the budget",
+                "promote the target: pg_promote(wait => true), proof (out of recovery, timeline + 1, replayed up to "
+                "the final position), the roles' fence lifted there (its services stay fenced until the commit)",
+            ]
+        if part == "positions":
+            return [
+                "WAL positions: the target replayed the source's last record (its shutdown checkpoint, proven by the "
+                "promotion); the stopped source is not read (the tables were compared before the window)"
+            ]
+        if part == "finish":
+            return [
+                "the old primary follows the new one: checked shut down cleanly (pg_controldata), its password file, "
+                "primary_conninfo through ssh -L on the source, recovery_target_timeline latest, a slot on the new "
+                "primary, standby.signal, started: it replays the new timeline, no pg_rewind",
+                "the standby's primary_conninfo reset, the unused slots dropped",
+            ]
+        return []
+
+    # --- can this pair replicate? ---
+
+    def programs(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        return ()  # the server's own programs (the installed major is preflight's check)
+
+    def server_facts(self, conn: Session) -> dict[str, str]:
+        """The settings replication needs, and the replication roles pg_hba.conf lets in from 127.0.0.1 (the
+        tunnel's end)."""
+        row = _raw(conn).execute(pg.FACTS_SQL).fetchone()
+        if row is None:
+            raise ReplicationError("the server returned no settings")
+        roles = [str(r[0]) for r in _raw(conn).execute("SELECT rolname FROM pg_roles WHERE rolreplication")]
+        allowed = [role for role in roles if _scalar(conn, pg.HBA_SQL, (role,))]
+        return {
+            "major": str(row[0]),
+            "wal_level": str(row[1]),
+            "max_wal_senders": str(row[2]),
+            "max_replication_slots": str(row[3]),
+            "data_checksums": "on" if row[4] else "off",
+            "wal_log_hints": "on" if row[5] else "off",
+            "data_directory": str(row[6]),
+            "hba_replication_roles": ",".join(allowed),
+        }
+
+    @staticmethod
+    def _facts(found: dict[str, str], user: str) -> pg.ServerFacts:
+        return pg.ServerFacts(
+            major=int(found.get("major") or 0),
+            wal_level=found.get("wal_level", ""),
+            max_wal_senders=int(found.get("max_wal_senders") or 0),
+            max_replication_slots=int(found.get("max_replication_slots") or 0),
+            data_checksums=found.get("data_checksums") == "on",
+            wal_log_hints=found.get("wal_log_hints") == "on",
+            hba_replication=user in found.get("hba_replication_roles", "").split(","),
+            data_directory=found.get("data_directory", ""),
+        )
+
+    def problems(
+        self, plan: Any, source: dict[str, str] | None, target: dict[str, str] | None, programs: dict[str, bool]
+    ) -> list[str]:
+        problems: list[str] = []
+        if plan.replication is None:
+            problems.append("the plan has no replication section (user, password)")
+        for name, present in sorted(programs.items()):
+            if not present:
+                problems.append(f"{name} is not installed")
+        if source is None:
+            problems.append("the source database did not answer")
+            return problems
+        user = plan.replication.user if plan.replication is not None else ""
+        other = int(target["major"]) if target and target.get("major") else None
+        problems += [f"the source: {p}" for p in self._facts(source, user).problems(other_major=other)]
+        return problems
+
+    def pair_problems(self, source: dict[str, str], target: dict[str, str]) -> list[str]:
+        if source.get("major") != target.get("major"):
+            return [f"major versions differ (source {source.get('major')}, target {target.get('major')})"]
+        return []
+
+    def seed_spec(
+        self,
+        plan: Any,
+        *,
+        source_datadir: str,
+        target_datadir: str,
+        ssh_to_target: tuple[str, ...],
+        password_env: str | None,
+    ) -> PgSeedSpec:
+        settings = plan.replication
+        assert settings is not None
+        far = settings.source or plan.database.source
+        return PgSeedSpec(
+            source_datadir=source_datadir,
+            target_datadir=target_datadir,
+            ssh_to_target=ssh_to_target,
+            source_host=far.host,
+            source_port=far.port,
+            repl_user=settings.user,
+            slot=slot_name(plan.name),
+        )
+
+    # --- positions ---
+
+    def parse_position(self, text: str | None) -> pg.Lsn:
+        return _lsn(text)
+
+    def same_position(self, final: pg.Lsn, executed: pg.Lsn) -> bool:
+        """`final` lies just past the source's last record (its shutdown checkpoint): a standby that replayed that
+        record stands there, and nothing of the source's can lie beyond it."""
+        return executed.value > 0 and executed >= final
+
+    def write_position(self, conn: Session) -> pg.Lsn:
+        if pg.in_recovery(_raw(conn)):
+            return pg.replay_lsn(_raw(conn)) or pg.Lsn(0)
+        return pg.current_wal_lsn(_raw(conn))
+
+    def current_position(self, conn: Session) -> pg.Lsn:
+        """What the server's data stands at: its replay position (static once promoted: the promotion's proof
+        reads it) or, for a server never in recovery, its write position."""
+        replayed = pg.replay_lsn(_raw(conn))
+        return replayed if replayed is not None else pg.current_wal_lsn(_raw(conn))
+
+    def executed_position(self, conn: Session) -> pg.Lsn:
+        return pg.replay_lsn(_raw(conn)) or pg.Lsn(0)
+
+    # --- the replica ---
+
+    def replica_status(self, conn: Session) -> PgReplicaStatus | None:
+        raw = _raw(conn)
+        if not pg.in_recovery(raw):
+            return None
+        row = raw.execute(
+            "SELECT r.status, r.sender_port, r.flushed_lsn::text, pg_is_wal_replay_paused(),"
+            " pg_last_wal_replay_lsn()::text, pg_last_wal_receive_lsn()::text,"
+            " extract(epoch FROM now() - pg_last_xact_replay_timestamp())::int"
+            " FROM (SELECT 1) one LEFT JOIN pg_stat_wal_receiver r ON true"
+        ).fetchone()
+        assert row is not None
+        status, port, flushed, paused, replay, received, behind = row
+        replayed, got = _lsn(replay), _lsn(flushed or received)
+        caught_up = got.value > 0 and replayed >= got
+        return PgReplicaStatus(
+            io_running=str(status) if status else "No",
+            sql_running=not bool(paused),
+            seconds_behind=0 if caught_up else (None if behind is None else int(behind)),
+            gtid_io_pos=got,
+            master_port=int(port or 0),
+            replay=replayed,
+        )
+
+    def follow(
+        self,
+        conn: Session | None,
+        source: ReplicaSource,
+        start_at: pg.Lsn,
+        *,
+        seeded: bool,
+        server: ServerAccess | None = None,
+        primary: Session | None = None,
+    ) -> None:
+        """A running standby: its primary_conninfo set to `source` (the tunnel's end; the password file beside its
+        data directory, written by the seed) and reloaded. A stopped server (an old primary): checked shut down
+        cleanly, its password file written, then it starts as a standby of `source` on the latest timeline, from a
+        slot on `primary`."""
+        register(source.password)
+        if conn is not None:
+            datadir = str(_scalar(conn, "SHOW data_directory"))
+            conninfo = pg.primary_conninfo(source.host, source.port, source.user, pg.Cluster(datadir, 0).passfile,
+                                           "migrate_standby")  # fmt: skip
+            raw = _raw(conn)
+            raw.execute(sql.SQL("ALTER SYSTEM SET primary_conninfo = {}").format(sql.Literal(conninfo)))
+            raw.execute("SELECT pg_reload_conf()")
+            return
+        if server is None:
+            raise ReplicationError("the server to make a standby does not run, and where it runs was not given")
+        if primary is not None:
+            pg.create_slot(_raw(primary), REVERSE_SLOT)
+        self._follow_stopped(server, source)
+
+    def _follow_stopped(self, server: ServerAccess, source: ReplicaSource) -> None:
+        cluster = pg.Cluster(server.datadir.rstrip("/"), 0)
+        data = shlex.quote(cluster.data_dir)
+        control = server.host.run(
+            f'B={BIN_DIR}; LC_ALL=C runuser -u postgres -- "$B/pg_controldata" -D {data}', timeout=60
+        ).stdout
+        old = pg.parse_controldata(control)
+        if not old.clean:
+            raise ReplicationError(
+                f"the old primary was not shut down cleanly (state: {old.state}): it cannot follow without pg_rewind"
+            )
+        line = pg.passfile_line("127.0.0.1", source.user, source.password)
+        server.host.run(pg.passfile_command(cluster), input=line, timeout=60)
+        conninfo = pg.primary_conninfo(source.host, source.port, source.user, cluster.passfile, "migrate_old_primary")
+        settings = [
+            f"primary_conninfo = '{_conf_quote(conninfo)}'",
+            "recovery_target_timeline = 'latest'",
+            f"primary_slot_name = '{REVERSE_SLOT}'",
+        ]
+        auto = shlex.quote(cluster.data_dir + "/postgresql.auto.conf")
+        signal = shlex.quote(cluster.data_dir + "/standby.signal")
+        lines = "".join(f"{s}\n" for s in settings)
+        server.host.run(
+            f"set -e; printf %s {shlex.quote(lines)} >> {auto}; touch {signal}; chown postgres {auto} {signal}; "
+            f"{server.start}",
+            timeout=STOP_TIMEOUT,
+        )
+
+    def start_replica(self, conn: Session) -> None:
+        if pg.in_recovery(_raw(conn)):
+            _raw(conn).execute("SELECT pg_wal_replay_resume()")
+
+    def stop_replica(self, conn: Session) -> None:
+        _raw(conn).execute("SELECT pg_wal_replay_pause()")
+
+    def forget_replication(self, conn: Session) -> None:
+        """A standby stops following (its primary_conninfo reset, reloaded: the receiver exits; it stays a
+        read-only standby); on any server, the slots this tool made that nobody uses are dropped (a forgotten slot
+        keeps WAL forever)."""
+        raw = _raw(conn)
+        if pg.in_recovery(raw):
+            raw.execute("ALTER SYSTEM RESET primary_conninfo")
+            raw.execute("SELECT pg_reload_conf()")
+        raw.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+            " WHERE slot_name LIKE %s AND NOT active",
+            (SLOT_PREFIX.replace("_", "\\_") + "%",),
+        )
+
+    def wait_for_position(self, conn: Session, wanted: pg.Lsn, timeout: float) -> PgWait:
+        started = time.monotonic()
+        raw = _raw(conn)
+        if not pg.in_recovery(raw):
+            return PgWait("replica_failed", 0.0, pg.Lsn(0), "the server is not a standby")
+        waited = pg.wait_for_replay(raw, wanted, timeout)
+        position = waited.position or pg.Lsn(0)
+        if waited.reached:
+            return PgWait("reached", time.monotonic() - started, position)
+        return PgWait("timed_out", time.monotonic() - started, position)
+
+    # --- the switch ---
+
+    def is_read_only(self, conn: Session) -> bool:
+        raw = _raw(conn)
+        return pg.in_recovery(raw) or bool(pg.marked_roles(raw))
+
+    def set_read_only(self, conn: Session, on: bool, *, lock_wait_timeout: float) -> None:
+        """A standby takes no writes whatever this says; a primary's application roles fenced (on) or let in."""
+        raw = _raw(conn)
+        if pg.in_recovery(raw):
+            return
+        try:
+            if on:
+                pg.fence_marked(raw)
+            else:
+                pg.unfence_marked(raw)
+        except pg.PostgresError as exc:
+            raise ReplicationError(str(exc)) from None
+
+    def before_window(self, conn: Session) -> None:
+        pg.checkpoint(_raw(conn))
+
+    def stop_writes(self, conn: Session | None, *, lock_wait_timeout: float, server: ServerAccess) -> pg.Lsn:
+        """The application's roles fenced (NOLOGIN, their sessions ended), the server stopped cleanly by the plan's
+        command, and the final position read from its control file: just past its shutdown checkpoint. `conn`
+        None: the server is stopped already (a resumed switch), only its control file is read."""
+        if conn is not None:
+            try:
+                _scalar(conn, "SELECT set_config('lock_timeout', %s, false)",
+                        (str(max(1, round(lock_wait_timeout * 1000))),))  # fmt: skip
+                pg.fence_marked(_raw(conn))
+            except pg.PostgresError as exc:
+                raise ReplicationError(f"the fence: {exc}") from None
+            except DatabaseError as exc:
+                raise ReplicationError(f"the fence: {exc}") from None
+        data = shlex.quote(server.datadir.rstrip("/"))
+        stop = f"{server.stop}" if conn is not None else "true"
+        out = server.host.run(
+            f'{stop} && B={BIN_DIR} && LC_ALL=C runuser -u postgres -- "$B/pg_controldata" -D {data}',
+            timeout=STOP_TIMEOUT,
+        ).stdout
+        control = pg.parse_controldata(out)
+        if not control.clean:
+            raise ReplicationError(f"the source's server did not shut down cleanly (state: {control.state})")
+        return pg.Lsn(control.checkpoint.value + 1)
+
+    def wait_and_promote(self, conn: Session, expected: pg.Lsn, wait: float) -> PgPromotion:
+        raw = _raw(conn)
+        started = time.monotonic()
+        waited = pg.wait_for_replay(raw, expected, wait)
+        if not waited.reached:
+            return PgPromotion(False, False, pg.Lsn(0), time.monotonic() - started)
+        executed = self._promote(conn, expected)
+        return PgPromotion(True, True, executed, waited.seconds)
+
+    def promote(self, conn: Session, expected: pg.Lsn) -> pg.Lsn:
+        return self._promote(conn, expected)
+
+    def _promote(self, conn: Session, expected: pg.Lsn) -> pg.Lsn:
+        raw = _raw(conn)
+        try:
+            pg.promote(raw, expected, wait=1.0)
+        except pg.ProofFailed as exc:
+            raise PositionMismatch(str(exc)) from None
+        executed = pg.replay_lsn(raw) or pg.Lsn(0)
+        if executed < expected:
+            raise PositionMismatch(f"promoted having replayed {executed}, not the final position {expected}")
+        pg.unfence_marked(raw)  # the fence came with the WAL; the app's own fence holds until the commit
+        return executed
+
+    # --- the comparison before the window ---
+
+    def compare(
+        self,
+        snapshot_conn: Session,
+        target: Session,
+        tables: list[tuple[str, str]],
+        *,
+        chunk_rows: int,
+        pause_ratio: float,
+        timeout: float,
+        on_chunk: Callable[[str, int, int], None],
+    ) -> Comparison:
+        return compare.compare_tables(snapshot_conn, target, tables, chunk_rows=chunk_rows, pause_ratio=pause_ratio,
+                                      timeout=timeout, on_chunk=on_chunk)  # fmt: skip
+
+
+def _conf_quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "''")
+
+
+def open_replication() -> PgReplication:
+    return PgReplication()

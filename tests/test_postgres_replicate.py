@@ -1,0 +1,227 @@
+"""`migrate apply` of a PostgreSQL lab in the replicate mode, under `lab load` through the front doors: `auto` picks
+replicate from the servers' facts; the target is seeded by pg_basebackup, runs as a streaming standby, is compared
+in chunks before the window; inside it the source's app roles are fenced, its server stopped cleanly, the standby
+replays its last record and is promoted with proof. Nothing acknowledged is lost, no request fails, the window is
+reported. The old primary follows the new one (no pg_rewind), so `migrate rollback` after the commit goes back over
+that reverse standby, losing nothing.
+
+One lab for the module, under /var/tmp (the clusters run as `postgres`, which cannot reach pytest's private
+temporary directories).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from orchestrator import exit_codes
+from orchestrator.lab import hosts
+from orchestrator.lab.state import LabState
+from orchestrator.lab.verify import main_verify
+from orchestrator.transports import postgres as pg
+from tests.test_e2e import (
+    PLAN_NAMES,
+    dns_contents,
+    migrate_apply,
+    outcome,
+    plan_name,
+    run_report,
+    wait_for_load_acks_on,
+)
+from tests.test_frontdoor_e2e import journal_of, no_failed_requests, requests_sent, start_load, stop_load, wait_for
+
+pytestmark = pytest.mark.lab
+
+TIMEOUT = 600.0
+
+
+@pytest.fixture(scope="module")
+def pg_lab() -> Iterator[LabState]:
+    lab_dir = Path(tempfile.mkdtemp(prefix="migrate-pg-repl-", dir="/var/tmp"))
+    lab_dir.chmod(0o755)
+    try:
+        lab = hosts.up(lab_dir / "lab", engine="postgresql", db_size_mb=2, uploads_size_mb=1, default_ports=False)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            hosts.down(lab_dir / "lab", purge=True)
+        with contextlib.suppress(OSError):
+            lab_dir.rmdir()
+        raise
+    try:
+        yield lab
+    finally:
+        hosts.down(lab.path, purge=True)
+        with contextlib.suppress(OSError):
+            lab_dir.rmdir()
+
+
+def plan_copy(state: LabState, suffix: str, hook: str | None = None, **replication: Any) -> Path:
+    """The lab's plan (cutover.mode auto: the servers' facts must resolve it to replicate) with its own name; `hook`:
+    the body of its before-step hook."""
+    yaml = YAML()
+    data = yaml.load(state.plan_file.read_text())
+    data["name"] = f"{data['name']}-{suffix}"
+    for key, value in replication.items():
+        data["replication"][key] = value
+    if hook is not None:
+        hooks_dir = state.path / f"hooks-{suffix}"
+        hooks_dir.mkdir(exist_ok=True)
+        path = hooks_dir / "before-step"
+        path.write_text("#!/bin/bash\nset -u\n" + hook)
+        path.chmod(0o755)
+        data["hooks"] = {"dir": str(hooks_dir)}
+    PLAN_NAMES.add(str(data["name"]))
+    path = state.path / f"plan-{suffix}.yaml"
+    with path.open("w") as out:
+        yaml.dump(data, out)
+    return path
+
+
+def migrate(state: LabState, *args: str) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDFLARE_EMAIL", "CLOUDFLARE_API_KEY")}
+    command = [str(Path(sys.executable).with_name("migrate")), *args, "--env-file", str(state.env_file)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def events_of(state: LabState, name: str) -> list[dict[str, Any]]:
+    journal = state.path / ".migrate" / name / "journal.jsonl"
+    return [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+
+
+def completed(events: list[dict[str, Any]], step: str) -> dict[str, Any]:
+    return next(ev["result"] for ev in events if ev.get("event") == "step_completed" and ev["step"] == step)
+
+
+def in_recovery(state: LabState, host: Any) -> bool:
+    password = state.secrets()[state.db_password_env]
+    with pg.connect(pg.Endpoint(host.address, host.db_port, state.migrate_user, state.db_name), password) as conn:
+        return pg.in_recovery(conn)
+
+
+def test_replicate_under_load_then_rollback_after_the_commit_loses_nothing(pg_lab: LabState, tmp_path: Path) -> None:
+    state = pg_lab
+    plan = plan_copy(state, "repl", keep_reverse=3600)
+    name = plan_name(plan)
+    journal = journal_of(state, plan)
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, journal)
+    try:
+        acks = load_dir / "acks.jsonl"
+        wait_for(lambda: acks.exists() and acks.read_text().count("\n") >= 10, "writes on the source", 60)
+        forward = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert forward.returncode == exit_codes.OK, outcome(forward)
+        assert dns_contents(state) == {n: state.target.address for n in state.records}
+        wait_for_load_acks_on(load_dir, state.target.address, since=time.time())  # clients follow DNS there
+        # The old primary follows the new one: a standby of the target, through the reverse tunnel.
+        assert in_recovery(state, state.source) and not in_recovery(state, state.target)
+        flipped = requests_sent(load_dir)
+        back = migrate(state, "rollback", str(plan), "--yes")
+        assert back.returncode == exit_codes.OK, outcome(back)
+        wait_for_load_acks_on(load_dir, state.source.address, since=time.time())  # clients leave the target
+        wait_for(lambda: requests_sent(load_dir) > flipped + 20, "requests after the rollback")
+    finally:
+        stop_load(load)
+
+    assert dns_contents(state) == {n: state.source.address for n in state.records}
+    events = events_of(state, name)
+    steps = next(ev["steps"] for ev in events if ev.get("event") == "run_started")
+    assert "repl_switch" in steps and "cutover" not in steps, steps  # auto chose replicate on the lab
+    preflight = completed(events, "preflight")
+    assert preflight["cutover_mode"] == "replicate" and preflight["mode_reason"].startswith("replicate"), preflight
+    assert "wal_level replica" in preflight["mode_reason"], preflight["mode_reason"]  # PostgreSQL's own needs
+    report = run_report(state, name)
+    assert report["status"] == "completed", report["status"]
+    switch = report["replicate"]
+    # The promotion's proof: the standby replayed the source's last record (just past its shutdown checkpoint).
+    assert switch["final_gtid"] and pg.Lsn.parse(switch["executed_gtid"]) >= pg.Lsn.parse(switch["final_gtid"])
+    catchup = completed(events, "repl_catchup")
+    assert catchup["compared_tables"] >= 2 and catchup["compared_chunks"] >= 2, catchup
+    kept = completed(events, "finish")["reverse_replication"]
+    assert kept["healthy"] is True and kept["kept_until"], kept
+
+    verify = main_verify(state, host="source", load_dir=load_dir, journal=journal)
+    back_report = run_report(state, f"{name}-reverse")
+    print(
+        f"\nPostgreSQL replicate under load: writes blocked (report) {report['write_block_seconds']} s; switch "
+        f"{switch.get('switch_seconds')} s (fence and stop {switch.get('read_only_seconds')} s, wait "
+        f"{switch.get('wait_seconds')} s, promote {switch.get('promote_seconds')} s); window parts "
+        f"{report['window_parts']}; the way back: writes blocked {back_report['write_block_seconds']} s; longest "
+        f"write stall {verify.longest_write_stall_s} s; failed {verify.requests_failed}; acknowledged "
+        f"{verify.reviews_acknowledged} reviews; lost {verify.acknowledged_lost}"
+    )
+    assert report["write_block_seconds"] > 0 and "repl_switch" in report["window_parts"]
+    assert back_report["status"] == "completed"
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    no_failed_requests(verify)
+    # Writes were acknowledged on both sides: the target's, taken after the commit, came back with the rollback.
+    assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
+    assert not in_recovery(state, state.source)
+
+
+def test_killed_inside_the_window_once_the_source_stopped_resumes_to_the_end(pg_lab: LabState, tmp_path: Path) -> None:
+    """kill -9 inside the switch once the source's final position is journaled (its app roles fenced, its server
+    stopped cleanly; the standby promoted or about to be): `migrate apply` again resumes it (the stopped source's
+    final position read again from its control file) to a completed run, nothing acknowledged lost."""
+    state = pg_lab
+    name = "course-review-lab-replkill"
+    journal = state.path / ".migrate" / name / "journal.jsonl"
+    # A watcher the switch's before-step hook leaves behind: it kills the run once the final position is journaled.
+    killer = (
+        f'[ "$MIGRATE_STEP" = repl_switch ] || exit 0\nrun=$PPID\n'
+        f"( while ! grep -q '\"final_gtid\"' {shlex.quote(str(journal))}; do sleep 0.002; done; kill -9 $run ) "
+        ">/dev/null 2>&1 &\n"
+    )
+    plan = plan_copy(state, "replkill", hook=killer, compare=False)
+    assert plan_name(plan) == name
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, journal)
+    try:
+        acks = load_dir / "acks.jsonl"
+        wait_for(lambda: acks.exists() and acks.read_text().count("\n") >= 10, "writes on the source", 60)
+        killed = migrate(state, "apply", str(plan), "--yes")
+        assert killed.returncode == -signal.SIGKILL, outcome(killed)
+        assert in_recovery_or_down(state, state.source), "the source answered as a primary after the kill"
+        (state.path / "hooks-replkill" / "before-step").unlink()
+        resumed = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert resumed.returncode == exit_codes.OK, outcome(resumed)
+        assert "resuming" in resumed.stdout + resumed.stderr, outcome(resumed)
+        wait_for_load_acks_on(load_dir, state.target.address, since=time.time())
+    finally:
+        stop_load(load)
+    events = events_of(state, name)
+    assert not any(ev.get("event") == "rollback_started" for ev in events)
+    switches = [ev for ev in events if ev.get("event") == "step_started" and ev.get("step") == "repl_switch"]
+    assert len(switches) == 2, switches  # the switch re-entered once, after the kill
+    report = run_report(state, name)
+    assert report["status"] == "completed"
+    assert dns_contents(state) == {n: state.target.address for n in state.records}
+    verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
+    print(f"\nPostgreSQL replicate killed in the window, resumed: writes blocked {report['write_block_seconds']} s, "
+          f"longest write stall {verify.longest_write_stall_s} s, lost {verify.acknowledged_lost}")  # fmt: skip
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+
+
+def in_recovery_or_down(state: LabState, host: Any) -> bool:
+    """The server does not answer, or answers as a standby: it takes no write."""
+    try:
+        return in_recovery(state, host)
+    except pg.PostgresError:
+        return True
