@@ -193,7 +193,13 @@ def test_verify_takes_the_positions_the_switch_read_as_it_promoted() -> None:
         def no_db(*_a: Any, **_k: Any) -> Any:
             raise AssertionError("read again")
 
-        rt = SimpleNamespace(db=no_db, plan=SimpleNamespace(database=SimpleNamespace(read_timeout=5.0)))
+        from orchestrator.database.mysql.replication import MariaDbReplication
+
+        rt = SimpleNamespace(
+            db=no_db,
+            plan=SimpleNamespace(database=SimpleNamespace(read_timeout=5.0)),
+            database=SimpleNamespace(replication=MariaDbReplication),
+        )
         setattr(rt, EARLY_POSITIONS, early)
         ctx = StepContext(run_id="r", step="verify_target", dry_run=False, rt=rt, log=QuietLog())
         ctx.window = SimpleNamespace(timeout=no_db, check=no_db)  # type: ignore[assignment]
