@@ -289,8 +289,9 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 @pytest.fixture
 def busy_source() -> Iterator[None]:
-    """A process keeping one CPU busy, so the machine's (the source's) load average is above zero."""
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    """A process always runnable, so the machine's (the source's) load average is above zero. At nice 19 it takes
+    a CPU only when nothing else wants it: the load average counts it all the same."""
+    proc = subprocess.Popen([sys.executable, "-c", "import os\nos.nice(19)\nwhile True: pass"])
     try:
         yield
     finally:
@@ -307,7 +308,7 @@ def throttled_plan(lab: LabState, monkeypatch: pytest.MonkeyPatch) -> Plan:
     plan = Plan.model_validate(YAML(typ="safe").load(lab.plan_file.read_text()))
     # A threshold no busy host stays under: the pause engages as soon as rsync runs.
     transfer = plan.transfer.model_copy(
-        update={"max_load": 0.0, "load_check_interval": 0.3, "max_pause": 0.6, "bwlimit": "2M"}
+        update={"max_load": 0.0, "load_check_interval": 0.3, "max_pause": 0.6, "bwlimit": "8M"}
     )
     return plan.model_copy(update={"transfer": transfer})
 

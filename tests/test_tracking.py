@@ -180,6 +180,15 @@ def test_uploads_tree_is_reproducible_and_spread(tmp_path: Path) -> None:
     assert write_tree(tmp_path / "a", 300) == 0
 
 
+def test_a_tree_of_smaller_files_keeps_its_names_and_sizes_within_the_bounds(tmp_path: Path) -> None:
+    assert write_tree(tmp_path / "small", 300, sizes=(64, 512)) == 300
+    sizes = [path.stat().st_size for path in (tmp_path / "small").rglob("*.bin")]
+    assert len(sizes) == 300 and min(sizes) >= 64 and max(sizes) <= 512 and len(set(sizes)) > 10
+    assert (tmp_path / "small" / file_path(Path(), 7)).is_file()
+    with pytest.raises(ValueError, match="file sizes"):
+        write_tree(tmp_path / "bad", 1, sizes=(512, 64))
+
+
 def test_a_command_after_the_list_rides_its_round_trip(tmp_path: Path) -> None:
     """`changes(then=...)`: the final pass runs in the list's own command once the list is made and not empty,
     after the trust probe; what it printed and its exit come back apart from the list's figures."""

@@ -510,3 +510,18 @@ def test_a_remote_command_of_a_killed_run_ends_by_its_own_deadline(lab_env: LabS
             run.kill()
     time.sleep(9.5)  # past the command's own end (8 s), had it gone on running
     assert not marker.exists(), "a command of a killed run went on running on the host past its deadline"
+
+
+def test_asyncssh_loads_without_searching_for_an_absent_liboqs_and_the_search_is_kept_where_it_exists(
+    tmp_path: Path,
+) -> None:
+    import ctypes.util
+
+    from orchestrator.transports import sshlib
+
+    assert ctypes.util.find_library is sshlib._find_library  # put back after asyncssh's import
+    assert not sshlib.liboqs_installed(str(tmp_path))
+    (tmp_path / "liboqs.so.5").write_bytes(b"")
+    assert sshlib.liboqs_installed(str(tmp_path))
+    skipping = sshlib._without_liboqs(lambda name: f"lib{name}.so")
+    assert skipping("oqs") is None and skipping("liboqs") is None and skipping("nettle") == "libnettle.so"

@@ -8,17 +8,19 @@ role, with psycopg.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-import psycopg.rows
 import pymysql
 import pymysql.cursors
 
 from orchestrator.lab import postgres as pglab
 from orchestrator.lab.state import HostState, LabState
+
+if TYPE_CHECKING:
+    import psycopg
 
 # Bounded so a write stuck behind a lock fails (503, the client retries) instead of hanging.
 CONNECT_TIMEOUT = 3
@@ -70,6 +72,8 @@ def _mariadb_upsert(cur: Any, name: str, size: int, digest: str) -> bool:
 
 def postgres_connect(state: LabState, host: HostState, password: str) -> psycopg.Connection:
     """A connection to the host's PostgreSQL through its socket directory, as the app's role."""
+    import psycopg
+
     return psycopg.connect(
         host=str(pglab.socket_dir(host)),
         port=host.db_port,
@@ -105,18 +109,25 @@ MARIADB = AppDb(
     where=lambda host: str(host.db_socket),
 )
 
-POSTGRES = AppDb(
-    connect=postgres_connect,
-    error=psycopg.Error,
-    integrity_error=psycopg.IntegrityError,
-    # A statement_timeout (QueryCanceled) is an OperationalError too: the write did not happen, 503.
-    down_errors=(psycopg.OperationalError, psycopg.InterfaceError),
-    is_duplicate=lambda exc: isinstance(exc, psycopg.errors.UniqueViolation),
-    dict_cursor=lambda conn: conn.cursor(row_factory=psycopg.rows.dict_row),
-    upsert_upload=_postgres_upsert,
-    where=lambda host: f"{pglab.socket_dir(host)} port {host.db_port}",
-)
+
+@functools.cache
+def _postgres() -> AppDb:
+    # psycopg is loaded only by a PostgreSQL lab's app and load: a MariaDB lab's processes never pay for it.
+    import psycopg
+    import psycopg.rows
+
+    return AppDb(
+        connect=postgres_connect,
+        error=psycopg.Error,
+        integrity_error=psycopg.IntegrityError,
+        # A statement_timeout (QueryCanceled) is an OperationalError too: the write did not happen, 503.
+        down_errors=(psycopg.OperationalError, psycopg.InterfaceError),
+        is_duplicate=lambda exc: isinstance(exc, psycopg.errors.UniqueViolation),
+        dict_cursor=lambda conn: conn.cursor(row_factory=psycopg.rows.dict_row),
+        upsert_upload=_postgres_upsert,
+        where=lambda host: f"{pglab.socket_dir(host)} port {host.db_port}",
+    )
 
 
 def for_state(state: LabState) -> AppDb:
-    return POSTGRES if state.engine == pglab.ENGINE else MARIADB
+    return _postgres() if state.engine == pglab.ENGINE else MARIADB

@@ -384,6 +384,7 @@ def up(
     target_address: str = TARGET_ADDRESS,
     default_ports: bool = True,
     files: int = 0,
+    file_sizes: tuple[int, int] = uploads_tree.SIZES,
     latency_ms: float | None = None,
     api_latency_ms: float | None = None,
     app: str | None = None,
@@ -398,6 +399,8 @@ def up(
     double (the latency relay adds it; 0: direct); None keeps what the lab has.
 
     `engine`: the database of both hosts, mariadb (a new lab's default) or postgresql; an existing lab keeps its own.
+
+    `files`: that many more small uploads in hashed directories, each of `file_sizes` bytes (smallest, largest).
 
     `default_ports=False` picks random free ports even when the defaults are free: for test labs made next to
     other labs on the same machine, where two runs racing for the same default port would collide.
@@ -484,7 +487,7 @@ def up(
     if state.app == wordpress.APP_NAME and wordpress.install(state, state.source):
         say(f"source: WordPress installed (admin {wordpress.ADMIN_USER}, application password in {state.env_file})")
     if files:
-        written = uploads_tree.write_tree(state.source.uploads, files)
+        written = uploads_tree.write_tree(state.source.uploads, files, sizes=file_sizes)
         say(f"source: {files} small uploads in hashed directories ({written} written)")
     if fresh_target:
         run_script(state.target, "app-stop")

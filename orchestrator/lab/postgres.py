@@ -18,9 +18,12 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.lab.state import HostState, LabState
-from orchestrator.transports.postgres import Cluster
+
+if TYPE_CHECKING:
+    from orchestrator.transports.postgres import Cluster
 
 ENGINE = "postgresql"
 OS_USER = "postgres"
@@ -110,6 +113,8 @@ def log_file(host: HostState) -> Path:
 
 def cluster(host: HostState) -> Cluster:
     """The host's cluster as the transport's commands see it."""
+    from orchestrator.transports.postgres import Cluster  # psycopg is loaded only by a PostgreSQL lab's commands
+
     options = (
         "-c", f"listen_addresses={host.address}",
         "-c", f"unix_socket_directories={socket_dir(host)}",

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncssh
 import structlog
 
 from orchestrator.plan.model import Host, JumpHost, Retry
 from orchestrator.retry import call_with_retry
 from orchestrator.secrets import redact
 from orchestrator.transports.meter import RoundTrips
+from orchestrator.transports.sshlib import asyncssh
 
 T = TypeVar("T")
 
