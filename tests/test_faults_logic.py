@@ -491,6 +491,38 @@ def test_the_sweep_lists_and_ends_only_other_runs_things_of_this_plan(tmp_path: 
             subprocess.run(["rm", "-rf", str(directory)], check=False)
 
 
+def test_a_commit_record_left_by_a_run_that_never_finished_goes_with_the_next_sweep_and_a_runs_own_stays() -> None:
+    """A run killed after its commit and never resumed leaves its record (and the answer beside it) in /tmp on the
+    source: the next run's sweep deletes them; a rollback's sweep (which ends this run's own things too) keeps this
+    run's record, which is what tells `migrate apply` that this run committed."""
+    import uuid
+
+    from orchestrator.services import owned, source_commit
+
+    key = uuid.uuid4().hex[:10]
+    old = Path(source_commit.commit_record(owned.RUN_DIR, f"{key}-bbb222"))
+    old_out = Path(f"{old}.out")
+    mine = Path(source_commit.commit_record(owned.RUN_DIR, f"{key}-aaa111"))
+    try:
+        for path in (old, old_out, mine):
+            path.touch()
+        listed = owned.parse_sweep(
+            subprocess.run(
+                owned.sweep_command(key, ("aaa111",), end=False), shell=True, capture_output=True, text=True, check=True
+            ).stdout
+        )
+        assert sorted((f.kind, f.tag, f.state) for f in listed) == [("commit-record", "bbb222", "left")] * 2
+        assert old.exists() and old_out.exists()  # listing ends nothing
+        # The rollback's sweep: nothing of this run kept but its record.
+        subprocess.run(owned.sweep_command(key, end=True, keep_records=("aaa111",)), shell=True, check=True)
+        assert not old.exists() and not old_out.exists() and mine.exists()
+        subprocess.run(owned.sweep_command(key, end=True), shell=True, check=True)
+        assert not mine.exists()
+    finally:
+        for path in (old, old_out, mine):
+            path.unlink(missing_ok=True)
+
+
 def test_a_run_tag_and_owner_are_short_and_tell_plans_and_runs_apart(tmp_path: Path) -> None:
     from orchestrator.services import owned
 

@@ -210,3 +210,48 @@ def test_a_command_after_the_list_rides_its_round_trip(tmp_path: Path) -> None:
         assert "a file\n" in changes.then[1] and changes.then[1].endswith("Number of files: 1\n")
     finally:
         tracker.stop()
+
+
+def test_the_one_process_list_is_the_documented_list_and_its_probe_the_shells(tmp_path: Path) -> None:
+    """The change list's command (one perl process and sort) lists what `changed_paths` says for the same events,
+    names with newlines, spaces and backslashes whole, the extra list added, a directory's children left to its
+    recursion; and its trust probe prints what `probe_command`'s shell prints, the mounts (findmnt's) included."""
+    from tests.fakes import LocalHost
+
+    root, state = tmp_path / "tree", tmp_path / "state"
+    root.mkdir()
+    host = LocalHost()
+    tracker = tracking.ChangeTracker(host, str(root), str(state), name="t")
+    assert tracker.start(timeout=30)
+    try:
+        (root / "d").mkdir()
+        (root / "d" / "inner").write_text("x")
+        (root / "line\nbreak").write_text("x")
+        (root / "a b\\c").write_text("x")
+        (root / "gone").write_text("x")
+        (root / "gone").unlink()
+        (root / "e").mkdir()
+        (root / "e" / "f").write_text("x")
+        Path(tracker.extra_file).write_bytes(b"extra/one\0e/f\0")
+        changes = tracker.changes(timeout=30)
+        assert changes.trust.trusted, changes.trust.reasons
+        events = Path(tracker.events_file).read_bytes().decode("utf-8", "surrogateescape").split("\0")
+        records = [r for r in events if r and tracking.BARRIER_PREFIX not in r]
+        expected = changed_paths([*records, "CREATE ./extra/one", "CREATE ./e/f"])
+        listed = Path(tracker.list_file).read_bytes().decode("utf-8", "surrogateescape").split("\0")[:-1]
+        assert listed == expected and changes.count == len(expected)
+        assert {"d", "line\nbreak", "a b\\c", "gone", "e", "extra/one"} <= set(listed) and "d/inner" not in listed
+        # The probe: the same as the shell's, read right after (nothing new in between but a barrier).
+        shell = host.run(tracker.probe_command(), check=False).stdout
+        perl = host.run(tracker.changes_command(tracker.list_file, wait=30), check=False).stdout
+        perl_probe = perl.partition(f"\n{tracking.PROBE_MARK}\n")[2]
+        head, _, rest = shell.partition("--stderr--\n")
+        perl_head, _, perl_rest = perl_probe.partition("--stderr--\n")
+        # (events_bytes grows by the second barrier's records; statfs is read only without a mount table)
+        same = {"statfs": "", "events_bytes": ""}
+        assert tracking.parse_probe(perl_head) | same == tracking.parse_probe(head) | same
+        stderr, _, mounts = rest.partition("--mounts--\n")
+        perl_stderr, _, perl_mounts = perl_rest.partition("--mounts--\n")
+        assert perl_stderr == stderr and sorted(perl_mounts.splitlines()) == sorted(mounts.splitlines())
+    finally:
+        tracker.stop()

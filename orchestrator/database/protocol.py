@@ -493,6 +493,10 @@ class Replication(Protocol):
     def current_position(self, conn: Session) -> Position:
         """The position this server's data stands at (what it wrote or applied)."""
 
+    def current_position_after(self, conn: Session, wanted: Position, wait: float) -> Position | None:
+        """The position once this server has applied `wanted`, waiting for it on the server at most `wait` seconds,
+        in one round trip; None when it did not get there in that time."""
+
     def executed_position(self, conn: Session) -> Position:
         """What this server applied as a replica."""
 

@@ -308,8 +308,11 @@ DOOR_COMMIT = {"ssh_source": 1}
 # hold with the requests in flight (one batch), the drain's poll. + the fence (beside read_only: counted in full
 # here); + the drain of the writes in flight.
 SWITCH = {"sql": 2, "haproxy": 2}
+# With a front door the source drives it (services/source_commit.hold_and_fence_script): the hold, the drain of the
+# writes in flight (looked at every 2 ms there) and the fence are one command on the source; then read_only and the
+# promotion (the positions verify_target reads go beside the promotion).
+DOOR_SWITCH = {"ssh_source": 1, "sql": 2}
 VERIFY_SQL = 1  # each side's position, side by side, on a spare connection opened before the window
-DRAIN_POLL = 0.05  # frontdoor's poll while writes in flight drain
 
 
 _OPERATION = {
@@ -389,13 +392,14 @@ def replicate_window(basis: WindowBasis) -> list[WindowPart]:
     """The replicate mode's window: no database stops or copies inside it; the switch waits for the replica's last
     transactions, and the target's database and services already run (nothing starts)."""
     shape, units = basis.shape, basis.units
-    haproxy_scale = 1 if shape.front_door else 0
-    switch_count = {"ssh_source": 1 if shape.source_fence else 0,
-                    **{k: v * (haproxy_scale if k == "haproxy" else 1) for k, v in SWITCH.items()}}  # fmt: skip
+    if shape.front_door:
+        switch_count: dict[str, float] = dict(DOOR_SWITCH)
+    else:
+        switch_count = {"ssh_source": 1 if shape.source_fence else 0, "sql": SWITCH["sql"]}
     switch_seconds, switch_basis = _ssh_part("switch", switch_count, units)
-    # The writes in flight when the source's front door begins holding must end before read_only: about one
-    # request's time, polled.
-    drain = (units.request + DRAIN_POLL) if shape.front_door else 0.0
+    # The writes in flight when the source's front door begins holding must end before the fence: about one
+    # request's time (looked at on the source itself, every 2 ms).
+    drain = units.request if shape.front_door else 0.0
     return [
         WindowPart("fence, drain, read_only, the replica's last transactions and its promotion",
                    round(switch_seconds + drain, 3), f"measured: {switch_basis}; the drain about one request",

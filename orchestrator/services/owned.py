@@ -38,6 +38,10 @@ RSYNC_DAEMON_PREFIX = "migrate-rsyncd."
 # The guard on the source (orchestrator/services/guard.py): listed, never ended here. One still waiting is the safety
 # net of a run that died in its window; one that acted keeps its directory (its trace) for the operator.
 GUARD_PREFIX = "migrate-guard-"
+# The commit's record on the source (services/source_commit.commit_record) and the answer beside it: deleted by the
+# run's finish; one a run left that never finished (killed after its commit, never resumed) goes with the next run's
+# sweep (it speaks for that run only, which is over once another run of the plan starts).
+COMMIT_RECORD_PREFIX = "migrate-committed-"
 
 
 def plan_key(plan_name: str, plan_path: Path | str) -> str:
@@ -59,9 +63,10 @@ def owner(plan_name: str, plan_path: Path | str, run_id: str) -> str:
 
 @dataclass(frozen=True)
 class Leftover:
-    """One thing of this plan found on a host: its kind ('tunnel', 'rsync-password', 'rsync-daemon', 'guard'), the
-    run tag it belongs to, its path there, and what became of it ('running', 'stale': found; 'ended': ended now; a
-    guard: 'waiting' to restore the source, 'acted', or 'gone' without acting)."""
+    """One thing of this plan found on a host: its kind ('tunnel', 'rsync-password', 'rsync-daemon',
+    'commit-record', 'guard'), the run tag it belongs to, its path there, and what became of it ('running', 'stale':
+    found; 'ended': ended now; 'left': a commit record; a guard: 'waiting' to restore the source, 'acted', or 'gone'
+    without acting)."""
 
     kind: str
     tag: str
@@ -72,11 +77,16 @@ class Leftover:
         return f"{self.kind} of run …{self.tag} on the {host} ({self.path}): {self.state}"
 
 
-def sweep_command(key: str, keep: tuple[str, ...] = (), *, end: bool) -> str:
+def sweep_command(
+    key: str, keep: tuple[str, ...] = (), *, end: bool, keep_records: tuple[str, ...] | None = None
+) -> str:
     """Run on a host: every tunnel, rsync password directory and rsync daemon of the plan `key` whose run tag is not
     in `keep`: listed (`end=False`: 'running' or 'stale'), or ended (`end=True`): a tunnel through its control socket,
     a daemon by the pid its own pid file holds once its command line names that directory, then the files. One line
-    each: '<kind> <tag> <path> <state>'."""
+    each: '<kind> <tag> <path> <state>'. Commit records (COMMIT_RECORD_PREFIX) of the tags in `keep_records`
+    (default: `keep`) are passed over: a run's own record must outlive its rollback's sweep (it is what tells a later
+    `migrate apply` that this run committed)."""
+    record_keep = " ".join(keep if keep_records is None else keep_records)
     keep_words = " ".join(keep)
     tunnel_glob = f"{RUN_DIR}/{TUNNEL_PREFIX}{key}-*.ctl"
     client_glob = f'"${{TMPDIR:-/tmp}}"/{RSYNC_CLIENT_PREFIX}{key}-* {RUN_DIR}/{RSYNC_CLIENT_PREFIX}{key}-*'
@@ -102,6 +112,8 @@ def sweep_command(key: str, keep: tuple[str, ...] = (), *, end: bool) -> str:
             'if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then say rsync-daemon "$f" running; '
             'else say rsync-daemon "$f" stale; fi'
         )
+    record_glob = f"{RUN_DIR}/{COMMIT_RECORD_PREFIX}{key}-*"
+    record_act = 'rm -f "$f"; say commit-record "$f" ended' if end else 'say commit-record "$f" left'
     guard_glob = f"{RUN_DIR}/{GUARD_PREFIX}{key}-*"
     # A guard is waiting while the pid it wrote runs its own script; it acted once its trace says 'restored'.
     guard_act = (
@@ -129,6 +141,10 @@ for f in {daemon_glob}; do
   tag=$(tag_of "$f" {RSYNC_DAEMON_PREFIX}); case "$keep" in *" $tag "*) continue;; esac
   {daemon_act}
 done
+for f in {record_glob}; do
+  tag=$(tag_of "$f" {COMMIT_RECORD_PREFIX}); case " {record_keep} " in *" $tag "*) continue;; esac
+  {record_act}
+done
 for f in {guard_glob}; do
   tag=$(tag_of "$f" {GUARD_PREFIX}); case "$keep" in *" $tag "*) continue;; esac
   {guard_act}
@@ -141,7 +157,7 @@ def parse_sweep(stdout: str) -> list[Leftover]:
     found: list[Leftover] = []
     for line in stdout.splitlines():
         parts = line.split(" ")
-        if len(parts) >= 4 and parts[0] in ("tunnel", "rsync-password", "rsync-daemon", "guard"):
+        if len(parts) >= 4 and parts[0] in ("tunnel", "rsync-password", "rsync-daemon", "commit-record", "guard"):
             found.append(Leftover(parts[0], parts[1], " ".join(parts[2:-1]), parts[-1]))
     return found
 

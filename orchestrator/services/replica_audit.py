@@ -35,6 +35,12 @@ SNAPSHOT_STATEMENT = "START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT"
 # The snapshot and the target's position in one round trip: a transaction begun inside a compound statement keeps
 # its snapshot after it (MariaDB 10.11). The position is read after the read view is made: it cannot be behind it.
 SNAPSHOT_AND_POSITION = f"BEGIN NOT ATOMIC {SNAPSHOT_STATEMENT}; SELECT @@GLOBAL.gtid_current_pos; END"
+# The same once the server has applied a position (read beside the promotion that waits for it too): the snapshot is
+# opened only once the wait reached it (NULL comes back otherwise, nothing opened).
+SNAPSHOT_AND_POSITION_AFTER = (
+    "BEGIN NOT ATOMIC IF MASTER_GTID_WAIT(%s, %s) = 0 THEN "
+    f"{SNAPSHOT_STATEMENT}; SELECT @@GLOBAL.gtid_current_pos; ELSE SELECT NULL; END IF; END"
+)
 
 
 class AuditUnreadable(Exception):
@@ -60,14 +66,26 @@ def open_target_snapshot(conn: Session) -> None:
         cur.execute(SNAPSHOT_STATEMENT)
 
 
-def open_target_snapshot_at_position(conn: Session) -> gtid.GtidPosition:
+class NotReached(Exception):
+    """The target did not apply the awaited position within the wait: nothing was opened."""
+
+
+def open_target_snapshot_at_position(
+    conn: Session, after: tuple[gtid.GtidPosition, float] | None = None
+) -> gtid.GtidPosition:
     """Open the snapshot and read the target's GTID position (gtid_current_pos) in one statement, one round trip;
-    the position read just after the read view was made."""
+    the position read just after the read view was made. `after` (a position, a wait in seconds): only once the
+    server has applied it; NotReached when it was not in that time."""
     with conn.cursor() as cur:
-        cur.execute(SNAPSHOT_AND_POSITION)
+        if after is None:
+            cur.execute(SNAPSHOT_AND_POSITION)
+        else:
+            cur.execute(SNAPSHOT_AND_POSITION_AFTER, (str(after[0]), after[1]))
         row = cur.fetchone()
     if row is None:
         raise DatabaseError("no GTID position came back with the snapshot")
+    if after is not None and row[0] is None:
+        raise NotReached(f"the target did not apply {after[0]} within {after[1]:g} s")
     return gtid.GtidPosition.parse(str(row[0] or ""))
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from orchestrator.services import guard
+from orchestrator.services import guard, owned
 from orchestrator.transports.haproxy import (
     HOLD_KEY,
     HOLD_WRITES_KEY,
@@ -49,7 +49,7 @@ DOOR_BEGIN, DOOR_END = "__migrate_door_begin__", "__migrate_door_end__"
 MARKED = "__migrate_guard_marked__"
 # Printed once the commit's record is written (after the guard's marker): the run is committed from there.
 RECORDED = "__migrate_commit_recorded__"
-RECORD_PREFIX = "migrate-committed-"
+RECORD_PREFIX = owned.COMMIT_RECORD_PREFIX
 HOLD_OK = "__migrate_hold_ok__"
 FENCE_EXIT = "__migrate_fence_exit="
 DOOR_EXIT = "__migrate_door_exit="
@@ -248,8 +248,8 @@ class Forward:
 
 
 def commit_record(run_dir: str, owner: str) -> str:
-    """The commit's record on the source (`owner`: the run's, services/owned.py): a file no sweep of leftovers
-    matches, left by the commit before the target takes writes."""
+    """The commit's record on the source (`owner`: the run's, services/owned.py), left by the commit before the
+    target takes writes; the sweep of leftovers passes over this run's own (it keeps this run's tag)."""
     return f"{run_dir.rstrip('/')}/{RECORD_PREFIX}{owner}"
 
 

@@ -75,6 +75,109 @@ THEN_MARK = "--then--"
 THEN_EXIT = "then_exit="
 
 
+# The change list and the trust probe in one process (ChangeTracker.changes_command; arguments: root, state
+# directory, list file, barrier marker, tries, poll seconds). Its probe prints what probe_command's shell prints
+# (mounts from /proc/self/mountinfo in findmnt -r's escaping; statfs only without it). The list: every record up
+# to the barrier's, overflow markers dropped, the event names and ./ cut, sorted with '/' as the lowest byte,
+# pruned below a listed directory (PRUNE), the root alone when listed.
+LIST_AND_PROBE = r"""
+use strict; use warnings; use Cwd ();
+$ENV{LC_ALL} = "C";
+my ($root, $dir, $list, $marker, $tries, $poll) = @ARGV;
+my ($events, $pidf, $scan) = ("$dir/events", "$dir/pid", "$dir/scanned");
+sub slurp { my ($p) = @_; open(my $f, "<", $p) or return undef; local $/; my $s = <$f>; return $s }
+sub alive {
+    my $p = slurp($pidf) // ""; $p =~ s/\s+\z//;
+    return 0 unless $p =~ /^[0-9]+\z/;
+    my $comm = slurp("/proc/$p/comm") // ""; $comm =~ s/\n\z//;
+    my ($cwd, $top) = (readlink("/proc/$p/cwd"), Cwd::abs_path($root));
+    return ($comm eq "inotifywait" && defined $cwd && defined $top && $cwd eq $top) ? 1 : 0;
+}
+sub keep {
+    my ($out, $r, $whole) = @_;
+    return if $r eq $marker;
+    if ($r eq ".") { $$whole = 1; return }
+    $r =~ tr{/}{\001}; print $out "$r\0";
+}
+sub make_list {
+    my $before = (stat $events)[7]; die "stat: $events: $!\n" unless defined $before;
+    my $m = "$root/$marker";
+    open(my $t, ">", $m) or die "$m: $!\n"; close $t; unlink $m or die "$m: $!\n";
+    my $want = "DELETE ./$marker";
+    open(my $ev, "<", $events) or die "$events: $!\n";
+    my ($pos, $end, $n) = ($before, undef, 0);
+    local $/ = "\0";
+    while (1) {
+        seek($ev, $pos, 0);
+        while (defined(my $r = <$ev>)) {
+            last unless chomp $r;
+            $pos += length($r) + 1;
+            if ($r eq $want) { $end = $pos; last }
+        }
+        last if defined $end;
+        if (++$n > $tries) { print "the tracker did not record the barrier\n"; return 5 }
+        if (!alive()) { print "the tracker is not running\n"; return 6 }
+        select(undef, undef, undef, $poll);
+    }
+    my ($tmp, $whole, $read) = ("$list.tmp", 0, 0);
+    open(my $sort, "|-", "sort", "-z", "-u", "-o", "$tmp.sorted") or die "sort: $!\n";
+    seek($ev, 0, 0);
+    while ($read < $end && defined(my $r = <$ev>)) {
+        $read += length($r); chomp $r;
+        next if $r =~ /^Q_OVERFLOW/;
+        $r =~ s/^[A-Z_,]* //; $r =~ s{^\./}{}; $r =~ s{/+\z}{}; $r = "." if $r eq "";
+        keep($sort, $r, \$whole);
+    }
+    if (open(my $x, "<", "$dir/extra.list")) { while (defined(my $r = <$x>)) { chomp $r; keep($sort, $r, \$whole) } }
+    close($sort) or die "sort exited " . ($? >> 8) . "\n";
+    open(my $o, ">", $tmp) or die "$tmp: $!\n";
+    my $count = 0;
+    if ($whole) { print $o ".\0"; $count = 1 }
+    else {
+        open(my $s, "<", "$tmp.sorted") or die "$tmp.sorted: $!\n";
+        my $kept;
+        while (defined(my $r = <$s>)) {
+            chomp $r; $r =~ tr{\001}{/};
+            next if defined $kept && index($r, "$kept/") == 0;
+            print $o "$r\0"; $kept = $r; $count++;
+        }
+    }
+    close($o) or die "$tmp: $!\n";
+    unlink "$tmp.sorted"; rename($tmp, $list) or die "$list: $!\n";
+    print "count=$count\n";
+    return 0;
+}
+my $rc = eval { make_list() };
+if (!defined $rc) { print $@; $rc = 1 }
+print "changes_exit=$rc\n--trust-probe--\n";  # CHANGES_EXIT, PROBE_MARK
+# The trust probe, as probe_command's shell prints it.
+print "started=", (-f $pidf ? 1 : 0), "\nalive=", alive(), "\nevents_bytes=", ((stat $events)[7] // 0), "\n";
+my ($o, $q, $g) = (split(" ", slurp($scan) // ""), 0, 0, 0);
+if (-f $events && open(my $ev, "<", $events)) {
+    seek($ev, $o, 0); local $/ = "\0";
+    while (defined(my $r = <$ev>)) {
+        last unless chomp $r;
+        $o += length($r) + 1; $q++ if $r =~ /^Q_OVERFLOW/;
+        $g++ if $r =~ /^([A-Z_,]*,)?(UNMOUNT|(DELETE_SELF|MOVE_SELF)[A-Z_,]* \.\/$)/;
+    }
+    if (open(my $w, ">", "$scan.tmp")) { print $w "$o $q $g\n"; close $w; rename("$scan.tmp", $scan) }
+}
+my $gaps = slurp("$dir/gaps") // ""; my $mounts = slurp("/proc/self/mountinfo");
+my $statfs = "";
+if (!defined $mounts && open(my $st, "-|", "stat", "-f", "-c", "%T", $root)) { $statfs = <$st> // ""; chomp $statfs }
+print "overflows=$q\nroot_gone=$g\nstatfs=$statfs\ngaps=", ($gaps =~ tr/\n//), "\n";
+print "--stderr--\n", slurp("$dir/stderr") // "", "--mounts--\n";
+for (split /\n/, $mounts // "") {
+    my ($head, $tail) = split / - /, $_, 2; next unless defined $tail;
+    my $target = (split / /, $head)[4]; my $type = (split / /, $tail)[0];
+    next unless defined $target && defined $type;
+    s/\\([0-7]{3})/sprintf("\\x%02x", oct($1))/ge for $target, $type;
+    print "$type $target\n";
+}
+exit $rc;
+"""
+
+
 class RemoteHost(Protocol):
     def run(self, command: str, *, timeout: float | None = None, check: bool = True) -> CommandResult: ...
 
@@ -482,35 +585,20 @@ class ChangeTracker:
         return trust_from_probe(self.root, parse_probe(head), stderr, mounts)
 
     def changes_command(self, list_file: str, *, wait: float) -> str:
-        """Shell: a barrier through the tracker, then the unique changed paths up to it, NUL-separated, in list_file.
+        """Shell: a barrier through the tracker, then the unique changed paths up to it, NUL-separated, in list_file,
+        its count and exit status, then the trust probe (what `probe_command` prints), in that order; it exits with
+        the list's status.
 
         The barrier: a marker file created and removed in the root; inotify delivers one instance's events in order,
-        so once the marker's DELETE is in the events file every earlier change is too.
+        so once the marker's DELETE is in the events file every earlier change is too. One perl process does it all
+        but the sort (`sort -z -u`: an external merge, bounded memory): this runs inside the window, where each
+        process the host starts costs milliseconds (the shell pipeline it replaces started some 25).
         """
         marker = BARRIER_PREFIX + secrets.token_hex(6)
-        events = _q(self.events_file)
-        tmp = _q(list_file + ".tmp")
-        # Polled every 2 ms: inotify usually delivers the marker's events within a millisecond, and this runs inside
-        # the window (a 20 ms poll cost the window up to 20 ms for nothing).
+        # Polled every 2 ms: inotify usually delivers the marker's events within a millisecond.
         tries = max(1, int(wait / BARRIER_POLL))
-        return (
-            f"set -e; export LC_ALL=C; "
-            f"before=$(stat -c %s {events}); "
-            f": > {_q(self.root + '/' + marker)}; rm -f {_q(self.root + '/' + marker)}; "
-            f"n=0; until tail -c +$((before + 1)) {events} | grep -z -q -x -F {_q('DELETE ./' + marker)}; do "
-            f"n=$((n + 1)); if [ $n -gt {tries} ]; then echo 'the tracker did not record the barrier' >&2; exit 5; "
-            f"fi; if ! {{ {self._alive_test()}; }}; then echo 'the tracker is not running' >&2; exit 6; fi; "
-            f"sleep {BARRIER_POLL}; done; "
-            f"end=$(stat -c %s {events}); "
-            f"{{ head -c $end {events} | grep -z -v '^Q_OVERFLOW' "
-            f"| sed -z -e 's/^[A-Z_,]* //' -e 's:^\\./::' -e 's:/*$::' -e 's:^$:.:'; "
-            f"cat {_q(self.extra_file)} 2>/dev/null || true; }} "
-            f"| grep -z -v -x -F {_q(marker)} | tr / '\\001' | sort -z -u | tr '\\001' / > {tmp}.sorted; "
-            f"if grep -z -q -x -F . {tmp}.sorted; then printf '.\\000' > {tmp}; "
-            f"else perl -0 -ne {_q(PRUNE)} {tmp}.sorted > {tmp}; fi; "
-            f"rm -f {tmp}.sorted; mv {tmp} {_q(list_file)}; "
-            f"echo count=$(tr -cd '\\000' < {_q(list_file)} | wc -c)"
-        )
+        args = [self.root, self.dir, list_file, marker, str(tries), str(BARRIER_POLL)]
+        return f"perl -e {_q(LIST_AND_PROBE)} -- {shlex.join(args)}"
 
     def changes(self, list_file: str | None = None, *, timeout: float = 300.0, then: str | None = None) -> ChangeList:
         """Write the paths changed since tracking started to `list_file` on the host (default: in the state dir).
@@ -521,12 +609,9 @@ class ChangeTracker:
         everything anyway); what it did comes back in `ChangeList.then`.
         """
         target = list_file or self.list_file
-        # One round trip: the list (in a subshell: its `set -e` ends it alone, its messages on stdout), its exit
-        # status, then the trust probe, in that order on the host.
-        command = (
-            f"( {self.changes_command(target, wait=min(timeout, 60.0))} ) 2>&1; rc=$?; echo {CHANGES_EXIT}$rc; "
-            f"echo {PROBE_MARK}; {self.probe_command()}"
-        )
+        # One round trip: the list (its messages on stdout), its exit status, then the trust probe, in that order on
+        # the host (one perl process prints them with these markers).
+        command = f"{self.changes_command(target, wait=min(timeout, 60.0))} 2>&1; rc=$?"
         if then is not None:
             command += (
                 f'; if [ "$rc" -eq 0 ] && [ -s {_q(target)} ]; then echo {THEN_MARK}; ( {then} ) 2>&1; '

@@ -152,11 +152,12 @@ class ReplSwitch(Step):
                 window.check("waiting for the replica")
                 if checks.done():
                     self._checked(checks, result)  # a failure by now stops the switch before the promotion
+                # verify_target's position reads (and the audit's snapshot) begin now, beside the promotion (the
+                # target's waits on the server for the final position, as the promotion does) and the uploads' pass.
+                verify_target.read_positions_early(ctx, str(final), wait_first=rep.wait_slice)
                 executed = self._wait_and_promote(ctx, target, final, result)
                 result.executed_gtid = str(executed)
                 ctx.save(PROMOTED, str(executed))
-                # verify_target's position reads (and the audit's snapshot) begin now, beside the uploads' pass.
-                verify_target.read_positions_early(ctx, str(final))
                 self._checked(checks, result)
                 result.switch_seconds = round(time.monotonic() - began, 3)
             result.writes_blocked_at = window.begin(float(ctx.saved(WRITES_BLOCKED_AT)))

@@ -203,12 +203,17 @@ class VerifyTarget(Step):
                 problems.append(f"tree {tree.name} differs: {_listed(items)}")
         return {"trees_differing_items": trees, "trees_verified": scopes}, problems
 
-    def positions(self, ctx: StepContext, final_text: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    def positions(
+        self, ctx: StepContext, final_text: str | None = None, *, wait_first: float | None = None
+    ) -> tuple[dict[str, Any], list[str]]:
         """Replicate mode: O(changes) proof of the data. The source is still at the final position the switch
         journaled (nothing committed there since), and the target executed exactly that position.
 
         When the switch read them as soon as it promoted the target (`read_positions_early`, in this process, for
-        this final position), their answer is taken: no round trip here. `final_text`: the switch's own call."""
+        this final position), their answer is taken: no round trip here; one that found a problem, or failed, is
+        read again here. `final_text`: the switch's own call; `wait_first`: the target is read once it has applied
+        the final position (a server-side wait of at most that many seconds, in the same statement: the switch
+        starts this beside its promotion, which waits for the same), raising NotReached when it has not."""
         rt = runtime(ctx)
         if final_text is None:
             final_text = ctx.output(SWITCH_STEP).get("final_gtid")
@@ -217,7 +222,9 @@ class VerifyTarget(Step):
             if early is not None and early[0] == final_text:
                 try:
                     found: tuple[dict[str, Any], list[str]] = early[1].result()
-                    return found
+                    if not found[1]:
+                        return found
+                    ctx.log.warning("early_positions_failed", error="; ".join(found[1]))
                 except Exception as exc:  # read again below, as without it
                     ctx.log.warning("early_positions_failed", error=str(exc))
         if not final_text:
@@ -240,7 +247,14 @@ class VerifyTarget(Step):
             def _position(conn: Any) -> Any:
                 if which == "source":
                     return rep.write_position(conn)
-                return self._snapshot_and_position(ctx, conn) if with_snapshot else rep.current_position(conn)
+                if with_snapshot:
+                    return self._snapshot_and_position(ctx, conn, final, wait_first)
+                if wait_first is None:
+                    return rep.current_position(conn)
+                found = rep.current_position_after(conn, final, wait_first)
+                if found is None:
+                    raise replica_audit.NotReached(f"the target did not apply {final} within {wait_first:g} s")
+                return found
 
             try:
                 # The spare opened before the window, unpinged: the read itself is the check (one round trip).
@@ -280,19 +294,21 @@ class VerifyTarget(Step):
             problems = [problem for future in futures for problem in future.result()]
         return held, problems
 
-    def _snapshot_and_position(self, ctx: StepContext, conn: Any) -> Any:
+    def _snapshot_and_position(self, ctx: StepContext, conn: Any, final: Any, wait_first: float | None) -> Any:
         """The audit's snapshot and the target's position in one round trip (`_snapshot_open` says it opened); a
         server that refuses the compound statement (an SQL error, the connection fine) gets the position alone,
-        and the snapshot is then opened apart."""
+        and the snapshot is then opened apart (waiting first: the error goes up, verify_target reads again)."""
         self._snapshot_open = False
         window = ctx.window
         window.check("opening the target's snapshot for the audit")
         try:
             rt = runtime(ctx)
             with rt.database.bounded(conn, window.timeout(rt.plan.database.read_timeout)):
-                now = replica_audit.open_target_snapshot_at_position(conn)
+                now = replica_audit.open_target_snapshot_at_position(
+                    conn, None if wait_first is None else (final, wait_first)
+                )
         except DatabaseError as exc:
-            if exc.connection_lost:
+            if exc.connection_lost or wait_first is not None:
                 raise
             ctx.log.warning("audit_snapshot_apart", error=str(exc))
             return replication(runtime(ctx)).current_position(conn)
@@ -305,13 +321,20 @@ class VerifyTarget(Step):
         return self.mode.verify(ctx, self)
 
 
-def read_positions_early(ctx: StepContext, final_text: str) -> None:
-    """Called by the replicate switch as soon as the target is promoted: verify_target's reads of both sides' GTID
-    positions (and, with them, the audit's snapshot of the promoted, still fenced target) start now, in a thread of
-    their own, side by side with the uploads' final pass verify_target waits for; it takes their answer instead of a
-    round trip of its own. Nothing writes either side meanwhile (the source is read-only and fenced, the target
-    fenced until the commit), so reading now proves what reading then would, before the commit as before."""
+def read_positions_early(ctx: StepContext, final_text: str, *, wait_first: float) -> None:
+    """Called by the replicate switch once the source is read-only, beside the promotion: verify_target's reads of
+    both sides' GTID positions (and, with them, the audit's snapshot of the still fenced target) start now, in a
+    thread of their own, side by side with the promotion and the uploads' final pass verify_target waits for; it
+    takes their answer instead of a round trip of its own. The target's read waits on the server until it has applied
+    the final position (`wait_first` seconds at most), as the promotion does, and reads the position and opens the
+    snapshot in that statement. Nothing writes either side meanwhile (the source is read-only and fenced, the target
+    fenced until the commit and applying nothing past the final position), so reading now proves what reading after
+    the promotion would, before the commit as before; a read that did not reach the position, or found a problem,
+    is made again by verify_target."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="positions")
-    future = pool.submit(contextvars.copy_context().run, VerifyTarget(mode=REPLICATE).positions, ctx, final_text)
+    future = pool.submit(
+        contextvars.copy_context().run,
+        VerifyTarget(mode=REPLICATE).positions, ctx, final_text, wait_first=wait_first,
+    )  # fmt: skip
     pool.shutdown(wait=False)
     setattr(runtime(ctx), EARLY_POSITIONS, (final_text, future))

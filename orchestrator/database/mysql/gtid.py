@@ -102,6 +102,15 @@ def gtid_current_pos(conn: Session) -> GtidPosition:
     return GtidPosition.parse(str(_scalar(conn, "SELECT @@GLOBAL.gtid_current_pos") or ""))
 
 
+def gtid_current_pos_after(conn: Session, expected: GtidPosition, wait: float) -> GtidPosition | None:
+    """The position once the server has applied `expected` (MASTER_GTID_WAIT, at most `wait` seconds), in one
+    statement: None when it was not reached in that time."""
+    found = _scalar(
+        conn, "SELECT IF(MASTER_GTID_WAIT(%s, %s) = 0, @@GLOBAL.gtid_current_pos, NULL)", (str(expected), wait)
+    )
+    return None if found is None else GtidPosition.parse(str(found))
+
+
 def gtid_slave_pos(conn: Session) -> GtidPosition:
     """What this server has applied as a replica."""
     return GtidPosition.parse(str(_scalar(conn, "SELECT @@GLOBAL.gtid_slave_pos") or ""))

@@ -213,6 +213,9 @@ class MariaDbReplication:
     def current_position(self, conn: Session) -> gtid.GtidPosition:
         return gtid.gtid_current_pos(conn)
 
+    def current_position_after(self, conn: Session, wanted: gtid.GtidPosition, wait: float) -> gtid.GtidPosition | None:
+        return gtid.gtid_current_pos_after(conn, wanted, wait)
+
     def executed_position(self, conn: Session) -> gtid.GtidPosition:
         return gtid.gtid_slave_pos(conn)
 
