@@ -39,6 +39,7 @@ LONGEST_FIRST = (
     "test_faults.py",
     "test_scale_e2e.py",
     "test_frontdoor_e2e.py",
+    "test_postgres_replicate.py",
     "test_postgres_lab.py",
     "test_postgres_migrate.py",
     "test_symlinked_datadir.py",
