@@ -24,6 +24,8 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator.database.mysql import seed
+from orchestrator.database.pg.replication import PgReplication
+from orchestrator.database.postgresql import PostgreSql
 from orchestrator.lab import hosts, load, procs, verify
 from orchestrator.lab import postgres as pglab
 from orchestrator.lab.state import HostState, LabState
@@ -165,6 +167,21 @@ def test_preflight_facts_of_the_lab_source(pair: PgPair) -> None:
     assert facts.problems(other_major=facts.major + 1)[-1].startswith("major versions differ")
     majors = pg.parse_majors(pair.target_ssh.run(pg.installed_majors().command).stdout)
     assert facts.major in majors
+    # What preflight and the estimate ask the engine, read only: the app's role is one the fence stops (a superuser
+    # or a replication role would escape it), the comparison's cost on the largest table, the database's size.
+    rep = PgReplication()
+    with pair.connect(pair.lab.source) as conn:
+        assert rep.writer_problems(conn, [pair.lab.app_user]) == []
+        escaping = rep.writer_problems(conn, [pair.lab.migrate_user, pair.lab.repl_user, "no_such_role"])
+        assert (
+            f"{pair.lab.migrate_user} (SUPERUSER)" in escaping[0]
+            and f"{pair.lab.repl_user} (REPLICATION)" in escaping[0]
+        )
+        assert "no_such_role" in escaping[1] and len(escaping) == 2
+        seconds, chunks = rep.compare_cost(conn, [("public", "reviews"), ("public", "uploads")], 2000)
+        assert seconds > 0 and chunks >= 2
+        size = PostgreSql().data_bytes(conn)
+        assert size is not None and size > 1_000_000
 
 
 def rsync_datadir(pair: PgPair, *, checksum: bool) -> None:

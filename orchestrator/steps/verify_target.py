@@ -8,7 +8,7 @@ target (one round trip) and keeps the session open; the `audit` step reads it af
 the stopped source (orchestrator/services/audit.py). Replicate mode: the same snapshot of the promoted, still fenced
 target, opened by the statement that reads the target's GTID position (one compound statement, one round trip, beside
 the source's position and the trees' comparison), compared after the commit in chunks with the frozen
-source (orchestrator/services/replica_audit.py).
+source (`Replication.audit_chunks`).
 
 All of it runs while writes are blocked: every try, query and comparison is bounded by what is left of the
 write-block budget, so a verification that cannot finish in time fails (and the run rolls back) instead of
@@ -27,7 +27,7 @@ from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.plan.model import FileTree, Plan
 from orchestrator.results import FilesResult, TreeFigures
-from orchestrator.services import audit, health, replica_audit
+from orchestrator.services import audit, health
 from orchestrator.services.tracking import verify_listed_command
 from orchestrator.steps.common import window_route
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
@@ -265,7 +265,7 @@ class VerifyTarget(Step):
         try:
             rt = runtime(ctx)
             with rt.database.bounded(conn, window.timeout(rt.plan.database.read_timeout)):
-                now = replica_audit.open_target_snapshot_at_position(conn)
+                now = replication(rt).audit_snapshot_and_position(conn)
         except DatabaseError as exc:
             if exc.connection_lost:
                 raise
