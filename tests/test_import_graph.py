@@ -132,6 +132,46 @@ def test_cycles_finds_a_long_cycle_and_no_false_one(graph: dict[str, set[str]], 
     assert cycles(graph) == expected
 
 
+# Each database driver is imported only by its engine and the SQL behind it (and by the lab, which sets servers up):
+# the steps, services and runs speak the Database and Replication protocols (orchestrator/database/protocol.py).
+DRIVERS = {
+    "pymysql": ("orchestrator.database.mariadb", "orchestrator.database.mysql"),
+    "psycopg": ("orchestrator.database.postgresql", "orchestrator.database.pg"),
+}
+LAB = "orchestrator.lab"
+
+
+def driver_importers(root: Path = ROOT) -> dict[str, set[str]]:
+    """Each driver's importing modules, wherever in the file the import is."""
+    found: dict[str, set[str]] = {driver: set() for driver in DRIVERS}
+    for module, path in module_files(root).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            for name in names:
+                top = name.split(".")[0]
+                if top in found:
+                    found[top].add(module)
+    return found
+
+
+def _within(module: str, owners: tuple[str, ...]) -> bool:
+    return any(module == owner or module.startswith(owner + ".") for owner in owners)
+
+
+def test_each_database_driver_is_imported_only_behind_its_engine() -> None:
+    found = driver_importers()
+    assert found["pymysql"] and found["psycopg"], "the check reads the engines' imports"
+    strays = sorted(
+        f"{module} imports {driver}"
+        for driver, modules in found.items()
+        for module in modules
+        if not _within(module, (*DRIVERS[driver], LAB))
+    )
+    assert strays == []
+
+
 def test_the_command_line_module_stays_small() -> None:
     # cli/commands.py parses arguments and hands them on; drawing and shared helpers live in cli/render.py and
     # cli/support.py.

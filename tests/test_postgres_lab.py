@@ -1,4 +1,4 @@
-"""The PostgreSQL primitives (orchestrator/transports/postgres.py) proven on a lab made with `--engine postgresql`:
+"""The PostgreSQL primitives (orchestrator/database/pg/primitives.py) proven on a lab made with `--engine postgresql`:
 the shutdown mode's copy of the data directory, a standby seeded with pg_basebackup through the SSH tunnel under a
 writer, the fence (a write by the app's role refused, a reconnecting session cannot undo it), the LSN handshake, the
 promotion with proof, the old primary re-attached as a standby of the new one without pg_rewind, and every
@@ -24,13 +24,13 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator.database.mysql import seed
+from orchestrator.database.pg import primitives as pg
 from orchestrator.database.pg.replication import PgReplication
 from orchestrator.database.postgresql import PostgreSql
 from orchestrator.lab import hosts, load, procs, verify
 from orchestrator.lab import postgres as pglab
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
-from orchestrator.transports import postgres as pg
 from orchestrator.transports.rsync import target_ssh_command
 from orchestrator.transports.ssh import SshHost
 

@@ -1,12 +1,12 @@
 """The PostgreSQL engine behind the `Database` protocol, over psycopg (the shutdown cut-over mode).
 
-Its SQL and host commands live in `transports/postgres.py`; this module is what the seam hands out. A plan's
+Its SQL and host commands live in `database/pg/primitives.py`; this module is what the seam hands out. A plan's
 `database.schemas` names the PostgreSQL database (one) the run connects to and verifies: every table of its
 non-system schemas is listed, counted and checksummed. Sessions are psycopg connections whose cursors count each
 statement and turn every psycopg error into a `PgDriverError` (a DatabaseError), once, here.
 
 The write fence is the catalog's, not a session's: every application role (can log in, neither superuser nor
-replication, not ours) is marked, made NOLOGIN and its sessions ended (`transports/postgres.fence_marked`), then a
+replication, not ours) is marked, made NOLOGIN and its sessions ended (`pg/primitives.fence_marked`), then a
 CHECKPOINT keeps the clean shutdown that follows short. NOLOGIN travels with the data directory, so the target
 starts fenced; `lift_fence` lets the marked roles in again (the target at its start, the source at a rollback).
 """
@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, cast
 import psycopg
 from psycopg import sql
 
+from orchestrator.database.pg import primitives as pg
 from orchestrator.database.protocol import Blocker, DatabaseError, Figures, Replication, Session, TableLimit
 from orchestrator.services.probes import Probe
-from orchestrator.transports import postgres as pg
 
 if TYPE_CHECKING:
     from orchestrator.plan.model import Database as DatabaseSettings

@@ -19,8 +19,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from orchestrator.database.pg.primitives import Cluster
 from orchestrator.lab.state import HostState, LabState
-from orchestrator.transports.postgres import Cluster
 
 ENGINE = "postgresql"
 OS_USER = "postgres"
@@ -217,7 +217,7 @@ def pid(host: HostState) -> int | None:
 
 
 def start(host: HostState) -> int:
-    from orchestrator.transports.postgres import pg_ctl_command
+    from orchestrator.database.pg.primitives import pg_ctl_command
 
     if pid(host) is None:
         proc = subprocess.run(["bash", "-c", pg_ctl_command(cluster(host), "start")], capture_output=True, text=True,
@@ -232,7 +232,7 @@ def start(host: HostState) -> int:
 
 def stop(host: HostState) -> int | None:
     """A clean fast shutdown (a shutdown checkpoint); returns the pid it stopped."""
-    from orchestrator.transports.postgres import pg_ctl_command
+    from orchestrator.database.pg.primitives import pg_ctl_command
 
     found = pid(host)
     if found is None:
@@ -332,7 +332,7 @@ def remove_cluster(host: HostState) -> None:
 
 
 def db_start_script(host: HostState) -> str:
-    from orchestrator.transports.postgres import pg_ctl_command
+    from orchestrator.database.pg.primitives import pg_ctl_command
 
     c = cluster(host)
     return f"""#!/bin/bash
@@ -352,7 +352,7 @@ if {c.as_owner([c.program("pg_ctl"), "-D", c.data_dir, "status"])} >/dev/null 2>
 
 
 def db_stop_script(host: HostState) -> str:
-    from orchestrator.transports.postgres import pg_ctl_command
+    from orchestrator.database.pg.primitives import pg_ctl_command
 
     c = cluster(host)
     return f"""#!/bin/bash

@@ -26,8 +26,8 @@ from typing import Any
 
 from psycopg import sql
 
+from orchestrator.database.pg import primitives as pg
 from orchestrator.database.protocol import Comparison, DatabaseError, Session
-from orchestrator.transports import postgres as pg
 
 TRIES = 3
 LOCK_NOT_AVAILABLE = "55P03"

@@ -1,10 +1,10 @@
 """PostgreSQL's replica control behind the seam's `Replication` protocol: a physical streaming standby, seeded by
 pg_basebackup (seed.py), its source's server stopped cleanly inside the window and the standby promoted with proof.
 
-Positions are WAL positions (`transports.postgres.Lsn`). The switch, in the order the steps call it:
+Positions are WAL positions (`pg/primitives.Lsn`). The switch, in the order the steps call it:
 
 1. `before_window`: a CHECKPOINT on the source, so the clean shutdown inside the window has little to flush;
-2. `stop_writes`: the application's roles fenced (marked, NOLOGIN, their sessions ended: transports/postgres.fence),
+2. `stop_writes`: the application's roles fenced (marked, NOLOGIN, their sessions ended: pg/primitives.fence),
    then the plan's stop command (a clean fast shutdown: the walsender streams every WAL record up to and including
    the shutdown checkpoint to the standby before the server exits), then pg_controldata: "shut down", and the
    final position is just past that checkpoint's record (nothing of the source's can follow it);
@@ -31,6 +31,7 @@ import psycopg
 from psycopg import sql
 
 from orchestrator.database.pg import compare
+from orchestrator.database.pg import primitives as pg
 from orchestrator.database.pg.seed import BIN_DIR, PgSeed, PgSeedSpec
 from orchestrator.database.protocol import (
     ChunkedAudit,
@@ -44,7 +45,6 @@ from orchestrator.database.protocol import (
     Session,
 )
 from orchestrator.secrets import register
-from orchestrator.transports import postgres as pg
 
 # The source is stopped inside the window and follows the target after it: there is no frozen source to audit.
 NO_AUDIT = "PostgreSQL's replicate mode has no after-commit audit (its source is stopped inside the window)"
@@ -182,7 +182,7 @@ class PgReplication:
 
     def writer_problems(self, conn: Session, app_users: list[str]) -> list[str]:
         """The fence makes every login role NOLOGIN and ends its sessions, except superusers and replication roles
-        (transports/postgres.app_roles): an application role among those would keep writing."""
+        (pg/primitives.app_roles): an application role among those would keep writing."""
         rows = (
             _raw(conn)
             .execute("SELECT rolname, rolsuper, rolreplication FROM pg_roles WHERE rolname = ANY(%s)", (app_users,))
