@@ -2,8 +2,9 @@
 live in folders that say what they are), and the command line stays small.
 
 The graph is read from the source (ast), so it counts every import a module can make: at its top, inside a function
-(a lazy import hides a cycle from Python, not from the reader) and under `TYPE_CHECKING`. A cycle fails the test with
-the modules that form it.
+(a lazy import hides a cycle from Python, not from the reader) and under `TYPE_CHECKING`, and the package `__init__`
+modules each import runs on its way (`from orchestrator.steps import audit` runs orchestrator/steps/__init__.py
+first). A cycle fails the test with the modules that form it.
 """
 
 from __future__ import annotations
@@ -51,8 +52,19 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
                     found.add(submodule)  # `from orchestrator import report`: the module itself
                 elif source in known:
                     found.add(source)
+    # Importing a module runs the `__init__` of every package above it first: an edge to each of them too (not to
+    # the importing module's own packages, which run before it whatever it imports).
+    own = _ancestors(module) | {module}
+    for imported in list(found):
+        found.update(package for package in _ancestors(imported) if package in known and package not in own)
     found.discard(module)
     return found
+
+
+def _ancestors(module: str) -> set[str]:
+    """The packages above `module` ('a.b.c' → {'a', 'a.b'})."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
@@ -103,9 +115,9 @@ def test_the_package_has_no_import_cycle() -> None:
     assert not found, "import cycles: " + "; ".join(" <-> ".join(cycle) for cycle in found)
 
 
-def test_the_graph_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
+def test_the_graph_sees_lazy_type_checking_and_package_init_imports(tmp_path: Path) -> None:
     # The check is only as good as its reading: a cycle closed by an import inside a function, or one under
-    # TYPE_CHECKING, or by a relative import, is a cycle.
+    # TYPE_CHECKING, or by a relative import, or through a package's __init__, is a cycle.
     package = tmp_path / PACKAGE
     (package / "sub").mkdir(parents=True)
     (package / "__init__.py").write_text("")
@@ -117,8 +129,21 @@ def test_the_graph_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
     (package / "sub" / "c.py").write_text("from . import d\n")
     (package / "sub" / "d.py").write_text("from .c import x\n")
     (package / "e.py").write_text("import orchestrator.a\n")
+    # A package's __init__ runs before any of its modules: `f` importing `pkg.g` imports `pkg`, whose __init__
+    # imports `f` back. A package's __init__ importing its own modules is no cycle (`own`).
+    (package / "pkg").mkdir()
+    (package / "pkg" / "__init__.py").write_text("from orchestrator import f\n")
+    (package / "pkg" / "g.py").write_text("X = 1\n")
+    (package / "f.py").write_text("from orchestrator.pkg import g\n")
+    (package / "own").mkdir()
+    (package / "own" / "__init__.py").write_text("from orchestrator.own import h\n")
+    (package / "own" / "h.py").write_text("import orchestrator.pkg.g\n")
     found = cycles(import_graph(package))
-    assert found == [["orchestrator.a", "orchestrator.b"], ["orchestrator.sub.c", "orchestrator.sub.d"]]
+    assert found == [
+        ["orchestrator.a", "orchestrator.b"],
+        ["orchestrator.f", "orchestrator.pkg"],
+        ["orchestrator.sub.c", "orchestrator.sub.d"],
+    ]
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,6 @@ from typing import Any, Protocol
 from orchestrator.contracts import StepRuntime, Which
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.plan.model import Plan
-from orchestrator.steps.common import DATADIR_EXCLUDES
 from orchestrator.transports import rsync
 
 # Assumptions for the parts of the window a read-only rehearsal cannot time (NOTES: a lab datadir's clean shutdown
@@ -190,7 +189,7 @@ def datadir_estimate(rt: StepRuntime) -> TransferEstimate:
         plan,
         db.source.datadir,
         db.target.datadir,
-        exclude=DATADIR_EXCLUDES,
+        exclude=rsync.DATADIR_EXCLUDES,
         live=True,
         inplace=True,
         extra=["--dry-run"],
