@@ -103,6 +103,7 @@ class MariaDb:
     """The `Database` for `database.engine: mariadb` (and `mysql`, which speaks the same protocol)."""
 
     server_files: tuple[str, ...] = probes.INNODB_FILES
+    server_programs: tuple[str, ...] = ("mariadbd", "mysqld")
     fence_name = "FLUSH TABLES WITH READ LOCK"
     fence_in_data = False
     file_settings: tuple[str, ...] = mysql.FILE_VARIABLES

@@ -143,6 +143,7 @@ class PostgreSql:
     """The `Database` for `database.engine: postgresql`."""
 
     server_files: tuple[str, ...] = SERVER_FILES
+    server_programs: tuple[str, ...] = ("postgres",)  # every backend runs it too: the oldest pid, the postmaster
     fence_name = "the app roles' fence (NOLOGIN, their sessions ended, then CHECKPOINT)"
     fence_in_data = True
     file_settings: tuple[str, ...] = ()  # it keeps every file in its data directory

@@ -118,6 +118,8 @@ class Database(Protocol):
     # Patterns (relative to the data directory) of the files the server's processes hold open while it runs: once
     # none is held, the server is gone and its data directory quiet (the shutdown mode's proof).
     server_files: tuple[str, ...]
+    # The names of the server's program (its binary's), to tell it among the processes holding `server_files`.
+    server_programs: tuple[str, ...]
     # The write fence in words ("FLUSH TABLES WITH READ LOCK"), as the cut-over's lines and errors name it.
     fence_name: str
     # Whether the write fence lives in the data (PostgreSQL's NOLOGIN roles: a copy of the datadir carries it, and the

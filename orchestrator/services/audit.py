@@ -21,7 +21,6 @@ from typing import Any, Protocol
 from orchestrator.contracts import Host
 from orchestrator.database.protocol import Session
 
-SERVER_NAMES = ("mariadbd", "mysqld")
 # One whole-table read per table on a stopped, otherwise idle server: generous, it is after the commit.
 READ_TIMEOUT = 4 * 3600.0
 TRANSACTIONAL = ("innodb", "heap")  # PostgreSQL's tables are all "heap" (MVCC, in the snapshot)
@@ -81,20 +80,21 @@ def launch_command(pid: int) -> str:
     return f"stat -c %U /proc/{pid} && readlink /proc/{pid}/exe; echo; cat /proc/{pid}/cmdline"
 
 
-def server_pid(host: Host, pids: Iterable[int]) -> int | None:
-    """Of the processes holding the datadir's InnoDB files, the database server (by its binary's name)."""
+def server_pid(host: Host, pids: Iterable[int], programs: tuple[str, ...]) -> int | None:
+    """Of the processes holding the datadir's files, the database server (by its binary's name, one of
+    `programs`: `Database.server_programs`), else the oldest."""
     candidates = sorted(pids)
     for pid in candidates:
         out = host.run(f"readlink /proc/{pid}/exe", timeout=10.0, check=False).stdout.strip()
-        if out.rsplit("/", 1)[-1].split(" ")[0] in SERVER_NAMES:
+        if out.rsplit("/", 1)[-1].split(" ")[0] in programs:
             return pid
     return candidates[0] if candidates else None
 
 
-def read_launch(host: Host, pids: Iterable[int]) -> ServerLaunch | None:
+def read_launch(host: Host, pids: Iterable[int], programs: tuple[str, ...]) -> ServerLaunch | None:
     """The command line of the server among `pids` (read before the window: a command line never goes in a
     journal)."""
-    pid = server_pid(host, pids)
+    pid = server_pid(host, pids, programs)
     if pid is None:
         return None
     return parse_launch(host.run(launch_command(pid), timeout=10.0).stdout)
