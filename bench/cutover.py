@@ -52,6 +52,7 @@ from typing import Any
 import pymysql
 
 from orchestrator.database.mysql import replica, switch
+from orchestrator.database.pg import primitives as pg
 from orchestrator.lab import haproxy, hosts, planfile, relay
 from orchestrator.lab import postgres as pglab
 from orchestrator.lab.load import REQUESTS_FILE
@@ -59,7 +60,6 @@ from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report.build import render_report
 from orchestrator.runtime import Runtime
-from orchestrator.transports import postgres as pg
 from orchestrator.transports import rsync
 from orchestrator.transports.cloudflare import DnsClient
 

@@ -6,6 +6,9 @@ file, so `_implements` below fails the lint when a fake drifts from its protocol
 - `FakeDns` (a `transports.dns.DnsProvider`): zones and records in memory, every call recorded, failures injected;
 - `FakeDatabase` (a `database.protocol.Database`): the MariaDB engine's SQL over offline sessions (`FakeSession`:
   every statement recorded, answered like a small source database), so a test reads exactly what a step sent;
+- `FakeReplication` (a `database.protocol.Replication`): both servers' replication as the replicate steps see it
+  (read-only flags, replica states, positions as text), every call recorded as (what, side, detail), the wait and
+  the promotion scripted; `FakeDatabase.replica_control` hands it out;
 - `OfflineRuntime` (a `contracts.StepRuntime`): the plan, the window, recording hosts, a `FakeDns`, a `FakeDatabase`
   and database sessions whose answers the test sets (`FakeSession`);
 - `context(rt, step, ...)`: a StepContext over such a runtime, its saves kept in a dict the test reads.
@@ -19,13 +22,14 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from orchestrator.database.mariadb import MariaDb
+from orchestrator.database.protocol import ChunkedAudit, Comparison, PositionMismatch, ReplicaSource, ServerAccess
 from orchestrator.engine.step import StepContext
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
@@ -37,7 +41,7 @@ from orchestrator.window import DowntimeWindow
 
 if TYPE_CHECKING:
     from orchestrator.contracts import Host, StepRuntime, Which
-    from orchestrator.database.protocol import Database
+    from orchestrator.database.protocol import Database, Replication
     from orchestrator.transports.haproxy import FrontDoor
 
 PLAN_FILE = Path(__file__).parents[1] / "plans" / "course-review.yaml"
@@ -262,11 +266,16 @@ class FakeSession:
 
 
 class FakeDatabase(MariaDb):
-    """The MariaDB engine whose sessions are FakeSessions: its SQL is the real engine's, nothing is connected."""
+    """The MariaDB engine whose sessions are FakeSessions: its SQL is the real engine's, nothing is connected;
+    `replica_control` (a FakeReplication), when set, is its replicate mode's."""
 
     def __init__(self) -> None:
         super().__init__("mariadb")
         self.opened: list[FakeSession] = []
+        self.replica_control: Replication | None = None
+
+    def replication(self) -> Replication | None:
+        return self.replica_control if self.replica_control is not None else super().replication()
 
     def connect(
         self,
@@ -281,6 +290,197 @@ class FakeDatabase(MariaDb):
     ) -> FakeSession:
         self.opened.append(FakeSession())
         return self.opened[-1]
+
+
+# --- replication ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeStatus:
+    """A replica's state (database.protocol.ReplicaStatus)."""
+
+    io_running: str = "Yes"
+    sql_running: bool = True
+    seconds_behind: int | None = 0
+    gtid_io_pos: Any = ""
+    master_port: int = 3307
+    error: str | None = None
+
+    @property
+    def replicating(self) -> bool:
+        return self.io_running == "Yes" and self.sql_running
+
+
+@dataclass
+class FakeWait:
+    """A bounded wait's outcome (WaitResult) and, for `wait_and_promote`, a promotion's (Promotion)."""
+
+    outcome: str = "reached"
+    waited: float = 0.1
+    position: Any = ""
+    error: str | None = None
+    promoted: bool = False
+    executed: Any = ""
+
+    @property
+    def reached(self) -> bool:
+        return self.outcome == "reached"
+
+
+@dataclass
+class FakeReplication:
+    """Both servers' replication as the replicate steps read and change it, through the `Replication` protocol.
+
+    Positions are their text ("0-1-42"); `executed[side]` is what that side applied. `first_slice` is what the
+    switch's first bounded wait-and-promote returns, `waits` what each later `wait_for_position` does (in order),
+    `mismatch` makes a promotion fail its proof. Every call lands in `calls` as (what, side, detail)."""
+
+    read_only: dict[str, bool] = field(default_factory=lambda: {"source": False, "target": True})
+    replica: dict[str, FakeStatus | None] = field(default_factory=lambda: {"source": None, "target": FakeStatus()})
+    executed: dict[str, str] = field(default_factory=lambda: {"source": "", "target": "0-1-42"})
+    final: str = "0-1-42"
+    first_slice: FakeWait = field(default_factory=FakeWait)
+    waits: list[FakeWait] = field(default_factory=list)
+    mismatch: str | None = None
+    source_stops: bool = False
+    calls: list[tuple[str, str, Any]] = field(default_factory=list)
+    wait_slice: float = 0.5
+    requirements: str = "what the fake engine relies on"
+    seed: Any = None
+
+    def _record(self, what: str, conn: Any, detail: Any = None) -> str:
+        side = str(getattr(conn, "which", "?")) if conn is not None else "stopped"
+        self.calls.append((what, side, detail))
+        return side
+
+    def changes(self) -> list[tuple[str, str, Any]]:
+        """The calls that change a server."""
+        kept = ("set_read_only", "start_replica", "stop_replica", "follow", "promote", "wait_and_promote",
+                "stop_writes", "forget_replication")  # fmt: skip
+        return [call for call in self.calls if call[0] in kept]
+
+    def describe(self, part: str, plan: Any) -> list[str]:
+        return [f"the fake engine's {part}"] if part != "finish" else ["the reverse path", "torn down"]
+
+    def programs(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        return ()
+
+    def server_facts(self, conn: Any) -> dict[str, str]:
+        self._record("server_facts", conn)
+        return {}
+
+    def problems(self, plan: Any, source: dict[str, str] | None, target: dict[str, str] | None,
+                 programs: dict[str, bool]) -> list[str]:  # fmt: skip
+        return []
+
+    def pair_problems(self, source: dict[str, str], target: dict[str, str]) -> list[str]:
+        return []
+
+    def writer_problems(self, conn: Any, app_users: list[str]) -> list[str]:
+        return []
+
+    def seed_spec(self, plan: Any, *, source_datadir: str, target_datadir: str, ssh_to_target: tuple[str, ...],
+                  password_env: str | None) -> Any:  # fmt: skip
+        raise AssertionError("the fake engine has no seed")
+
+    def parse_position(self, text: str | None) -> Any:
+        return text or ""
+
+    def same_position(self, final: Any, executed: Any) -> bool:
+        return bool(final) and str(final) == str(executed)
+
+    def write_position(self, conn: Any) -> Any:
+        self._record("write_position", conn)
+        return self.final
+
+    def current_position(self, conn: Any) -> Any:
+        return self.executed[self._record("current_position", conn)]
+
+    def current_position_after(self, conn: Any, wanted: Any, wait: float) -> Any:
+        # Reached when what the server executed is at `wanted` (the fake's positions compare as equal or not).
+        found = self.executed[self._record("current_position_after", conn)]
+        return found if str(found) == str(wanted) else None
+
+    def executed_position(self, conn: Any) -> Any:
+        return self.executed[self._record("executed_position", conn)]
+
+    def replica_status(self, conn: Any) -> FakeStatus | None:
+        return self.replica[self._record("replica_status", conn)]
+
+    def follow(self, conn: Any, source: ReplicaSource, start_at: Any, *, seeded: bool,
+               server: ServerAccess | None = None, primary: Any = None) -> None:  # fmt: skip
+        side = self._record("follow", conn, (source.port, str(start_at), seeded))
+        self.replica[side] = FakeStatus(io_running="No", sql_running=False, master_port=source.port)
+
+    def start_replica(self, conn: Any) -> None:
+        side = self._record("start_replica", conn)
+        status = self.replica[side]
+        if status is not None:
+            self.replica[side] = replace(status, io_running="Yes", sql_running=True)
+
+    def stop_replica(self, conn: Any) -> None:
+        side = self._record("stop_replica", conn)
+        status = self.replica[side]
+        if status is not None:
+            self.replica[side] = replace(status, io_running="No", sql_running=False)
+
+    def forget_replication(self, conn: Any) -> None:
+        self.replica[self._record("forget_replication", conn)] = None
+
+    def wait_for_position(self, conn: Any, wanted: Any, timeout: float) -> FakeWait:
+        self._record("wait_for_position", conn, str(wanted))
+        return self.waits.pop(0) if self.waits else FakeWait(position=wanted)
+
+    def is_read_only(self, conn: Any) -> bool:
+        return self.read_only[self._record("is_read_only", conn)]
+
+    def set_read_only(self, conn: Any, on: bool, *, lock_wait_timeout: float) -> None:
+        self.read_only[self._record("set_read_only", conn, on)] = on
+
+    def before_window(self, conn: Any) -> None:
+        self._record("before_window", conn)
+
+    def stop_writes(self, conn: Any, *, lock_wait_timeout: float, server: ServerAccess) -> Any:
+        side = self._record("stop_writes", conn)
+        self.read_only[side if side != "stopped" else "source"] = True
+        return self.final
+
+    def _promote(self, side: str, expected: Any) -> Any:
+        if self.mismatch is not None:
+            raise PositionMismatch(self.mismatch)
+        self.replica[side], self.read_only[side] = None, False
+        return self.executed[side]
+
+    def wait_and_promote(self, conn: Any, expected: Any, wait: float) -> FakeWait:
+        side = self._record("wait_and_promote", conn, str(expected))
+        if not self.first_slice.reached:
+            return self.first_slice
+        return replace(self.first_slice, promoted=True, executed=self._promote(side, expected))
+
+    def promote(self, conn: Any, expected: Any) -> Any:
+        return self._promote(self._record("promote", conn, str(expected)), expected)
+
+    def open_audit_snapshot(self, conn: Any) -> None:
+        self._record("open_audit_snapshot", conn)
+
+    def audit_snapshot_and_position(self, conn: Any, after: tuple[Any, float] | None = None) -> Any:
+        self._record("audit_snapshot_and_position", conn)
+        return self.executed["target"]
+
+    def audit_chunks(self, snapshot: Any, source: Any, final: Any, schemas: list[str] | None, *, chunk_rows: int,
+                     pause_ratio: float, timeout: float, on_start: Callable[[int], None],
+                     on_chunk: Callable[[str, int, int], None]) -> ChunkedAudit:  # fmt: skip
+        self._record("audit_chunks", source, str(final))
+        return ChunkedAudit()
+
+    def compare_cost(self, conn: Any, tables: list[tuple[str, str]], chunk_rows: int) -> tuple[float, int]:
+        return 0.01, len(tables)
+
+    def compare(self, snapshot_conn: Any, target: Any, tables: list[tuple[str, str]], *, chunk_rows: int,
+                pause_ratio: float, timeout: float,
+                on_chunk: Callable[[str, int, int], None]) -> Comparison:  # fmt: skip
+        self._record("compare", target, len(tables))
+        return Comparison(position=self.final)
 
 
 # --- the runtime ------------------------------------------------------------------------------------------------
@@ -377,5 +577,6 @@ def _implements(example: Plan) -> None:
     local: Host = LocalHost()
     dns: DnsProvider = FakeDns()
     database: Database = FakeDatabase()
+    replication: Replication = FakeReplication()
     rt: StepRuntime = OfflineRuntime(example)
-    del recording, local, dns, database, rt
+    del recording, local, dns, database, replication, rt

@@ -10,11 +10,13 @@ import pymysql
 
 from orchestrator import exit_codes
 from orchestrator.database import mariadb
+from orchestrator.database.mysql import audit as mysql_audit
 from orchestrator.database.mysql import compare, gtid
+from orchestrator.database.protocol import ChunkedAudit
 from orchestrator.engine.journal import RunState, RunStatus, StepRecord, StepState
 from orchestrator.results import AuditResult
 from orchestrator.run.watch import outcome_code
-from orchestrator.services import audit, replica_audit
+from orchestrator.services import audit
 from orchestrator.steps import step_class
 from orchestrator.steps.audit import Audit
 from orchestrator.steps.modes import REPLICATE, REVERSE_OVER_REPLICA, SHUTDOWN
@@ -53,7 +55,7 @@ def test_the_isolated_source_keeps_its_own_options_and_cannot_take_a_write() -> 
     launch = audit.parse_launch(out + "\0")
     assert launch == audit.ServerLaunch("/usr/sbin/mariadbd", ["--no-defaults", "--port=3307", "--log-bin=binlog"],
                                         "mysql")  # fmt: skip
-    argv = audit.isolated_argv(launch, "/tmp/migrate-audit.x")
+    argv = mysql_audit.isolated_argv(launch, "/tmp/migrate-audit.x")
     # Its own options first (--no-defaults must stay first), the isolation after them (later options win).
     assert argv[:4] == ["/usr/sbin/mariadbd", "--no-defaults", "--port=3307", "--log-bin=binlog"]
     for option in ("--skip-networking", "--read-only", "--innodb-read-only", "--skip-log-bin", "--skip-slave-start",
@@ -66,11 +68,11 @@ def test_the_isolated_source_keeps_its_own_options_and_cannot_take_a_write() -> 
 
 def test_figures_read_through_the_isolated_source_client_keep_each_table_in_its_place() -> None:
     tables = ["app.reviews", "app.we`ird", "app.gone"]
-    sql = audit.figures_sql(tables, counts=True, checksums=True)
+    sql = mysql_audit.figures_sql(tables, counts=True, checksums=True)
     assert "FROM `app`.`we``ird`;" in sql and sql.count("CHECKSUM TABLE") == 3
     # The missing table's statements failed (--force goes on): its figures are left out, nothing shifts.
     out = "count#0\t7\nchecksum#0\napp.reviews\t123\ncount#1\t2\nchecksum#1\napp.we`ird\tNULL\nchecksum#2\n"
-    counts, sums = audit.parse_figures(out, tables)
+    counts, sums = mysql_audit.parse_figures(out, tables)
     assert counts == {"app.reviews": 7, "app.we`ird": 2} and sums == {"app.reviews": 123, "app.we`ird": None}
 
 
@@ -151,8 +153,8 @@ def test_replicate_verify_opens_the_audit_snapshot_with_one_statement_and_holds_
     # Inside the window: the statement that reads the target's position opens the snapshot (one round trip, on that
     # connection: none of its own, no ping); the tables are read on the frozen source after the commit.
     target, source = rt.sessions["target"], rt.sessions["source"]
-    assert target.statements == [replica_audit.SNAPSHOT_AND_POSITION]
-    assert replica_audit.SNAPSHOT_STATEMENT in replica_audit.SNAPSHOT_AND_POSITION
+    assert target.statements == [mysql_audit.SNAPSHOT_AND_POSITION]
+    assert mysql_audit.SNAPSHOT_STATEMENT in mysql_audit.SNAPSHOT_AND_POSITION
     assert source.statements == ["SELECT @@GLOBAL.gtid_binlog_pos"]
     assert audit.held(rt).snapshot is target and rt.released == [source], "the target's session is kept"
     described = " ".join(VerifyTarget(mode=REPLICATE).describe(ctx))
@@ -192,7 +194,7 @@ def test_a_server_refusing_the_one_statement_gets_the_position_then_the_snapshot
     figures, problems = VerifyTarget(mode=REPLICATE).positions(ctx)
     assert not problems and figures["audit_snapshot_at"] > 0
     target = rt.sessions["target"]
-    assert target.statements[1:] == ["SELECT @@GLOBAL.gtid_current_pos", replica_audit.SNAPSHOT_STATEMENT]
+    assert target.statements[1:] == ["SELECT @@GLOBAL.gtid_current_pos", mysql_audit.SNAPSHOT_STATEMENT]
     assert audit.held(rt).snapshot is target
 
 
@@ -214,10 +216,10 @@ def test_the_replicate_audit_names_the_table_and_the_chunk_and_its_cost() -> Non
     log_diff = compare.ChunkDiff(
         "app.log", compare.Chunk(0, None, None), (), compare.ChunkSum(3, 1), compare.ChunkSum(4, 1)
     )
-    found = replica_audit.ChunkedAudit(differences=[differing, log_diff], missing=["app.users"], tables=3, chunks=4,
-                                       rows=153, seconds=0.5)  # fmt: skip
     engines = {"app.reviews": "innodb", "app.users": "innodb", "app.log": "aria"}
-    result = Audit._compare_chunks(found, engines, gtid.GtidPosition.parse("0-1-42"))
+    found = ChunkedAudit(differences=[differing, log_diff], missing=["app.users"], engines=engines, tables=3,
+                         chunks=4, rows=153, seconds=0.5)  # fmt: skip
+    result = Audit._compare_chunks(found, gtid.GtidPosition.parse("0-1-42"))
     assert result.status == "differs" and result.needs_attention
     assert result.differences == [
         "app.reviews chunk 0 (id from the start to before 'r-000051'): 50 rows on both, contents differ",
@@ -227,11 +229,11 @@ def test_the_replicate_audit_names_the_table_and_the_chunk_and_its_cost() -> Non
     assert "app.reviews chunk 0" in (result.summary() or "") and "datadir" not in (result.summary() or "")
     cost = result.model_copy(update={"seconds": 0.5}).cost()
     assert cost == "3 table(s), 153 row(s) in 4 chunk(s) in 0.5 s, after the commit (outside the window)"
-    unread = replica_audit.ChunkedAudit(unread={"app.x": "on the target: error 1412"}, tables=1)
-    verdict = Audit._compare_chunks(unread, {}, gtid.GtidPosition.parse("0-1-42"))
+    unread = ChunkedAudit(unread={"app.x": "on the target: error 1412"}, tables=1)
+    verdict = Audit._compare_chunks(unread, gtid.GtidPosition.parse("0-1-42"))
     assert verdict.status == "incomplete" and "app.x" in (verdict.reason or "")
-    assert Audit._compare_chunks(replica_audit.ChunkedAudit(tables=2, chunks=2, rows=9), {},
-                                 gtid.GtidPosition.parse("0-1-42")).status == "equal"  # fmt: skip
+    equal = Audit._compare_chunks(ChunkedAudit(tables=2, chunks=2, rows=9), gtid.GtidPosition.parse("0-1-42"))
+    assert equal.status == "equal"
 
 
 def test_the_audit_snapshot_is_opened_after_the_promotion_and_before_the_commit_in_every_mode() -> None:

@@ -2,8 +2,9 @@
 live in folders that say what they are), and the command line stays small.
 
 The graph is read from the source (ast), so it counts every import a module can make: at its top, inside a function
-(a lazy import hides a cycle from Python, not from the reader) and under `TYPE_CHECKING`. A cycle fails the test with
-the modules that form it.
+(a lazy import hides a cycle from Python, not from the reader) and under `TYPE_CHECKING`, and the package `__init__`
+modules each import runs on its way (`from orchestrator.steps import audit` runs orchestrator/steps/__init__.py
+first). A cycle fails the test with the modules that form it.
 """
 
 from __future__ import annotations
@@ -51,8 +52,19 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
                     found.add(submodule)  # `from orchestrator import report`: the module itself
                 elif source in known:
                     found.add(source)
+    # Importing a module runs the `__init__` of every package above it first: an edge to each of them too (not to
+    # the importing module's own packages, which run before it whatever it imports).
+    own = _ancestors(module) | {module}
+    for imported in list(found):
+        found.update(package for package in _ancestors(imported) if package in known and package not in own)
     found.discard(module)
     return found
+
+
+def _ancestors(module: str) -> set[str]:
+    """The packages above `module` ('a.b.c' → {'a', 'a.b'})."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
@@ -103,9 +115,9 @@ def test_the_package_has_no_import_cycle() -> None:
     assert not found, "import cycles: " + "; ".join(" <-> ".join(cycle) for cycle in found)
 
 
-def test_the_graph_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
+def test_the_graph_sees_lazy_type_checking_and_package_init_imports(tmp_path: Path) -> None:
     # The check is only as good as its reading: a cycle closed by an import inside a function, or one under
-    # TYPE_CHECKING, or by a relative import, is a cycle.
+    # TYPE_CHECKING, or by a relative import, or through a package's __init__, is a cycle.
     package = tmp_path / PACKAGE
     (package / "sub").mkdir(parents=True)
     (package / "__init__.py").write_text("")
@@ -117,8 +129,21 @@ def test_the_graph_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
     (package / "sub" / "c.py").write_text("from . import d\n")
     (package / "sub" / "d.py").write_text("from .c import x\n")
     (package / "e.py").write_text("import orchestrator.a\n")
+    # A package's __init__ runs before any of its modules: `f` importing `pkg.g` imports `pkg`, whose __init__
+    # imports `f` back. A package's __init__ importing its own modules is no cycle (`own`).
+    (package / "pkg").mkdir()
+    (package / "pkg" / "__init__.py").write_text("from orchestrator import f\n")
+    (package / "pkg" / "g.py").write_text("X = 1\n")
+    (package / "f.py").write_text("from orchestrator.pkg import g\n")
+    (package / "own").mkdir()
+    (package / "own" / "__init__.py").write_text("from orchestrator.own import h\n")
+    (package / "own" / "h.py").write_text("import orchestrator.pkg.g\n")
     found = cycles(import_graph(package))
-    assert found == [["orchestrator.a", "orchestrator.b"], ["orchestrator.sub.c", "orchestrator.sub.d"]]
+    assert found == [
+        ["orchestrator.a", "orchestrator.b"],
+        ["orchestrator.f", "orchestrator.pkg"],
+        ["orchestrator.sub.c", "orchestrator.sub.d"],
+    ]
 
 
 @pytest.mark.parametrize(
@@ -130,6 +155,46 @@ def test_the_graph_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
 )
 def test_cycles_finds_a_long_cycle_and_no_false_one(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
     assert cycles(graph) == expected
+
+
+# Each database driver is imported only by its engine and the SQL behind it (and by the lab, which sets servers up):
+# the steps, services and runs speak the Database and Replication protocols (orchestrator/database/protocol.py).
+DRIVERS = {
+    "pymysql": ("orchestrator.database.mariadb", "orchestrator.database.mysql"),
+    "psycopg": ("orchestrator.database.postgresql", "orchestrator.database.pg"),
+}
+LAB = "orchestrator.lab"
+
+
+def driver_importers(root: Path = ROOT) -> dict[str, set[str]]:
+    """Each driver's importing modules, wherever in the file the import is."""
+    found: dict[str, set[str]] = {driver: set() for driver in DRIVERS}
+    for module, path in module_files(root).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            for name in names:
+                top = name.split(".")[0]
+                if top in found:
+                    found[top].add(module)
+    return found
+
+
+def _within(module: str, owners: tuple[str, ...]) -> bool:
+    return any(module == owner or module.startswith(owner + ".") for owner in owners)
+
+
+def test_each_database_driver_is_imported_only_behind_its_engine() -> None:
+    found = driver_importers()
+    assert found["pymysql"] and found["psycopg"], "the check reads the engines' imports"
+    strays = sorted(
+        f"{module} imports {driver}"
+        for driver, modules in found.items()
+        for module in modules
+        if not _within(module, (*DRIVERS[driver], LAB))
+    )
+    assert strays == []
 
 
 def test_the_command_line_module_stays_small() -> None:

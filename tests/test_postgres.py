@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.database.pg import primitives as pg
 from orchestrator.lab import hosts
-from orchestrator.transports import postgres as pg
 
 CONTROLDATA = """pg_control version number:            1300
 Catalog version number:               202209061

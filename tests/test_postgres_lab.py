@@ -1,4 +1,4 @@
-"""The PostgreSQL primitives (orchestrator/transports/postgres.py) proven on a lab made with `--engine postgresql`:
+"""The PostgreSQL primitives (orchestrator/database/pg/primitives.py) proven on a lab made with `--engine postgresql`:
 the shutdown mode's copy of the data directory, a standby seeded with pg_basebackup through the SSH tunnel under a
 writer, the fence (a write by the app's role refused, a reconnecting session cannot undo it), the LSN handshake, the
 promotion with proof, the old primary re-attached as a standby of the new one without pg_rewind, and every
@@ -24,11 +24,13 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator.database.mysql import seed
+from orchestrator.database.pg import primitives as pg
+from orchestrator.database.pg.replication import PgReplication
+from orchestrator.database.postgresql import PostgreSql
 from orchestrator.lab import hosts, load, procs, verify
 from orchestrator.lab import postgres as pglab
 from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
-from orchestrator.transports import postgres as pg
 from orchestrator.transports.rsync import target_ssh_command
 from orchestrator.transports.ssh import SshHost
 
@@ -165,6 +167,21 @@ def test_preflight_facts_of_the_lab_source(pair: PgPair) -> None:
     assert facts.problems(other_major=facts.major + 1)[-1].startswith("major versions differ")
     majors = pg.parse_majors(pair.target_ssh.run(pg.installed_majors().command).stdout)
     assert facts.major in majors
+    # What preflight and the estimate ask the engine, read only: the app's role is one the fence stops (a superuser
+    # or a replication role would escape it), the comparison's cost on the largest table, the database's size.
+    rep = PgReplication()
+    with pair.connect(pair.lab.source) as conn:
+        assert rep.writer_problems(conn, [pair.lab.app_user]) == []
+        escaping = rep.writer_problems(conn, [pair.lab.migrate_user, pair.lab.repl_user, "no_such_role"])
+        assert (
+            f"{pair.lab.migrate_user} (SUPERUSER)" in escaping[0]
+            and f"{pair.lab.repl_user} (REPLICATION)" in escaping[0]
+        )
+        assert "no_such_role" in escaping[1] and len(escaping) == 2
+        seconds, chunks = rep.compare_cost(conn, [("public", "reviews"), ("public", "uploads")], 2000)
+        assert seconds > 0 and chunks >= 2
+        size = PostgreSql().data_bytes(conn)
+        assert size is not None and size > 1_000_000
 
 
 def rsync_datadir(pair: PgPair, *, checksum: bool) -> None:

@@ -25,10 +25,10 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
+from orchestrator.database.pg import primitives as pg
 from orchestrator.lab import hosts
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify
-from orchestrator.transports import postgres as pg
 from tests.test_e2e import (
     PLAN_NAMES,
     dns_contents,

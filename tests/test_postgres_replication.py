@@ -12,10 +12,10 @@ import pytest
 
 from orchestrator.database.engines import open_engine
 from orchestrator.database.names import replicate_refusal
+from orchestrator.database.pg import primitives as pg
 from orchestrator.database.pg.replication import PgReplication, slot_name
 from orchestrator.database.pg.seed import PgSeed, PgSeedSpec
 from orchestrator.database.protocol import Replication, ReplicationError
-from orchestrator.transports import postgres as pg
 
 SEED = PgSeed()
 

@@ -265,7 +265,9 @@ def test_start_target_verify_then_the_audit_finds_a_planted_difference_then_undo
     # What the cut-over does: before the window, how the source's server runs (for the audit); the tables under the
     # lock; then a final pass of its cleanly stopped datadir. The source stays stopped, as after a cut-over.
     datadir = real_datadir(rt.source, rt.plan.database.source.datadir)
-    audit.held(rt).source = audit.read_launch(rt.source, innodb_files_visible(rt.source, datadir)[0])
+    audit.held(rt).source = audit.read_launch(
+        rt.source, innodb_files_visible(rt.source, datadir)[0], rt.database.server_programs
+    )
     tables = source_tables(rt)
     run_bin(lab.source, "db-stop")
     DbPresync().run(context(rt, DbPresync()))

@@ -18,7 +18,7 @@ import pytest
 import structlog
 
 from orchestrator.database.mysql import session as mysql
-from orchestrator.database.mysql.session import mask_query
+from orchestrator.database.mysql.session import FILE_VARIABLES, mask_query
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
@@ -102,7 +102,7 @@ def test_database_directories_outside_the_datadir_are_named() -> None:
         "log_bin_basename": "/var/lib/mysql/binlog",
         "log_bin_index": "/var/lib/mysql-logs/binlog.index",
     }
-    directories = database_directories("/var/lib/mysql/", values)
+    directories = database_directories("/var/lib/mysql/", values, FILE_VARIABLES)
     assert directories == {
         "innodb_log_group_home_dir": "/var/lib/mysql",
         "innodb_undo_directory": "/srv/undo",
@@ -116,7 +116,7 @@ def test_database_directories_outside_the_datadir_are_named() -> None:
     assert problems[0].startswith("the source database keeps files outside its datadir: innodb_undo_directory = ")
     assert "log_bin_index = /var/lib/mysql-logs/binlog.index" in problems[1]  # a shared prefix is not inside
     # Binary logging off: no basename, nothing to check; relative paths are relative to the datadir.
-    assert database_directories("/d", {"log_bin_basename": "", "innodb_undo_directory": "../undo"}) == {
+    assert database_directories("/d", {"log_bin_basename": "", "innodb_undo_directory": "../undo"}, FILE_VARIABLES) == {
         "innodb_undo_directory": "/undo"
     }
     assert is_within("/d/sub", "/d/") and is_within("/d", "/d") and not is_within("/dx", "/d")

@@ -11,14 +11,15 @@ Driver errors become `DatabaseError`s once, here: every statement and ping of a 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 import pymysql
 
+from orchestrator.database.mysql import audit
 from orchestrator.database.mysql import session as mysql
 from orchestrator.database.mysql.switch import set_read_only
-from orchestrator.database.protocol import Blocker, DatabaseError, Replication, Session, TableLimit
+from orchestrator.database.protocol import Blocker, DatabaseError, Figures, Replication, Session, TableLimit
 from orchestrator.services import probes, storage
 
 if TYPE_CHECKING:
@@ -102,9 +103,10 @@ class MariaDb:
     """The `Database` for `database.engine: mariadb` (and `mysql`, which speaks the same protocol)."""
 
     server_files: tuple[str, ...] = probes.INNODB_FILES
+    server_programs: tuple[str, ...] = ("mariadbd", "mysqld")
     fence_name = "FLUSH TABLES WITH READ LOCK"
     fence_in_data = False
-    audits_stopped_source = True
+    file_settings: tuple[str, ...] = mysql.FILE_VARIABLES
     needed_privileges: tuple[str, ...] = ("RELOAD", "SELECT", "SHUTDOWN", "PROCESS")
     grant_hint = "GRANT them ON *.*"
 
@@ -177,6 +179,16 @@ class MariaDb:
     def major_version(self, version: str) -> str:
         return mysql.major_version(version)
 
+    def data_bytes(self, session: Session) -> int | None:
+        with session.cursor() as cur:
+            # The user's schemas only: opening the server's own (Aria) tables would make it write their headers.
+            cur.execute(
+                "SELECT COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables"
+                " WHERE table_schema NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')"
+            )
+            row = cur.fetchone()
+            return int(row[0]) if row else None
+
     def missing_privileges(self, session: Session, needed: Iterable[str]) -> set[str]:
         return mysql.missing_privileges(session, needed)
 
@@ -227,20 +239,29 @@ class MariaDb:
     def open_snapshot(self, session: Session, schemas: list[str] | None) -> dict[str, str]:
         return mysql.open_snapshot(session, schemas)
 
+    def snapshot_figures(
+        self, session: Session, tables: list[str], *, counts: bool, checksums: bool, timeout: float
+    ) -> Figures:
+        return audit.snapshot_figures(session, tables, counts=counts, checksums=checksums, timeout=timeout)
+
     def isolated_figures(
         self,
         host: Any,
-        binary: str,
-        user: str | None,
+        launch: Any,
         datadir: str,
         tables: list[str],
         *,
         counts: bool,
         checksums: bool,
-    ) -> tuple[dict[str, int], dict[str, int | None]]:
-        raise DatabaseError(
-            "MariaDB's stopped source is read by orchestrator/services/audit.py (audits_stopped_source)"
-        )
+        timeout: float,
+        started: Callable[[str | None], None],
+    ) -> Figures:
+        """Its own command line, isolated (database/mysql/audit.py); `datadir` is in that command line already."""
+        return audit.isolated_figures(host, launch, tables, counts=counts, checksums=checksums, timeout=timeout,
+                                      started=started)  # fmt: skip
+
+    def stop_isolated(self, host: Any, directory: str) -> None:
+        audit.stop_isolated(audit.IsolatedServer(host, directory))
 
     def lift_fence(self, session: Session) -> list[str]:
         return []  # the fence is FTWRL and read_only: neither lives in the data a copy carries

@@ -1,12 +1,12 @@
 """The PostgreSQL engine behind the `Database` protocol, over psycopg (the shutdown cut-over mode).
 
-Its SQL and host commands live in `transports/postgres.py`; this module is what the seam hands out. A plan's
+Its SQL and host commands live in `database/pg/primitives.py`; this module is what the seam hands out. A plan's
 `database.schemas` names the PostgreSQL database (one) the run connects to and verifies: every table of its
 non-system schemas is listed, counted and checksummed. Sessions are psycopg connections whose cursors count each
 statement and turn every psycopg error into a `PgDriverError` (a DatabaseError), once, here.
 
 The write fence is the catalog's, not a session's: every application role (can log in, neither superuser nor
-replication, not ours) is marked, made NOLOGIN and its sessions ended (`transports/postgres.fence_marked`), then a
+replication, not ours) is marked, made NOLOGIN and its sessions ended (`pg/primitives.fence_marked`), then a
 CHECKPOINT keeps the clean shutdown that follows short. NOLOGIN travels with the data directory, so the target
 starts fenced; `lift_fence` lets the marked roles in again (the target at its start, the source at a rollback).
 """
@@ -16,15 +16,15 @@ from __future__ import annotations
 import contextlib
 import posixpath
 import shlex
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 from psycopg import sql
 
-from orchestrator.database.protocol import Blocker, DatabaseError, Replication, Session, TableLimit
+from orchestrator.database.pg import primitives as pg
+from orchestrator.database.protocol import Blocker, DatabaseError, Figures, Replication, Session, TableLimit
 from orchestrator.services.probes import Probe
-from orchestrator.transports import postgres as pg
 
 if TYPE_CHECKING:
     from orchestrator.plan.model import Database as DatabaseSettings
@@ -42,7 +42,6 @@ SYSTEM_SCHEMAS = ("pg_catalog", "information_schema")
 # The audit's isolated source: any port (its socket lives in a private directory, no TCP), its bounds.
 ISOLATED_PORT = 5432
 ISOLATED_START_TIMEOUT = 180.0
-ISOLATED_READ_TIMEOUT = 4 * 3600.0
 # The data directory's files the server's processes hold open while it runs (WAL segments, relations): once no
 # process holds any, the server is gone and its directory quiet.
 SERVER_FILES = ("pg_wal/*", "base/*/*", "global/*")
@@ -144,9 +143,10 @@ class PostgreSql:
     """The `Database` for `database.engine: postgresql`."""
 
     server_files: tuple[str, ...] = SERVER_FILES
+    server_programs: tuple[str, ...] = ("postgres",)  # every backend runs it too: the oldest pid, the postmaster
     fence_name = "the app roles' fence (NOLOGIN, their sessions ended, then CHECKPOINT)"
     fence_in_data = True
-    audits_stopped_source = False  # the engine's own `isolated_figures` reads it
+    file_settings: tuple[str, ...] = ()  # it keeps every file in its data directory
     needed_privileges: tuple[str, ...] = ("SUPERUSER",)
     grant_hint = "ALTER ROLE <user> SUPERUSER"
 
@@ -243,6 +243,9 @@ class PostgreSql:
         if not head.isdigit():
             raise ValueError(f"not a PostgreSQL version: {version!r}")
         return head
+
+    def data_bytes(self, session: Session) -> int | None:
+        return int(_scalar(session, "SELECT pg_database_size(current_database())"))
 
     def missing_privileges(self, session: Session, needed: Iterable[str]) -> set[str]:
         """PostgreSQL's fence, checkpoint and settings need a superuser: SUPERUSER when the account is not one."""
@@ -368,22 +371,46 @@ class PostgreSql:
 
     # --- the after-commit audit ---
 
+    def snapshot_figures(
+        self, session: Session, tables: list[str], *, counts: bool, checksums: bool, timeout: float
+    ) -> Figures:
+        """One table at a time through row_counts and checksums; a table that cannot be read is left out."""
+        got_counts: dict[str, int] = {}
+        got_sums: dict[str, int | None] = {}
+        with self.bounded(session, timeout):
+            for name in tables:
+                schema, _, table = name.partition(".")
+                try:
+                    if counts:
+                        got_counts.update(self.row_counts(session, [(schema, table)]))
+                    if checksums:
+                        got_sums.update(self.checksums(session, [(schema, table)]))
+                except DatabaseError as exc:
+                    if not exc.statement_refused:
+                        raise
+        return got_counts, got_sums
+
+    def stop_isolated(self, host: Any, directory: str) -> None:
+        """Not needed: `isolated_figures` never hands a directory to `started` (it stops its server in the same
+        call; a run killed meanwhile leaves it reachable only through that private socket)."""
+
     def isolated_figures(
         self,
         host: Any,
-        binary: str,
-        user: str | None,
+        launch: Any,
         datadir: str,
         tables: list[str],
         *,
         counts: bool,
         checksums: bool,
-    ) -> tuple[dict[str, int], dict[str, int | None]]:
+        timeout: float,
+        started: Callable[[str | None], None],
+    ) -> Figures:
         """The stopped source's figures: its server started on its own data directory as its owner, unreachable but
         through a socket in a private directory (no TCP), every transaction read-only, no autovacuum, no archiving,
         read with psql, then stopped again (whatever happened) and the directory removed. Its shutdown adds a
         checkpoint record to the old source's WAL: nothing else is written."""
-        owner = user or "postgres"
+        binary, owner = launch.binary, launch.user or "postgres"
         made = host.run(
             'd=$(mktemp -d "${TMPDIR:-/tmp}/migrate-audit.XXXXXX") && chmod 700 "$d" && '
             f'chown {shlex.quote(owner)} "$d" && printf %s "$d"',
@@ -402,7 +429,7 @@ class PostgreSql:
             psql = [cluster.program("psql"), "-X", "-q", "-A", "-t", "-F", "\t", "-h", made, "-p", str(ISOLATED_PORT),
                     "-d", self.dbname]  # fmt: skip
             out = host.run(cluster.as_owner(psql), input=_figures_sql(tables, counts, checksums),
-                           timeout=ISOLATED_READ_TIMEOUT, check=False).stdout  # fmt: skip
+                           timeout=timeout, check=False).stdout  # fmt: skip
             return _parse_figures(out, tables)
         finally:
             host.run(f"{pg.pg_ctl_command(cluster, 'stop')}; rm -rf {shlex.quote(made)}",

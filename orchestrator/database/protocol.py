@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from orchestrator.redaction import redact
 
+# Row counts and checksums by "schema.table" (the after-commit audit's figures).
+Figures = tuple[dict[str, int], dict[str, int | None]]
 # Called before each table's query with "schema.table": may raise to stop there, and returns how many seconds that
 # query may take (None: the session's own read timeout).
 TableLimit = Callable[[str], float | None]
@@ -116,14 +118,15 @@ class Database(Protocol):
     # Patterns (relative to the data directory) of the files the server's processes hold open while it runs: once
     # none is held, the server is gone and its data directory quiet (the shutdown mode's proof).
     server_files: tuple[str, ...]
+    # The names of the server's program (its binary's), to tell it among the processes holding `server_files`.
+    server_programs: tuple[str, ...]
     # The write fence in words ("FLUSH TABLES WITH READ LOCK"), as the cut-over's lines and errors name it.
     fence_name: str
     # Whether the write fence lives in the data (PostgreSQL's NOLOGIN roles: a copy of the datadir carries it, and the
     # target's is lifted when it starts) rather than in a session or the server's memory (MariaDB's lock, read_only).
     fence_in_data: bool
-    # Whether the shutdown mode's audit starts the stopped source isolated and read-only with
-    # orchestrator/services/audit.py (MariaDB's server options) or asks the engine (`isolated_figures`: PostgreSQL).
-    audits_stopped_source: bool
+    # The settings among `datadir_settings`' that name a file (its directory counts), not a directory.
+    file_settings: tuple[str, ...]
     # What preflight asks of the plan's account (`missing_privileges`), as the engine spells it, and how to give it.
     needed_privileges: tuple[str, ...]
     grant_hint: str
@@ -174,6 +177,9 @@ class Database(Protocol):
 
     def major_version(self, version: str) -> str:
         """The version a server's version string names, as far as the engine's compatibility goes ('10.11')."""
+
+    def data_bytes(self, session: Session) -> int | None:
+        """The size of the user's data on this server (the estimate's database size; None: unknown)."""
 
     def missing_privileges(self, session: Session, needed: Iterable[str]) -> set[str]:
         """Global privileges among `needed` this session's account lacks."""
@@ -229,20 +235,32 @@ class Database(Protocol):
 
     # --- the after-commit audit ---
 
+    def snapshot_figures(
+        self, session: Session, tables: list[str], *, counts: bool, checksums: bool, timeout: float
+    ) -> Figures:
+        """Row counts and checksums ("schema.table" → figure) read in the snapshot held on `session`, each read
+        bounded by `timeout`; a table that cannot be read (missing on the target) is left out."""
+
     def isolated_figures(
         self,
         host: Any,
-        binary: str,
-        user: str | None,
+        launch: Any,
         datadir: str,
         tables: list[str],
         *,
         counts: bool,
         checksums: bool,
-    ) -> tuple[dict[str, int], dict[str, int | None]]:
-        """The stopped source's row counts and checksums ("schema.table" → figure), its server (`binary`, run as
-        `user`) started isolated and read-only on `host`, then stopped again; a table that cannot be read is left
-        out. Only for an engine whose `audits_stopped_source` is False."""
+        timeout: float,
+        started: Callable[[str | None], None],
+    ) -> Figures:
+        """The stopped source's row counts and checksums, its server (`launch`: services/audit.ServerLaunch, read
+        before the window) started isolated and read-only on `host`, then stopped again whatever happened; a table
+        that cannot be read is left out. `started(directory)`: called with the private directory the server runs
+        in before it starts, for an engine that can end it from there (`stop_isolated`) after a crash, and None once
+        it is stopped again."""
+
+    def stop_isolated(self, host: Any, directory: str) -> None:
+        """Stop an isolated source a dead run left in `directory` (what `started` was given)."""
 
     # --- positions ---
 
@@ -278,6 +296,10 @@ Position = Any
 
 class ReplicationError(Exception):
     """A replication operation failed; the message is one line, with the server's own words and no secret."""
+
+
+class PositionNotReached(ReplicationError):
+    """The server did not apply the awaited position within the wait: nothing was opened or read."""
 
 
 class PositionMismatch(ReplicationError):
@@ -385,6 +407,29 @@ class Comparison:
     error: str | None = None
 
 
+class AuditCutShort(ReplicationError):
+    """The after-commit chunked audit compared nothing (the snapshot not consistent, the source moved on)."""
+
+
+class AuditUnreadable(ReplicationError):
+    """One side could not be read at all during the audit (its connection is gone): nothing was proven."""
+
+
+@dataclass
+class ChunkedAudit:
+    """What the after-commit chunked comparison found and what it cost. `differences` hold each a `table` and a
+    describe() line; `engines`: each table's storage engine, lower case (a non-transactional one is read live)."""
+
+    differences: list[Any] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # tables the source has and the target's snapshot does not
+    unread: dict[str, str] = field(default_factory=dict)  # table -> why it could not be compared
+    engines: dict[str, str] = field(default_factory=dict)
+    tables: int = 0
+    chunks: int = 0
+    rows: int = 0  # the source's rows compared
+    seconds: float = 0.0
+
+
 class SeedKit(Protocol):
     """The seed of a replica, as host commands and the parsers of their output, on the engine's own spec
     (`Replication.seed_spec`). Each command is one idempotent shell line run on the host its name says."""
@@ -465,6 +510,10 @@ class Replication(Protocol):
 
     def programs(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
         """The programs each side ("source", "target") needs installed."""
+
+    def writer_problems(self, conn: Session, app_users: list[str]) -> list[str]:
+        """Preflight, on the source: why `stop_writes` would not stop every one of the application's accounts
+        (replication.app_users), one line each; empty when it would."""
 
     def server_facts(self, conn: Session) -> dict[str, str]:
         """The server settings replication depends on (read only)."""
@@ -551,7 +600,39 @@ class Replication(Protocol):
     def promote(self, conn: Session, expected: Position) -> Position:
         """The replica (which reached `expected`) becomes a primary, with proof; what it executed."""
 
+    # --- the after-commit audit (none for an engine whose `source_stops`: the mode does not run it) ---
+
+    def open_audit_snapshot(self, conn: Session) -> None:
+        """Open a read-only consistent snapshot on the promoted target (the caller keeps the session)."""
+
+    def audit_snapshot_and_position(self, conn: Session, after: tuple[Position, float] | None = None) -> Position:
+        """Open that snapshot and read the target's position in one round trip (a DatabaseError that is not a lost
+        connection: the server refused the combined statement, and the caller does both apart). `after` (a
+        position, a wait in seconds): only once the server has applied it, waited for on the server in the same
+        round trip; PositionNotReached when it was not in that time."""
+
+    def audit_chunks(
+        self,
+        snapshot: Session,
+        source: Session,
+        final: Position,
+        schemas: list[str] | None,
+        *,
+        chunk_rows: int,
+        pause_ratio: float,
+        timeout: float,
+        on_start: Callable[[int], None],
+        on_chunk: Callable[[str, int, int], None],
+    ) -> ChunkedAudit:
+        """The target's held snapshot against the read-only source at `final`, in the comparison's chunks.
+        AuditCutShort: nothing was compared (why in its message); AuditUnreadable: a side's connection went."""
+
     # --- the comparison before the window ---
+
+    def compare_cost(self, conn: Session, tables: list[tuple[str, str]], chunk_rows: int) -> tuple[float, int]:
+        """The estimate's figures for `compare`, read only on the source: one chunk's checksum in seconds (timed on
+        the largest table, scaled to `chunk_rows`) and how many chunks the tables make (the server's row
+        estimates)."""
 
     def compare(
         self,
@@ -570,12 +651,16 @@ class Replication(Protocol):
 
 
 __all__ = [
+    "AuditCutShort",
+    "AuditUnreadable",
     "Blocker",
     "ChunkDifference",
+    "ChunkedAudit",
     "Comparison",
     "Cursor",
     "Database",
     "DatabaseError",
+    "Figures",
     "Position",
     "PositionMismatch",
     "Promotion",

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from orchestrator.lab.state import HostState, LabState
 
 if TYPE_CHECKING:
-    from orchestrator.transports.postgres import Cluster
+    from orchestrator.database.pg.primitives import Cluster
 
 ENGINE = "postgresql"
 OS_USER = "postgres"
@@ -113,7 +113,7 @@ def log_file(host: HostState) -> Path:
 
 def cluster(host: HostState) -> Cluster:
     """The host's cluster as the transport's commands see it."""
-    from orchestrator.transports.postgres import Cluster  # psycopg is loaded only by a PostgreSQL lab's commands
+    from orchestrator.database.pg.primitives import Cluster  # psycopg is loaded only by a PostgreSQL lab's commands
 
     options = (
         "-c", f"listen_addresses={host.address}",
@@ -222,7 +222,7 @@ def pid(host: HostState) -> int | None:
 
 
 def start(host: HostState) -> int:
-    from orchestrator.transports.postgres import pg_ctl_command
+    from orchestrator.database.pg.primitives import pg_ctl_command
 
     if pid(host) is None:
         proc = subprocess.run(["bash", "-c", pg_ctl_command(cluster(host), "start")], capture_output=True, text=True,
@@ -237,7 +237,7 @@ def start(host: HostState) -> int:
 
 def stop(host: HostState) -> int | None:
     """A clean fast shutdown (a shutdown checkpoint); returns the pid it stopped."""
-    from orchestrator.transports.postgres import pg_ctl_command
+    from orchestrator.database.pg.primitives import pg_ctl_command
 
     found = pid(host)
     if found is None:
@@ -337,7 +337,7 @@ def remove_cluster(host: HostState) -> None:
 
 
 def db_start_script(host: HostState) -> str:
-    from orchestrator.transports.postgres import pg_ctl_command
+    from orchestrator.database.pg.primitives import pg_ctl_command
 
     c = cluster(host)
     return f"""#!/bin/bash
@@ -357,7 +357,7 @@ if {c.as_owner([c.program("pg_ctl"), "-D", c.data_dir, "status"])} >/dev/null 2>
 
 
 def db_stop_script(host: HostState) -> str:
-    from orchestrator.transports.postgres import pg_ctl_command
+    from orchestrator.database.pg.primitives import pg_ctl_command
 
     c = cluster(host)
     return f"""#!/bin/bash

@@ -25,7 +25,6 @@ from typing import Any, Protocol
 from orchestrator.contracts import StepRuntime, Which
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.plan.model import Plan
-from orchestrator.steps.common import DATADIR_EXCLUDES
 from orchestrator.transports import rsync
 
 # Assumptions for the parts of the window a read-only rehearsal cannot time (NOTES: a lab datadir's clean shutdown
@@ -190,7 +189,7 @@ def datadir_estimate(rt: StepRuntime) -> TransferEstimate:
         plan,
         db.source.datadir,
         db.target.datadir,
-        exclude=DATADIR_EXCLUDES,
+        exclude=rsync.DATADIR_EXCLUDES,
         live=True,
         inplace=True,
         extra=["--dry-run"],
@@ -230,14 +229,7 @@ def seed_estimate(rt: StepRuntime) -> TransferEstimate:
 def database_bytes(rt: StepRuntime) -> int | None:
     conn = rt.db("source", retry=False, read_timeout=60.0)
     try:
-        with conn.cursor() as cur:
-            # The user's schemas only: opening the server's own (Aria) tables would make it write their headers.
-            cur.execute(
-                "SELECT COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables"
-                " WHERE table_schema NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')"
-            )
-            row = cur.fetchone()
-            return int(row[0]) if row else None
+        return rt.database.data_bytes(conn)
     finally:
         rt.release(conn)
 
@@ -746,31 +738,18 @@ def catchup_part(units: UnitCosts, plan: Plan, compare: tuple[float, int] | None
 
 def measure_compare(rt: StepRuntime) -> tuple[float, int] | None:
     """What the replicate mode's comparison costs: one chunk's checksum on the largest table of the plan's schemas,
-    and how many chunks every table makes (information_schema's row estimates), read-only on the source."""
-    from orchestrator.database.mysql import compare as mysql_compare
-
+    and how many chunks every table makes (the server's row estimates), read-only on the source
+    (`Replication.compare_cost`)."""
     plan = rt.plan
-    if plan.replication is None or not plan.replication.compare:
+    found = rt.database.replication()
+    if plan.replication is None or not plan.replication.compare or found is None:
         return None
-    chunk_rows = plan.replication.chunk_rows
     conn = rt.db("source", retry=False, read_timeout=120.0)
     try:
         tables = rt.database.list_tables(conn, plan.database.schemas)
         if not tables:
             return 0.0, 0
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT TABLE_SCHEMA, TABLE_NAME, COALESCE(TABLE_ROWS, 0) FROM information_schema.TABLES"
-                " WHERE TABLE_TYPE = 'BASE TABLE'"
-            )
-            rows = {(str(a), str(b)): int(c) for a, b, c in cur.fetchall()}
-        counts = {table: rows.get(table, 0) for table in tables}
-        chunks = sum(max(1, -(-count // chunk_rows)) for count in counts.values())
-        largest = max(counts, key=lambda table: counts[table])
-        shape = mysql_compare.table_shape(conn, *largest)
-        seconds, read = mysql_compare.sample_checksum_seconds(conn, shape, chunk_rows)
-        # A chunk of chunk_rows rows: a smaller table's whole sample scaled up to a full chunk.
-        return (seconds * chunk_rows / read if read else seconds), chunks
+        return found.compare_cost(conn, tables, plan.replication.chunk_rows)
     finally:
         rt.release(conn)
 

@@ -1,41 +1,39 @@
 """Audit (after the commit, shutdown mode): row counts and CHECKSUM TABLE of every table, target against source.
 
-These read every row, so they stay out of the downtime window. The target's side is read in the consistent
-snapshot verify_target opened while the target was still fenced (the data exactly as migrated, whatever it took
-since); the source's on the stopped source, started read-only and isolated for the audit and stopped again
-(orchestrator/services/audit.py). Both sides are read at the same time.
+These read every row, so they stay out of the downtime window. The target's side is read in the consistent snapshot
+verify_target opened while the target was still fenced (the data exactly as migrated, whatever it took since); the
+source's on the stopped source, which the engine starts read-only and isolated for the audit and stops again
+(`Database.isolated_figures`; MariaDB's: orchestrator/database/mysql/audit.py). Both sides are read at the same time.
 
 The run is committed: nothing here rolls back. A difference is reported loudly instead, naming each table (the run's
 report, `migrate status`, and the exit code NEEDS_ATTENTION); so is an audit that could not read a side
 ("incomplete": nothing was proven). An operator then knows which tables to look at while the source's datadir is
-still exactly as the clean shutdown left it. A run resumed by another process has no snapshot to read: the audit
-says it did not run, and why.
+still exactly as the clean shutdown left it. A run resumed by another process has no snapshot to read: the audit says
+it did not run, and why.
 
-Replicate mode (orchestrator/services/replica_audit.py): the target's snapshot was opened by verify_target on the
-promoted, still fenced target; the source is read-only at the final position the switch journaled (proven again here).
-Both are compared over the primary-key chunks repl_catchup compares with; a difference names the table and the chunk.
-It catches what the switch's GTID proof cannot: a change made on the replica after repl_catchup's comparison
-without reaching the binary log. The source then replicates from the target in finish (reverse replication),
-after this step.
+Replicate mode (`Replication.audit_chunks`; MariaDB's: orchestrator/database/mysql/audit.py): the target's snapshot
+was opened by verify_target on the promoted, still fenced target; the source is read-only at the final position the
+switch journaled (proven again here). Both are compared over the primary-key chunks repl_catchup compares with; a
+difference names the table and the chunk. It catches what the switch's GTID proof cannot: a change made on the
+replica after repl_catchup's comparison without reaching the binary log. The source then replicates from the target
+in finish (reverse replication), after this step.
 """
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.contracts import runtime
-from orchestrator.database.mysql import compare, gtid
-from orchestrator.database.mysql import session as mysql
+from orchestrator.database.protocol import AuditCutShort, ChunkedAudit
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.results import AuditResult, CutoverResult, SwitchResult
-from orchestrator.services import audit, replica_audit
+from orchestrator.services import audit
 from orchestrator.steps.common import resolved_datadir
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
-from orchestrator.steps.repl_common import SWITCH_STEP
+from orchestrator.steps.repl_common import SWITCH_STEP, replication
 
 Figures = tuple[dict[str, int], dict[str, int | None]]
 # Journaled before the source is started for the audit (its private directory), cleared once it stopped.
@@ -106,18 +104,12 @@ class Audit(Step):
         def _target() -> Figures:
             began = time.monotonic()
             try:
-                if database.audits_stopped_source:
-                    return audit.snapshot_figures(snapshot, tables, **wanted)
-                return audit.engine_figures(database, snapshot, tables, **wanted)
+                return database.snapshot_figures(snapshot, tables, timeout=audit.READ_TIMEOUT, **wanted)
             finally:
                 timing["target"] = round(time.monotonic() - began, 3)
 
         def _source() -> Figures:
-            if database.audits_stopped_source:
-                return self._source(ctx, launch, tables, wanted)
-            ctx.log.info("audit.source_starting", binary=launch.binary)
-            datadir = resolved_datadir(ctx, "source")
-            return database.isolated_figures(rt.source, launch.binary, launch.user, datadir, tables, **wanted)
+            return self._source(ctx, launch, tables, wanted)
 
         try:
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit") as pool:
@@ -146,13 +138,12 @@ class Audit(Step):
                                "writes since the commit, so it is not compared now")  # fmt: skip
         if not final_text:
             return AuditResult(method="chunks", status="not_run", reason="the switch journaled no final position")
-        final = gtid.GtidPosition.parse(final_text)
+        rep = replication(rt)
+        final = rep.parse_position(final_text)
         settings = rt.plan.replication
         chunk_rows = settings.chunk_rows if settings else 2000
         pause = settings.compare_pause if settings else 0.0
         started = time.monotonic()
-        found: replica_audit.ChunkedAudit | None = None
-        engines: dict[str, str] = {}
         last_log = 0.0
 
         def _progress(table: str, done: int, total: int) -> None:
@@ -162,47 +153,33 @@ class Audit(Step):
                 last_log = now
                 ctx.log.info("audit.progress", table=table, chunk=done, of=total)
 
-        def _cut_short(why: str) -> AuditResult:
-            return AuditResult(method="chunks", status="incomplete", reason=why, at_gtid=str(final),
-                               seconds=round(time.monotonic() - started, 3))  # fmt: skip
+        def _compare_started(tables: int) -> None:
+            ctx.log.info("audit.compare_started", tables=tables, at=str(final), chunk_rows=chunk_rows)
 
         source = None
         try:
-            with mysql.read_timeout(held.snapshot, audit.READ_TIMEOUT):
-                isolation = replica_audit.snapshot_isolation(held.snapshot)
-                if isolation.upper().replace(" ", "-") != "REPEATABLE-READ":
-                    return _cut_short(f"the target's session ran in {isolation}, not REPEATABLE READ: its snapshot "
-                                      "was not consistent, nothing was compared")  # fmt: skip
-                source = rt.db("source", read_timeout=audit.READ_TIMEOUT)
-                snapshot = compare.open_consistent_snapshot(source)
-                if not gtid.same_position(final, snapshot.gtid):
-                    return _cut_short(f"the source stands at {snapshot.gtid or 'nothing'}, not at the final position "
-                                      f"{final}: it changed since the switch, nothing was compared")  # fmt: skip
-                tables = mysql.list_tables(source, rt.plan.database.schemas)
-                engines = replica_audit.table_engines(source)
-                ctx.log.info("audit.compare_started", tables=len(tables), at=str(final), chunk_rows=chunk_rows)
-                found = replica_audit.compare_snapshots(source, held.snapshot, tables, chunk_rows=chunk_rows,
-                                                        pause_ratio=pause, on_chunk=_progress)  # fmt: skip
+            source = rt.db("source", read_timeout=audit.READ_TIMEOUT)
+            found = rep.audit_chunks(held.snapshot, source, final, rt.plan.database.schemas, chunk_rows=chunk_rows,
+                                     pause_ratio=pause, timeout=audit.READ_TIMEOUT, on_start=_compare_started,
+                                     on_chunk=_progress)  # fmt: skip
+        except AuditCutShort as exc:
+            return AuditResult(method="chunks", status="incomplete", reason=str(exc), at_gtid=str(final),
+                               seconds=round(time.monotonic() - started, 3))  # fmt: skip
         except Exception as exc:  # committed: any failure is reported, never raised
-            return _cut_short(f"{type(exc).__name__}: {exc}")
+            return AuditResult(method="chunks", status="incomplete", reason=f"{type(exc).__name__}: {exc}",
+                               at_gtid=str(final), seconds=round(time.monotonic() - started, 3))  # fmt: skip
         finally:
             if source is not None:
-                with contextlib.suppress(Exception):
-                    compare.close_snapshot(source)
                 rt.release(source)
-        assert found is not None
-        return self._compare_chunks(found, engines, final).model_copy(
-            update={"seconds": round(time.monotonic() - started, 3)}
-        )
+        return self._compare_chunks(found, final).model_copy(update={"seconds": round(time.monotonic() - started, 3)})
 
     @staticmethod
-    def _compare_chunks(found: replica_audit.ChunkedAudit, engines: dict[str, str],
-                        final: gtid.GtidPosition) -> AuditResult:  # fmt: skip
+    def _compare_chunks(found: ChunkedAudit, final: Any) -> AuditResult:
         """The verdict: a differing chunk of a transactional table is a difference; of another engine (read live,
         outside the snapshot), reported apart as maybe a write since the commit."""
         lines = [(d.table, d.describe()) for d in found.differences]
         lines += [(table, f"{table}: missing on the target") for table in found.missing]
-        live = [text for table, text in lines if not audit.transactional(engines.get(table, "innodb"))]
+        live = [text for table, text in lines if not audit.transactional(found.engines.get(table, "innodb"))]
         lost = [text for _, text in lines if text not in live]
         unread = sorted(found.unread)
         status = "differs" if lost else "incomplete" if unread else "equal"
@@ -217,16 +194,16 @@ class Audit(Step):
         """The stopped source, started read-only and isolated, read, and stopped again (whatever happened). Its
         directory is journaled before it starts: a run that dies meanwhile stops it the next time."""
         rt = runtime(ctx)
-        server = audit.private_dir(rt.source, launch)
-        ctx.save(ISOLATED_SOURCE, server.directory)
-        ctx.log.info("audit.source_starting", binary=launch.binary, directory=server.directory)
-        try:
-            audit.start_isolated(server, launch)
-            return audit.source_figures(server, tables, **wanted)
-        finally:
-            audit.stop_isolated(server)
-            ctx.save(ISOLATED_SOURCE, None)
-            ctx.log.info("audit.source_stopped")
+
+        def _started(directory: str | None) -> None:
+            ctx.save(ISOLATED_SOURCE, directory)
+            if directory is None:
+                ctx.log.info("audit.source_stopped")
+            else:
+                ctx.log.info("audit.source_starting", binary=launch.binary, directory=directory)
+
+        return rt.database.isolated_figures(rt.source, launch, resolved_datadir(ctx, "source"), tables,
+                                            timeout=audit.READ_TIMEOUT, started=_started, **wanted)  # fmt: skip
 
     def stop_left_over(self, ctx: StepContext) -> None:
         """A source server an earlier (dead) run of this step started for the audit is stopped first."""
@@ -234,7 +211,8 @@ class Audit(Step):
         if not directory:
             return
         try:
-            audit.stop_isolated(audit.IsolatedServer(runtime(ctx).source, str(directory)))
+            rt = runtime(ctx)
+            rt.database.stop_isolated(rt.source, str(directory))
             ctx.save(ISOLATED_SOURCE, None)
             ctx.log.info("audit.left_over_source_stopped", directory=directory)
         except Exception as exc:  # committed: reported, never raised

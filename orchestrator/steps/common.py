@@ -22,8 +22,8 @@ from orchestrator.services.tracking import ChangeTracker, TrackingError, final_p
 from orchestrator.transports import rsync, rsync_daemon
 from orchestrator.transports.ssh import TransportError
 
-# Runtime files of a server that must never travel with its datadir.
-DATADIR_EXCLUDES = ("*.sock", "*.sock.lock", "*.pid", "mysql.sock*")
+# Runtime files of a server that must never travel with its datadir (the steps' name for rsync's).
+DATADIR_EXCLUDES = rsync.DATADIR_EXCLUDES
 COMMAND_TIMEOUT = 300.0
 DB_POLL_INTERVAL = 0.5
 

@@ -290,7 +290,7 @@ class Cutover(Step):
         if not (verify.row_counts or verify.checksum):
             return
         try:
-            launch = audit.read_launch(rt.source, self._server_pids)
+            launch = audit.read_launch(rt.source, self._server_pids, rt.database.server_programs)
         except (TransportError, OSError) as exc:
             ctx.log.warning("cutover.server_command_line_unread", error=str(exc))
             return

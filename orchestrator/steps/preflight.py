@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from orchestrator.contracts import StepRuntime, Which, runtime
-from orchestrator.database.mysql import grants
-from orchestrator.database.mysql import session as mysql
 from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.checks import protected_problem
@@ -21,36 +19,38 @@ from orchestrator.secrets import redact
 from orchestrator.services import probes, storage
 from orchestrator.steps.common import RESOLVED_DATADIRS
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
-from orchestrator.steps.repl_common import declared_mode, engine_requirements, mode_reason, probe_replication
+from orchestrator.steps.repl_common import (
+    declared_mode,
+    engine_requirements,
+    mode_reason,
+    probe_replication,
+    replication,
+)
 from orchestrator.steps.run_owned import end_left_by_runs, waiting_guards
 from orchestrator.transports import rsync
 from orchestrator.transports.dns import DnsError
 from orchestrator.transports.ssh import TransportError
 
-# What lets an application account write through the source's read_only, spelled as MariaDB 10.11 shows it.
-WRITES_THROUGH_READ_ONLY = ("READ_ONLY ADMIN", "SUPER")
 SPACE_MARGIN = 1.10
 ER_ACCESS_DENIED = 1045
 COMMAND_TIMEOUT = 60.0
 
-# Server variables naming where the database keeps files (MariaDB's; PostgreSQL keeps them all in its datadir).
-DIRECTORY_VARIABLES = mysql.DIRECTORY_VARIABLES
-FILE_VARIABLES = mysql.FILE_VARIABLES
 MAX_LINKS_LISTED = 5
 
 
-def database_directories(server_datadir: str, variables: Mapping[str, str]) -> dict[str, str]:
-    """The directory each variable puts database files in, absolute and normalized.
+def database_directories(
+    server_datadir: str, variables: Mapping[str, str], files: Collection[str] = ()
+) -> dict[str, str]:
+    """The directory each setting (`Database.datadir_settings`) puts database files in, absolute and normalized;
+    `files`: the settings that name a file, whose directory counts (`Database.file_settings`).
 
-    Relative values are relative to the datadir (the server's working directory); an empty directory variable
-    means the datadir itself, an empty file variable means the feature is off.
+    Relative values are relative to the datadir (the server's working directory); an empty directory setting
+    means the datadir itself, an empty file setting means the feature is off.
     """
     found: dict[str, str] = {}
-    for name in (*DIRECTORY_VARIABLES, *FILE_VARIABLES):
-        if name not in variables:
-            continue
+    for name in variables:
         value = (variables[name] or "").strip()
-        if name in FILE_VARIABLES:
+        if name in files:
             if not value:
                 continue
             value = posixpath.dirname(value) or "."
@@ -188,40 +188,14 @@ class Preflight(Step):
         settings = rt.plan.replication
         if settings is None or not settings.app_users:
             return []
-        missing: list[str] = []
-        held: list[str] = []
         try:
             conn = rt.db("source")
         except DatabaseError as exc:
             return [f"replicate mode: the application accounts' privileges cannot be read: {exc}"]
         try:
-            show = grants.show_grants_on(conn)
-            for user in settings.app_users:
-                accounts = grants.accounts_named(conn, user)
-                if not accounts:
-                    missing.append(user)
-                for name, host in accounts:
-                    held += [found.text() for found in grants.held(show, name, host, WRITES_THROUGH_READ_ONLY)]
-        except DatabaseError as exc:
-            return [
-                f"replicate mode: {exc.about('the grants of replication.app_users')} (SHOW GRANTS FOR each"
-                " of its accounts needs SELECT on the mysql schema)"
-            ]
+            return replication(rt).writer_problems(conn, list(settings.app_users))
         finally:
             rt.release(conn)
-        problems: list[str] = []
-        if held:
-            problems.append(
-                "replicate mode: application accounts would write through read_only inside the window: "
-                + "; ".join(held)
-                + ": REVOKE it"
-            )
-        if missing:
-            problems.append(
-                f"replicate mode: replication.app_users names {', '.join(missing)}, but the source has no account of"
-                " that name: fix the name (read_only must be proven to stop every writer)"
-            )
-        return problems
 
     def _ssh(self, ctx: StepContext, which: Which, problems: Problems) -> bool:
         try:
@@ -333,7 +307,7 @@ class Preflight(Step):
             conn = rt.db("source")
             server_datadir, values = rt.database.datadir_settings(conn)
             server_datadir = server_datadir or plan_datadir
-            directories = database_directories(server_datadir, values)
+            directories = database_directories(server_datadir, values, rt.database.file_settings)
             # Resolved on the source, links included (readlink -m: the path need not exist).
             paths = [plan_datadir, server_datadir, *directories.values()]
             resolved = probes.ask(rt.source, probes.resolved_paths(paths), timeout=COMMAND_TIMEOUT)

@@ -8,7 +8,7 @@ target (one round trip) and keeps the session open; the `audit` step reads it af
 the stopped source (orchestrator/services/audit.py). Replicate mode: the same snapshot of the promoted, still fenced
 target, opened by the statement that reads the target's GTID position (one compound statement, one round trip, beside
 the source's position and the trees' comparison), compared after the commit in chunks with the frozen
-source (orchestrator/services/replica_audit.py).
+source (`Replication.audit_chunks`).
 
 All of it runs while writes are blocked: every try, query and comparison is bounded by what is left of the
 write-block budget, so a verification that cannot finish in time fails (and the run rolls back) instead of
@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.contracts import Which, runtime
-from orchestrator.database.protocol import DatabaseError
+from orchestrator.database.protocol import DatabaseError, PositionNotReached
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.plan.model import FileTree, Plan
 from orchestrator.results import FilesResult, TreeFigures
-from orchestrator.services import audit, health, replica_audit
+from orchestrator.services import audit, health
 from orchestrator.services.tracking import verify_listed_command
 from orchestrator.steps.common import window_route
 from orchestrator.steps.modes import REPLICATE, SHUTDOWN, CutoverMode
@@ -213,7 +213,7 @@ class VerifyTarget(Step):
         this final position), their answer is taken: no round trip here; one that found a problem, or failed, is
         read again here. `final_text`: the switch's own call; `wait_first`: the target is read once it has applied
         the final position (a server-side wait of at most that many seconds, in the same statement: the switch
-        starts this beside its promotion, which waits for the same), raising NotReached when it has not."""
+        starts this beside its promotion, which waits for the same), raising PositionNotReached when it has not."""
         rt = runtime(ctx)
         if final_text is None:
             final_text = ctx.output(SWITCH_STEP).get("final_gtid")
@@ -253,7 +253,7 @@ class VerifyTarget(Step):
                     return rep.current_position(conn)
                 found = rep.current_position_after(conn, final, wait_first)
                 if found is None:
-                    raise replica_audit.NotReached(f"the target did not apply {final} within {wait_first:g} s")
+                    raise PositionNotReached(f"the target did not apply {final} within {wait_first:g} s")
                 return found
 
             try:
@@ -304,7 +304,7 @@ class VerifyTarget(Step):
         try:
             rt = runtime(ctx)
             with rt.database.bounded(conn, window.timeout(rt.plan.database.read_timeout)):
-                now = replica_audit.open_target_snapshot_at_position(
+                now = replication(rt).audit_snapshot_and_position(
                     conn, None if wait_first is None else (final, wait_first)
                 )
         except DatabaseError as exc:

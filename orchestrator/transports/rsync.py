@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from orchestrator.contracts import Host
 
 NICE = ["nice", "-n19", "ionice", "-c3"]
+# Runtime files of a database server that must never travel with its datadir (sockets, pid files: MariaDB's and
+# PostgreSQL's postmaster.pid alike). Here, not in steps/common.py: the estimate (services/) excludes them too.
+DATADIR_EXCLUDES = ("*.sock", "*.sock.lock", "*.pid", "mysql.sock*")
 # Exit codes: 24 = files vanished during the transfer (normal on a live tree); these are worth another try.
 VANISHED = 24
 # Exit 23 (partial transfer) is also what rsync sometimes gives when files vanish on a churning tree: on a LIVE

@@ -10,9 +10,11 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.database.mysql import compare, gtid, replica, seed, switch
+from orchestrator.database.mysql import audit, compare, grants, gtid, replica, seed, switch
 from orchestrator.database.protocol import (
+    ChunkedAudit,
     Comparison,
+    DatabaseError,
     ReplicaSource,
     ReplicaStatus,
     ReplicationError,
@@ -23,6 +25,8 @@ from orchestrator.database.protocol import (
 )
 
 # Server variables the replicate mode depends on.
+# What lets an application account write through the source's read_only, spelled as MariaDB 10.11 shows it.
+WRITES_THROUGH_READ_ONLY = ("READ_ONLY ADMIN", "SUPER")
 REPLICATION_VARIABLES = ("log_bin", "server_id", "log_slave_updates", "binlog_format", "gtid_strict_mode", "read_only")
 
 
@@ -125,6 +129,40 @@ class MariaDbReplication:
 
     def programs(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
         return (("source", ("mariadb-backup",)), ("target", ("mariadb-backup", "mbstream")))
+
+    def writer_problems(self, conn: Session, app_users: list[str]) -> list[str]:
+        """Accounts that write through read_only would keep writing on the source inside the window: READ_ONLY
+        ADMIN (as MariaDB 10.11 spells it), SUPER (which holds it before 11.0.1) or ALL PRIVILEGES on *.*, held
+        directly or through a role (granted, default or nested), read from SHOW GRANTS. One problem names them all,
+        each account with its privilege and roles."""
+        missing: list[str] = []
+        held: list[str] = []
+        try:
+            show = grants.show_grants_on(conn)
+            for user in app_users:
+                accounts = grants.accounts_named(conn, user)
+                if not accounts:
+                    missing.append(user)
+                for name, host in accounts:
+                    held += [found.text() for found in grants.held(show, name, host, WRITES_THROUGH_READ_ONLY)]
+        except DatabaseError as exc:
+            return [
+                f"replicate mode: {exc.about('the grants of replication.app_users')} (SHOW GRANTS FOR each"
+                " of its accounts needs SELECT on the mysql schema)"
+            ]
+        problems: list[str] = []
+        if held:
+            problems.append(
+                "replicate mode: application accounts would write through read_only inside the window: "
+                + "; ".join(held)
+                + ": REVOKE it"
+            )
+        if missing:
+            problems.append(
+                f"replicate mode: replication.app_users names {', '.join(missing)}, but the source has no account of"
+                " that name: fix the name (read_only must be proven to stop every writer)"
+            )
+        return problems
 
     def server_facts(self, conn: Session) -> dict[str, str]:
         names = REPLICATION_VARIABLES
@@ -274,7 +312,49 @@ class MariaDbReplication:
     def promote(self, conn: Session, expected: gtid.GtidPosition) -> gtid.GtidPosition:
         return switch.promote(conn, expected=expected)
 
+    # --- the after-commit audit (database/mysql/audit.py) ---
+
+    def open_audit_snapshot(self, conn: Session) -> None:
+        audit.open_target_snapshot(conn)
+
+    def audit_snapshot_and_position(
+        self, conn: Session, after: tuple[gtid.GtidPosition, float] | None = None
+    ) -> gtid.GtidPosition:
+        return audit.open_target_snapshot_at_position(conn, after)
+
+    def audit_chunks(
+        self,
+        snapshot: Session,
+        source: Session,
+        final: gtid.GtidPosition,
+        schemas: list[str] | None,
+        *,
+        chunk_rows: int,
+        pause_ratio: float,
+        timeout: float,
+        on_start: Callable[[int], None],
+        on_chunk: Callable[[str, int, int], None],
+    ) -> ChunkedAudit:
+        return audit.audit_chunks(snapshot, source, final, schemas, chunk_rows=chunk_rows, pause_ratio=pause_ratio,
+                                  timeout=timeout, on_start=on_start, on_chunk=on_chunk)  # fmt: skip
+
     # --- the comparison before the window ---
+
+    def compare_cost(self, conn: Session, tables: list[tuple[str, str]], chunk_rows: int) -> tuple[float, int]:
+        """information_schema's row estimates for the chunks; a chunk's checksum timed on the largest table."""
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT TABLE_SCHEMA, TABLE_NAME, COALESCE(TABLE_ROWS, 0) FROM information_schema.TABLES"
+                " WHERE TABLE_TYPE = 'BASE TABLE'"
+            )
+            rows = {(str(a), str(b)): int(c) for a, b, c in cur.fetchall()}
+        counts = {table: rows.get(table, 0) for table in tables}
+        chunks = sum(max(1, -(-count // chunk_rows)) for count in counts.values())
+        largest = max(counts, key=lambda table: counts[table])
+        shape = compare.table_shape(conn, *largest)
+        seconds, read = compare.sample_checksum_seconds(conn, shape, chunk_rows)
+        # A chunk of chunk_rows rows: a smaller table's whole sample scaled up to a full chunk.
+        return (seconds * chunk_rows / read if read else seconds), chunks
 
     def compare(
         self,

@@ -26,8 +26,8 @@ from typing import Any
 
 from psycopg import sql
 
+from orchestrator.database.pg import primitives as pg
 from orchestrator.database.protocol import Comparison, DatabaseError, Session
-from orchestrator.transports import postgres as pg
 
 TRIES = 3
 LOCK_NOT_AVAILABLE = "55P03"
@@ -209,3 +209,26 @@ def compare_tables(
             if pause_ratio > 0:
                 time.sleep((time.monotonic() - started) * pause_ratio)
     return Comparison(began, diffs)
+
+
+def compare_cost(conn: Session, tables: list[tuple[str, str]], chunk_rows: int) -> tuple[float, int]:
+    """The estimate's figures (read only): one chunk's sum over the largest table's first `chunk_rows` rows in key
+    order, as `_sums` computes it, timed and scaled to a full chunk; the chunks pg_class's row estimates make."""
+    estimate = sql.SQL(
+        "SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s"
+    )
+    counts = {}
+    for schema, table in tables:
+        found = _rows(conn, estimate, (schema, table))
+        counts[(schema, table)] = int(found[0][0]) if found else 0
+    chunks = sum(max(1, -(-count // chunk_rows)) for count in counts.values())
+    schema, table = max(counts, key=lambda name: counts[name])
+    key = primary_key(conn, schema, table)
+    order = sql.SQL(" ORDER BY {}").format(_key(key)) if key else sql.SQL("")
+    sample = sql.SQL("(SELECT * FROM {}{} LIMIT {})").format(sql.Identifier(schema, table), order,
+                                                            sql.Literal(chunk_rows))  # fmt: skip
+    started = time.monotonic()
+    rows, _ = _sums(conn, sample, sql.SQL(""), [], with_lsn=False)
+    seconds = time.monotonic() - started
+    return (seconds * chunk_rows / rows if rows else seconds), chunks

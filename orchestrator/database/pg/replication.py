@@ -1,10 +1,10 @@
 """PostgreSQL's replica control behind the seam's `Replication` protocol: a physical streaming standby, seeded by
 pg_basebackup (seed.py), its source's server stopped cleanly inside the window and the standby promoted with proof.
 
-Positions are WAL positions (`transports.postgres.Lsn`). The switch, in the order the steps call it:
+Positions are WAL positions (`pg/primitives.Lsn`). The switch, in the order the steps call it:
 
 1. `before_window`: a CHECKPOINT on the source, so the clean shutdown inside the window has little to flush;
-2. `stop_writes`: the application's roles fenced (marked, NOLOGIN, their sessions ended: transports/postgres.fence),
+2. `stop_writes`: the application's roles fenced (marked, NOLOGIN, their sessions ended: pg/primitives.fence),
    then the plan's stop command (a clean fast shutdown: the walsender streams every WAL record up to and including
    the shutdown checkpoint to the standby before the server exits), then pg_controldata: "shut down", and the
    final position is just past that checkpoint's record (nothing of the source's can follow it);
@@ -31,8 +31,10 @@ import psycopg
 from psycopg import sql
 
 from orchestrator.database.pg import compare
+from orchestrator.database.pg import primitives as pg
 from orchestrator.database.pg.seed import BIN_DIR, PgSeed, PgSeedSpec
 from orchestrator.database.protocol import (
+    ChunkedAudit,
     Comparison,
     DatabaseError,
     PositionMismatch,
@@ -43,7 +45,9 @@ from orchestrator.database.protocol import (
     Session,
 )
 from orchestrator.secrets import register
-from orchestrator.transports import postgres as pg
+
+# The source is stopped inside the window and follows the target after it: there is no frozen source to audit.
+NO_AUDIT = "PostgreSQL's replicate mode has no after-commit audit (its source is stopped inside the window)"
 
 SLOT_PREFIX = "migrate_"
 REVERSE_SLOT = "migrate_reverse"
@@ -175,6 +179,31 @@ class PgReplication:
 
     def programs(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
         return ()  # the server's own programs (the installed major is preflight's check)
+
+    def writer_problems(self, conn: Session, app_users: list[str]) -> list[str]:
+        """The fence makes every login role NOLOGIN and ends its sessions, except superusers and replication roles
+        (pg/primitives.app_roles): an application role among those would keep writing."""
+        rows = (
+            _raw(conn)
+            .execute("SELECT rolname, rolsuper, rolreplication FROM pg_roles WHERE rolname = ANY(%s)", (app_users,))
+            .fetchall()
+        )
+        found = {str(name): (bool(su), bool(rep)) for name, su, rep in rows}
+        problems: list[str] = []
+        escaping = [f"{name} ({'SUPERUSER' if su else 'REPLICATION'})" for name, (su, rep) in sorted(found.items())
+                    if su or rep]  # fmt: skip
+        if escaping:
+            problems.append(
+                "replicate mode: application roles the fence does not stop (NOLOGIN spares superusers and "
+                f"replication roles): {'; '.join(escaping)}: ALTER ROLE ... NOSUPERUSER NOREPLICATION"
+            )
+        missing = [user for user in app_users if user not in found]
+        if missing:
+            problems.append(
+                f"replicate mode: replication.app_users names {', '.join(missing)}, but the source has no role of "
+                "that name: fix the name (the fence must be proven to stop every writer)"
+            )
+        return problems
 
     def server_facts(self, conn: Session) -> dict[str, str]:
         """The settings replication needs, and the replication roles pg_hba.conf lets in from 127.0.0.1 (the
@@ -469,7 +498,34 @@ class PgReplication:
         pg.unfence_marked(raw)  # the fence came with the WAL; the app's own fence holds until the commit
         return executed
 
+    # --- the after-commit audit: none (the switch stops the source: `source_stops`, the mode does not run it) ---
+
+    def open_audit_snapshot(self, conn: Session) -> None:
+        raise ReplicationError(NO_AUDIT)
+
+    def audit_snapshot_and_position(self, conn: Session, after: tuple[pg.Lsn, float] | None = None) -> pg.Lsn:
+        raise ReplicationError(NO_AUDIT)
+
+    def audit_chunks(
+        self,
+        snapshot: Session,
+        source: Session,
+        final: pg.Lsn,
+        schemas: list[str] | None,
+        *,
+        chunk_rows: int,
+        pause_ratio: float,
+        timeout: float,
+        on_start: Callable[[int], None],
+        on_chunk: Callable[[str, int, int], None],
+    ) -> ChunkedAudit:
+        raise ReplicationError(NO_AUDIT)
+
     # --- the comparison before the window ---
+
+    def compare_cost(self, conn: Session, tables: list[tuple[str, str]], chunk_rows: int) -> tuple[float, int]:
+        """pg_class's row estimates for the chunks; a chunk's sum timed on the largest table."""
+        return compare.compare_cost(conn, tables, chunk_rows)
 
     def compare(
         self,

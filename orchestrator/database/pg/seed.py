@@ -21,8 +21,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.database.pg import primitives as pg
 from orchestrator.database.protocol import ReplicationError, Session
-from orchestrator.transports import postgres as pg
 
 SEED_SUFFIX = ".seed"
 BEFORE_SEED_SUFFIX = ".before-seed"

@@ -17,7 +17,7 @@ from orchestrator.database.engines import open_engine
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import Plan
 from orchestrator.results import AuditResult, StartTargetResult, SwitchResult, VerifyResult
-from orchestrator.services import audit, estimates, health, replica_audit
+from orchestrator.services import audit, estimates, health
 from orchestrator.services.health import HealthCheck
 from orchestrator.steps.common import COMMAND_TIMEOUT, run_services
 from orchestrator.steps.modes.base import AuditKit, CutoverMode, FinishKit, VerifyKit, with_door
@@ -83,7 +83,9 @@ class Replicate(CutoverMode):
 
     def open_audit_snapshot(self, conn: Any, schemas: list[str] | None, database: Any) -> dict[str, str] | None:
         # One statement: the tables and their engines are read on the frozen source after the commit.
-        replica_audit.open_target_snapshot(conn)
+        found = database.replication()
+        assert found is not None  # this mode runs only on an engine with one (repl_common.replication)
+        found.open_audit_snapshot(conn)
         return None
 
     def verify(self, ctx: StepContext, kit: VerifyKit) -> dict[str, Any]:
