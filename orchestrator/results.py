@@ -216,6 +216,9 @@ class SwitchResult(Contract):
     read_only_seconds: float | None = None
     fence_seconds: float | None = None  # the source's fence command (side by side with read_only)
     hold_seconds: float | None = None  # the window's start: journaled, the front door holding, in-flight drained
+    # The same, when the source drives its door: journaled, then the hold, the drain and the fence in one command
+    # there (hold_seconds and fence_seconds are None then: they are not apart).
+    hold_and_fence_seconds: float | None = None
     final_gtid: str | None = None
     wait_seconds: float | None = None
     promote_seconds: float | None = None

@@ -135,10 +135,10 @@ class ReplSwitch(Step):
                     # with the window, beside that command.
                     blocked_at = self._begin(ctx, None, hold=False)
                     checks = checking.submit(contextvars.copy_context().run, self._window_checks, ctx)
-                    result.fence_seconds = frontdoor.hold_and_fence_from_source(
+                    frontdoor.hold_and_fence_from_source(
                         ctx, blocked_at, ready, timeout=ctx.window.timeout(FENCE_TIMEOUT)
                     )
-                    result.hold_seconds = result.fence_seconds
+                    result.hold_and_fence_seconds = round(time.monotonic() - began, 3)
                     ctx.start_next_beside()
                     result.read_only_seconds, final = self._read_only(ctx, source)
                 else:
