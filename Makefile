@@ -28,9 +28,9 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The lab tests mostly wait on real servers, so several pytest-xdist workers (each with a lab of its own, whole
-# test files per worker) share the 2 cores. Measured on a quiet machine with 1,449 tests: 3 workers 650 s, 4 workers
-# 600 s (earlier, with fewer tests, 5 only made each lab test twice as slow). TEST_WORKERS=0 runs everything in one
-# process.
+# test files per worker) share the 2 cores. Measured on a quiet machine with 1,552 tests: 4 workers 486 s (with
+# 1,449 tests: 3 workers 650 s, 4 workers 600 s; 5 only made each lab test twice as slow). TEST_WORKERS=0 runs
+# everything in one process.
 TEST_WORKERS ?= 4
 
 # Every `migrate`, lab app and load process the suite starts imports the package: with bytecode caching off (some
