@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
 from orchestrator.transports.rsync import target_ssh_command
 from orchestrator.transports.ssh import SshHost
+from tests.pglab import postgres_lab
 
 pytestmark = pytest.mark.lab
 
@@ -116,19 +116,13 @@ def load_plan(path: Path) -> Plan:
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[PgPair]:
-    # The clusters run as `postgres`: the lab lives where that account can reach it (pytest's tmp is private).
-    lab_dir = Path(tempfile.mkdtemp(prefix="migrate-pg-lab-", dir="/var/tmp"))
-    lab_dir.chmod(0o755)
     started = time.monotonic()
-    try:
-        lab = hosts.up(lab_dir / "lab", engine="postgresql", db_size_mb=2, uploads_size_mb=1, default_ports=False)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            hosts.down(lab_dir / "lab", purge=True)
-        with contextlib.suppress(OSError):
-            lab_dir.rmdir()
-        raise
-    FIGURES["lab up"] = time.monotonic() - started
+    with postgres_lab("migrate-pg-lab-", db_size_mb=2) as lab:
+        FIGURES["lab up"] = time.monotonic() - started
+        yield from _pair_on(lab)
+
+
+def _pair_on(lab: LabState) -> Iterator[PgPair]:
     plan = load_plan(lab.plan_file)
     source_ssh = SshHost(plan.source, name="source", base_dir=lab.path, retry=plan.retry)
     target_ssh = SshHost(plan.target, name="target", base_dir=lab.path, retry=plan.retry)
@@ -153,9 +147,6 @@ def pair() -> Iterator[PgPair]:
                     source_ssh.run(seed.tunnel_down_command(spec), timeout=30)
         source_ssh.close()
         target_ssh.close()
-        hosts.down(lab.path, purge=True)
-        with contextlib.suppress(OSError):
-            lab_dir.rmdir()
         print("\nPostgreSQL lab figures: " + ", ".join(f"{k} {v:.3f} s" for k, v in FIGURES.items()))
 
 

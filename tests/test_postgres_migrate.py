@@ -9,13 +9,11 @@ temporary directories).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -28,10 +26,10 @@ import pytest
 from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
-from orchestrator.lab import hosts
 from orchestrator.lab.load import ACKS_FILE
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify, read_acks
+from tests.pglab import postgres_lab
 
 pytestmark = pytest.mark.lab
 
@@ -41,22 +39,8 @@ DNS_TTL = 3.0
 
 @pytest.fixture(scope="module")
 def pg_lab() -> Iterator[LabState]:
-    lab_dir = Path(tempfile.mkdtemp(prefix="migrate-pg-apply-", dir="/var/tmp"))
-    lab_dir.chmod(0o755)
-    try:
-        lab = hosts.up(lab_dir / "lab", engine="postgresql", db_size_mb=1, uploads_size_mb=1, default_ports=False)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            hosts.down(lab_dir / "lab", purge=True)
-        with contextlib.suppress(OSError):
-            lab_dir.rmdir()
-        raise
-    try:
+    with postgres_lab("migrate-pg-apply-", db_size_mb=1) as lab:
         yield lab
-    finally:
-        hosts.down(lab.path, purge=True)
-        with contextlib.suppress(OSError):
-            lab_dir.rmdir()
 
 
 def migrate(state: LabState, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -11,11 +11,9 @@ temporary directories).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +24,9 @@ from ruamel.yaml import YAML
 
 from orchestrator import exit_codes
 from orchestrator.database.pg import primitives as pg
-from orchestrator.lab import hosts
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify
+from tests.pglab import postgres_lab
 from tests.test_e2e import (
     PLAN_NAMES,
     dns_contents,
@@ -47,22 +45,8 @@ TIMEOUT = 600.0
 
 @pytest.fixture(scope="module")
 def pg_lab() -> Iterator[LabState]:
-    lab_dir = Path(tempfile.mkdtemp(prefix="migrate-pg-repl-", dir="/var/tmp"))
-    lab_dir.chmod(0o755)
-    try:
-        lab = hosts.up(lab_dir / "lab", engine="postgresql", db_size_mb=2, uploads_size_mb=1, default_ports=False)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            hosts.down(lab_dir / "lab", purge=True)
-        with contextlib.suppress(OSError):
-            lab_dir.rmdir()
-        raise
-    try:
+    with postgres_lab("migrate-pg-repl-", db_size_mb=2) as lab:
         yield lab
-    finally:
-        hosts.down(lab.path, purge=True)
-        with contextlib.suppress(OSError):
-            lab_dir.rmdir()
 
 
 def plan_copy(state: LabState, suffix: str, hook: str | None = None, **replication: Any) -> Path:
