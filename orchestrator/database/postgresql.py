@@ -118,15 +118,8 @@ class _Connection(psycopg.Connection[Any]):
     meter: RoundTrips | None = None
 
 
-def _raw(session: Session) -> psycopg.Connection[Any]:
-    return cast("psycopg.Connection[Any]", session)
-
-
-def _scalar(session: Session, query: str | sql.Composable, args: Any = None) -> Any:
-    with session.cursor() as cur:
-        cur.execute(query, args)
-        row = cur.fetchone()
-    return None if row is None else row[0]
+_raw = pg.connection_of
+_scalar = pg.session_scalar
 
 
 def _run(session: Session, query: str) -> None:

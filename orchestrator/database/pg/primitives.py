@@ -27,11 +27,15 @@ import shlex
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 from psycopg import sql
 
 from orchestrator.services.probes import Probe
+
+if TYPE_CHECKING:
+    from orchestrator.database.protocol import Session
 
 DEFAULT_BIN_DIR = "/usr/lib/postgresql/{major}/bin"
 SUPPORTED_MAJORS = range(13, 18)
@@ -113,6 +117,19 @@ def _first(exc: BaseException) -> str:
 
 def _scalar(conn: psycopg.Connection, query: str | sql.Composable, args: Sequence[object] = ()) -> object:
     row = conn.execute(query, args).fetchone()  # type: ignore[arg-type]
+    return None if row is None else row[0]
+
+
+def connection_of(session: Session) -> psycopg.Connection[Any]:
+    """The psycopg connection behind a `Session` the engine handed out (it is one)."""
+    return cast("psycopg.Connection[Any]", session)
+
+
+def session_scalar(session: Session, query: str | sql.Composable, args: Any = None) -> Any:
+    """The first column of the first row (None without a row), through the session's cursor."""
+    with session.cursor() as cur:
+        cur.execute(query, args)
+        row = cur.fetchone()
     return None if row is None else row[0]
 
 

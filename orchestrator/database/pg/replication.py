@@ -25,9 +25,8 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-import psycopg
 from psycopg import sql
 
 from orchestrator.database.pg import compare
@@ -54,15 +53,8 @@ REVERSE_SLOT = "migrate_reverse"
 STOP_TIMEOUT = 300.0
 
 
-def _raw(session: Session) -> psycopg.Connection[Any]:
-    return cast("psycopg.Connection[Any]", session)
-
-
-def _scalar(session: Session, query: str | sql.Composable, args: Any = None) -> Any:
-    with session.cursor() as cur:
-        cur.execute(query, args)
-        row = cur.fetchone()
-    return None if row is None else row[0]
+_raw = pg.connection_of
+_scalar = pg.session_scalar
 
 
 def _lsn(value: Any) -> pg.Lsn:
