@@ -45,7 +45,7 @@ test-fast: venv
 	$(BIN)/pytest -q -m "not lab" -n 2
 
 demo: venv system-packages
-	$(BIN)/python -m orchestrator.lab.demo $(if $(APP),--app $(APP))
+	$(BIN)/python -m orchestrator.lab.demo $(if $(APP),--app $(APP)) $(if $(ENGINE),--engine $(ENGINE))
 
 clean:
 	-$(BIN)/migrate lab down

@@ -35,6 +35,7 @@ LONGEST_FIRST = (
     "test_fleet_lab.py",
     "test_replicate_e2e.py",
     "test_faults_kill.py",
+    "test_postgres_faults.py",
     "test_wordpress_lab.py",
     "test_faults.py",
     "test_scale_e2e.py",

@@ -49,14 +49,18 @@ def pg_lab() -> Iterator[LabState]:
         yield lab
 
 
-def plan_copy(state: LabState, suffix: str, hook: str | None = None, **replication: Any) -> Path:
+def plan_copy(
+    state: LabState, suffix: str, hook: str | None = None, cutover: dict[str, Any] | None = None, **replication: Any
+) -> Path:
     """The lab's plan (cutover.mode auto: the servers' facts must resolve it to replicate) with its own name; `hook`:
-    the body of its before-step hook."""
+    the body of its before-step hook; `cutover` and `replication`: settings of those sections."""
     yaml = YAML()
     data = yaml.load(state.plan_file.read_text())
     data["name"] = f"{data['name']}-{suffix}"
     for key, value in replication.items():
         data["replication"][key] = value
+    for key, value in (cutover or {}).items():
+        data["cutover"][key] = value
     if hook is not None:
         hooks_dir = state.path / f"hooks-{suffix}"
         hooks_dir.mkdir(exist_ok=True)

@@ -153,7 +153,7 @@ def test_the_dry_run_of_a_postgresql_replicate_plan_says_what_postgresql_does(tm
     lines = {step.name: " ".join(step.lines) for step in described.steps}
     assert "pg_basebackup -X stream -C -S migrate_" in lines["repl_seed"], lines["repl_seed"]
     assert "primary_conninfo" in lines["repl_replica"] and "chunks of 2000 rows" in lines["repl_catchup"]
-    assert "pg_promote(wait => true)" in lines["repl_switch"] and "NOLOGIN" in lines["repl_switch"]
+    assert "a fast shutdown of the database" in lines["repl_switch"] and "pg_promote" in lines["repl_switch"]
     said = " ".join(lines.values())
     assert "mariadb-backup" not in said and "MASTER_GTID_WAIT" not in said and "CHANGE MASTER" not in said
     assert "GTID" not in said and "RESET SLAVE" not in said and "pg_controldata" in lines["finish"]

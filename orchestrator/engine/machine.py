@@ -133,11 +133,12 @@ class Engine:
         self._pool: ThreadPoolExecutor | None = None
         self._thread = threading.get_ident()  # the thread signals are acted on in (the one running forward)
 
-    def _append(self, event: Event) -> None:
+    def _append(self, event: Event, *, sync: bool | None = None) -> None:
         """Journal a transition; no signal lands between the durable record and the in-memory state. A step's
         completion protects no action of its own: the next record's fsync makes it durable (one fsync less per
-        step, inside the window too), unless it is the commit point's."""
-        sync = not (isinstance(event, StepCompleted) and not event.commit_point)
+        step, inside the window too), unless it is the commit point's. `sync` False: a step's save that says so."""
+        if sync is None:
+            sync = not (isinstance(event, StepCompleted) and not event.commit_point)
         if threading.get_ident() != self._thread:
             # A step running beside: signals are acted on in the engine's own thread only, so nothing can split
             # this record from its state here (the journal serialises the two threads' writers).
@@ -528,6 +529,7 @@ class Engine:
             _saved=dict(rec.saved),
             _outputs=state.outputs,
             _save=self._save,
+            _save_unsynced=self._save_unsynced,
             _history=lambda: JournalView.of(self.journal),
             _commit=lambda step, reason: self._append(Committed(step=step, reason=reason)),
             _start_next=lambda: self._start_beside(self.steps.index(step)),
@@ -535,6 +537,9 @@ class Engine:
 
     def _save(self, step: str, key: str, value: Any) -> None:
         self._append(StepSaved(step=step, key=key, value=value))
+
+    def _save_unsynced(self, step: str, key: str, value: Any) -> None:
+        self._append(StepSaved(step=step, key=key, value=value), sync=False)
 
     def _hook_env(self, state: RunState, step: Step | None, index: int | None = None) -> dict[str, str]:
         if step is not None and index is None:

@@ -46,13 +46,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--app", choices=hosts.APPS, default="demo", help="what the lab serves: demo (Python) or wordpress"
     )
+    parser.add_argument(
+        "--engine",
+        choices=hosts.ENGINES,
+        default=None,
+        help="the database of both hosts: mariadb (default) or postgresql",
+    )
     args = parser.parse_args(argv)
     lab_dir: Path = args.dir.resolve()
 
     say(f"bringing up a fresh lab in {lab_dir}")
     try:
         hosts.down(lab_dir, purge=True)
-        hosts.up(lab_dir, db_size_mb=args.db_size, app=args.app, say=lambda line: print(f"   {line}", flush=True))
+        hosts.up(lab_dir, db_size_mb=args.db_size, app=args.app, engine=args.engine,
+                 say=lambda line: print(f"   {line}", flush=True))  # fmt: skip
     except hosts.LabRefused as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2

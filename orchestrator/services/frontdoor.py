@@ -425,6 +425,15 @@ def holds_from_source(ctx: StepContext, ready: HoldReady | None) -> bool:
     )
 
 
+def journal_hold_ahead(ctx: StepContext, ready: HoldReady) -> None:
+    """Before the window's clock starts: the journal says a hold may stand (its facts), so that
+    hold_and_fence_from_source writes no record before its command. The seconds are the whole budget's (the
+    hold's own, a few milliseconds shorter, are journaled with its deadline)."""
+    if not ctx.saved(SOURCE_HOLD):
+        seconds = max(runtime(ctx).plan.cutover.max_write_block + HOLD_MARGIN, MIN_HOLD)
+        ctx.save(SOURCE_HOLD, {"seconds": round(seconds, 3), "writes_only": ready.writes_only})
+
+
 def hold_and_fence_from_source(
     ctx: StepContext, blocked_at: float, ready: HoldReady, *, timeout: float | None
 ) -> float:
@@ -441,7 +450,8 @@ def hold_and_fence_from_source(
     budget_left = rt.plan.cutover.max_write_block - (time.time() - blocked_at)
     seconds = max(budget_left + HOLD_MARGIN, MIN_HOLD)
     facts: dict[str, Any] = {"seconds": round(seconds, 3), "writes_only": ready.writes_only}
-    ctx.save(SOURCE_HOLD, facts)  # before: a crash still knows a hold may stand
+    if not ctx.saved(SOURCE_HOLD):
+        ctx.save(SOURCE_HOLD, facts)  # before: a crash still knows a hold may stand
     deadline = round(time.time() + ready.clock_offset + seconds, 3)
     drain = min(config.drain_timeout, ctx.window.timeout() or config.drain_timeout) if config.drain_timeout else 0
     script = source_commit.hold_and_fence_script(
@@ -458,7 +468,9 @@ def hold_and_fence_from_source(
     done = source_commit.parse_hold_and_fence(out)
     if not done.held:
         raise StepError(f"source's front door, holding requests: {done.door_said}")
-    ctx.save(SOURCE_HOLD, {**facts, "deadline": deadline, "pid": ready.pid})
+    # What the commit checks, long after: the window's next fsync'd record (the final position's or a step's) makes
+    # it durable, with no fsync of its own between the fence and read_only.
+    ctx.save(SOURCE_HOLD, {**facts, "deadline": deadline, "pid": ready.pid}, sync=False)
     ctx.log.info("frontdoor.source_held", seconds=round(seconds, 3), deadline=deadline,
                  writes_only=ready.writes_only, from_source=True)  # fmt: skip
     # Not drained in time: those requests met the fence (and meet read_only) as they would without a door.

@@ -133,7 +133,7 @@ class ReplSwitch(Step):
                     # The hold, the drain and the fence in one command on the source; read_only after it, beside
                     # the uploads' pass (which needs the fence only). The checks (reads of the fenced target) begin
                     # with the window, beside that command.
-                    blocked_at = self._begin(ctx, None, hold=False)
+                    blocked_at = self._begin(ctx, ready, hold=False)
                     checks = checking.submit(contextvars.copy_context().run, self._window_checks, ctx)
                     frontdoor.hold_and_fence_from_source(
                         ctx, blocked_at, ready, timeout=ctx.window.timeout(FENCE_TIMEOUT)
@@ -157,7 +157,9 @@ class ReplSwitch(Step):
                 verify_target.read_positions_early(ctx, str(final), wait_first=rep.wait_slice)
                 executed = self._wait_and_promote(ctx, target, final, result)
                 result.executed_gtid = str(executed)
-                ctx.save(PROMOTED, str(executed))
+                # Lost with the machine (not with a kill -9), a resume finds the promotion on the server
+                # (_already_promoted); the next step's start is fsync'd before anything depends on it.
+                ctx.save(PROMOTED, str(executed), sync=False)
                 self._checked(checks, result)
                 result.switch_seconds = round(time.monotonic() - began, 3)
             result.writes_blocked_at = window.begin(float(ctx.saved(WRITES_BLOCKED_AT)))
@@ -234,15 +236,22 @@ class ReplSwitch(Step):
         source_guard.reattach(ctx)
 
     def _begin(self, ctx: StepContext, ready: frontdoor.HoldReady | None, *, hold: bool = True) -> float:
-        """The window begins: journaled (`writes_blocked_at`, `fenced`, `source_read_only`) before anything moves;
-        then the front door's hold (unless `hold` is False: the caller holds with its fence)."""
-        saved_at = ctx.saved(WRITES_BLOCKED_AT)
-        blocked_at = float(saved_at) if saved_at else time.time()
+        """The window begins: journaled (`fenced`, `source_read_only`, with the front door driven from the source
+        its hold's facts, then `writes_blocked_at`) before anything moves; then the front door's hold (unless `hold`
+        is False: the caller holds with its fence).
+
+        What undo reads as "may be up" (the fence, read_only, the hold) is journaled before the window's clock
+        starts: each record is an fsync (2-5 ms), and undo's lifting of what was never set is harmless, so only
+        `writes_blocked_at` is written inside the window."""
         if runtime(ctx).plan.services.fence.enable:
             ctx.save(FENCED, True)
+        ctx.save(SOURCE_READ_ONLY, True)
+        if ready is not None and not hold:
+            frontdoor.journal_hold_ahead(ctx, ready)
+        saved_at = ctx.saved(WRITES_BLOCKED_AT)
+        blocked_at = float(saved_at) if saved_at else time.time()
         if not saved_at:
             ctx.save(WRITES_BLOCKED_AT, blocked_at)
-        ctx.save(SOURCE_READ_ONLY, True)
         ctx.window.begin(blocked_at)
         # The front door holds new requests before the fence and read_only would refuse them (plan section `proxy`);
         # the source database goes on serving reads, unless the engine's switch stops it (it holds reads too then).
@@ -353,8 +362,9 @@ class ReplSwitch(Step):
         raise AssertionError("unreachable")
 
     def _final_position(self, ctx: StepContext, final: Position) -> None:
-        """The source's last position, read once it is read-only: journaled before the target waits for it."""
-        ctx.save(FINAL_GTID, str(final))
+        """The source's last position, read once it is read-only: journaled before the target waits for it (made
+        durable by `promoting`'s fsync, which comes before the statement that waits)."""
+        ctx.save(FINAL_GTID, str(final), sync=False)
         ctx.log.info("repl.switch.final_position", gtid=str(final))
 
     def _already_promoted(self, ctx: StepContext, target: Any) -> bool:

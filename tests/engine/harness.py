@@ -65,6 +65,10 @@ class FileStep(Step):
 
     def run(self, ctx: StepContext) -> dict[str, Any]:
         _act(f"run {self.name}")
+        if os.environ.get("HARNESS_SAVE_UNSYNCED") == self.name:
+            if ctx.saved("unsynced"):
+                _act(f"found unsynced {self.name}")
+            ctx.save("unsynced", True, sync=False)
         ctx.save("started", True)
         if os.environ.get("HARNESS_LEAK") == self.name:
             secret = resolve(ctx.rt.plan.dns.api_token)

@@ -289,3 +289,29 @@ def test_a_run_whose_journal_lists_a_step_the_mode_runs_no_more_rolls_back_witho
     assert res.returncode == exit_codes.OK, res.stderr
     assert [a for a in world.actions() if a.startswith("undo")] == ["undo cutover", "undo copy", "undo prepare"]
     assert world.status_json()["run"]["status"] == "rolled_back"
+
+
+def test_a_save_without_its_own_fsync_is_in_the_journal_a_resume_reads(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ctx.save(..., sync=False)` writes its record with no fsync of its own (the next record's flushes it) and
+    a run killed right after still finds the value when it resumes."""
+    from orchestrator.engine import journal
+
+    synced: list[str] = []
+    original = journal.Journal._persist
+
+    def persist(self: journal.Journal, record: dict[str, object], **how: object) -> None:
+        original(self, record, **how)  # type: ignore[arg-type]
+        if self.path is not None and how.get("sync", True):
+            synced.append(str(record.get("key") or record.get("event")))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(journal.Journal, "_persist", persist)
+        crashed = world.run("apply", str(world.plan), "--yes", HARNESS_SAVE_UNSYNCED="prepare",
+                            HARNESS_CRASH_INSIDE="prepare")  # fmt: skip
+    assert crashed.returncode == CRASHED
+    assert "unsynced" not in synced and "started" in synced
+    res = world.run("apply", str(world.plan), "--yes", HARNESS_SAVE_UNSYNCED="prepare")
+    assert res.returncode == exit_codes.OK, res.stderr
+    assert "found unsynced prepare" in world.actions()

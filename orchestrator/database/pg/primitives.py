@@ -293,31 +293,98 @@ class Promotion:
     replayed: Lsn
     seconds: float
     waited: float = 0.0
+    marked_roles: int = 0  # roles the NOLOGIN fence had marked when the WAL ended (to let in on the new primary)
+
+
+class NotReplayed(ProofFailed):
+    """The standby did not replay the wanted position in time: nothing was promoted."""
+
+
+# Server-side: the standby's replay waited for, the promotion asked for and waited for, each at a 2 ms grain
+# (pg_promote(wait => true) polls every 100 ms, and a client-side poll costs a round trip each time). One round
+# trip with the timeline before and the proof after; the custom SQLSTATEs say which wait failed.
+_NOT_STANDBY, _NOT_REPLAYED, _NOT_PROMOTED = "MGNSB", "MGNRP", "MGNPR"
+_PROMOTE_SQL = """\
+SELECT coalesce((SELECT received_tli FROM pg_stat_wal_receiver), (SELECT timeline_id FROM pg_control_checkpoint()));
+DO $migrate$
+DECLARE
+  started timestamptz := clock_timestamp();
+  deadline timestamptz := clock_timestamp() + make_interval(secs => {wait});
+BEGIN
+  IF NOT pg_is_in_recovery() THEN
+    RAISE EXCEPTION USING ERRCODE = '{not_standby}',
+      MESSAGE = 'the server to promote is not a standby (not in recovery)';
+  END IF;
+  WHILE coalesce(pg_last_wal_replay_lsn() < '{expected}'::pg_lsn, true) LOOP
+    IF clock_timestamp() >= deadline THEN
+      RAISE EXCEPTION USING ERRCODE = '{not_replayed}', MESSAGE = format(
+        'the standby replayed %s in {wait} s, not {expected}: not promoted', pg_last_wal_replay_lsn());
+    END IF;
+    PERFORM pg_sleep({poll});
+  END LOOP;
+  RAISE NOTICE 'migrate.replayed_after %', extract(epoch FROM clock_timestamp() - started);
+  PERFORM pg_promote(false);
+  deadline := clock_timestamp() + make_interval(secs => {promote_wait});
+  WHILE pg_is_in_recovery() LOOP
+    IF clock_timestamp() >= deadline THEN
+      RAISE EXCEPTION USING ERRCODE = '{not_promoted}',
+        MESSAGE = 'the promotion did not finish within {promote_wait} s';
+    END IF;
+    PERFORM pg_sleep({poll});
+  END LOOP;
+END
+$migrate$;
+SELECT pg_is_in_recovery(), pg_walfile_name(pg_current_wal_lsn()), pg_current_wal_lsn()::text,
+  pg_last_wal_replay_lsn()::text,
+  (SELECT count(*) FROM pg_db_role_setting WHERE setdatabase = 0 AND '{mark}=on' = ANY(setconfig))"""
 
 
 def promote(conn: psycopg.Connection, expected: Lsn, *, wait: float = 10.0, promote_wait: int = 60) -> Promotion:
-    """Wait (bounded) for the standby to replay `expected`, promote it and prove it: out of recovery, on a new
-    timeline, with everything up to `expected` replayed before the switch. Raises ProofFailed otherwise (nothing
-    promoted when the wait failed)."""
-    if not in_recovery(conn):
-        raise ProofFailed("the server to promote is not a standby (not in recovery)")
-    before = timeline(conn)
-    waited = wait_for_replay(conn, expected, wait)
-    if not waited.reached:
-        raise ProofFailed(f"the standby replayed {waited.position} in {wait:g} s, not {expected}: not promoted")
+    """Wait (bounded by `wait`) for the standby to replay `expected`, promote it and prove it, in one round trip:
+    out of recovery, on the next timeline, everything up to `expected` replayed before the switch. NotReplayed when
+    the wait ran out (nothing promoted); ProofFailed for any other failure."""
+    script = _PROMOTE_SQL.format(
+        wait=f"{max(0.0, wait):.3f}", expected=expected, poll="0.002", promote_wait=int(promote_wait),
+        not_standby=_NOT_STANDBY, not_replayed=_NOT_REPLAYED, not_promoted=_NOT_PROMOTED, mark=FENCE_MARK,
+    )  # fmt: skip
+    notices: list[str] = []
+
+    def heard(diag: psycopg.errors.Diagnostic) -> None:
+        notices.append(diag.message_primary or "")
+
     started = time.monotonic()
-    if not _scalar(conn, "SELECT pg_promote(true, %s)", (promote_wait,)):
-        raise ProofFailed(f"pg_promote did not finish within {promote_wait} s")
+    conn.add_notice_handler(heard)
+    try:
+        cur = conn.execute(script)
+        before = cur.fetchone()
+        cur.nextset()  # the DO block's (no rows)
+        cur.nextset()
+        proof = cur.fetchone()
+    except psycopg.Error as exc:
+        reason = _first(exc)
+        if exc.sqlstate == _NOT_REPLAYED:
+            raise NotReplayed(reason) from None
+        raise ProofFailed(reason) from None
+    finally:
+        conn.remove_notice_handler(heard)
     seconds = time.monotonic() - started
-    if in_recovery(conn):
-        raise ProofFailed("pg_promote returned but the server is still in recovery")
-    after = timeline(conn)
-    if after <= before:
-        raise ProofFailed(f"promoted, but still on timeline {after} (was {before})")
-    position = current_wal_lsn(conn)
-    if position < expected:
+    waited = next((float(n.split()[-1]) for n in notices if n.startswith("migrate.replayed_after")), 0.0)
+    if before is None or proof is None:
+        raise ProofFailed("the promotion's proof returned no row")
+    recovering, walfile, position, replayed, marked = proof
+    if recovering:
+        raise ProofFailed("promoted, but the server is still in recovery")
+    timeline_before, timeline_after = int(before[0]), int(str(walfile)[:8], 16)
+    if timeline_after <= timeline_before:
+        raise ProofFailed(f"promoted, but still on timeline {timeline_after} (was {timeline_before})")
+    if Lsn.parse(str(position)) < expected:
         raise ProofFailed(f"promoted at {position}, below the source's final position {expected}")
-    return Promotion(before, after, waited.position or expected, seconds, waited.seconds)
+    return Promotion(timeline_before, timeline_after, _lsn_or(replayed, expected), seconds - waited, waited,
+                     int(marked))  # fmt: skip
+
+
+def _lsn_or(value: object, default: Lsn) -> Lsn:
+    return default if value is None else Lsn.parse(str(value))
 
 
 def checkpoint(conn: psycopg.Connection) -> None:
@@ -374,6 +441,23 @@ def pg_ctl_command(cluster: Cluster, action: str, *, mode: str = "fast", wait: i
             argv += ["-l", cluster.log_file]
     argv.append(action)
     return cluster.as_owner(argv)
+
+
+def fast_shutdown_command(cluster: Cluster, bound: int) -> str:
+    """A clean fast shutdown of the cluster's running server, waited for at a 5 ms grain (pg_ctl polls every
+    100 ms): SIGINT to its postmaster, what `pg_ctl stop -m fast` sends, then the wait until the postmaster removed
+    postmaster.pid, its last act (after the shutdown checkpoint, once its walsenders streamed every WAL record to
+    the connected standbys). Nothing is signalled when no server runs there, or when the pid in a stale
+    postmaster.pid belongs to another program. Exits 3 if the server still runs `bound` seconds later."""
+    pidfile = shlex.quote(cluster.data_dir.rstrip("/") + "/postmaster.pid")
+    return (
+        f"F={pidfile}; P=$(head -n 1 $F 2>/dev/null); "
+        'up() { [ -n "$P" ] && [ -e $F ] && [ "$(cat /proc/$P/comm 2>/dev/null)" = postgres ]; }; '
+        'up && kill -INT "$P"; '
+        f"end=$(($(date +%s) + {int(bound)})); "
+        'while up; do [ "$(date +%s)" -lt $end ] || { echo "the server (pid $P) still shuts down after '
+        f'{int(bound)} s" >&2; exit 3; }}; sleep 0.005; done'
+    )
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,14 @@ pg_basebackup (seed.py), its source's server stopped cleanly inside the window a
 Positions are WAL positions (`pg/primitives.Lsn`). The switch, in the order the steps call it:
 
 1. `before_window`: a CHECKPOINT on the source, so the clean shutdown inside the window has little to flush;
-2. `stop_writes`: the application's roles fenced (marked, NOLOGIN, their sessions ended: pg/primitives.fence),
-   then the plan's stop command (a clean fast shutdown: the walsender streams every WAL record up to and including
+2. `stop_writes`: one command on the source's host: a fast shutdown (SIGINT to the postmaster, waited for at a
+   5 ms grain: pg/primitives.fast_shutdown_command; its walsender streams every WAL record up to and including
    the shutdown checkpoint to the standby before the server exits), then pg_controldata: "shut down", and the
    final position is just past that checkpoint's record (nothing of the source's can follow it);
-3. `wait_and_promote`: the standby replayed up to the final position (the shutdown checkpoint included), then
-   `pg_promote(wait => true)` with its proof (out of recovery, the timeline went up by one, the replayed position at
-   or past the final one) and the fence, which came with the WAL, lifted there (the app's own target fence still
-   holds writes until the commit).
+3. `wait_and_promote`: one statement on the standby: its replay of the final position (the shutdown checkpoint
+   included) waited for, the promotion asked for and waited for, both server-side at a 2 ms grain, then its proof
+   (out of recovery, the timeline went up by one, the replayed position at or past the final one). The app's own
+   target fence still holds writes until the commit.
 
 Since the source's last record is its shutdown checkpoint and the standby replayed it before branching off, the old
 primary can follow the new one without pg_rewind (`follow` of a stopped server checks its clean shutdown first; the
@@ -20,6 +20,7 @@ new timeline's branch point is then proven by the standby replaying on it).
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import time
@@ -35,7 +36,6 @@ from orchestrator.database.pg.seed import BIN_DIR, PgSeed, PgSeedSpec
 from orchestrator.database.protocol import (
     ChunkedAudit,
     Comparison,
-    DatabaseError,
     PositionMismatch,
     ReplicaSource,
     ReplicationError,
@@ -51,6 +51,10 @@ NO_AUDIT = "PostgreSQL's replicate mode has no after-commit audit (its source is
 SLOT_PREFIX = "migrate_"
 REVERSE_SLOT = "migrate_reverse"
 STOP_TIMEOUT = 300.0
+# Beyond the stop's own bound, for the round trip and pg_controldata.
+STOP_MARGIN = 10.0
+# The promotion of a standby that already replayed the final position (its own wait only covers a slow start).
+PROMOTE_WAIT = 5.0
 
 
 _raw = pg.connection_of
@@ -146,12 +150,13 @@ class PgReplication:
         if part == "switch":
             return [
                 "before the window: CHECKPOINT on the source (its shutdown inside the window has little to flush)",
-                "on the source database: the app's roles marked, NOLOGIN, their sessions ended (pg_terminate_backend)",
-                f"stop the source's server cleanly ({db.source.stop}): its last WAL record, the shutdown checkpoint, "
-                "streamed to the standby; pg_controldata: the final position just past it (journaled)",
-                "on the target: wait until it replayed the final position, bounded by what is left of the budget",
-                "promote the target: pg_promote(wait => true), proof (out of recovery, timeline + 1, replayed up to "
-                "the final position), the roles' fence lifted there (its services stay fenced until the commit)",
+                f"on {plan.source.address}, one command: a fast shutdown of the database in {db.source.datadir} "
+                "(SIGINT to its postmaster: every session ended, whatever its role; its last WAL record, the shutdown "
+                "checkpoint, streamed to the standby), bounded by what is left of the budget; pg_controldata: the "
+                "final position just past that record (journaled)",
+                "on the target, one statement: wait until it replayed the final position (bounded by what is left of "
+                "the budget), pg_promote, proof (out of recovery, timeline + 1, replayed up to the final position); "
+                "its services stay fenced until the commit",
             ]
         if part == "positions":
             return [
@@ -443,52 +448,60 @@ class PgReplication:
         pg.checkpoint(_raw(conn))
 
     def stop_writes(self, conn: Session | None, *, lock_wait_timeout: float, server: ServerAccess) -> pg.Lsn:
-        """The application's roles fenced (NOLOGIN, their sessions ended), the server stopped cleanly by the plan's
-        command, and the final position read from its control file: just past its shutdown checkpoint. `conn`
-        None: the server is stopped already (a resumed switch), only its control file is read."""
-        if conn is not None:
-            try:
-                _scalar(conn, "SELECT set_config('lock_timeout', %s, false)",
-                        (str(max(1, round(lock_wait_timeout * 1000))),))  # fmt: skip
-                pg.fence_marked(_raw(conn))
-            except pg.PostgresError as exc:
-                raise ReplicationError(f"the fence: {exc}") from None
-            except DatabaseError as exc:
-                raise ReplicationError(f"the fence: {exc}") from None
-        data = shlex.quote(server.datadir.rstrip("/"))
-        stop = f"{server.stop}" if conn is not None else "true"
-        out = server.host.run(
-            f'{stop} && B={BIN_DIR} && LC_ALL=C runuser -u postgres -- "$B/pg_controldata" -D {data}',
-            timeout=STOP_TIMEOUT,
-        ).stdout
-        control = pg.parse_controldata(out)
+        """The source's server stopped cleanly, and the final position read from its control file (just past its
+        shutdown checkpoint), in one command on its host. `conn` None: stopped already (a resumed switch).
+
+        Why the fast shutdown alone is airtight: it refuses new connections and ends every session, whatever its
+        role (superusers and the app's table owners too), rolling back what had not committed; every commit is in
+        the WAL before it, and the walsender streams every record up to the shutdown checkpoint to the standby
+        before the server exits. No role is made NOLOGIN on the way (so nothing needs putting back when the guard or
+        a rollback starts the source again). The wait is bounded by `lock_wait_timeout` (what is left of the
+        budget): a server still shutting down then fails this try, and the next try waits again."""
+        bound = max(1, math.ceil(lock_wait_timeout))
+        cluster = pg.Cluster(server.datadir.rstrip("/"), 0)
+        data = shlex.quote(cluster.data_dir)
+        result = server.host.run(
+            f"{pg.fast_shutdown_command(cluster, bound)} && B={BIN_DIR} && LC_ALL=C runuser -u postgres -- "
+            f'"$B/pg_controldata" -D {data}',
+            timeout=bound + STOP_MARGIN,
+            check=False,
+        )
+        if not result.ok:
+            last = (result.stderr.strip().splitlines() or [f"exit status {result.exit_status}"])[-1]
+            raise ReplicationError(f"stopping the source's server: {last}")
+        control = pg.parse_controldata(result.stdout)
         if not control.clean:
             raise ReplicationError(f"the source's server did not shut down cleanly (state: {control.state})")
         return pg.Lsn(control.checkpoint.value + 1)
 
     def wait_and_promote(self, conn: Session, expected: pg.Lsn, wait: float) -> PgPromotion:
-        raw = _raw(conn)
         started = time.monotonic()
-        waited = pg.wait_for_replay(raw, expected, wait)
-        if not waited.reached:
+        try:
+            promotion = self._promote(conn, expected, wait)
+        except pg.NotReplayed:
             return PgPromotion(False, False, pg.Lsn(0), time.monotonic() - started)
-        executed = self._promote(conn, expected)
-        return PgPromotion(True, True, executed, waited.seconds)
+        return PgPromotion(True, True, promotion.replayed, promotion.waited)
 
     def promote(self, conn: Session, expected: pg.Lsn) -> pg.Lsn:
-        return self._promote(conn, expected)
+        try:
+            return self._promote(conn, expected, PROMOTE_WAIT).replayed
+        except pg.NotReplayed as exc:
+            raise PositionMismatch(str(exc)) from None
 
-    def _promote(self, conn: Session, expected: pg.Lsn) -> pg.Lsn:
+    def _promote(self, conn: Session, expected: pg.Lsn, wait: float) -> pg.Promotion:
+        """The standby's replay waited for, the promotion and its proof: one round trip (pg/primitives.promote)."""
         raw = _raw(conn)
         try:
-            pg.promote(raw, expected, wait=1.0)
+            promotion = pg.promote(raw, expected, wait=wait)
+        except pg.NotReplayed:
+            raise
         except pg.ProofFailed as exc:
             raise PositionMismatch(str(exc)) from None
-        executed = pg.replay_lsn(raw) or pg.Lsn(0)
-        if executed < expected:
-            raise PositionMismatch(f"promoted having replayed {executed}, not the final position {expected}")
-        pg.unfence_marked(raw)  # the fence came with the WAL; the app's own fence holds until the commit
-        return executed
+        if promotion.replayed < expected:
+            raise PositionMismatch(f"promoted having replayed {promotion.replayed}, not the final position {expected}")
+        if promotion.marked_roles:
+            pg.unfence_marked(raw)  # a NOLOGIN fence that came with the WAL (a target fenced at a rollback)
+        return promotion
 
     # --- the after-commit audit: none (the switch stops the source: `source_stops`, the mode does not run it) ---
 

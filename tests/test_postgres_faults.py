@@ -1,0 +1,166 @@
+"""The PostgreSQL replicate window's fault paths on the lab, under `lab load` through the front doors: SIGTERM and
+kill -9 at each fact the switch journals (the source's writes stopping, its final position, promoting, promoted),
+and a run killed inside the window that nobody resumes. Each ends with the service on one side, writable, and no
+acknowledged write lost:
+
+- SIGTERM rolls the run back: the source's server (stopped by the switch) is started again and takes writes, DNS
+  stays on it, a promoted target is fenced again;
+- kill -9 then `migrate apply` resumes the switch to a completed run (`migrate rollback` then brings the service
+  back for the next case);
+- kill -9 and nobody resumes: the guard on the source starts its server once the budget and its margin have passed,
+  never before; the app's roles log in there (no role is left NOLOGIN); a later `migrate apply` rolls back.
+
+One lab for the module, under /var/tmp (the clusters run as `postgres`).
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import exit_codes
+from orchestrator.lab.state import LabState
+from orchestrator.lab.verify import main_verify
+from orchestrator.services import guard
+from tests.pglab import postgres_lab
+from tests.test_e2e import a_review, dns_contents, http, migrate_apply, outcome, wait_for_load_acks_on
+from tests.test_faults_kill import guard_restored
+from tests.test_frontdoor_e2e import journal_of, no_failed_requests, start_load, stop_load, wait_for
+from tests.test_postgres_replicate import events_of, in_recovery, in_recovery_or_down, migrate, plan_copy
+
+pytestmark = pytest.mark.lab
+
+TIMEOUT = 600.0
+# What each journaled fact means for the switch, in its order (the keys of repl_switch.py).
+FACTS = ("source_read_only", "final_gtid", "promoting", "promoted")
+
+
+@pytest.fixture(scope="module")
+def pg_lab() -> Iterator[LabState]:
+    with postgres_lab("migrate-pg-faults-", db_size_mb=2) as lab:
+        yield lab
+
+
+def signal_at_fact_hook(control: Path, journal: Path) -> str:
+    """The switch's before-step hook: a watcher left behind that sends the signal named in `control` ("TERM
+    promoting": the signal, the fact; "- none": no watcher) to the run once its journal records that fact after the
+    hook began (it ends with the run otherwise)."""
+    j = shlex.quote(str(journal))
+    return (
+        f'[ "$MIGRATE_STEP" = repl_switch ] || exit 0\nrun=$PPID\nread -r sig fact < {shlex.quote(str(control))}\n'
+        f'[ "$fact" != none ] || exit 0\nskip=$(wc -l < {j})\n'
+        f'( while kill -0 $run; do if tail -n +"$((skip + 1))" {j} | grep -q "\\"key\\":\\"$fact\\""; then '
+        'kill -"$sig" $run; break; fi; sleep 0.002; done ) >/dev/null 2>&1 &\n'
+    )
+
+
+def arm(control: Path, sig: str, fact: str) -> None:
+    control.write_text(f"{sig} {fact}\n")
+
+
+def source_takes_writes(state: LabState) -> None:
+    assert not in_recovery(state, state.source), "the source is not a primary"
+    wait_for(lambda: http(state, state.source, "GET", "/healthz")[0] == 200, "the source's app to answer")
+    status, body = http(state, state.source, "POST", "/reviews", a_review("after-the-fault"))
+    assert status == 201, (status, body[:200])
+    assert dns_contents(state) == {n: state.source.address for n in state.records}
+
+
+def test_sigterm_at_each_fact_of_the_switch_rolls_back_then_kill9_at_each_resumes(
+    pg_lab: LabState, tmp_path: Path
+) -> None:
+    state = pg_lab
+    control = tmp_path / "signal-at"
+    journal = state.path / ".migrate" / "course-review-lab-pgfaults" / "journal.jsonl"
+    plan = plan_copy(state, "pgfaults", hook=signal_at_fact_hook(control, journal), compare=False, keep_reverse=3600)
+    assert journal_of(state, plan) == journal
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, journal)
+    outcomes: list[str] = []
+    try:
+        acks = load_dir / "acks.jsonl"
+        wait_for(lambda: acks.exists() and acks.read_text().count("\n") >= 10, "writes on the source", 60)
+        for fact in FACTS:
+            arm(control, "TERM", fact)
+            result = migrate(state, "apply", str(plan), "--yes")
+            assert result.returncode == exit_codes.FAILED, f"SIGTERM at {fact}: {outcome(result)}"
+            said = result.stdout + result.stderr
+            assert "SIGTERM" in said and "rolled back: the source serves as before" in said, outcome(result)
+            source_takes_writes(state)
+            outcomes.append(f"SIGTERM at {fact}: rolled back")
+        for fact in ("source_read_only", "promoting", "promoted"):
+            arm(control, "KILL", fact)
+            killed = migrate(state, "apply", str(plan), "--yes")
+            assert killed.returncode == -signal.SIGKILL, f"kill -9 at {fact}: {outcome(killed)}"
+            if fact != "source_read_only":  # journaled before the stop: the source may still run (its app fenced)
+                assert in_recovery_or_down(state, state.source), "the source answered as a primary after the kill"
+            arm(control, "-", "none")  # the resumed run goes on
+            resumed = migrate_apply(state, plan, timeout=TIMEOUT)
+            assert resumed.returncode == exit_codes.OK, f"resumed after kill -9 at {fact}: {outcome(resumed)}"
+            assert "resuming" in resumed.stdout + resumed.stderr, outcome(resumed)
+            assert dns_contents(state) == {n: state.target.address for n in state.records}
+            assert not in_recovery(state, state.target)
+            back = migrate(state, "rollback", str(plan), "--yes")
+            assert back.returncode == exit_codes.OK, f"rollback after kill -9 at {fact}: {outcome(back)}"
+            source_takes_writes(state)
+            outcomes.append(f"kill -9 at {fact}: resumed, completed, rolled back")
+        wait_for_load_acks_on(load_dir, state.source.address, since=time.time())
+    finally:
+        stop_load(load)
+    print("\n" + "\n".join(outcomes))
+    verify = main_verify(state, host="source", load_dir=load_dir, journal=journal)
+    print(
+        f"PostgreSQL switch faults: longest write stall {verify.longest_write_stall_s} s, failed "
+        f"{verify.requests_failed}, acknowledged {verify.reviews_acknowledged}, lost {verify.acknowledged_lost}"
+    )
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
+    no_failed_requests(verify)
+
+
+def test_killed_in_the_window_and_never_resumed_the_guard_starts_the_source(pg_lab: LabState, tmp_path: Path) -> None:
+    """kill -9 once the source's server is stopped (its final position journaled) and nobody resumes: the guard
+    starts it again once the budget and its margin have passed, the app's roles log in there, and a later
+    `migrate apply` rolls the run back; nothing acknowledged is lost."""
+    state = pg_lab
+    budget = 10.0
+    name = "course-review-lab-pgguard"
+    journal = state.path / ".migrate" / name / "journal.jsonl"
+    killer = (
+        f'[ "$MIGRATE_STEP" = repl_switch ] || exit 0\nrun=$PPID\n'
+        f"( while ! grep -q '\"final_gtid\"' {shlex.quote(str(journal))}; do sleep 0.002; done; kill -9 $run ) "
+        ">/dev/null 2>&1 &\n"
+    )
+    plan = plan_copy(state, "pgguard", hook=killer, compare=False, cutover={"max_write_block": budget})
+    load_dir = tmp_path / "load"
+    load = start_load(state, load_dir, journal)
+    try:
+        acks = load_dir / "acks.jsonl"
+        wait_for(lambda: acks.exists() and acks.read_text().count("\n") >= 10, "writes on the source", 60)
+        killed = migrate(state, "apply", str(plan), "--yes")
+        assert killed.returncode == -signal.SIGKILL, outcome(killed)
+        (state.path / "hooks-pgguard" / "before-step").unlink()
+        saved = {ev["key"]: ev["value"] for ev in events_of(state, name) if ev.get("event") == "step_saved"}
+        assert "final_gtid" in saved and "writes_blocked_at" in saved, sorted(saved)
+        assert in_recovery_or_down(state, state.source), "the kill should have left the source stopped"
+        trace, acted_at = guard_restored(Path(saved["guard"]["dir"]) / guard.TRACE, budget)
+        assert acted_at >= float(saved["guard"]["deadline"]) - 1.0, trace
+        assert "start the database: done" in " ".join(trace), trace
+        source_takes_writes(state)  # the app's role logs in: nothing left it NOLOGIN
+        result = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert result.returncode == exit_codes.FAILED, outcome(result)
+        assert "guard_had_restored_the_source" in result.stdout + result.stderr, outcome(result)
+        source_takes_writes(state)
+        wait_for_load_acks_on(load_dir, state.source.address, since=time.time())
+    finally:
+        stop_load(load)
+    verify = main_verify(state, host="source", load_dir=load_dir, journal=journal)
+    assert verify.error is None, verify.error
+    assert verify.reviews_acknowledged > 0
+    assert verify.acknowledged_lost == 0, verify.lost
