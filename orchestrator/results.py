@@ -147,6 +147,8 @@ class FinalState(LockFigures):
 
 class CutoverResult(FinalState):
     mode: str | None = None
+    # The engine's write fence in words (Database.fence_name); a journal written before it said none: MariaDB's lock.
+    fence: str | None = None
     mode_reason: str | None = None
     writes_blocked_at: float | None = None
     shutdown_seconds: float | None = None
@@ -271,6 +273,8 @@ class AuditResult(Contract):
     status: str = "not_run"
     reason: str | None = None
     method: str = "figures"
+    # The engine's whole-table checksum in words (Database.checksum_name); None in an older journal: CHECKSUM TABLE.
+    checksum_name: str | None = None
     tables: int = 0
     chunks: int | None = None  # replicate mode: the chunks compared
     rows: int | None = None  # replicate mode: the source's rows compared

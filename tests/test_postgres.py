@@ -99,3 +99,63 @@ def test_lab_up_refuses_an_unknown_engine_and_wordpress_on_postgres(tmp_path: Pa
     with pytest.raises(hosts.LabRefused, match="WordPress runs on MariaDB only"):
         hosts.up(tmp_path / "lab", engine="postgresql", app="wordpress")
     assert not (tmp_path / "lab").exists()
+
+
+def _pid_file_of(data: Path, pid: int) -> Path:
+    data.mkdir(exist_ok=True)
+    pidfile = data / "postmaster.pid"
+    pidfile.write_text(f"{pid}\n{data}\n")
+    return pidfile
+
+
+def test_the_fast_shutdown_signals_a_postmaster_and_waits_until_its_pid_file_is_gone(tmp_path: Path) -> None:
+    """A stand-in postmaster (a shell whose executable is named `postgres`, as the server's is) removes its
+    postmaster.pid on SIGINT and exits, as a fast shutdown ends: the command (run by `sh`, as on a host) returns
+    once it is gone."""
+    import subprocess
+
+    postgres = tmp_path / "postgres"
+    postgres.symlink_to("/bin/bash")
+    data = tmp_path / "data"
+    pidfile = data / "postmaster.pid"
+    server = subprocess.Popen(
+        [str(postgres), "-c", f'trap "rm -f {pidfile}; exit 0" INT; while :; do sleep 0.01; done']
+    )
+    try:
+        _pid_file_of(data, server.pid)
+        done = subprocess.run(["sh", "-c", pg.fast_shutdown_command(pg.Cluster(str(data), 0), 20)],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert not pidfile.exists()
+        assert server.wait(timeout=10) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_the_fast_shutdown_leaves_alone_a_stale_pid_files_process_and_bounds_its_wait(tmp_path: Path) -> None:
+    import subprocess
+
+    data = tmp_path / "data"
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        _pid_file_of(data, other.pid)  # a stale file naming a pid another program has now
+        done = subprocess.run(["sh", "-c", pg.fast_shutdown_command(pg.Cluster(str(data), 0), 20)],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert other.poll() is None  # not signalled
+    finally:
+        other.kill()
+        other.wait()
+    postgres = tmp_path / "postgres"
+    postgres.symlink_to("/bin/bash")  # comm is the link's name: a postmaster that ignores the signal
+    deaf = subprocess.Popen([str(postgres), "-c", 'trap "" INT; while :; do sleep 0.01; done'])
+    try:
+        _pid_file_of(data, deaf.pid)
+        done = subprocess.run(["sh", "-c", pg.fast_shutdown_command(pg.Cluster(str(data), 0), 1)],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert done.returncode == 3 and "still shuts down after 1 s" in done.stderr, done
+    finally:
+        deaf.kill()
+        deaf.wait()

@@ -303,15 +303,17 @@ def test_lsn_handshake_and_promotion_with_proof(pair: PgPair) -> None:
         waited = pg.wait_for_replay(standby, pair.final, 30)
         assert waited.reached
         FIGURES["lsn wait"] = waited.seconds
-        # The source stopped cleanly: its walsender streams the shutdown checkpoint before it exits.
+        # The source stopped cleanly (the replicate switch's fast shutdown, through the host's `sh`): its walsender
+        # streams the shutdown checkpoint before it exits.
         started = time.monotonic()
-        pair.source_ssh.run(pg.pg_ctl_command(source, "stop"), timeout=120)
+        pair.source_ssh.run(pg.fast_shutdown_command(source, 60), timeout=120)
         FIGURES["source stop"] = time.monotonic() - started
         old = pg.parse_controldata(pair.source_ssh.run(pg.controldata_command(source)).stdout)
         assert old.clean and old.checkpoint >= pair.final
         promotion = pg.promote(standby, pg.Lsn(old.checkpoint.value + 1), wait=30)
         FIGURES["promote"] = promotion.seconds
         FIGURES["checkpoint wait"] = promotion.waited
+        assert promotion.replayed >= pg.Lsn(old.checkpoint.value + 1)
         assert promotion.timeline_after == promotion.timeline_before + 1
         assert not pg.in_recovery(standby)
         # The fence came along with the WAL: lifted on the new primary, the app writes there.

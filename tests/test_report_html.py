@@ -360,3 +360,16 @@ def test_the_seeds_hold_on_the_sources_commits_is_a_check_before_the_window() ->
     assert "commits 0.012 s" in held[0].detail and "DDL 0.020 s" in held[0].detail
     assert view.phase_of(view.steps[0]) == "before" and held[0].phase == "before"
     assert "hot backup, the source serving throughout" in render_html(view)
+
+
+def test_the_checks_name_the_engines_own_checksum_and_older_journals_read_as_mariadbs() -> None:
+    from orchestrator.report.build import checks_where
+
+    audit = {"status": "equal", "method": "figures", "tables": 2, "reason": None}
+    postgres = checks_where({"audit": {**audit, "checksum_name": "a sum of every row's hashtext"}})
+    assert [c["check"] for c in postgres if c["where"] == "after"] == [
+        "row counts and a sum of every row's hashtext of every table: the target's snapshot at the commit against "
+        "the stopped source"
+    ]
+    older = checks_where({"audit": audit})
+    assert "row counts and CHECKSUM TABLE of every table" in older[-1]["check"]

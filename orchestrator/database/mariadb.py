@@ -106,6 +106,7 @@ class MariaDb:
     server_programs: tuple[str, ...] = ("mariadbd", "mysqld")
     fence_name = "FLUSH TABLES WITH READ LOCK"
     fence_in_data = False
+    checksum_name = "CHECKSUM TABLE"
     file_settings: tuple[str, ...] = mysql.FILE_VARIABLES
     needed_privileges: tuple[str, ...] = ("RELOAD", "SELECT", "SHUTDOWN", "PROCESS")
     grant_hint = "GRANT them ON *.*"

@@ -139,6 +139,7 @@ class PostgreSql:
     server_programs: tuple[str, ...] = ("postgres",)  # every backend runs it too: the oldest pid, the postmaster
     fence_name = "the app roles' fence (NOLOGIN, their sessions ended, then CHECKPOINT)"
     fence_in_data = True
+    checksum_name = "a sum of every row's hashtext"
     file_settings: tuple[str, ...] = ()  # it keeps every file in its data directory
     needed_privileges: tuple[str, ...] = ("SUPERUSER",)
     grant_hint = "ALTER ROLE <user> SUPERUSER"

@@ -125,6 +125,8 @@ class Database(Protocol):
     # Whether the write fence lives in the data (PostgreSQL's NOLOGIN roles: a copy of the datadir carries it, and the
     # target's is lifted when it starts) rather than in a session or the server's memory (MariaDB's lock, read_only).
     fence_in_data: bool
+    # A whole table's checksum in words ("CHECKSUM TABLE"), as the audit and the report name it.
+    checksum_name: str
     # The settings among `datadir_settings`' that name a file (its directory counts), not a directory.
     file_settings: tuple[str, ...]
     # What preflight asks of the plan's account (`missing_privileges`), as the engine spells it, and how to give it.

@@ -282,7 +282,8 @@ def checks_where(outputs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                            "rows": audit.rows, "differing": len(audit.differences), "reason": audit.reason,
                            "seconds": audit.seconds})  # fmt: skip
         elif audit.status not in ("off", "not_needed"):
-            checks.append({"check": "row counts and CHECKSUM TABLE of every table: the target's snapshot at the "
+            checksum = audit.checksum_name or "CHECKSUM TABLE"
+            checks.append({"check": f"row counts and {checksum} of every table: the target's snapshot at the "
                            "commit against the stopped source", "where": "after", "status": audit.status,
                            "tables": audit.tables, "differing": len(audit.differences), "reason": audit.reason,
                            "seconds": audit.seconds})  # fmt: skip

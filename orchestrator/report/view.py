@@ -273,7 +273,7 @@ def _with_checks(view: RunView, report: dict[str, Any], results: dict[str, dict[
     cutover = report.get("cutover") or {}
     if cutover.get("lock_attempts") is not None:
         add(
-            "FLUSH TABLES WITH READ LOCK",
+            str(cutover.get("fence") or "FLUSH TABLES WITH READ LOCK"),
             "cutover",
             True,
             f"held after {cutover.get('lock_wait_seconds')} s in {cutover.get('lock_attempts')} attempt(s)",

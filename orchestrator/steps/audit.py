@@ -70,6 +70,7 @@ class Audit(Step):
         finally:
             if held.snapshot is not None:
                 rt.release(held.snapshot)  # ends the snapshot's transaction: the target's purge goes on
+        result.checksum_name = rt.database.checksum_name
         log = ctx.log.warning if result.status != "equal" else ctx.log.info
         log("audit", status=result.status, reason=result.reason, tables=result.tables, rows=result.rows,
             chunks=result.chunks, seconds=result.seconds, differences=result.differences[:20],

@@ -105,8 +105,9 @@ class Cutover(Step):
         # Measured before writes stop: one round trip less inside the window.
         self._clock_offset = round(probes.clock_offset(rt.source), 6)
         result = CutoverResult(
-            mode=rt.plan.cutover.mode, mode_reason=MODE_REASON, source_clock_offset=self._clock_offset
-        )
+            mode=rt.plan.cutover.mode, mode_reason=MODE_REASON, source_clock_offset=self._clock_offset,
+            fence=rt.database.fence_name,
+        )  # fmt: skip
         source_guard.refuse_if_restored(ctx)
         if journaled is None and not ctx.saved(WRITES_BLOCKED_AT):
             self._forecast(ctx)

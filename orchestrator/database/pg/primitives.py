@@ -8,16 +8,17 @@ its output, as probes.py does. It decides nothing about a migration.
 
 The switchover it supports, in order (docs/postgresql.md):
 
-1. `fence(conn, roles)` — the app's roles cannot write any more (see `fence` for why this is airtight);
-2. `current_wal_lsn(source)` — the source's final position; a `CHECKPOINT` made before the fence keeps step 3 short;
-3. the source stopped cleanly (`pg_ctl_command(..., "stop")`): its walsender streams everything up to and including
-   the shutdown checkpoint to the standby before it exits; `controldata` reads that checkpoint's position;
-4. `wait_for_replay(target, lsn)` — the standby replayed the final position (and the shutdown checkpoint);
-5. `promote(target, expected)` — pg_promote(wait => true), with proof: out of recovery, on the next timeline,
-   everything up to `expected` replayed;
-6. `lift_fence(target, saved)` — the fence replicated with the WAL: the new primary's app roles log in again;
-7. `follow_check(...)` then `follow_command(...)` — the old primary restarts as a standby of the new one; no
+1. `checkpoint(source)` before the window, so the shutdown checkpoint inside it has little to flush;
+2. `fast_shutdown_command(cluster)` on the source's host: the server stopped cleanly (every session ended; its
+   walsender streams everything up to and including the shutdown checkpoint to the standby before it exits);
+   `controldata` reads that checkpoint's position: the final position lies just past it;
+3. `promote(target, expected)` — one statement: the standby's replay of `expected` waited for, the promotion asked
+   for and waited for, with proof: out of recovery, on the next timeline, everything up to `expected` replayed;
+4. `follow_check(...)` then `follow_command(...)` — the old primary restarts as a standby of the new one; no
    pg_rewind is needed when its last checkpoint lies before the new timeline's switch point.
+
+`fence(conn, roles)` (the app's roles NOLOGIN, their sessions ended; see `fence` for why that is airtight) and
+`lift_fence` are the shutdown mode's, and what fences a promoted target again at a rollback.
 """
 
 from __future__ import annotations
