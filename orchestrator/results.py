@@ -60,6 +60,9 @@ class TreeFigures(Contract):
     listed: int | None = None  # paths in the change list the final pass copied or deleted
     deleted: int | None = None  # entries the final pass deleted on the target (gone from the source since)
     change_list: str | None = None  # that list, NUL-separated, on the source (verify_target reads the same)
+    # repl_catchup's pre-window pass: where its list ended in the tracker's events file, once what it copied was
+    # checked (what differed then is in the tracker's extra list): the final pass lists only what changed after it.
+    since: int | None = None
     fallback_reason: str | None = None
     throttled_seconds: float = 0.0  # paused for the source's load (transfer.max_load)
     # files_final, tracked: how rsync reached the target ("daemon": the window's route; "ssh": -e ssh).

@@ -138,6 +138,8 @@ def test_replicate_under_load_then_rollback_after_the_commit_loses_nothing(pg_la
     assert switch["final_gtid"] and pg.Lsn.parse(switch["executed_gtid"]) >= pg.Lsn.parse(switch["final_gtid"])
     catchup = completed(events, "repl_catchup")
     assert catchup["compared_tables"] >= 2 and catchup["compared_chunks"] >= 2, catchup
+    # The uploads' pass before the window was checked: the final pass listed only what changed after it.
+    assert catchup["prewindow_trees"]["uploads"].get("since"), catchup["prewindow_trees"]
     kept = completed(events, "finish")["reverse_replication"]
     assert kept["healthy"] is True and kept["kept_until"], kept
 

@@ -255,3 +255,31 @@ def test_the_one_process_list_is_the_documented_list_and_its_probe_the_shells(tm
         assert perl_stderr == stderr and sorted(perl_mounts.splitlines()) == sorted(mounts.splitlines())
     finally:
         tracker.stop()
+
+
+def test_a_list_since_an_earlier_ones_end_holds_only_later_changes_and_the_extra_list(tmp_path: Path) -> None:
+    """What the final pass asks after the replicate mode's checked pre-window pass: the changes recorded after that
+    pass's list ended, and the extra list (what its check found different), nothing of before."""
+    from tests.fakes import LocalHost
+
+    root, state = tmp_path / "tree", tmp_path / "state"
+    root.mkdir()
+    tracker = tracking.ChangeTracker(LocalHost(), str(root), str(state), name="t")
+    assert tracker.start(timeout=30)
+    try:
+        tracker.wait_ready(timeout=30)
+        (root / "before").write_text("x")
+        first = tracker.changes(timeout=30)
+        assert first.trust.trusted and first.count == 1 and first.end is not None
+        (root / "after").write_text("x")
+        Path(tracker.extra_file).write_bytes(b"still-different\0")
+        later = tracker.changes(timeout=30, since=first.end)
+        listed = Path(tracker.list_file).read_bytes().split(b"\0")[:-1]
+        assert later.trust.trusted and sorted(listed) == [b"after", b"still-different"], listed
+        assert later.end is not None and later.end > first.end
+        everything = tracker.changes(timeout=30)  # since 0: the whole story, as before
+        assert sorted(Path(tracker.list_file).read_bytes().split(b"\0")[:-1]) == [b"after", b"before",
+                                                                               b"still-different"]  # fmt: skip
+        assert everything.count == 3
+    finally:
+        tracker.stop()

@@ -83,7 +83,8 @@ THEN_EXIT = "then_exit="
 LIST_AND_PROBE = r"""
 use strict; use warnings; use Cwd ();
 $ENV{LC_ALL} = "C";
-my ($root, $dir, $list, $marker, $tries, $poll) = @ARGV;
+my ($root, $dir, $list, $marker, $tries, $poll, $since) = @ARGV;
+$since //= 0;
 my ($events, $pidf, $scan) = ("$dir/events", "$dir/pid", "$dir/scanned");
 sub slurp { my ($p) = @_; open(my $f, "<", $p) or return undef; local $/; my $s = <$f>; return $s }
 sub alive {
@@ -95,7 +96,7 @@ sub alive {
 }
 sub keep {
     my ($out, $r, $whole) = @_;
-    return if $r eq $marker;
+    return if $r eq $marker || $r =~ /\A\.migrate-tracker-barrier-[0-9a-f]{12}\z/;  # this or an earlier list's barrier
     if ($r eq ".") { $$whole = 1; return }
     $r =~ tr{/}{\001}; print $out "$r\0";
 }
@@ -119,9 +120,9 @@ sub make_list {
         if (!alive()) { print "the tracker is not running\n"; return 6 }
         select(undef, undef, undef, $poll);
     }
-    my ($tmp, $whole, $read) = ("$list.tmp", 0, 0);
+    my ($tmp, $whole, $read) = ("$list.tmp", 0, $since);
     open(my $sort, "|-", "sort", "-z", "-u", "-o", "$tmp.sorted") or die "sort: $!\n";
-    seek($ev, 0, 0);
+    seek($ev, $since, 0);
     while ($read < $end && defined(my $r = <$ev>)) {
         $read += length($r); chomp $r;
         next if $r =~ /^Q_OVERFLOW/;
@@ -144,7 +145,7 @@ sub make_list {
     }
     close($o) or die "$tmp: $!\n";
     unlink "$tmp.sorted"; rename($tmp, $list) or die "$list: $!\n";
-    print "count=$count\n";
+    print "count=$count\nend=$end\n";
     return 0;
 }
 my $rc = eval { make_list() };
@@ -208,6 +209,8 @@ class ChangeList:
     # What the command run after the list made (`changes(then=...)`): its exit status and output (stderr in it);
     # None when it did not run (the list could not be made, or it is empty).
     then: tuple[int, str] | None = None
+    # Where the list ended in the tracker's events file (the barrier's record): a later list can start there.
+    end: int | None = None
 
 
 # --- pure parsing ------------------------------------------------------------------------------------------------
@@ -584,10 +587,11 @@ class ChangeTracker:
         stderr, _, mounts = rest.partition("--mounts--\n")
         return trust_from_probe(self.root, parse_probe(head), stderr, mounts)
 
-    def changes_command(self, list_file: str, *, wait: float) -> str:
+    def changes_command(self, list_file: str, *, wait: float, since: int = 0) -> str:
         """Shell: a barrier through the tracker, then the unique changed paths up to it, NUL-separated, in list_file,
-        its count and exit status, then the trust probe (what `probe_command` prints), in that order; it exits with
-        the list's status.
+        its count, where it ended in the events file (`end`) and its exit status, then the trust probe (what
+        `probe_command` prints), in that order; it exits with the list's status. `since`: an earlier list's `end`:
+        only the changes recorded after it (and the extra list) are listed.
 
         The barrier: a marker file created and removed in the root; inotify delivers one instance's events in order,
         so once the marker's DELETE is in the events file every earlier change is too. One perl process does it all
@@ -597,11 +601,14 @@ class ChangeTracker:
         marker = BARRIER_PREFIX + secrets.token_hex(6)
         # Polled every 2 ms: inotify usually delivers the marker's events within a millisecond.
         tries = max(1, int(wait / BARRIER_POLL))
-        args = [self.root, self.dir, list_file, marker, str(tries), str(BARRIER_POLL)]
+        args = [self.root, self.dir, list_file, marker, str(tries), str(BARRIER_POLL), str(int(since))]
         return f"perl -e {_q(LIST_AND_PROBE)} -- {shlex.join(args)}"
 
-    def changes(self, list_file: str | None = None, *, timeout: float = 300.0, then: str | None = None) -> ChangeList:
-        """Write the paths changed since tracking started to `list_file` on the host (default: in the state dir).
+    def changes(
+        self, list_file: str | None = None, *, timeout: float = 300.0, then: str | None = None, since: int = 0
+    ) -> ChangeList:
+        """Write the paths changed since tracking started (`since`: since an earlier list's `end`) and the extra
+        list's to `list_file` on the host (default: in the state dir).
 
         Trust is read AFTER the list is made: a queue overflow or a death before the barrier shows in it.
         `then`: a command run in the same round trip once the list is made and not empty, after the trust probe (the
@@ -611,7 +618,7 @@ class ChangeTracker:
         target = list_file or self.list_file
         # One round trip: the list (its messages on stdout), its exit status, then the trust probe, in that order on
         # the host (one perl process prints them with these markers).
-        command = f"{self.changes_command(target, wait=min(timeout, 60.0))} 2>&1; rc=$?"
+        command = f"{self.changes_command(target, wait=min(timeout, 60.0), since=since)} 2>&1; rc=$?"
         if then is not None:
             command += (
                 f'; if [ "$rc" -eq 0 ] && [ -s {_q(target)} ]; then echo {THEN_MARK}; ( {then} ) 2>&1; '
@@ -632,8 +639,9 @@ class ChangeTracker:
             last = lines[-2] if len(lines) > 1 else "no message"
             reasons = trust.reasons or (f"the change list could not be made: {last}",)
             return ChangeList(target, 0, Trust(tuple(reasons), trust.events_bytes))
-        count = int(parse_probe("\n".join(lines[:-1])).get("count", "0"))
-        return ChangeList(target, count, trust, then_done)
+        listing = parse_probe("\n".join(lines[:-1]))
+        end = int(listing["end"]) if listing.get("end", "").isdigit() else None
+        return ChangeList(target, int(listing.get("count", "0")), trust, then_done, end)
 
     def stop(self) -> bool:
         """Stop the tracker this state directory recorded, only if that pid is still an inotifywait on our root."""

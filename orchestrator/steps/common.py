@@ -18,7 +18,7 @@ from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import FileTree, Plan, Service
 from orchestrator.results import TreeFigures
 from orchestrator.services import owned, probes
-from orchestrator.services.tracking import ChangeTracker, TrackingError, final_pass_command
+from orchestrator.services.tracking import ChangeTracker, TrackingError, final_pass_command, verify_listed_command
 from orchestrator.transports import rsync, rsync_daemon
 from orchestrator.transports.ssh import TransportError
 
@@ -205,10 +205,13 @@ PREWINDOW_LIST = "prewindow.list"
 
 def tracked_prepass(ctx: StepContext, tree: FileTree, presync: TreeFigures | None) -> TreeFigures | None:
     """Copy the paths the tree's tracker saw change since the pre-sync, while the source still serves (the replicate
-    mode's long stretch between the pre-sync and the window: the seed, the replica, the comparison).
-
-    The tracker's list is cumulative: the final pass inside the window lists these paths again, but rsync's quick
-    check (size, nanosecond mtime) skips those unchanged since, so what it moves is what changed after this pass.
+    mode's long stretch between the pre-sync and the window: the seed, the replica, the comparison), then check
+    them (rsync --dry-run --checksum of the listed paths): what still differs (written since, on a live tree)
+    becomes the tracker's extra list, and the figures say where this list ended (`since`). The final pass inside
+    the window then lists only what changed after that, plus the extra list: its work, and its check's, are the
+    changes of the last moments, not every change since the pre-sync (which grows with the seed's and the
+    comparison's time). A pass or check that failed leaves `since` unset: the final pass lists everything since the
+    pre-sync, as rsync's quick check then skips what this pass copied.
     Also opens the shared SSH connection the final pass reuses. None: no tracker to ask (the final pass scans).
     """
     ref = presync.tracker if presync else None
@@ -241,8 +244,40 @@ def tracked_prepass(ctx: StepContext, tree: FileTree, presync: TreeFigures | Non
         bytes=stats.transferred_bytes, files=stats.files_transferred, total_size=stats.total_size,
         seconds=round(time.monotonic() - started, 3), mode="tracked", listed=changes.count,
     )  # fmt: skip
+    differing = _check_prepass(ctx, tree, tracker, changes.path) if changes.count else []
+    if differing is not None and changes.end is not None:
+        figures.since = changes.end
+        figures.differing, figures.differing_items = len(differing), differing[:MAX_DIFFERING_KEPT]
     ctx.log.info("prewindow_pass", tree=tree.name, **figures.journal())
     return figures
+
+
+MAX_DIFFERING_KEPT = 20
+
+
+def _check_prepass(ctx: StepContext, tree: FileTree, tracker: ChangeTracker, list_file: str) -> list[str] | None:
+    """The pre-window pass's paths compared on both hosts (checksums); what differs is written as the tracker's
+    extra list (replacing the pre-sync's, which this pass's list held). None: the check failed (nothing written)."""
+    rt = runtime(ctx)
+    plan = rt.plan
+    command = verify_listed_command(
+        tree.source, rsync.target_spec(plan, tree.target), list_file, ssh=rsync.target_ssh_command(plan),
+        exclude=tree.exclude, chown=tree.owner, extra=rsync.remote_rsync(plan),
+    )  # fmt: skip
+    try:
+        result = rt.source.run(command, timeout=COMMAND_TIMEOUT, check=False)
+        if result.exit_status not in (0, rsync.VANISHED) and not (
+            result.exit_status == rsync.PARTIAL and rsync.only_vanished(result.stderr)
+        ):
+            ctx.log.warning("prewindow_check_failed", tree=tree.name, exit=result.exit_status)
+            return None
+        differing = [path for line in result.stdout.splitlines() if (path := rsync.item_path(line)) and path != "."]
+        rt.source.run(f"cat > {shlex.quote(tracker.extra_file)}", timeout=COMMAND_TIMEOUT,
+                      input="".join(f"{p}\0" for p in differing))  # fmt: skip
+    except TransportError as exc:
+        ctx.log.warning("prewindow_check_failed", tree=tree.name, error=str(exc))
+        return None
+    return differing
 
 
 def open_window_route(ctx: StepContext) -> None:

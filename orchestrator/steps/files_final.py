@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Retry
-from orchestrator.results import FilesResult, TreeFigures
+from orchestrator.results import CatchupResult, FilesResult, TreeFigures
 from orchestrator.services.tracking import (
     ChangeList,
     ChangeTracker,
@@ -94,8 +94,9 @@ class FilesFinal(Step):
         # for both): harmless if the list turns out untrusted (the full scan below copies everything anyway).
         started = time.monotonic()
         then = self._pass_command(ctx, tree, tracker.list_file)
+        since = self._since_prepass(ctx, tree)
         try:
-            changes = tracker.changes(timeout=ctx.window.timeout(300.0) or 300.0, then=then)
+            changes = tracker.changes(timeout=ctx.window.timeout(300.0) or 300.0, then=then, since=since)
         except (TrackingError, TransportError) as exc:
             return self.full_scan(ctx, tree, presync, f"the change list could not be read: {exc}")
         if not changes.trust.trusted:
@@ -105,6 +106,14 @@ class FilesFinal(Step):
             figures = self.tracked_copy(ctx, tree, changes.path, changes.count)
         figures.entries = presync.entries if presync else None  # what a full scan would have had to compare
         return figures
+
+    @staticmethod
+    def _since_prepass(ctx: StepContext, tree: FileTree) -> int:
+        """Where the replicate mode's checked pre-window pass left the tracker's events (steps/common.py
+        tracked_prepass): only what changed after it is listed now. 0: everything since the pre-sync."""
+        catchup = ctx.output("repl_catchup")
+        prepass = CatchupResult.of(catchup).prewindow_trees.get(tree.name) if catchup else None
+        return prepass.since if prepass is not None and prepass.since else 0
 
     def _pass_command(self, ctx: StepContext, tree: FileTree, list_file: str) -> str | None:
         """The final pass over the list through the window's rsync route (None: no route, the pass goes apart),

@@ -53,7 +53,9 @@ REVERSE_SLOT = "migrate_reverse"
 STOP_TIMEOUT = 300.0
 # Beyond the stop's own bound, for the round trip and pg_controldata.
 STOP_MARGIN = 10.0
-# The promotion of a standby that already replayed the final position (its own wait only covers a slow start).
+# How long the end of recovery may take once asked for (milliseconds, usually), and the replay's wait of a standby
+# that already reached the final position: a server slower than this fails the switch, which rolls back (within
+# the budget's reserve) instead of waiting on.
 PROMOTE_WAIT = 5.0
 
 
@@ -492,7 +494,7 @@ class PgReplication:
         """The standby's replay waited for, the promotion and its proof: one round trip (pg/primitives.promote)."""
         raw = _raw(conn)
         try:
-            promotion = pg.promote(raw, expected, wait=wait)
+            promotion = pg.promote(raw, expected, wait=wait, promote_wait=int(PROMOTE_WAIT))
         except pg.NotReplayed:
             raise
         except pg.ProofFailed as exc:
