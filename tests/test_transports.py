@@ -264,6 +264,8 @@ def test_ssh_runs_commands_with_verified_keys(rt: Runtime) -> None:
         rt.target.run("echo err >&2; exit 3")
     assert failed.value.transient is False
     assert rt.target.run("cat", input="line one\nline two\n").stdout == "line one\nline two\n"
+    # An empty input is an empty stdin: a reader ends at once instead of waiting out its timeout.
+    assert rt.target.run("cat; echo read", input="", timeout=20).stdout == "read\n"
 
 
 @pytest.mark.lab

@@ -552,7 +552,10 @@ class SshHost:
         async def _run() -> asyncssh.SSHCompletedProcess:
             assert self._sessions is not None
             async with self._sessions:
-                proc = await conn.create_process(as_root(self.host, full), input=data, errors="replace")
+                # An empty input is an empty stdin (asyncssh sends no EOF for "": a reader would wait forever).
+                stdin = asyncssh.DEVNULL if data == "" else asyncssh.PIPE
+                proc = await conn.create_process(as_root(self.host, full), input=data or None, stdin=stdin,
+                                                 errors="replace")  # fmt: skip
                 try:
                     return await proc.wait(check=False, timeout=timeout)
                 except asyncssh.TimeoutError:
