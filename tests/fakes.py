@@ -451,13 +451,13 @@ class FakeReplication:
         self.replica[side], self.read_only[side] = None, False
         return self.executed[side]
 
-    def wait_and_promote(self, conn: Any, expected: Any, wait: float) -> FakeWait:
+    def wait_and_promote(self, conn: Any, expected: Any, wait: float, *, within: float | None = None) -> FakeWait:
         side = self._record("wait_and_promote", conn, str(expected))
         if not self.first_slice.reached:
             return self.first_slice
         return replace(self.first_slice, promoted=True, executed=self._promote(side, expected))
 
-    def promote(self, conn: Any, expected: Any) -> Any:
+    def promote(self, conn: Any, expected: Any, *, within: float | None = None) -> Any:
         return self._promote(self._record("promote", conn, str(expected)), expected)
 
     def open_audit_snapshot(self, conn: Any) -> None:

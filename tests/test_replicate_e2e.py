@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -294,7 +295,11 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
     live: LabState, tmp_path: Path
 ) -> None:
     state = live
-    plan = with_window_read_check(state, replicate_plan(state, "repl"))
+    # A file written between the last pass before the window and the window: the final pass has it to copy, whatever
+    # the load wrote in those moments.
+    late = state.source.uploads / f"written-after-the-pre-window-pass-{uuid.uuid4().hex[:8]}"
+    hook = on_step("repl_switch", f"echo late > {shlex.quote(str(late))}\n")
+    plan = with_window_read_check(state, replicate_plan(state, "repl", {"before-step": hook}))
     journal = journal_of(state, plan)
     load_dir = tmp_path / "load"
     load = start_door_load(state, load_dir, journal)
@@ -344,6 +349,7 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
     assert trees and trees[0]["differing"] == 0, report["checks"]
     # Through the rsync daemon opened before the window: no SSH session started on the target inside it.
     assert report["final_pass_trees"]["uploads"]["route"] == "daemon", report["final_pass_trees"]
+    assert (state.target.uploads / late.name).read_text() == "late\n"
 
     verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
     assert verify.window is not None

@@ -596,11 +596,15 @@ class Replication(Protocol):
         `server`: the source's host, for an engine whose `source_stops` (`conn` None: stopped already, by this
         switch before a crash; its final position is read from its files)."""
 
-    def wait_and_promote(self, conn: Session, expected: Position, wait: float) -> Promotion:
-        """Wait at most `wait` for `expected`, then promote with proof (PositionMismatch: not promoted)."""
+    def wait_and_promote(
+        self, conn: Session, expected: Position, wait: float, *, within: float | None = None
+    ) -> Promotion:
+        """Wait at most `wait` for `expected`, then promote with proof (PositionMismatch: not promoted). `within`:
+        how long the promotion itself may take (what is left of the budget; None: the engine's own bound)."""
 
-    def promote(self, conn: Session, expected: Position) -> Position:
-        """The replica (which reached `expected`) becomes a primary, with proof; what it executed."""
+    def promote(self, conn: Session, expected: Position, *, within: float | None = None) -> Position:
+        """The replica (which reached `expected`) becomes a primary, with proof; what it executed. `within`: as
+        for wait_and_promote."""
 
     # --- the after-commit audit (none for an engine whose `source_stops`: the mode does not run it) ---
 

@@ -65,6 +65,8 @@ SOURCE_READ_ONLY = "source_read_only"
 PROMOTING = "promoting"
 PROMOTED = "promoted"
 FENCE_TIMEOUT = 60.0
+# How many times undo tries to get the source's database back (a second apart) after a switch that stops it.
+SOURCE_AGAIN_TRIES = 10
 
 
 class ReplSwitch(Step):
@@ -306,7 +308,8 @@ class ReplSwitch(Step):
         ctx.save(PROMOTING, True)
         started = time.monotonic()
         try:
-            first = rep.wait_and_promote(target, final, min(rep.wait_slice, window.timeout() or budget))
+            first = rep.wait_and_promote(target, final, min(rep.wait_slice, window.timeout() or budget),
+                                         within=window.timeout() or budget)  # fmt: skip
             if first.promoted:
                 result.wait_seconds = round(first.waited, 3)
                 result.promote_seconds = round(time.monotonic() - started - first.waited, 3)
@@ -324,7 +327,7 @@ class ReplSwitch(Step):
             window.check("promoting the replica")
             ctx.save(PROMOTING, True)
             promoted = time.monotonic()
-            executed = rep.promote(target, final)
+            executed = rep.promote(target, final, within=window.timeout() or budget)
             result.promote_seconds = round(time.monotonic() - promoted, 3)
             return executed
         except PositionMismatch as exc:
@@ -405,10 +408,7 @@ class ReplSwitch(Step):
             except Exception as exc:
                 failures.append(f"making the old source a replica of the target again: {exc}")
         if ctx.saved(SOURCE_READ_ONLY) or ctx.saved(WRITES_BLOCKED_AT):
-            if rep.source_stops and not rt.db_answers("source"):
-                rt.source.run(plan.database.source.start, timeout=FENCE_TIMEOUT)  # the switch stopped it
-                ctx.log.info("repl.switch.undo.source_started")
-            conn = rt.db("source")
+            conn = self._source_again(ctx)
             try:
                 if rep.is_read_only(conn):
                     rep.set_read_only(conn, False, lock_wait_timeout=plan.cutover.lock_wait_timeout)
@@ -424,6 +424,32 @@ class ReplSwitch(Step):
         source_guard.release(ctx, failures)
         if failures:
             raise StepError("; ".join(failures))
+
+    def _source_again(self, ctx: StepContext) -> Session:
+        """The source's database for undo. An engine whose switch stops the source's server gets it started again,
+        also when this run was interrupted while that stop was going on: the server still refused us itself a
+        moment ago (shutting down), then it was gone. Tried a few times, a second apart."""
+        rt = runtime(ctx)
+        rep = replication(rt)
+        if not rep.source_stops:
+            return rt.db("source")
+        for attempt in range(1, SOURCE_AGAIN_TRIES + 1):
+            if not rt.db_answers("source"):
+                rt.source.run(rt.plan.database.source.start, timeout=FENCE_TIMEOUT)  # the switch stopped it
+                ctx.log.info("repl.switch.undo.source_started")
+            try:
+                return rt.db("source", retry=False)
+            except DatabaseError as exc:
+                if attempt == SOURCE_AGAIN_TRIES:
+                    raise
+                ctx.log.warning("repl.switch.undo.source_not_yet", attempt=attempt, error=str(exc))
+                time.sleep(1.0)
+            except TransportError as exc:  # a start command that failed while the server was still going away
+                if attempt == SOURCE_AGAIN_TRIES:
+                    raise
+                ctx.log.warning("repl.switch.undo.source_not_yet", attempt=attempt, error=str(exc))
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
 
     def _replicate_again(self, ctx: StepContext) -> None:
         """A rolled-back reverse switch: the old source (read-only) follows the target again, from the final

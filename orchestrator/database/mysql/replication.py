@@ -306,10 +306,13 @@ class MariaDbReplication:
             raise ReplicationError("the source's server does not answer: read_only cannot be set")
         return switch.read_only_and_position(conn, lock_wait_timeout=lock_wait_timeout)
 
-    def wait_and_promote(self, conn: Session, expected: gtid.GtidPosition, wait: float) -> switch.Promotion:
+    def wait_and_promote(
+        self, conn: Session, expected: gtid.GtidPosition, wait: float, *, within: float | None = None
+    ) -> switch.Promotion:
+        # The compound statement is bounded by the session's read timeout (the budget and a margin).
         return switch.wait_and_promote(conn, expected, wait)
 
-    def promote(self, conn: Session, expected: gtid.GtidPosition) -> gtid.GtidPosition:
+    def promote(self, conn: Session, expected: gtid.GtidPosition, *, within: float | None = None) -> gtid.GtidPosition:
         return switch.promote(conn, expected=expected)
 
     # --- the after-commit audit (database/mysql/audit.py) ---

@@ -53,10 +53,11 @@ REVERSE_SLOT = "migrate_reverse"
 STOP_TIMEOUT = 300.0
 # Beyond the stop's own bound, for the round trip and pg_controldata.
 STOP_MARGIN = 10.0
-# How long the end of recovery may take once asked for (milliseconds, usually), and the replay's wait of a standby
-# that already reached the final position: a server slower than this fails the switch, which rolls back (within
-# the budget's reserve) instead of waiting on.
-PROMOTE_WAIT = 5.0
+# How long the end of recovery may take once asked for when the caller gives no bound (the switch gives what is
+# left of the budget: milliseconds usually, seconds on a host busy with fsyncs).
+PROMOTE_WAIT = 60.0
+# The replay's wait of a standby that already reached the final position (the protocol's `promote`).
+REPLAYED_WAIT = 5.0
 
 
 _raw = pg.connection_of
@@ -476,25 +477,29 @@ class PgReplication:
             raise ReplicationError(f"the source's server did not shut down cleanly (state: {control.state})")
         return pg.Lsn(control.checkpoint.value + 1)
 
-    def wait_and_promote(self, conn: Session, expected: pg.Lsn, wait: float) -> PgPromotion:
+    def wait_and_promote(
+        self, conn: Session, expected: pg.Lsn, wait: float, *, within: float | None = None
+    ) -> PgPromotion:
         started = time.monotonic()
         try:
-            promotion = self._promote(conn, expected, wait)
+            promotion = self._promote(conn, expected, wait, within)
         except pg.NotReplayed:
             return PgPromotion(False, False, pg.Lsn(0), time.monotonic() - started)
         return PgPromotion(True, True, promotion.replayed, promotion.waited)
 
-    def promote(self, conn: Session, expected: pg.Lsn) -> pg.Lsn:
+    def promote(self, conn: Session, expected: pg.Lsn, *, within: float | None = None) -> pg.Lsn:
         try:
-            return self._promote(conn, expected, PROMOTE_WAIT).replayed
+            return self._promote(conn, expected, REPLAYED_WAIT, within).replayed
         except pg.NotReplayed as exc:
             raise PositionMismatch(str(exc)) from None
 
-    def _promote(self, conn: Session, expected: pg.Lsn, wait: float) -> pg.Promotion:
-        """The standby's replay waited for, the promotion and its proof: one round trip (pg/primitives.promote)."""
+    def _promote(self, conn: Session, expected: pg.Lsn, wait: float, within: float | None) -> pg.Promotion:
+        """The standby's replay waited for, the promotion and its proof: one round trip (pg/primitives.promote),
+        the end of recovery waited for at most `within` (what is left of the budget), PROMOTE_WAIT without one."""
         raw = _raw(conn)
+        bound = max(1, math.ceil(within if within is not None else PROMOTE_WAIT))
         try:
-            promotion = pg.promote(raw, expected, wait=wait, promote_wait=int(PROMOTE_WAIT))
+            promotion = pg.promote(raw, expected, wait=wait, promote_wait=bound)
         except pg.NotReplayed:
             raise
         except pg.ProofFailed as exc:
