@@ -38,7 +38,7 @@ TEST_WORKERS ?= 4
 unexport PYTHONDONTWRITEBYTECODE
 
 test: venv system-packages lint docs
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 # The fast layer: everything but the tests that need the lab (no sshd, no mariadbd, no system packages).
 test-fast: venv

@@ -31,11 +31,11 @@ SECRET_ENV = ("COURSE_REVIEW_DB_PASSWORD", "CLOUDFLARE_API_TOKEN")
 # (`make test`: whole files per worker, in collection order) they start first, so no long file starts last and
 # leaves the other workers idle at the end.
 LONGEST_FIRST = (
+    "test_postgres_faults.py",
     "test_e2e.py",
     "test_fleet_lab.py",
     "test_replicate_e2e.py",
     "test_faults_kill.py",
-    "test_postgres_faults.py",
     "test_wordpress_lab.py",
     "test_faults.py",
     "test_scale_e2e.py",

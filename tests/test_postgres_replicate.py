@@ -1,9 +1,10 @@
 """`migrate apply` of a PostgreSQL lab in the replicate mode, under `lab load` through the front doors: `auto` picks
 replicate from the servers' facts; the target is seeded by pg_basebackup, runs as a streaming standby, is compared
-in chunks before the window; inside it the source's app roles are fenced, its server stopped cleanly, the standby
-replays its last record and is promoted with proof. Nothing acknowledged is lost, no request fails, the window is
-reported. The old primary follows the new one (no pg_rewind), so `migrate rollback` after the commit goes back over
-that reverse standby, losing nothing.
+in chunks before the window; inside it the source's server is stopped by a fast shutdown, the standby replays its
+last record and is promoted with proof. Nothing acknowledged is lost, no request fails, the window is reported. The
+old primary follows the new one (no pg_rewind), so `migrate rollback` after the commit goes back over that reverse
+standby, losing nothing. The window's fault paths (signals and kills at each of the switch's facts, the guard) are
+tests/test_postgres_faults.py's.
 
 One lab for the module, under /var/tmp (the clusters run as `postgres`, which cannot reach pytest's private
 temporary directories).
@@ -12,8 +13,6 @@ temporary directories).
 from __future__ import annotations
 
 import json
-import shlex
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,56 +161,3 @@ def test_replicate_under_load_then_rollback_after_the_commit_loses_nothing(pg_la
     # Writes were acknowledged on both sides: the target's, taken after the commit, came back with the rollback.
     assert set(verify.per_server) == {state.source.address, state.target.address}, verify.per_server
     assert not in_recovery(state, state.source)
-
-
-def test_killed_inside_the_window_once_the_source_stopped_resumes_to_the_end(pg_lab: LabState, tmp_path: Path) -> None:
-    """kill -9 inside the switch once the source's final position is journaled (its app roles fenced, its server
-    stopped cleanly; the standby promoted or about to be): `migrate apply` again resumes it (the stopped source's
-    final position read again from its control file) to a completed run, nothing acknowledged lost."""
-    state = pg_lab
-    name = "course-review-lab-replkill"
-    journal = state.path / ".migrate" / name / "journal.jsonl"
-    # A watcher the switch's before-step hook leaves behind: it kills the run once the final position is journaled.
-    killer = (
-        f'[ "$MIGRATE_STEP" = repl_switch ] || exit 0\nrun=$PPID\n'
-        f"( while ! grep -q '\"final_gtid\"' {shlex.quote(str(journal))}; do sleep 0.002; done; kill -9 $run ) "
-        ">/dev/null 2>&1 &\n"
-    )
-    plan = plan_copy(state, "replkill", hook=killer, compare=False)
-    assert plan_name(plan) == name
-    load_dir = tmp_path / "load"
-    load = start_load(state, load_dir, journal)
-    try:
-        acks = load_dir / "acks.jsonl"
-        wait_for(lambda: acks.exists() and acks.read_text().count("\n") >= 10, "writes on the source", 60)
-        killed = migrate(state, "apply", str(plan), "--yes")
-        assert killed.returncode == -signal.SIGKILL, outcome(killed)
-        assert in_recovery_or_down(state, state.source), "the source answered as a primary after the kill"
-        (state.path / "hooks-replkill" / "before-step").unlink()
-        resumed = migrate_apply(state, plan, timeout=TIMEOUT)
-        assert resumed.returncode == exit_codes.OK, outcome(resumed)
-        assert "resuming" in resumed.stdout + resumed.stderr, outcome(resumed)
-        wait_for_load_acks_on(load_dir, state.target.address, since=time.time())
-    finally:
-        stop_load(load)
-    events = events_of(state, name)
-    assert not any(ev.get("event") == "rollback_started" for ev in events)
-    switches = [ev for ev in events if ev.get("event") == "step_started" and ev.get("step") == "repl_switch"]
-    assert len(switches) == 2, switches  # the switch re-entered once, after the kill
-    report = run_report(state, name)
-    assert report["status"] == "completed"
-    assert dns_contents(state) == {n: state.target.address for n in state.records}
-    verify = main_verify(state, host="target", load_dir=load_dir, journal=journal)
-    print(f"\nPostgreSQL replicate killed in the window, resumed: writes blocked {report['write_block_seconds']} s, "
-          f"longest write stall {verify.longest_write_stall_s} s, lost {verify.acknowledged_lost}")  # fmt: skip
-    assert verify.error is None, verify.error
-    assert verify.reviews_acknowledged > 0
-    assert verify.acknowledged_lost == 0, verify.lost
-
-
-def in_recovery_or_down(state: LabState, host: Any) -> bool:
-    """The server does not answer, or answers as a standby: it takes no write."""
-    try:
-        return in_recovery(state, host)
-    except pg.PostgresError:
-        return True
