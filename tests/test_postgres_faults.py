@@ -1,16 +1,14 @@
 """The PostgreSQL replicate window's fault paths on the lab, under `lab load` through the front doors: SIGTERM and
-kill -9 at each fact the switch journals (the source's writes stopping, its final position, promoting, promoted),
-and a run killed inside the window that nobody resumes. Each ends with the service on one side, writable, and no
-acknowledged write lost:
+kill -9 at each fact the switch journals (the source's writes stopping, its final position, promoting, promoted).
+Each ends with the service on one side, writable, and no acknowledged write lost:
 
 - SIGTERM rolls the run back: the source's server (stopped by the switch) is started again and takes writes, DNS
   stays on it, a promoted target is fenced again;
 - kill -9 at each fact in turn, each `migrate apply` resuming the switch where the last one was killed, until one
-  completes (`migrate rollback` then brings the service back);
-- kill -9 and nobody resumes: the guard on the source starts its server once the budget and its margin have passed,
-  never before; the app's roles log in there (no role is left NOLOGIN); a later `migrate apply` rolls back.
+  completes (`migrate rollback` then brings the service back).
 
-One lab for the module, under /var/tmp (the clusters run as `postgres`).
+A run killed inside the window that nobody resumes: tests/test_postgres_guard.py. One lab for the module, under
+/var/tmp (the clusters run as `postgres`).
 """
 
 from __future__ import annotations
@@ -28,12 +26,10 @@ from orchestrator import exit_codes
 from orchestrator.database.pg import primitives as pg
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify
-from orchestrator.services import guard
 from tests.pglab import postgres_lab
 from tests.test_e2e import a_review, dns_contents, http, migrate_apply, outcome, wait_for_load_acks_on
-from tests.test_faults_kill import guard_restored
 from tests.test_frontdoor_e2e import journal_of, no_failed_requests, start_load, stop_load, wait_for
-from tests.test_postgres_replicate import events_of, in_recovery, migrate, plan_copy
+from tests.test_postgres_replicate import in_recovery, migrate, plan_copy
 
 pytestmark = pytest.mark.lab
 
@@ -150,45 +146,3 @@ def test_sigterm_at_each_fact_of_the_switch_rolls_back_and_kill9_at_each_resumes
     assert verify.reviews_acknowledged > 0
     assert verify.acknowledged_lost == 0, verify.lost
     no_failed_requests(verify)
-
-
-def test_killed_in_the_window_and_never_resumed_the_guard_starts_the_source(pg_lab: LabState, tmp_path: Path) -> None:
-    """kill -9 once the source's server is stopped (its final position journaled) and nobody resumes: the guard
-    starts it again once the budget and its margin have passed, the app's roles log in there, and a later
-    `migrate apply` rolls the run back; nothing acknowledged is lost."""
-    state = pg_lab
-    budget = 10.0
-    name = "course-review-lab-pgguard"
-    journal = state.path / ".migrate" / name / "journal.jsonl"
-    killer = (
-        f'[ "$MIGRATE_STEP" = repl_switch ] || exit 0\nrun=$PPID\n'
-        f"( while ! grep -q '\"final_gtid\"' {shlex.quote(str(journal))}; do sleep 0.002; done; kill -9 $run ) "
-        ">/dev/null 2>&1 &\n"
-    )
-    plan = plan_copy(state, "pgguard", hook=killer, compare=False, cutover={"max_write_block": budget})
-    load_dir = tmp_path / "load"
-    load = start_load(state, load_dir, journal)
-    try:
-        acks = load_dir / "acks.jsonl"
-        wait_for(lambda: acks.exists() and acks.read_text().count("\n") >= 10, "writes on the source", 60)
-        killed = migrate(state, "apply", str(plan), "--yes")
-        assert killed.returncode == -signal.SIGKILL, outcome(killed)
-        (state.path / "hooks-pgguard" / "before-step").unlink()
-        saved = {ev["key"]: ev["value"] for ev in events_of(state, name) if ev.get("event") == "step_saved"}
-        assert "final_gtid" in saved and "writes_blocked_at" in saved, sorted(saved)
-        assert in_recovery_or_down(state, state.source), "the kill should have left the source stopped"
-        trace, acted_at = guard_restored(Path(saved["guard"]["dir"]) / guard.TRACE, budget)
-        assert acted_at >= float(saved["guard"]["deadline"]) - 1.0, trace
-        assert "start the database: done" in " ".join(trace), trace
-        source_takes_writes(state)  # the app's role logs in: nothing left it NOLOGIN
-        result = migrate_apply(state, plan, timeout=TIMEOUT)
-        assert result.returncode == exit_codes.FAILED, outcome(result)
-        assert "guard_had_restored_the_source" in result.stdout + result.stderr, outcome(result)
-        source_takes_writes(state)
-        wait_for_load_acks_on(load_dir, state.source.address, since=time.time())
-    finally:
-        stop_load(load)
-    verify = main_verify(state, host="source", load_dir=load_dir, journal=journal)
-    assert verify.error is None, verify.error
-    assert verify.reviews_acknowledged > 0
-    assert verify.acknowledged_lost == 0, verify.lost

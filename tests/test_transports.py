@@ -417,6 +417,39 @@ def test_a_command_past_its_timeout_is_stopped_on_the_host(rt: Runtime, tmp_path
     assert not marker.exists(), "the timed-out command went on running on the host"
 
 
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.lab
+def test_a_command_interrupted_by_a_signal_neither_answers_for_the_next_nor_outlives_it(
+    rt: Runtime, tmp_path: Path
+) -> None:
+    """SIGTERM lands while a command runs in the kept shell (the engine's handler raises there, and the rollback
+    runs the next command at once): that next command gets its own answer, promptly, and the interrupted one was
+    ended on the host before it ran."""
+    import signal
+
+    host = rt.source
+    host.keep_shell()
+    marker = tmp_path / "landed-late"
+
+    def _raise(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, _raise)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(_Interrupted):
+            host.run(f"sleep 3 && touch {marker} && echo first", timeout=30)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert host.run("echo second", timeout=10).stdout == "second\n"
+    time.sleep(3.5)
+    assert not marker.exists(), "the interrupted command went on running on the host"
+
+
 @pytest.mark.lab
 def test_a_kept_shell_runs_commands_as_a_session_would_and_is_dropped_after_a_timeout(rt: Runtime) -> None:
     host = rt.source
