@@ -648,7 +648,9 @@ def test_a_niced_backup_gets_its_priority_back_once_it_locks_the_source_and_its_
     backup.write_text(
         "#!/bin/bash\n"
         f"echo \"[00] $(date '+%F %T') {mysql_seed.LOCKING_STAGE}\" >&2\n"
-        "for i in $(seq 200); do [ \"$(ps -o ni= -p $$ | tr -d ' ')\" = 0 ] && break; sleep 0.02; done\n"
+        # The reader renices, then ionices: both are waited for (one alone may be seen between the two).
+        "for i in $(seq 200); do [ \"$(ps -o ni= -p $$ | tr -d ' ')\" = 0 ] && ionice -p $$ | grep -q best-effort"
+        " && break; sleep 0.02; done\n"
         "echo \"nice $(ps -o ni= -p $$ | tr -d ' ') io $(ionice -p $$)\"\n"
         "echo \"[00] $(date '+%F %T') All tables unlocked\" >&2\n"
     )

@@ -572,11 +572,6 @@ class SshHost:
         except (asyncssh.Error, *_TRANSIENT) as exc:
             self._gave_up(command, record)
             raise self._lost(exc, f"running `{command[:80]}`") from None
-        except BaseException:
-            # Interrupted (a signal) while it ran: it may still be running on the host, and is ended there before
-            # the next command starts (a fence must not land after the rollback lifted it).
-            self._gave_up(command, record)
-            raise
         result = CommandResult(done.exit_status, str(done.stdout or ""), str(done.stderr or ""))
         if check and result.exit_status != 0:
             raise CommandFailed(command, result.exit_status, result.stderr)
