@@ -32,6 +32,7 @@ SECRET_ENV = ("COURSE_REVIEW_DB_PASSWORD", "CLOUDFLARE_API_TOKEN")
 # leaves the other workers idle at the end.
 LONGEST_FIRST = (
     "test_postgres_faults.py",
+    "test_postgres_kills.py",
     "test_postgres_guard.py",
     "test_e2e.py",
     "test_fleet_lab.py",

@@ -4,8 +4,7 @@ Each ends with the service on one side, writable, and no acknowledged write lost
 
 - SIGTERM rolls the run back: the source's server (stopped by the switch) is started again and takes writes, DNS
   stays on it, a promoted target is fenced again;
-- kill -9 at each fact in turn, each `migrate apply` resuming the switch where the last one was killed, until one
-  completes (`migrate rollback` then brings the service back).
+- kill -9 at each fact: tests/test_postgres_kills.py.
 
 A run killed inside the window that nobody resumes: tests/test_postgres_guard.py. One lab for the module, under
 /var/tmp (the clusters run as `postgres`).
@@ -14,7 +13,6 @@ A run killed inside the window that nobody resumes: tests/test_postgres_guard.py
 from __future__ import annotations
 
 import shlex
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +25,7 @@ from orchestrator.database.pg import primitives as pg
 from orchestrator.lab.state import LabState
 from orchestrator.lab.verify import main_verify
 from tests.pglab import postgres_lab
-from tests.test_e2e import a_review, dns_contents, http, migrate_apply, outcome, wait_for_load_acks_on
+from tests.test_e2e import a_review, dns_contents, http, outcome, wait_for_load_acks_on
 from tests.test_frontdoor_e2e import journal_of, no_failed_requests, start_load, stop_load, wait_for
 from tests.test_postgres_replicate import in_recovery, migrate, plan_copy
 
@@ -77,9 +75,7 @@ def source_takes_writes(state: LabState) -> None:
     assert dns_contents(state) == {n: state.source.address for n in state.records}
 
 
-def test_sigterm_at_each_fact_of_the_switch_rolls_back_and_kill9_at_each_resumes(
-    pg_lab: LabState, tmp_path: Path
-) -> None:
+def test_sigterm_at_each_fact_of_the_switch_rolls_back(pg_lab: LabState, tmp_path: Path) -> None:
     state = pg_lab
     control = tmp_path / "signal-at"
     journal = state.path / ".migrate" / "course-review-lab-pgfaults" / "journal.jsonl"
@@ -110,30 +106,6 @@ def test_sigterm_at_each_fact_of_the_switch_rolls_back_and_kill9_at_each_resumes
                 assert "rolled back: the source serves as before" in said, outcome(result)
                 outcomes.append(f"SIGTERM at {fact}: rolled back")
             source_takes_writes(state)
-        # kill -9 at each fact of one run in turn: each `migrate apply` resumes the switch from what the last one
-        # journaled, and is killed at the next fact, until one completes.
-        for fact in FACTS:
-            arm(control, "KILL", fact)
-            killed = migrate(state, "apply", str(plan), "--yes")
-            if fact != FACTS[0] and killed.returncode == exit_codes.OK:
-                # The kill at the fact before landed after this one was journaled (facts follow each other within
-                # milliseconds): the resume found this part done, journaled nothing of it again, and completed.
-                outcomes.append(f"kill -9 at {fact}: not reached (the last kill landed past it), completed")
-                break
-            assert killed.returncode == -signal.SIGKILL, f"kill -9 at {fact}: {outcome(killed)}"
-            if fact != "source_read_only":  # journaled before the stop: the source may still run (its app fenced)
-                assert in_recovery_or_down(state, state.source), "the source answered as a primary after the kill"
-            outcomes.append(f"kill -9 at {fact}: killed, resumed by the next run")
-        else:
-            arm(control, "-", "none")  # the last resume goes on
-            resumed = migrate_apply(state, plan, timeout=TIMEOUT)
-            assert resumed.returncode == exit_codes.OK, f"resumed after kill -9 at promoted: {outcome(resumed)}"
-            assert "resuming" in resumed.stdout + resumed.stderr, outcome(resumed)
-        assert dns_contents(state) == {n: state.target.address for n in state.records}
-        assert not in_recovery(state, state.target)
-        back = migrate(state, "rollback", str(plan), "--yes")
-        assert back.returncode == exit_codes.OK, f"rollback after the kills: {outcome(back)}"
-        source_takes_writes(state)
         wait_for_load_acks_on(load_dir, state.source.address, since=time.time())
     finally:
         stop_load(load)
