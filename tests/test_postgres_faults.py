@@ -13,8 +13,10 @@ A run killed inside the window that nobody resumes: tests/test_postgres_guard.py
 from __future__ import annotations
 
 import shlex
+import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,20 +77,42 @@ def source_takes_writes(state: LabState) -> None:
     assert dns_contents(state) == {n: state.source.address for n in state.records}
 
 
-def test_sigterm_at_each_fact_of_the_switch_rolls_back(pg_lab: LabState, tmp_path: Path) -> None:
-    state = pg_lab
+@dataclass
+class SignalledRun:
+    """A plan whose switch signals its own run at a fact (`arm`), its journal, and the load writing meanwhile."""
+
+    plan: Path
+    journal: Path
+    control: Path
+    load_dir: Path
+    load: subprocess.Popen[str]
+
+
+def signalled_run(state: LabState, tmp_path: Path, suffix: str) -> SignalledRun:
+    """The plan (a budget the kills' resumes stay within: the guard acts only past it and its margin; the reverse
+    path kept for `migrate rollback`) and the load, started, writing on the source."""
     control = tmp_path / "signal-at"
-    journal = state.path / ".migrate" / "course-review-lab-pgfaults" / "journal.jsonl"
-    # The kills' resumes follow each other within the budget (the guard acts only past it and its margin).
-    plan = plan_copy(state, "pgfaults", hook=signal_at_fact_hook(control, journal), cutover={"max_write_block": 300},
+    journal = state.path / ".migrate" / f"course-review-lab-{suffix}" / "journal.jsonl"
+    plan = plan_copy(state, suffix, hook=signal_at_fact_hook(control, journal), cutover={"max_write_block": 300},
                      compare=False, keep_reverse=3600)  # fmt: skip
     assert journal_of(state, plan) == journal
     load_dir = tmp_path / "load"
     load = start_load(state, load_dir, journal)
+    acks = load_dir / "acks.jsonl"
+    try:
+        wait_for(lambda: acks.exists() and acks.read_text().count("\n") >= 10, "writes on the source", 60)
+    except BaseException:
+        stop_load(load)
+        raise
+    return SignalledRun(plan, journal, control, load_dir, load)
+
+
+def test_sigterm_at_each_fact_of_the_switch_rolls_back(pg_lab: LabState, tmp_path: Path) -> None:
+    state = pg_lab
+    run = signalled_run(state, tmp_path, "pgfaults")
+    plan, control, load_dir, load = run.plan, run.control, run.load_dir, run.load
     outcomes: list[str] = []
     try:
-        acks = load_dir / "acks.jsonl"
-        wait_for(lambda: acks.exists() and acks.read_text().count("\n") >= 10, "writes on the source", 60)
         for fact in FACTS:
             arm(control, "TERM", fact)
             result = migrate(state, "apply", str(plan), "--yes")
@@ -109,8 +133,13 @@ def test_sigterm_at_each_fact_of_the_switch_rolls_back(pg_lab: LabState, tmp_pat
         wait_for_load_acks_on(load_dir, state.source.address, since=time.time())
     finally:
         stop_load(load)
+    nothing_lost_on_the_source(state, run, outcomes)
+
+
+def nothing_lost_on_the_source(state: LabState, run: SignalledRun, outcomes: list[str]) -> None:
+    """What the faults' run ends with: every acknowledged write on the source, no failed request."""
     print("\n" + "\n".join(outcomes))
-    verify = main_verify(state, host="source", load_dir=load_dir, journal=journal)
+    verify = main_verify(state, host="source", load_dir=run.load_dir, journal=run.journal)
     print(
         f"PostgreSQL switch faults: longest write stall {verify.longest_write_stall_s} s, failed "
         f"{verify.requests_failed}, acknowledged {verify.reviews_acknowledged}, lost {verify.acknowledged_lost}"

@@ -18,19 +18,19 @@ import pytest
 
 from orchestrator import exit_codes
 from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify
 from tests.pglab import postgres_lab
 from tests.test_e2e import dns_contents, migrate_apply, outcome, wait_for_load_acks_on
-from tests.test_frontdoor_e2e import journal_of, no_failed_requests, start_load, stop_load, wait_for
+from tests.test_frontdoor_e2e import stop_load
 from tests.test_postgres_faults import (
     FACTS,
     TIMEOUT,
     arm,
     in_recovery_or_down,
-    signal_at_fact_hook,
+    nothing_lost_on_the_source,
+    signalled_run,
     source_takes_writes,
 )
-from tests.test_postgres_replicate import in_recovery, migrate, plan_copy
+from tests.test_postgres_replicate import in_recovery, migrate
 
 pytestmark = pytest.mark.lab
 
@@ -43,18 +43,10 @@ def pg_lab() -> Iterator[LabState]:
 
 def test_kill9_at_each_fact_of_the_switch_in_turn_resumes_to_the_end(pg_lab: LabState, tmp_path: Path) -> None:
     state = pg_lab
-    control = tmp_path / "signal-at"
-    journal = state.path / ".migrate" / "course-review-lab-pgkills" / "journal.jsonl"
-    # The kills' resumes follow each other within the budget (the guard acts only past it and its margin).
-    plan = plan_copy(state, "pgkills", hook=signal_at_fact_hook(control, journal), cutover={"max_write_block": 300},
-                     compare=False, keep_reverse=3600)  # fmt: skip
-    assert journal_of(state, plan) == journal
-    load_dir = tmp_path / "load"
-    load = start_load(state, load_dir, journal)
+    run = signalled_run(state, tmp_path, "pgkills")
+    plan, control, load_dir, load = run.plan, run.control, run.load_dir, run.load
     outcomes: list[str] = []
     try:
-        acks = load_dir / "acks.jsonl"
-        wait_for(lambda: acks.exists() and acks.read_text().count("\n") >= 10, "writes on the source", 60)
         # kill -9 at each fact of one run in turn: each `migrate apply` resumes the switch from what the last one
         # journaled, and is killed at the next fact, until one completes.
         for fact in FACTS:
@@ -82,13 +74,4 @@ def test_kill9_at_each_fact_of_the_switch_in_turn_resumes_to_the_end(pg_lab: Lab
         wait_for_load_acks_on(load_dir, state.source.address, since=time.time())
     finally:
         stop_load(load)
-    print("\n" + "\n".join(outcomes))
-    verify = main_verify(state, host="source", load_dir=load_dir, journal=journal)
-    print(
-        f"PostgreSQL switch kills: longest write stall {verify.longest_write_stall_s} s, failed "
-        f"{verify.requests_failed}, acknowledged {verify.reviews_acknowledged}, lost {verify.acknowledged_lost}"
-    )
-    assert verify.error is None, verify.error
-    assert verify.reviews_acknowledged > 0
-    assert verify.acknowledged_lost == 0, verify.lost
-    no_failed_requests(verify)
+    nothing_lost_on_the_source(state, run, outcomes)
