@@ -85,6 +85,7 @@ use strict; use warnings; use Cwd ();
 $ENV{LC_ALL} = "C";
 my ($root, $dir, $list, $marker, $tries, $poll, $since) = @ARGV;
 $since //= 0;
+(my $barrier = $marker) =~ s/[0-9a-f]+\z//;  # every list's marker: this prefix and random hex
 my ($events, $pidf, $scan) = ("$dir/events", "$dir/pid", "$dir/scanned");
 sub slurp { my ($p) = @_; open(my $f, "<", $p) or return undef; local $/; my $s = <$f>; return $s }
 sub alive {
@@ -96,7 +97,7 @@ sub alive {
 }
 sub keep {
     my ($out, $r, $whole) = @_;
-    return if $r eq $marker || $r =~ /\A\.migrate-tracker-barrier-[0-9a-f]{12}\z/;  # this or an earlier list's barrier
+    return if $r eq $marker || $r =~ /\A\Q$barrier\E[0-9a-f]+\z/;  # this or an earlier list's barrier
     if ($r eq ".") { $$whole = 1; return }
     $r =~ tr{/}{\001}; print $out "$r\0";
 }
@@ -180,7 +181,9 @@ exit $rc;
 
 
 class RemoteHost(Protocol):
-    def run(self, command: str, *, timeout: float | None = None, check: bool = True) -> CommandResult: ...
+    def run(
+        self, command: str, *, timeout: float | None = None, check: bool = True, input: str | None = None
+    ) -> CommandResult: ...
 
 
 class TrackingError(RuntimeError):
@@ -551,6 +554,14 @@ class ChangeTracker:
     def extra_file(self) -> str:
         """NUL-separated paths added to the change list (e.g. what the pre-window comparison found different)."""
         return f"{self.dir}/extra.list"
+
+    def write_extra(self, paths: list[str], *, timeout: float = 60.0) -> None:
+        """Replace the extra list with `paths` (none: emptied; `cat` with no input would wait for one)."""
+        extra = _q(self.extra_file)
+        if paths:
+            self.host.run(f"cat > {extra}", timeout=timeout, input="".join(f"{p}\0" for p in paths))
+        else:
+            self.host.run(f": > {extra}", timeout=timeout)
 
     def probe_command(self) -> str:
         events = _q(self.events_file)

@@ -272,11 +272,7 @@ def _check_prepass(ctx: StepContext, tree: FileTree, tracker: ChangeTracker, lis
             ctx.log.warning("prewindow_check_failed", tree=tree.name, exit=result.exit_status)
             return None
         differing = [path for line in result.stdout.splitlines() if (path := rsync.item_path(line)) and path != "."]
-        extra = shlex.quote(tracker.extra_file)
-        if differing:
-            rt.source.run(f"cat > {extra}", timeout=COMMAND_TIMEOUT, input="".join(f"{p}\0" for p in differing))
-        else:
-            rt.source.run(f": > {extra}", timeout=COMMAND_TIMEOUT)  # no input at all: `cat` would wait for one
+        tracker.write_extra(differing, timeout=COMMAND_TIMEOUT)
     except TransportError as exc:
         ctx.log.warning("prewindow_check_failed", tree=tree.name, error=str(exc))
         return None

@@ -9,7 +9,6 @@ finds different is added to the final pass's list (on a live tree: files written
 
 from __future__ import annotations
 
-import shlex
 import time
 from typing import Any
 
@@ -131,8 +130,7 @@ class FilesPresync(Step):
             raise StepError(str(rsync.RsyncError(f"compare of tree {tree.name}", result.exit_status, result.stderr)))
         if paths and not ref.unavailable:
             tracker = tracker_of(ctx, tree, ref)
-            rt.source.run(f"cat > {shlex.quote(tracker.extra_file)}", timeout=60,
-                          input="".join(f"{p}\0" for p in paths))  # fmt: skip
+            tracker.write_extra(paths)
         comparison = TreeComparison(differing=len(paths), seconds=round(time.monotonic() - started, 3))
         ctx.log.info("tree_compared_before_window", tree=tree.name, differing=len(paths),
                      first=paths[:MAX_LOGGED_DIFFERENCES], seconds=comparison.seconds,

@@ -439,12 +439,7 @@ class ReplSwitch(Step):
                 ctx.log.info("repl.switch.undo.source_started")
             try:
                 return rt.db("source", retry=False)
-            except DatabaseError as exc:
-                if attempt == SOURCE_AGAIN_TRIES:
-                    raise
-                ctx.log.warning("repl.switch.undo.source_not_yet", attempt=attempt, error=str(exc))
-                time.sleep(1.0)
-            except TransportError as exc:  # a start command that failed while the server was still going away
+            except (DatabaseError, TransportError) as exc:
                 if attempt == SOURCE_AGAIN_TRIES:
                     raise
                 ctx.log.warning("repl.switch.undo.source_not_yet", attempt=attempt, error=str(exc))
