@@ -434,10 +434,12 @@ class ReplSwitch(Step):
         if not rep.source_stops:
             return rt.db("source")
         for attempt in range(1, SOURCE_AGAIN_TRIES + 1):
-            if not rt.db_answers("source"):
-                rt.source.run(rt.plan.database.source.start, timeout=FENCE_TIMEOUT)  # the switch stopped it
-                ctx.log.info("repl.switch.undo.source_started")
             try:
+                if not rt.db_answers("source"):
+                    # The switch stopped it. A start while the stop still ends fails ("another server may be
+                    # running"): tried again a second later, as a connection refused is.
+                    rt.source.run(rt.plan.database.source.start, timeout=FENCE_TIMEOUT)
+                    ctx.log.info("repl.switch.undo.source_started")
                 return rt.db("source", retry=False)
             except (DatabaseError, TransportError) as exc:
                 if attempt == SOURCE_AGAIN_TRIES:
