@@ -338,7 +338,10 @@ def test_replicate_under_load_loses_nothing_fails_no_request_and_tears_replicati
     }
     # With the front door the commit is made there: DNS moves after the window.
     parts = set(report["window_parts"])
-    assert {"repl_switch", "files_final", "verify_target", "switch_traffic", "switch: fence"} <= parts, parts
+    assert {"repl_switch", "files_final", "verify_target", "switch_traffic"} <= parts, parts
+    # The fence: its own part, or within the window's first command when the source drives its door (`auto`
+    # chooses that by measuring, so the machine's load decides which).
+    assert "switch: fence" in parts or any(p.startswith("switch: journal, then hold, drain and fence") for p in parts)
     assert "dns_flip" not in parts, parts
     # Every part of the window says what it cost in round trips (the switch's SQL, the door's admin commands).
     trips = report["window_round_trips"]
