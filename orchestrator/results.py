@@ -224,6 +224,9 @@ class SwitchResult(Contract):
     # The same, when the source drives its door: journaled, then the hold, the drain and the fence in one command
     # there (hold_seconds and fence_seconds are None then: they are not apart).
     hold_and_fence_seconds: float | None = None
+    # Writes stopped on the database (read_only and the final position; PostgreSQL: the clean stop) inside that
+    # command, after its fence (read_only_seconds is None then).
+    stopped_in_first_command: bool = False
     final_gtid: str | None = None
     wait_seconds: float | None = None
     promote_seconds: float | None = None

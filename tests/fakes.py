@@ -440,6 +440,9 @@ class FakeReplication:
     def before_window(self, conn: Any) -> None:
         self._record("before_window", conn)
 
+    def host_stop(self, server: ServerAccess, login: Any) -> None:
+        return None  # the stop over the session (the first command's own is proven in test_host_stop and the lab)
+
     def stop_writes(self, conn: Any, *, lock_wait_timeout: float, server: ServerAccess) -> Any:
         side = self._record("stop_writes", conn)
         self.read_only[side if side != "stopped" else "source"] = True

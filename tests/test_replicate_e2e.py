@@ -658,6 +658,10 @@ def test_killed_at_the_door_commit_then_while_dns_converges_resumes_committed(li
     ]
     assert any(r.get("event") == "frontdoor.local_door" and r.get("commit_from_source") for r in logged)
     assert any(r.get("event") == "committed_on_source" for r in logged)
+    # So was the window's first command, with the database's stop (a local client) and the uploads' final pass
+    # started in it once the fence was up.
+    assert any(r.get("event") == "repl.switch.source_read_only" and r.get("on_host") for r in logged)
+    assert any(r.get("event") == "final_pass_started_early" for r in logged)
 
 
 def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_source(

@@ -192,7 +192,9 @@ def test_the_commit_runs_on_the_source_only_when_two_round_trips_cost_more_than_
 # --- the window's first command: the hold, the drain and the fence on the source ---------------------------------
 
 
-def hold_and_fence(tmp_path: Path, awk: str, answers: list[str], *, fence: str = "echo fenced >> {log}") -> str:
+def hold_and_fence(
+    tmp_path: Path, awk: str, answers: list[str], *, fence: str = "echo fenced >> {log}", then: str | None = None
+) -> str:
     """Run the script for real by sh with a stand-in socat that answers `answers` in turn (the last repeating) and
     records each line it was sent, with `awk` as the host's awk."""
     bin_dir, log = tmp_path / "bin", tmp_path / "did"
@@ -208,7 +210,8 @@ def hold_and_fence(tmp_path: Path, awk: str, answers: list[str], *, fence: str =
         (bin_dir / tool).chmod(0o755)
     script = sc.hold_and_fence_script("/run/haproxy/admin.sock", MAP, key="hold_writes_until", deadline=1030.5,
                                       frontend="app_front", writes_only=True, drain_seconds=5,
-                                      fence=fence.format(log=log))  # fmt: skip
+                                      fence=fence.format(log=log),
+                                      then=None if then is None else then.format(log=log))  # fmt: skip
     return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True,
                           env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout  # fmt: skip
 
@@ -238,3 +241,24 @@ def test_a_hold_refused_fences_nothing_and_a_failed_fence_says_why(tmp_path: Pat
     failing.mkdir()
     out = hold_and_fence(failing, "/usr/bin/gawk", ["\n\n"], fence="echo 'fence: permission denied'; exit 3")
     assert sc.parse_hold_and_fence(out) == sc.HoldAndFence(True, "", 0, True, False, "fence: permission denied")
+
+
+def test_what_follows_the_fence_runs_only_once_it_is_up_and_comes_back_with_its_status(tmp_path: Path) -> None:
+    """The window's first command goes on after its fence with what the switch adds (the database's stop, the
+    uploads' pass started): after the fence, in that order, its output and status in the answer; never when the
+    fence failed."""
+    then = "echo stopping >> {log}; echo 'position 0-1-42'; echo 'a warning' >&2; exit 3"
+    out = hold_and_fence(tmp_path, "/usr/bin/gawk", ["\n\n"], then=then)
+    assert (tmp_path / "did").read_text().splitlines()[1:] == ["fenced", "stopping"]
+    done = sc.parse_hold_and_fence(out)
+    assert (done.held, done.fenced, done.then_status) == (True, True, 3)
+    assert done.then_said.split() == ["position", "0-1-42", "a", "warning"]
+    failing = tmp_path / "fence-fails"
+    failing.mkdir()
+    out = hold_and_fence(failing, "/usr/bin/gawk", ["\n\n"], fence="exit 4", then=then)
+    assert "stopping" not in (failing / "did").read_text()
+    done = sc.parse_hold_and_fence(out)
+    assert (done.fenced, done.then_status, done.then_said) == (False, None, "")
+    (tmp_path / "plain").mkdir()
+    plain = sc.parse_hold_and_fence(hold_and_fence(tmp_path / "plain", "/usr/bin/gawk", ["\n\n"]))
+    assert plain.fenced and plain.then_status is None, "nothing follows when nothing is asked"

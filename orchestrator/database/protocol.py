@@ -320,6 +320,36 @@ class ServerAccess:
 
 
 @dataclass(frozen=True)
+class LocalLogin:
+    """How a client on the database's own host logs in: the plan's account and the endpoint as seen from there."""
+
+    user: str
+    password: str | None = field(repr=False)
+    socket: str | None
+    address: str
+    port: int
+
+
+class HostStop(Protocol):
+    """stop_writes as one command on the source's host, made ready before the window (Replication.host_stop): the
+    window's first command there runs it once the fence is up, so the database's side of the switch costs no round
+    trip of its own (pyinfra's facts: a command, and the parse of what it printed)."""
+
+    @property
+    def local_cost(self) -> float:
+        """The seconds the host spends on it beyond the round trip it saves (a client's start), measured when made
+        ready."""
+
+    def command(self, *, lock_wait_timeout: float) -> str:
+        """Shell: stop writes (waiting at most `lock_wait_timeout` for running writes), then print the final
+        position; its exit status is not 0 when writes were not stopped."""
+
+    def parse(self, status: int | None, output: str) -> Any:
+        """The final position from the command's status and output (stdout and stderr); ReplicationError when it
+        did not stop writes or its answer is not whole (the switch then stops them over its session)."""
+
+
+@dataclass(frozen=True)
 class ReplicaSource:
     """Where a replica reads from (through a tunnel: 127.0.0.1 and the tunnel's port)."""
 
@@ -595,6 +625,11 @@ class Replication(Protocol):
         where the engine can. ReplicationError when the wait for running writes timed out (nothing changed).
         `server`: the source's host, for an engine whose `source_stops` (`conn` None: stopped already, by this
         switch before a crash; its final position is read from its files)."""
+
+    def host_stop(self, server: ServerAccess, login: LocalLogin) -> HostStop | None:
+        """Before the window: stop_writes made ready to run on the source's host (a local client's login put
+        where only that command reads it, its cost measured). None when the engine or the host cannot: the switch
+        then calls stop_writes."""
 
     def wait_and_promote(
         self, conn: Session, expected: Position, wait: float, *, within: float | None = None

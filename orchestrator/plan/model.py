@@ -820,7 +820,9 @@ class FrontDoorProxy(Strict):
         description="where the commit at the door is driven from: 'source' runs it on the source host (two commands:"
         " the door's local socket through socat, the target's fence over the hosts' own SSH hop), 'orchestrator' from"
         " here (four round trips); 'auto' measures both before the window and takes the source when two round trips"
-        " from here cost more than the source's own work. Without socat on the source it is always 'orchestrator'",
+        " from here cost more than the source's own work. Without socat on the source it is always 'orchestrator'."
+        " Driven from the source, the window's first command runs there too (the hold, the drain, the fence, then the"
+        " uploads' final pass started and the database's stop, with 'auto' when its round trip from here costs more)",
     )
     forward_margin: float = _seconds(
         0,

@@ -168,7 +168,12 @@ def window_parts(
     if switch is not None:
         for name, value in (
             ("switch: journal and front door (hold, drain)", switch.hold_seconds),
-            ("switch: journal, then hold, drain and fence (one command on the source)", switch.hold_and_fence_seconds),
+            (
+                "switch: journal, then hold, drain, fence and the database's stop (one command on the source)"
+                if switch.stopped_in_first_command
+                else "switch: journal, then hold, drain and fence (one command on the source)",
+                switch.hold_and_fence_seconds,
+            ),
             ("switch: read_only", switch.read_only_seconds),
             ("switch: fence", switch.fence_seconds),
             ("switch: replica's wait", switch.wait_seconds),

@@ -435,13 +435,13 @@ def journal_hold_ahead(ctx: StepContext, ready: HoldReady) -> None:
 
 
 def hold_and_fence_from_source(
-    ctx: StepContext, blocked_at: float, ready: HoldReady, *, timeout: float | None
-) -> float:
+    ctx: StepContext, blocked_at: float, ready: HoldReady, *, timeout: float | None, then: str | None = None
+) -> source_commit.HoldAndFence:
     """The hold, the drain of the writes in flight and the source's fence in one command on the source
     (source_commit.hold_and_fence_script): one round trip where hold_source and the fence cost two, plus one per
-    look while a write is in flight. Journaled as hold_source journals its hold. Fails, one line, when the hold was
-    not set (nothing fenced) or the fence failed (held: the rollback releases). Returns the fence's seconds (the
-    whole command's)."""
+    look while a write is in flight. `then`: what else runs there once the fence is up, in the same command (its
+    status and output come back in the answer). Journaled as hold_source journals its hold. Fails, one line, when
+    the hold was not set (nothing fenced) or the fence failed (held: the rollback releases)."""
     front, config = door(ctx, "source"), section(ctx, "source")
     assert front is not None and config is not None
     rt = runtime(ctx)
@@ -457,9 +457,8 @@ def hold_and_fence_from_source(
     script = source_commit.hold_and_fence_script(
         config.admin_socket, front.hold_map, key=_hold_key({"writes_only": ready.writes_only}), deadline=deadline,
         frontend=front.frontend, writes_only=ready.writes_only, drain_seconds=drain,
-        fence=str(rt.plan.services.fence.enable),
+        fence=str(rt.plan.services.fence.enable), then=then,
     )  # fmt: skip
-    started = time.monotonic()
     try:
         out = rt.source.run(script, timeout=timeout or LOCAL_TIMEOUT, check=False).stdout
     except TransportError as exc:
@@ -478,7 +477,7 @@ def hold_and_fence_from_source(
     if not done.fenced:
         ctx.window.check("fencing the source")
         raise StepError(f"fencing the source: {done.fence_said}")
-    return round(time.monotonic() - started, 3)
+    return done
 
 
 def _holding_reads_too(ctx: StepContext, front: FrontDoor) -> None:

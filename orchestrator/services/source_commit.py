@@ -52,6 +52,8 @@ RECORDED = "__migrate_commit_recorded__"
 RECORD_PREFIX = owned.COMMIT_RECORD_PREFIX
 HOLD_OK = "__migrate_hold_ok__"
 FENCE_EXIT = "__migrate_fence_exit="
+THEN_BEGIN = "__migrate_then_begin__"
+THEN_EXIT = "__migrate_then_exit="
 DOOR_EXIT = "__migrate_door_exit="
 HOLD_EXIT = "__migrate_hold_exit="
 IN_FLIGHT = "__migrate_in_flight="
@@ -176,12 +178,15 @@ def hold_and_fence_script(
     writes_only: bool,
     drain_seconds: float,
     fence: str,
+    then: str | None = None,
 ) -> str:
     """The window's first command on the source: the hold set on the door's local socket and, in the same exchange,
     the streams listed (HAProxy lists them after the `set map`: a request it does not list reads the new deadline
     and is held); then, while a write it let through is still in flight, a look again every DRAIN_POLL s for at most
-    `drain_seconds`; then the source's fence. Nothing is fenced when the hold was not set. Few processes (socat, one
-    awk, the fence), each costing the window milliseconds on a busy host."""
+    `drain_seconds`; then the source's fence; then, only once the fence is up, `then` (what else the window needs
+    done on the source once nothing writes there: its output after THEN_BEGIN, its status after THEN_EXIT). Nothing
+    is fenced when the hold was not set. Few processes (socat, one awk, the fence), each costing the window
+    milliseconds on a busy host."""
     sock = shlex.quote(socket_path)
     line = f"set map {hold_map} {key} {deadline!r}; show sess all"
     if any(c in line for c in "'\n"):
@@ -197,8 +202,14 @@ def hold_and_fence_script(
         f'while [ "$n" -gt 0 ] && [ "$(date +%s%N)" -lt "$end" ]; do sleep {DRAIN_POLL}; '
         f"n=$(printf 'show sess all\\n' | socat -t {SOCAT_TIMEOUT} - UNIX-CONNECT:{sock} 2>/dev/null | {count}); "
         f'done; fi; echo "{LEFT}$n"; '
-        f'( {fence}\n) </dev/null 2>&1; echo "{FENCE_EXIT}$?";; esac'
+        f'( {fence}\n) </dev/null 2>&1; fx=$?; echo "{FENCE_EXIT}$fx"; {_then(then)};; esac'
     )
+
+
+def _then(then: str | None) -> str:
+    if then is None:
+        return ":"
+    return f'if [ "$fx" -eq 0 ]; then echo {THEN_BEGIN}; ( {then}\n) </dev/null 2>&1; echo "{THEN_EXIT}$?"; fi'
 
 
 @dataclass(frozen=True)
@@ -211,6 +222,8 @@ class HoldAndFence:
     drained: bool = False
     fenced: bool = False
     fence_said: str = ""
+    then_status: int | None = None  # the `then` part's exit status (None: it did not run, or did not end)
+    then_said: str = ""  # what it printed (stdout and stderr)
 
 
 def parse_hold_and_fence(stdout: str) -> HoldAndFence:
@@ -233,7 +246,21 @@ def parse_hold_and_fence(stdout: str) -> HoldAndFence:
     fence_status = tail.split("\n", 1)[0].strip()
     fence_out = head.split(f"{LEFT}{left}\n", 1)[-1].strip()
     fence_said = fence_out.splitlines()[-1] if fence_out else ""
-    return HoldAndFence(True, "", int(counted), left == "0", fence_status == "0", fence_said or f"exit {fence_status}")
+    then_status, then_said = _then_part(tail)
+    return HoldAndFence(True, "", int(counted), left == "0", fence_status == "0", fence_said or f"exit {fence_status}",
+                        then_status, then_said)  # fmt: skip
+
+
+def _then_part(after_fence: str) -> tuple[int | None, str]:
+    """The `then` part's status and output, from what followed the fence's status."""
+    _, begun, rest = after_fence.partition(f"{THEN_BEGIN}\n")
+    if not begun:
+        return None, ""
+    said, ended, status = rest.rpartition(THEN_EXIT)
+    if not ended:
+        return None, rest
+    code = status.split("\n", 1)[0].strip()
+    return (int(code) if code.isdigit() else None), said
 
 
 @dataclass(frozen=True)

@@ -627,32 +627,43 @@ class ChangeTracker:
         everything anyway); what it did comes back in `ChangeList.then`.
         """
         target = list_file or self.list_file
+        result = self.host.run(
+            self.changes_script(target, wait=min(timeout, 60.0), then=then, since=since), timeout=timeout, check=False
+        )
+        return self.read_changes(target, result.stdout, result.stderr, then=then is not None)
+
+    def changes_script(self, list_file: str, *, wait: float, then: str | None = None, since: int = 0) -> str:
+        """Shell: what `changes` runs on the host (also started ahead of time by another command there, its output
+        read later by `read_changes`)."""
         # One round trip: the list (its messages on stdout), its exit status, then the trust probe, in that order on
         # the host (one perl process prints them with these markers).
-        command = f"{self.changes_command(target, wait=min(timeout, 60.0), since=since)} 2>&1; rc=$?"
+        command = f"{self.changes_command(list_file, wait=wait, since=since)} 2>&1; rc=$?"
         if then is not None:
             command += (
-                f'; if [ "$rc" -eq 0 ] && [ -s {_q(target)} ]; then echo {THEN_MARK}; ( {then} ) 2>&1; '
+                f'; if [ "$rc" -eq 0 ] && [ -s {_q(list_file)} ]; then echo {THEN_MARK}; ( {then} ) 2>&1; '
                 f"echo {THEN_EXIT}$?; fi"
             )
-        result = self.host.run(command, timeout=timeout, check=False)
-        stdout, then_done = result.stdout, None
-        if then is not None:
+        return command
+
+    def read_changes(self, list_file: str, stdout: str, stderr: str = "", *, then: bool) -> ChangeList:
+        """The ChangeList from what `changes_script` printed."""
+        then_done = None
+        if then:
             stdout, then_done = _then_part(stdout)
         listed, marked, probe = stdout.partition(f"\n{PROBE_MARK}\n")
         lines = [line for line in listed.splitlines() if line.strip()]
         if not marked or not lines or not lines[-1].startswith(CHANGES_EXIT):
             # Cut short before the probe (a deadline, a lost connection): the list cannot be trusted.
-            said = (result.stderr.strip() or result.stdout.strip() or "no message").splitlines()[-1]
-            return ChangeList(target, 0, Trust((f"the change list could not be made: {said}",), 0))
+            said = (stderr.strip() or stdout.strip() or "no message").splitlines()[-1]
+            return ChangeList(list_file, 0, Trust((f"the change list could not be made: {said}",), 0))
         trust = self._trust_from(probe)
         if lines[-1] != f"{CHANGES_EXIT}0":
             last = lines[-2] if len(lines) > 1 else "no message"
             reasons = trust.reasons or (f"the change list could not be made: {last}",)
-            return ChangeList(target, 0, Trust(tuple(reasons), trust.events_bytes))
+            return ChangeList(list_file, 0, Trust(tuple(reasons), trust.events_bytes))
         listing = parse_probe("\n".join(lines[:-1]))
         end = int(listing["end"]) if listing.get("end", "").isdigit() else None
-        return ChangeList(target, int(listing.get("count", "0")), trust, then_done, end)
+        return ChangeList(list_file, int(listing.get("count", "0")), trust, then_done, end)
 
     def stop(self) -> bool:
         """Stop the tracker this state directory recorded, only if that pid is still an inotifywait on our root."""

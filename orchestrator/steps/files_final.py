@@ -19,6 +19,7 @@ from orchestrator.contracts import runtime
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.model import FileTree, Retry
 from orchestrator.results import CatchupResult, FilesResult, TreeFigures
+from orchestrator.services.detached import Detached, parse_collected
 from orchestrator.services.tracking import (
     ChangeList,
     ChangeTracker,
@@ -38,6 +39,9 @@ FULL_SCAN = "full_scan"
 COMPARE_MARK = "--compared--"
 COMPARE_EXIT = "compare_exit="
 KEPT_ITEMS = 20  # differing paths kept in the result (their count is kept whole)
+# Set on the run's runtime by start_early: each tree's list and pass started by the window's first command, by name.
+STARTED_EARLY = "files_final_started_early"
+EARLY_OUT = "final-early.out"  # in the tracker's state directory
 
 
 class FilesFinal(Step):
@@ -94,9 +98,11 @@ class FilesFinal(Step):
         # for both): harmless if the list turns out untrusted (the full scan below copies everything anyway).
         started = time.monotonic()
         then = self._pass_command(ctx, tree, tracker.list_file)
-        since = self._since_prepass(ctx, tree)
         try:
-            changes = tracker.changes(timeout=ctx.window.timeout(300.0) or 300.0, then=then, since=since)
+            changes = self._collected(ctx, tree, tracker) if then is not None else None
+            if changes is None:
+                since = self._since_prepass(ctx, tree)
+                changes = tracker.changes(timeout=ctx.window.timeout(300.0) or 300.0, then=then, since=since)
         except (TrackingError, TransportError) as exc:
             return self.full_scan(ctx, tree, presync, f"the change list could not be read: {exc}")
         if not changes.trust.trusted:
@@ -106,6 +112,46 @@ class FilesFinal(Step):
             figures = self.tracked_copy(ctx, tree, changes.path, changes.count)
         figures.entries = presync.entries if presync else None  # what a full scan would have had to compare
         return figures
+
+    def start_early(self, ctx: StepContext) -> str | None:
+        """For the switch's first command on the source, once its fence is up: each tracked tree's list and final
+        pass (what final_copy would send, through the window's rsync route) started there in the background
+        (services/detached.py). final_copy then collects the answer with one command, sent as soon as this step
+        starts beside the switch, instead of starting the work one round trip later. Shell to put in that command;
+        None: nothing to start (no tracker, no route: final_copy goes as before)."""
+        rt = runtime(ctx)
+        presync = FilesResult.of(ctx.output("files_presync"))
+        started: dict[str, Detached] = {}
+        for tree in rt.plan.files:
+            figures = presync.trees.get(tree.name)
+            ref = figures.tracker if figures else None
+            if ref is None or ref.unavailable:
+                continue
+            tracker = ChangeTracker(rt.source, tree.source, ref.state_dir, name=ref.name)
+            then = self._pass_command(ctx, tree, tracker.list_file)
+            if then is None:
+                continue
+            timeout = ctx.window.timeout(300.0) or 300.0
+            script = tracker.changes_script(tracker.list_file, wait=min(timeout, 60.0), then=then,
+                                            since=self._since_prepass(ctx, tree))  # fmt: skip
+            started[tree.name] = Detached(script, f"{ref.state_dir.rstrip('/')}/{EARLY_OUT}", timeout)
+        setattr(rt, STARTED_EARLY, started)
+        return "; ".join(detached.start() for detached in started.values()) or None
+
+    def _collected(self, ctx: StepContext, tree: FileTree, tracker: ChangeTracker) -> ChangeList | None:
+        """The list and pass the switch's first command started for this tree, once ended; None when it started
+        none (or it never ran: then final_copy sends its own)."""
+        detached = getattr(runtime(ctx), STARTED_EARLY, {}).pop(tree.name, None)
+        if detached is None:
+            return None
+        answer = runtime(ctx).source.run(detached.collect(), timeout=detached.timeout + 10, check=False)
+        collected = parse_collected(answer.stdout)
+        if collected is None:
+            ctx.log.warning("final_pass_not_started_early", tree=tree.name, instead="its own command")
+            return None
+        _, output = collected
+        ctx.log.info("final_pass_started_early", tree=tree.name)
+        return tracker.read_changes(tracker.list_file, output, answer.stderr, then=True)
 
     @staticmethod
     def _since_prepass(ctx: StepContext, tree: FileTree) -> int:

@@ -18,7 +18,7 @@ from ruamel.yaml import YAML
 
 from orchestrator.contracts import StepRuntime, Which, runtime
 from orchestrator.database.names import replicate_refusal
-from orchestrator.database.protocol import ReplicaSource, ReplicaStatus, Replication, ServerAccess
+from orchestrator.database.protocol import LocalLogin, ReplicaSource, ReplicaStatus, Replication, ServerAccess
 from orchestrator.engine.step import StepContext, StepError
 from orchestrator.plan.model import Plan, ReplicationEndpoint
 from orchestrator.services import owned, probes
@@ -62,6 +62,12 @@ def server_access(rt: StepRuntime, which: Which) -> ServerAccess:
     """Where that side's database runs, for the engine's host commands (a clean stop, a standby's files)."""
     endpoint = rt.plan.database.source if which == "source" else rt.plan.database.target
     return ServerAccess(rt.host(which), endpoint.datadir, endpoint.start, endpoint.stop)
+
+
+def local_login(rt: StepRuntime, which: Which) -> LocalLogin:
+    """How a client on that side's host logs in to its database (the plan's account, the endpoint as seen there)."""
+    endpoint = rt.endpoint(which)
+    return LocalLogin(rt.plan.database.user, rt.db_password(), endpoint.socket, endpoint.host, endpoint.port)
 
 
 def declared_mode(ctx: StepContext) -> str:

@@ -37,6 +37,7 @@ from typing import Any
 from orchestrator.contracts import runtime
 from orchestrator.database.protocol import (
     DatabaseError,
+    HostStop,
     Position,
     PositionMismatch,
     Replication,
@@ -45,12 +46,13 @@ from orchestrator.database.protocol import (
 )
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
-from orchestrator.services import frontdoor, guard, health, probes
-from orchestrator.steps import source_guard, verify_target
+from orchestrator.services import frontdoor, guard, health, probes, source_commit
+from orchestrator.steps import files_final, source_guard, verify_target
 from orchestrator.steps.repl_common import (
     FINAL_GTID,
     REPLICA_PORT,
     declared_mode,
+    local_login,
     mode_reason,
     replica_source,
     replication,
@@ -129,20 +131,29 @@ class ReplSwitch(Step):
                 self._start_guard(ctx)
                 # What the front door's hold needs is read while writes still flow (reads only).
                 ready = frontdoor.prepare_hold(ctx, source_serves_reads=not rep.source_stops)
+                from_source = frontdoor.holds_from_source(ctx, ready)
+                host_stop = self._host_stop(ctx, source) if from_source else None
                 began = time.monotonic()
-                if frontdoor.holds_from_source(ctx, ready):
+                if from_source:
                     assert ready is not None
-                    # The hold, the drain and the fence in one command on the source; read_only after it, beside
-                    # the uploads' pass (which needs the fence only). The checks (reads of the fenced target) begin
-                    # with the window, beside that command.
+                    # The hold, the drain and the fence in one command on the source; then, in it, the uploads'
+                    # final pass started and the database's stop (when it rides there), else read_only after it.
+                    # The checks (reads of the fenced target) begin with the window, beside that command.
                     blocked_at = self._begin(ctx, ready, hold=False)
                     checks = checking.submit(contextvars.copy_context().run, self._window_checks, ctx)
-                    frontdoor.hold_and_fence_from_source(
-                        ctx, blocked_at, ready, timeout=ctx.window.timeout(FENCE_TIMEOUT)
+                    then, lock_wait = self._after_fence(ctx, host_stop)
+                    done = frontdoor.hold_and_fence_from_source(
+                        ctx, blocked_at, ready, timeout=ctx.window.timeout(FENCE_TIMEOUT), then=then
                     )
                     result.hold_and_fence_seconds = round(time.monotonic() - began, 3)
                     ctx.start_next_beside()
-                    result.read_only_seconds, final = self._read_only(ctx, source)
+                    stopped = self._stopped_there(ctx, host_stop, done)
+                    if stopped is not None:
+                        final = stopped
+                        result.stopped_in_first_command = True
+                        ctx.log.info("repl.switch.source_read_only", on_host=True, lock_wait_s=lock_wait)
+                    else:
+                        result.read_only_seconds, final = self._read_only(ctx, source)
                 else:
                     blocked_at, checks, final = self._hold_then_fence(ctx, ready, source, checking, result, began)
                 result.writes_blocked_at = blocked_at
@@ -210,6 +221,61 @@ class ReplSwitch(Step):
                 raise fence_failure
             result.fence_seconds = fenced.result()
         return blocked_at, checks, final
+
+    def _host_stop(self, ctx: StepContext, source: Session | None) -> HostStop | None:
+        """Before the window: whether the source's stop of writes (read_only and its final position) rides the
+        window's first command on the source, right after its fence, instead of a round trip of its own after that
+        command's answer: the engine made it ready there (Replication.host_stop), and the round trip it saves (one
+        query over the session, timed now) costs more than the host's own work for it (a client's start), or the
+        plan drives the source's side from there (proxy.source.commit_from: source)."""
+        if source is None:
+            return None
+        rt = runtime(ctx)
+        rep = replication(rt)
+        try:
+            stop = rep.host_stop(server_access(rt, "source"), local_login(rt, "source"))
+        except TransportError as exc:
+            ctx.log.warning("repl.switch.stop_on_host_unready", error=str(exc))
+            return None
+        if stop is None:
+            ctx.log.info("repl.switch.stop_on_host", used=False, why="the engine or the host cannot")
+            return None
+        door = frontdoor.section(ctx, "source")
+        if door is not None and door.commit_from == "source":
+            ctx.log.info("repl.switch.stop_on_host", used=True, why="proxy.source.commit_from: source")
+            return stop
+        began = time.monotonic()
+        rep.is_read_only(source)
+        round_trip = time.monotonic() - began
+        worth = round_trip > stop.local_cost
+        ctx.log.info("repl.switch.stop_on_host", used=worth, round_trip_s=round(round_trip, 4),
+                     host_work_s=round(stop.local_cost, 4))  # fmt: skip
+        return stop if worth else None
+
+    def _after_fence(self, ctx: StepContext, host_stop: HostStop | None) -> tuple[str | None, float]:
+        """What the first command on the source runs once its fence is up: the uploads' final pass started in the
+        background (files_final.start_early), then the database's stop when it rides there; and the lock wait
+        given to that stop (what is left of the budget, at most cutover.lock_wait_timeout)."""
+        c = runtime(ctx).plan.cutover
+        lock_wait = min(c.lock_wait_timeout, ctx.window.timeout() or c.lock_wait_timeout)
+        parts = [files_final.FilesFinal().start_early(ctx)]
+        if host_stop is not None:
+            parts.append(host_stop.command(lock_wait_timeout=lock_wait))
+        then = "; ".join(p for p in parts if p)
+        return then or None, lock_wait
+
+    def _stopped_there(
+        self, ctx: StepContext, host_stop: HostStop | None, done: source_commit.HoldAndFence
+    ) -> Position | None:
+        """The final position the first command's stop read; None when it did not ride there or did not stop
+        writes (said in the log: the switch stops them over its session, as without it)."""
+        if host_stop is None:
+            return None
+        try:
+            return host_stop.parse(done.then_status, done.then_said)
+        except ReplicationError as exc:
+            ctx.log.warning("repl.switch.stop_on_host_failed", error=str(exc), instead="over the session")
+            return None
 
     def _source(self, ctx: StepContext, rep: Replication) -> Session | None:
         """The source's session; None for a source this switch already stopped (a re-entered switch of an engine

@@ -603,6 +603,14 @@ class SshHost:
         except (asyncssh.Error, ValueError, asyncio.IncompleteReadError, *_TRANSIENT) as exc:
             raise self._lost(exc, "opening a shell") from None
 
+    @property
+    def kept_dir(self) -> str | None:
+        """The kept shell's private directory on the host (mktemp -d: mode 0700; removed when the shell ends, its
+        connection lost included): where a file a window command reads (a local client's login) waits for it.
+        None without a kept shell."""
+        shell = self._shell
+        return shell.dir if shell is not None and shell.dir else None
+
     def _drop_shell(self, shell: _KeptShell) -> None:
         if self._shell is shell:
             self._shell = None

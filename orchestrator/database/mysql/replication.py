@@ -10,11 +10,12 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.database.mysql import audit, compare, grants, gtid, replica, seed, switch
+from orchestrator.database.mysql import audit, compare, grants, gtid, host_stop, replica, seed, switch
 from orchestrator.database.protocol import (
     ChunkedAudit,
     Comparison,
     DatabaseError,
+    LocalLogin,
     ReplicaSource,
     ReplicaStatus,
     ReplicationError,
@@ -305,6 +306,9 @@ class MariaDbReplication:
         if conn is None:
             raise ReplicationError("the source's server does not answer: read_only cannot be set")
         return switch.read_only_and_position(conn, lock_wait_timeout=lock_wait_timeout)
+
+    def host_stop(self, server: ServerAccess, login: LocalLogin) -> host_stop.MariaDbHostStop | None:
+        return host_stop.host_stop(server, login)
 
     def wait_and_promote(
         self, conn: Session, expected: gtid.GtidPosition, wait: float, *, within: float | None = None

@@ -36,6 +36,7 @@ from orchestrator.database.pg.seed import BIN_DIR, PgSeed, PgSeedSpec
 from orchestrator.database.protocol import (
     ChunkedAudit,
     Comparison,
+    LocalLogin,
     PositionMismatch,
     ReplicaSource,
     ReplicationError,
@@ -107,6 +108,37 @@ class PgPromotion:
     promoted: bool
     executed: pg.Lsn
     waited: float
+
+
+@dataclass(frozen=True)
+class PgHostStop:
+    """The source's server stopped cleanly and its final position read from its control file, as one command on
+    its host (protocol.HostStop): stop_writes runs it on its own, the window's first command on the source runs it
+    once the fence is up."""
+
+    datadir: str
+    local_cost: float = 0.0
+
+    def command(self, *, lock_wait_timeout: float) -> str:
+        bound = max(1, math.ceil(lock_wait_timeout))
+        cluster = pg.Cluster(self.datadir.rstrip("/"), 0)
+        data = shlex.quote(cluster.data_dir)
+        return (
+            f"{pg.fast_shutdown_command(cluster, bound)} && B={BIN_DIR} && LC_ALL=C runuser -u postgres -- "
+            f'"$B/pg_controldata" -D {data}'
+        )
+
+    def parse(self, status: int | None, output: str) -> pg.Lsn:
+        if status != 0:
+            last = (output.strip().splitlines() or [f"exit status {status}"])[-1]
+            raise ReplicationError(f"stopping the source's server: {last}")
+        try:
+            control = pg.parse_controldata(output)
+        except pg.PostgresError as exc:
+            raise ReplicationError(f"the source's server stopped, its final position unread: {exc}") from None
+        if not control.clean:
+            raise ReplicationError(f"the source's server did not shut down cleanly (state: {control.state})")
+        return pg.Lsn(control.checkpoint.value + 1)
 
 
 class PgReplication:
@@ -460,22 +492,17 @@ class PgReplication:
         before the server exits. No role is made NOLOGIN on the way (so nothing needs putting back when the guard or
         a rollback starts the source again). The wait is bounded by `lock_wait_timeout` (what is left of the
         budget): a server still shutting down then fails this try, and the next try waits again."""
+        stop = PgHostStop(server.datadir)
         bound = max(1, math.ceil(lock_wait_timeout))
-        cluster = pg.Cluster(server.datadir.rstrip("/"), 0)
-        data = shlex.quote(cluster.data_dir)
         result = server.host.run(
-            f"{pg.fast_shutdown_command(cluster, bound)} && B={BIN_DIR} && LC_ALL=C runuser -u postgres -- "
-            f'"$B/pg_controldata" -D {data}',
-            timeout=bound + STOP_MARGIN,
-            check=False,
+            stop.command(lock_wait_timeout=lock_wait_timeout), timeout=bound + STOP_MARGIN, check=False
         )
-        if not result.ok:
-            last = (result.stderr.strip().splitlines() or [f"exit status {result.exit_status}"])[-1]
-            raise ReplicationError(f"stopping the source's server: {last}")
-        control = pg.parse_controldata(result.stdout)
-        if not control.clean:
-            raise ReplicationError(f"the source's server did not shut down cleanly (state: {control.state})")
-        return pg.Lsn(control.checkpoint.value + 1)
+        return stop.parse(result.exit_status, f"{result.stdout}\n{result.stderr}")
+
+    def host_stop(self, server: ServerAccess, login: LocalLogin) -> PgHostStop:
+        """stop_writes is a command on the source's host already: it rides the window's first command there at no
+        cost of its own."""
+        return PgHostStop(server.datadir)
 
     def wait_and_promote(
         self, conn: Session, expected: pg.Lsn, wait: float, *, within: float | None = None
