@@ -188,12 +188,12 @@ class Runtime:
                 conn = spares.pop()
             try:
                 if ping:
-                    with self.database.bounded(conn, read_timeout):
-                        self.database.ping(conn)
+                    self.database.revive(conn, read_timeout)
+                else:
+                    self.database.set_timeouts(conn, read_timeout)
             except Exception:  # gone since it was opened: the next one, or a new connection
                 self.release(conn)
                 continue
-            self.database.set_timeouts(conn, read_timeout)
             return conn
 
     def db_source(self) -> Session:

@@ -60,3 +60,35 @@ def test_a_spare_handed_out_unpinged_costs_no_round_trip(runtime: Runtime) -> No
     runtime.keep_spare("source", 1)
     conn = runtime.db("source")
     assert conn.pings == 1
+
+
+class StatementLog:
+    """A PostgreSQL session as the engine's statements see it: each statement recorded, each answered with one row."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, Any]] = []
+
+    def cursor(self) -> StatementLog:
+        return self
+
+    def __enter__(self) -> StatementLog:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        pass
+
+    def execute(self, query: str, args: Any = None) -> None:
+        self.statements.append((query, args))
+
+    def fetchone(self) -> tuple[str]:
+        return ("5000",)
+
+
+def test_a_postgresql_spare_is_revived_in_one_statement_that_sets_its_bound() -> None:
+    """Inside the window each statement is a round trip: taking a spare must not cost the four of a bounded ping
+    (read the old bound, set it, ping, put it back) before the caller's own statement."""
+    from orchestrator.database.postgresql import PostgreSql
+
+    session = StatementLog()
+    PostgreSql().revive(session, 5.0)  # type: ignore[arg-type]  # the statements are what is looked at
+    assert session.statements == [("SELECT set_config('statement_timeout', %s, false)", ("5000",))]

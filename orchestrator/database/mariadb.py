@@ -160,6 +160,12 @@ class MariaDb:
         except pymysql.MySQLError as exc:  # a session not opened by connect (the lab's, a test's)
             raise wrapped(exc) from None
 
+    def revive(self, session: Session, seconds: float) -> None:
+        # The bounds are the client's own (no round trip): the ping is the one.
+        with self.bounded(session, seconds):
+            self.ping(session)
+        self.set_timeouts(session, seconds)
+
     def alive(self, session: Session) -> bool:
         return mysql.session_alive(session)
 

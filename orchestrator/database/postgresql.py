@@ -210,6 +210,11 @@ class PostgreSql:
     def ping(self, session: Session) -> None:
         _scalar(session, "SELECT 1")
 
+    def revive(self, session: Session, seconds: float) -> None:
+        # The bound is the server's (statement_timeout): setting it is the round trip that proves the session alive
+        # (bounded() around a ping would cost four: read the old bound, set, ping, put it back).
+        self.set_timeouts(session, seconds)
+
     def alive(self, session: Session) -> bool:
         return self.answers(session)
 

@@ -161,6 +161,10 @@ class Database(Protocol):
     def ping(self, session: Session) -> None:
         """The driver's own liveness round trip; raises DatabaseError when the session is gone."""
 
+    def revive(self, session: Session, seconds: float) -> None:
+        """A session opened earlier (a spare), taken inside the window: proven alive (its answer bounded by
+        `seconds`) and given a new one's bounds, in one round trip where the engine can. DatabaseError when gone."""
+
     def alive(self, session: Session) -> bool:
         """Does this session's server still answer? (A session dies with its server.)"""
 
