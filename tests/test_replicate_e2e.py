@@ -555,6 +555,41 @@ def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_
     assert_replication_torn_down(state, plan, events)
 
 
+def test_killed_inside_the_first_command_on_the_source_resumes_and_loses_nothing(
+    live: LabState, tmp_path: Path
+) -> None:
+    """The source's side driven from the source host (commit_from: source): the window's first command holds, fences,
+    then starts the uploads' final pass in the background and stops the database's writes with the local client.
+    The run is killed by its own fence (once), inside that command: the command goes on there without it (read_only
+    set, the pass run). The resume re-enters the switch, runs the whole first command again (each part harmless
+    twice), collects its own pass, and completes: nothing lost."""
+    state = live
+    pid_file = state.path / "replkill-first.pid"
+    used = f"{pid_file}.used"
+    # Once: the resumed run's switch finds the first kill done and writes no pid.
+    once = f"[ -e {shlex.quote(used)} ] || echo $PPID > {shlex.quote(str(pid_file))}\n"
+    hooks = {"before-step": on_step("repl_switch", once)}
+    plan = replicate_plan(state, "replkill-first", hooks)
+    yaml = YAML()
+    data = yaml.load(plan.read_text())
+    data["proxy"]["source"]["commit_from"] = "source"
+    data["services"]["fence"]["enable"] = (
+        f"if mv {shlex.quote(str(pid_file))} {shlex.quote(used)} 2>/dev/null; then kill -9 $(cat {shlex.quote(used)}); "
+        f"fi; {data['services']['fence']['enable']}"
+    )
+    with plan.open("w") as out:
+        yaml.dump(data, out)
+    report = resumed_under_load(state, plan, tmp_path / "load", str(pid_file))
+    assert Path(used).exists(), "the fence did not kill the run"
+    assert next(s for s in report["steps"] if s["name"] == "repl_switch")["attempts"] == 2
+    journal = state.path / ".migrate" / plan_name(plan) / "journal.jsonl"
+    logged = [
+        json.loads(line) for log in journal.parent.glob("run-*.log.jsonl") for line in log.read_text().splitlines()
+    ]
+    assert any(r.get("event") == "repl.switch.source_read_only" and r.get("on_host") for r in logged)
+    assert any(r.get("event") == "final_pass_started_early" for r in logged), "the resume collected its own pass"
+
+
 def test_killed_at_the_door_commit_then_while_dns_converges_resumes_committed(live: LabState, tmp_path: Path) -> None:
     """The commit at the front door, killed twice under load. First kill -9 inside the commit's one command on the
     source, after the commit is recorded there and the target's fence lifted, before its answer (the journal does not

@@ -9,6 +9,7 @@ filesystem, ...), the tree is scanned whole, and the log and the result say why 
 from __future__ import annotations
 
 import contextvars
+import secrets
 import shlex
 import time
 from collections.abc import Iterable
@@ -41,7 +42,7 @@ COMPARE_EXIT = "compare_exit="
 KEPT_ITEMS = 20  # differing paths kept in the result (their count is kept whole)
 # Set on the run's runtime by start_early: each tree's list and pass started by the window's first command, by name.
 STARTED_EARLY = "files_final_started_early"
-EARLY_OUT = "final-early.out"  # in the tracker's state directory
+EARLY_OUT = "final-early-{}.out"  # in the tracker's state directory, a name of its own for each start
 
 
 class FilesFinal(Step):
@@ -134,7 +135,8 @@ class FilesFinal(Step):
             timeout = ctx.window.timeout(300.0) or 300.0
             script = tracker.changes_script(tracker.list_file, wait=min(timeout, 60.0), then=then,
                                             since=self._since_prepass(ctx, tree))  # fmt: skip
-            started[tree.name] = Detached(script, f"{ref.state_dir.rstrip('/')}/{EARLY_OUT}", timeout)
+            out = f"{ref.state_dir.rstrip('/')}/{EARLY_OUT.format(secrets.token_hex(4))}"
+            started[tree.name] = Detached(script, out, timeout)
         setattr(rt, STARTED_EARLY, started)
         return "; ".join(detached.start() for detached in started.values()) or None
 
