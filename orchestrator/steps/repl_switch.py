@@ -48,6 +48,7 @@ from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.results import SwitchResult
 from orchestrator.services import frontdoor, guard, health, probes, source_commit
 from orchestrator.steps import files_final, source_guard, verify_target
+from orchestrator.steps.common import keep_shells
 from orchestrator.steps.repl_common import (
     FINAL_GTID,
     REPLICA_PORT,
@@ -104,7 +105,10 @@ class ReplSwitch(Step):
         window = ctx.window
         rep = replication(rt)
         result = SwitchResult(mode_reason=mode_reason("replicate", [], declared_mode(ctx), rep.requirements))
-        # Connections are opened while writes still flow: connecting is not part of the window.
+        # Connections are opened while writes still flow: connecting is not part of the window. The hosts' kept
+        # shells were opened by repl_catchup; a switch resumed in a new process opens its own (the window's short
+        # commands, and the database's stop on the source's host, run in them).
+        keep_shells(ctx)
         source = self._source(ctx, rep)
         target = rt.db("target", read_timeout=max(plan.database.read_timeout, plan.cutover.max_write_block + 30))
         # And those the window's reads take after the promotion: the SQL health checks, verify_target's positions.
