@@ -146,7 +146,9 @@ class FilesFinal(Step):
         detached = getattr(runtime(ctx), STARTED_EARLY, {}).pop(tree.name, None)
         if detached is None:
             return None
-        answer = runtime(ctx).source.run(detached.collect(), timeout=detached.timeout + 10, check=False)
+        # It ends by its own deadline (set from the window's when it started); the wait for it, by the window's.
+        bound = ctx.window.timeout(detached.timeout + 10) or detached.timeout + 10
+        answer = runtime(ctx).source.run(detached.collect(), timeout=bound, check=False)
         collected = parse_collected(answer.stdout)
         if collected is None:
             ctx.log.warning("final_pass_not_started_early", tree=tree.name, instead="its own command")
