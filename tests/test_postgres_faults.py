@@ -47,13 +47,15 @@ def pg_lab() -> Iterator[LabState]:
 def signal_at_fact_hook(control: Path, journal: Path) -> str:
     """The switch's before-step hook: a watcher left behind that sends the signal named in `control` ("TERM
     promoting": the signal, the fact; "- none": no watcher) to the run once its journal records that fact after the
-    hook began (it ends with the run otherwise)."""
+    hook began (it ends with the run otherwise). One `tail -f` (woken by inotify as each record lands) and one
+    `grep`, not three processes per look: on a loaded machine such a loop can lag by as long as the switch takes,
+    and a signal meant for a fact inside the window then lands after the commit."""
     j = shlex.quote(str(journal))
     return (
         f'[ "$MIGRATE_STEP" = repl_switch ] || exit 0\nrun=$PPID\nread -r sig fact < {shlex.quote(str(control))}\n'
         f'[ "$fact" != none ] || exit 0\nskip=$(wc -l < {j})\n'
-        f'( while kill -0 $run; do if tail -n +"$((skip + 1))" {j} | grep -q "\\"key\\":\\"$fact\\""; then '
-        'kill -"$sig" $run; break; fi; sleep 0.002; done ) >/dev/null 2>&1 &\n'
+        f'( tail -n +"$((skip + 1))" -f --pid=$run {j} | {{ grep -q -m1 "\\"key\\":\\"$fact\\"" && '
+        'kill -"$sig" $run; } ) >/dev/null 2>&1 &\n'
     )
 
 
