@@ -555,6 +555,14 @@ def test_killed_inside_the_window_resumes_and_loses_nothing(live: LabState, tmp_
     assert_replication_torn_down(state, plan, events)
 
 
+def kills_once(pid_file: Path, command: str, *, before: bool) -> str:
+    """`command` (a fence's), and, the first time only, a kill -9 of the run whose pid is in `pid_file` (before or
+    after the command): the file is moved aside, so the resumed run's command does not kill it again."""
+    used = shlex.quote(f"{pid_file}.used")
+    kill = f"if mv {shlex.quote(str(pid_file))} {used} 2>/dev/null; then kill -9 $(cat {used}); fi"
+    return f"{kill}; {command}" if before else f"{command} && {kill}; true"
+
+
 def test_killed_inside_the_first_command_on_the_source_resumes_and_loses_nothing(
     live: LabState, tmp_path: Path
 ) -> None:
@@ -574,10 +582,7 @@ def test_killed_inside_the_first_command_on_the_source_resumes_and_loses_nothing
     yaml = YAML()
     data = yaml.load(plan.read_text())
     data["proxy"]["source"]["commit_from"] = "source"
-    data["services"]["fence"]["enable"] = (
-        f"if mv {shlex.quote(str(pid_file))} {shlex.quote(used)} 2>/dev/null; then kill -9 $(cat {shlex.quote(used)}); "
-        f"fi; {data['services']['fence']['enable']}"
-    )
+    data["services"]["fence"]["enable"] = kills_once(pid_file, data["services"]["fence"]["enable"], before=True)
     with plan.open("w") as out:
         yaml.dump(data, out)
     report = resumed_under_load(state, plan, tmp_path / "load", str(pid_file))
@@ -609,15 +614,13 @@ def test_killed_at_the_door_commit_then_while_dns_converges_resumes_committed(li
     plan = replicate_plan(state, "replkill-door", hooks)
     yaml = YAML()
     data = yaml.load(plan.read_text())
-    fence_off = data["services"]["target_fence"]["disable"]
     used = f"{pid_file}.used"
     # The commit driven from the source host (on loopback `auto` finds the source's own work dearer than two round
     # trips from here, and drives it from here): its crash is the one proven here.
     data["proxy"]["source"]["commit_from"] = "source"
     # Once: the fence goes down, then the run that lifted it is killed (the resume lifts it again, harmlessly).
-    data["services"]["target_fence"]["disable"] = (
-        f"{fence_off} && if mv {shlex.quote(str(pid_file))} {shlex.quote(used)} 2>/dev/null; then "
-        f"kill -9 $(cat {shlex.quote(used)}); fi; true"
+    data["services"]["target_fence"]["disable"] = kills_once(
+        pid_file, data["services"]["target_fence"]["disable"], before=False
     )
     with plan.open("w") as out:
         yaml.dump(data, out)
@@ -706,8 +709,11 @@ def test_killed_inside_the_window_and_resumed_too_late_rolls_back_to_a_writable_
     and survived the kill: the rollback clears it), the target read-only and stopped, DNS unchanged, 0 lost."""
     state = live
     budget = 8.0
+    # Killed as verify_target begins: inside the window, once the switch ended (read_only set, whichever way the
+    # switch set it: files_final starts beside the switch, possibly before its read_only when the source drives its
+    # door and the stop does not ride its first command).
     plan = replicate_plan(
-        state, "replkill3", {"before-step": on_step("files_final", "kill -9 $PPID\n")}, max_write_block=budget
+        state, "replkill3", {"before-step": on_step("verify_target", "kill -9 $PPID\n")}, max_write_block=budget
     )
     load_dir = tmp_path / "load"
     load = start_load(state, load_dir, 300)
