@@ -252,6 +252,17 @@ def test_seed_a_standby_through_the_tunnel_under_a_writer(pair: PgPair) -> None:
             assert time.monotonic() < deadline, "the standby never streamed"
             time.sleep(0.05)
         assert pg.wait_for_replay(standby, pg.current_wal_lsn(primary), 30).reached
+        # The wait and the read in one round trip (verify_target's, beside the promotion): a position replayed, one
+        # the standby never reaches within the wait, and a primary, which replays nothing and is read as written.
+        now = pg.current_wal_lsn(primary)
+        reached = pg.position_after(standby, now, 30)
+        assert reached.recovering and reached.replayed is not None and reached.replayed >= now
+        beyond = pg.Lsn(now.value + (1 << 32))
+        short = pg.position_after(standby, beyond, 0.2)
+        assert short.recovering and short.replayed is not None and short.replayed < beyond
+        written = pg.position_after(primary, beyond, 30)
+        assert not written.recovering and written.replayed is None
+        assert written.written is not None and written.written >= now
 
 
 def test_a_read_only_default_is_no_fence(pair: PgPair) -> None:

@@ -194,6 +194,45 @@ def wait_for_replay(conn: psycopg.Connection, target: Lsn, timeout: float, poll:
         time.sleep(poll)
 
 
+# The wait for a replay position and the read of the position after it, in one round trip (no parameters: the
+# simple query protocol runs the three statements in order). The wait loops on the server, 2 ms a look, and ends
+# early once the server left recovery (a promoted server replays no more).
+_POSITION_AFTER_SQL = """DO $$ DECLARE began timestamptz := clock_timestamp(); BEGIN
+  WHILE pg_is_in_recovery() AND coalesce(pg_last_wal_replay_lsn() < '{wanted}'::pg_lsn, true)
+        AND clock_timestamp() - began < make_interval(secs => {wait}) LOOP
+    PERFORM pg_sleep(0.002);
+  END LOOP;
+END $$;
+SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text,
+       CASE WHEN pg_last_wal_replay_lsn() IS NULL AND NOT pg_is_in_recovery() THEN pg_current_wal_lsn()::text END"""
+
+
+@dataclass(frozen=True)
+class PositionAfter:
+    """Where a server stood once it replayed a position or the wait ran out, read in the same round trip."""
+
+    recovering: bool
+    replayed: Lsn | None  # its replay position (None: a server never in recovery, or one that replayed nothing)
+    written: Lsn | None  # a server never in recovery: its write position
+
+
+def position_after(conn: psycopg.Connection, wanted: Lsn, wait: float) -> PositionAfter:
+    """Wait (on the server, at most `wait` seconds) until a standby replayed `wanted`, then read where it stands:
+    one round trip where in_recovery, wait_for_replay's polls and the position's read cost one each."""
+    script = _POSITION_AFTER_SQL.format(wanted=wanted, wait=f"{max(0.0, wait):.3f}")
+    cur = conn.execute(script)
+    cur.nextset()  # past the DO block's (no rows)
+    row = cur.fetchone()
+    if row is None:
+        raise PostgresError("the position's read returned no row")
+    recovering, replayed, written = row
+    return PositionAfter(
+        bool(recovering),
+        None if replayed is None else Lsn.parse(str(replayed)),
+        None if written is None else Lsn.parse(str(written)),
+    )
+
+
 # --- the fence ---------------------------------------------------------------------------------------------------
 
 

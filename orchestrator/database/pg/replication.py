@@ -336,12 +336,10 @@ class PgReplication:
 
     def current_position_after(self, conn: Session, wanted: pg.Lsn, wait: float) -> pg.Lsn | None:
         """A standby waits to replay `wanted`; a promoted server replays no more: its position is what the
-        promotion proved, and below `wanted` it never gets there."""
-        raw = _raw(conn)
-        if pg.in_recovery(raw) and not pg.wait_for_replay(raw, wanted, wait).reached:
-            return None
-        current = self.current_position(conn)
-        return current if current >= wanted else None
+        promotion proved, and below `wanted` it never gets there. The wait and the read: one round trip."""
+        after = pg.position_after(_raw(conn), wanted, wait)
+        current = after.replayed if after.replayed is not None else after.written
+        return current if current is not None and current >= wanted else None
 
     def executed_position(self, conn: Session) -> pg.Lsn:
         return pg.replay_lsn(_raw(conn)) or pg.Lsn(0)
