@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from orchestrator import secrets
 from orchestrator.database import engines
 from orchestrator.database.protocol import Database, DatabaseError, Session
+from orchestrator.engine.interrupt import Interrupted
 from orchestrator.engine.step import StepError
 from orchestrator.plan.model import DatabaseEndpoint, Plan, SecretRef
 from orchestrator.retry import call_with_retry
@@ -191,6 +192,9 @@ class Runtime:
                     self.database.revive(conn, read_timeout)
                 else:
                     self.database.set_timeouts(conn, read_timeout)
+            except Interrupted:  # a signal (SIGTERM, SIGINT) is the run's to act on, not a dead spare
+                self.release(conn)
+                raise
             except Exception:  # gone since it was opened: the next one, or a new connection
                 self.release(conn)
                 continue

@@ -67,3 +67,29 @@ def test_a_defect_traceback_goes_to_the_run_log_only_without_frame_locals(tmp_pa
     # Without a run log yet, the traceback goes nowhere (never to the console).
     bare = subprocess.run([sys.executable, "-c", DEFECT_SCRIPT], capture_output=True, text=True, timeout=60)
     assert bare.returncode == 0 and bare.stdout == "" and bare.stderr == ""
+
+
+def test_a_signal_landing_while_a_record_is_written_reaches_the_engine() -> None:
+    """The engine's signal handler raises Interrupted wherever the main thread is: inside a log call, logging's own
+    handleError would print it and swallow it, and a run signalled inside its window would go on to the commit."""
+    import logging as std_logging
+
+    import pytest
+
+    from orchestrator.engine.interrupt import Interrupted
+    from orchestrator.output import logging as log_setup
+
+    class Signalled(std_logging.Handler):
+        def emit(self, record: std_logging.LogRecord) -> None:
+            raise Interrupted("interrupted by SIGTERM")
+
+    handler = Signalled()
+    log_setup._signals_pass(handler)
+    logger = std_logging.getLogger("migrate-test-signal")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        with pytest.raises(Interrupted):
+            logger.warning("a record")
+    finally:
+        logger.removeHandler(handler)

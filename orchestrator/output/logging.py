@@ -17,6 +17,7 @@ import structlog
 import structlog.tracebacks
 from rich.console import Console
 
+from orchestrator.engine.interrupt import Interrupted
 from orchestrator.output.console import (
     FILE_EVERY,
     PLAIN_EVERY,
@@ -27,6 +28,21 @@ from orchestrator.output.console import (
     flatten_progress,
 )
 from orchestrator.redaction import redact, redact_obj
+
+
+def _signals_pass(handler: logging.Handler) -> None:
+    """A signal that lands while a record is written (the engine raises Interrupted from its handler) goes on to the
+    engine: logging's own handleError would print it and swallow it, and the run would go on as if none came."""
+    swallow = handler.handleError
+
+    def handle_error(record: logging.LogRecord) -> None:
+        failure = sys.exc_info()[1]
+        if isinstance(failure, Interrupted):
+            raise failure
+        swallow(record)
+
+    handler.handleError = handle_error  # type: ignore[method-assign]  # this handler's own, not the class's
+
 
 _configured_file: logging.Handler | None = None
 _live: LiveConsoleHandler | None = None
@@ -79,6 +95,7 @@ def configure(*, verbose: bool = False, quiet: bool = False, output: str = "auto
     else:
         _live = None
         console = logging.StreamHandler(sys.stderr)
+    _signals_pass(console)
     console._migrate_console = True  # type: ignore[union-attr]  # a marker attribute: ours, found again by name
     console.setFormatter(
         structlog.stdlib.ProcessorFormatter(
@@ -142,6 +159,7 @@ def log_to_file(path: Path) -> None:
         _configured_file.close()
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
+    _signals_pass(handler)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=_shared_processors(),

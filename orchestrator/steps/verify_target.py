@@ -24,6 +24,7 @@ from typing import Any
 
 from orchestrator.contracts import Which, runtime
 from orchestrator.database.protocol import DatabaseError, PositionNotReached
+from orchestrator.engine.interrupt import Interrupted
 from orchestrator.engine.step import Step, StepContext
 from orchestrator.plan.model import FileTree, Plan
 from orchestrator.results import FilesResult, TreeFigures
@@ -225,6 +226,8 @@ class VerifyTarget(Step):
                     if not found[1]:
                         return found
                     ctx.log.warning("early_positions_failed", error="; ".join(found[1]))
+                except Interrupted:  # a signal is the run's to act on, not a failed read
+                    raise
                 except Exception as exc:  # read again below, as without it
                     ctx.log.warning("early_positions_failed", error=str(exc))
         if not final_text:
