@@ -248,6 +248,9 @@ class ReplSwitch(Step):
         if door is not None and door.commit_from == "source":
             ctx.log.info("repl.switch.stop_on_host", used=True, why="proxy.source.commit_from: source")
             return stop
+        if stop.local_cost <= 0:  # nothing of its own to weigh (PostgreSQL's stop is a host command anyway)
+            ctx.log.info("repl.switch.stop_on_host", used=True, why="no cost beside the round trip it saves")
+            return stop
         began = time.monotonic()
         rep.is_read_only(source)
         round_trip = time.monotonic() - began
