@@ -4,12 +4,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 SYSTEM_PACKAGES := openssh-server openssh-client rsync mariadb-server mariadb-client mariadb-backup inotify-tools haproxy chromium nocache nginx php8.2-fpm php8.2-mysql wordpress sudo postgresql postgresql-client socat
 
-.PHONY: test test-fast demo venv system-packages lint docs clean
+.PHONY: test test-fast test-latest lock demo venv system-packages lint docs clean
 
-$(BIN)/migrate: pyproject.toml
+# The virtualenv holds exactly the versions of requirements.lock, every file checked against its hash: a new
+# upstream release changes nothing here until `make lock` takes it in a reviewed commit. The two distributions of this
+# repository (the orchestrator, and the lab beside it) are installed editable on top, without dependencies of their own.
+$(BIN)/migrate: pyproject.toml lab/pyproject.toml requirements.lock
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --require-hashes --no-deps -r requirements.lock
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e . -e ./lab
+	$(BIN)/pip check
 	touch $@
 
 venv: $(BIN)/migrate
@@ -18,8 +23,8 @@ system-packages:
 	@./scripts/system-packages.sh $(SYSTEM_PACKAGES)
 
 lint: venv
-	$(BIN)/ruff check orchestrator tests bench scripts
-	$(BIN)/ruff format --check orchestrator tests bench scripts
+	$(BIN)/ruff check orchestrator lab tests bench scripts
+	$(BIN)/ruff format --check orchestrator lab tests bench scripts
 	$(BIN)/mypy
 
 # The documentation site (docs/ + the README as its home page + the plan reference generated from the JSON Schema),
@@ -44,8 +49,24 @@ test: venv system-packages lint docs
 test-fast: venv
 	$(BIN)/pytest -q -m "not lab" -n 2
 
+# Refreshes requirements.lock to the newest releases the ranges of pyproject.toml and lab/pyproject.toml allow (the
+# resolver runs in a throwaway virtualenv). Commit the result on its own, after `make test` passed on it.
+LOCK_TOOLS := $(shell mktemp -d -u /tmp/migrate-lock-tools.XXXXXXXX)
+lock:
+	$(PYTHON) -m venv $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/pip install -q 'uv>=0.13,<1'
+	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml lab/pyproject.toml requirements-build.in --extra test \
+		--generate-hashes --python-version 3.11 --no-emit-package migrate --no-emit-package migrate-lab \
+		--no-header --custom-compile-command "make lock" --upgrade -o requirements.lock
+	rm -rf $(LOCK_TOOLS)
+
+# The newest releases, on purpose: a throwaway virtualenv from the ranges alone (no lock), then the fast layer. Run
+# it before `make lock` and once a week: a breaking upstream release shows here before a user meets it.
+test-latest:
+	@scripts/test-latest.sh $(PYTHON)
+
 demo: venv system-packages
-	$(BIN)/python -m orchestrator.lab.demo $(if $(APP),--app $(APP)) $(if $(ENGINE),--engine $(ENGINE))
+	$(BIN)/python -m migrate_lab.demo $(if $(APP),--app $(APP)) $(if $(ENGINE),--engine $(ENGINE))
 
 clean:
 	-$(BIN)/migrate lab down

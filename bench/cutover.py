@@ -51,12 +51,12 @@ from typing import Any
 
 import pymysql
 
+from migrate_lab import haproxy, hosts, planfile, relay
+from migrate_lab import postgres as pglab
+from migrate_lab.load import REQUESTS_FILE
+from migrate_lab.state import HostState, LabState
 from orchestrator.database.mysql import replica, switch
 from orchestrator.database.pg import primitives as pg
-from orchestrator.lab import haproxy, hosts, planfile, relay
-from orchestrator.lab import postgres as pglab
-from orchestrator.lab.load import REQUESTS_FILE
-from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report.build import render_report
 from orchestrator.runtime import Runtime
@@ -150,7 +150,7 @@ def source_live(state: LabState) -> None:
 def load_running(state: LabState, out: Path, dns_ttl: float, rate: float):  # type: ignore[no-untyped-def]
     load = subprocess.Popen(
         [
-            sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path), "--duration", "3600",
+            sys.executable, "-m", "migrate_lab.load", "--lab", str(state.path), "--duration", "3600",
             "--rate", str(rate), "--clients", "4", "--dns-ttl", str(dns_ttl), "--upload-every", "5",
             "--out", str(out), "--http-timeout", str(HTTP_TIMEOUT),
         ],

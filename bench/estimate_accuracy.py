@@ -27,8 +27,8 @@ from typing import Any
 
 from cutover import MIGRATE, load_running, source_live
 
-from orchestrator.lab import hosts, planfile
-from orchestrator.lab.state import LabState
+from migrate_lab import hosts, planfile
+from migrate_lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.runtime import Runtime
 from orchestrator.services import estimates

@@ -33,9 +33,9 @@ from pathlib import Path
 import structlog
 from ruamel.yaml import YAML
 
+from migrate_lab import hosts
+from migrate_lab.state import LabState
 from orchestrator.engine.step import StepContext
-from orchestrator.lab import hosts
-from orchestrator.lab.state import LabState
 from orchestrator.plan.model import Plan
 from orchestrator.results import FilesResult
 from orchestrator.runtime import Runtime

@@ -35,10 +35,10 @@ from pathlib import Path
 
 from cutover import bench_work, lab_of_size, load_running, source_live
 
+from migrate_lab import planfile
+from migrate_lab.load import REQUESTS_FILE
+from migrate_lab.state import LabState
 from orchestrator.database.mysql import seed as mysql_seed
-from orchestrator.lab import planfile
-from orchestrator.lab.load import REQUESTS_FILE
-from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.runtime import Runtime
 from orchestrator.steps.repl_common import DB_PASSWORD_ENV, seed_spec

@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.lab import hosts
-from orchestrator.lab.state import LabState
-from orchestrator.lab.uploads_tree import file_path, write_tree
+from migrate_lab import hosts
+from migrate_lab.state import LabState
+from migrate_lab.uploads_tree import file_path, write_tree
 from orchestrator.plan.loader import load_plan
 from orchestrator.runtime import Runtime
 from orchestrator.services.tracking import ChangeTracker, final_pass_command, verify_listed_command

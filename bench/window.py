@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.lab import hosts
-from orchestrator.lab.load import main_load
-from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify
+from migrate_lab import hosts
+from migrate_lab.load import main_load
+from migrate_lab.state import LabState
+from migrate_lab.verify import main_verify
 
 MIGRATE = Path(sys.executable).with_name("migrate")
 DNS_TTL = 3.0

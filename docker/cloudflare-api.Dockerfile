@@ -1,10 +1,11 @@
-# The Cloudflare API double (orchestrator/lab/cfapi.py) serving the lab's zone.
+# The Cloudflare API double (lab/migrate_lab/cfapi.py) serving the lab's zone.
 FROM python:3.11-slim
 
 WORKDIR /opt/migrate
 COPY pyproject.toml README.md ./
 COPY orchestrator ./orchestrator
-RUN pip install --no-cache-dir .
+COPY lab ./lab
+RUN pip install --no-cache-dir . ./lab
 COPY docker/lab_host.py /opt/lab_host.py
 
 VOLUME ["/lab"]

@@ -17,7 +17,8 @@ RUN printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin
 WORKDIR /opt/migrate
 COPY pyproject.toml README.md ./
 COPY orchestrator ./orchestrator
-RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir .
+COPY lab ./lab
+RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir . ./lab
 ENV PATH=/opt/venv/bin:$PATH
 COPY docker/lab_host.py /opt/lab_host.py
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestrator.lab import binscripts, cfapi, hosts, mariadb, planfile, procs, sshd, wordpress
-from orchestrator.lab.state import STATE_FILE, HostState, LabState
+from migrate_lab import binscripts, cfapi, hosts, mariadb, planfile, procs, sshd, wordpress
+from migrate_lab.state import STATE_FILE, HostState, LabState
 
 LAB_DIR = Path("/lab")
 ADDRESSES = {"source": "172.30.0.2", "target": "172.30.0.3", "cloudflare-api": "172.30.0.4"}

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.lab import hosts
-from orchestrator.lab.state import LabState
+from migrate_lab import hosts
+from migrate_lab.state import LabState
 from tests.engine.world import Result, World, run_in_process
 
 LAB_DIR_ENV = "LAB_DIR"

@@ -11,8 +11,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from orchestrator.lab import hosts
-from orchestrator.lab.state import LabState
+from migrate_lab import hosts
+from migrate_lab.state import LabState
 
 
 @contextlib.contextmanager

@@ -20,8 +20,8 @@ from typing import Any
 import cloudflare
 import pytest
 
-from orchestrator.lab import cfapi
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab import cfapi
+from migrate_lab.state import HostState, LabState
 from orchestrator.transports.cloudflare import DnsClient, DnsError, DnsRecord
 
 ZONE = "course-review.test"

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import structlog
 
+from migrate_lab.state import LabState
 from orchestrator import secrets
 from orchestrator.database.mysql.session import Blocker, mask_query, summarize_blockers
 from orchestrator.engine.step import StepContext, StepError
-from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.report.build import build_report, render_report
 from orchestrator.runtime import Runtime

@@ -29,11 +29,11 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from migrate_lab import haproxy, planfile, procs
+from migrate_lab.load import ACKS_FILE
+from migrate_lab.state import HostState, LabState
+from migrate_lab.verify import main_verify, read_acks
 from orchestrator import exit_codes
-from orchestrator.lab import haproxy, planfile, procs
-from orchestrator.lab.load import ACKS_FILE
-from orchestrator.lab.state import HostState, LabState
-from orchestrator.lab.verify import main_verify, read_acks
 from orchestrator.transports.cloudflare import DnsClient
 
 pytestmark = pytest.mark.lab
@@ -536,7 +536,7 @@ def start_load(
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
-            sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path),
+            sys.executable, "-m", "migrate_lab.load", "--lab", str(state.path),
             "--duration", str(duration), "--rate", "20", "--clients", "4", "--dns-ttl", str(DNS_TTL),
             "--upload-every", "5", "--overwrite-every", str(overwrite_every), "--delete-every", str(delete_every),
             "--out", str(load_dir),

@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
+from migrate_lab.state import LabState
+from migrate_lab.verify import main_verify
 from orchestrator import exit_codes
-from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify
 from orchestrator.window import journaled_intervals
 from tests.test_e2e import (
     MIGRATE,

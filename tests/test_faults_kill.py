@@ -25,9 +25,9 @@ from typing import Any
 import pymysql
 import pytest
 
+from migrate_lab.state import LabState
+from migrate_lab.verify import main_verify
 from orchestrator import exit_codes
-from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify
 from orchestrator.services import guard, owned
 from tests.test_e2e import (
     MIGRATE,

@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
+from migrate_lab import fleet as lab_fleet
+from migrate_lab.state import LabState
+from migrate_lab.verify import main_verify
 from orchestrator import exit_codes
 from orchestrator.engine.journal import RunStatus
 from orchestrator.engine.lock import is_locked
 from orchestrator.fleet.loader import load_fleet
 from orchestrator.fleet.planrun import journal_state
-from orchestrator.lab import fleet as lab_fleet
-from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify
 from orchestrator.report.html import read_journal
 from tests.conftest import MIGRATE
 from tests.test_e2e import DNS_TTL, assert_source_serves_and_dns_unchanged, restore_source_live
@@ -98,7 +98,7 @@ def start_loads(states: list[LabState], base: Path) -> list[tuple[subprocess.Pop
     for state in states:
         out = base / f"load-{state.path.name}"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path), "--duration", "900",
+            [sys.executable, "-m", "migrate_lab.load", "--lab", str(state.path), "--duration", "900",
              "--rate", "4", "--clients", "2", "--dns-ttl", str(DNS_TTL), "--upload-every", "5", "--out", str(out)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
         )  # fmt: skip

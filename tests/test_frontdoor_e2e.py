@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from migrate_lab import haproxy
+from migrate_lab.load import REQUESTS_FILE, read_requests
+from migrate_lab.state import LabState
+from migrate_lab.verify import VerifyReport, main_verify
 from orchestrator import exit_codes
-from orchestrator.lab import haproxy
-from orchestrator.lab.load import REQUESTS_FILE, read_requests
-from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import VerifyReport, main_verify
 from orchestrator.services.frontdoor import SOURCE_HOLD
 from tests.test_e2e import (
     MIGRATE,
@@ -99,7 +99,7 @@ def saved(journal: Path, key: str) -> list[Any]:
 def start_load(state: LabState, load_dir: Path, journal: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
-            sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path),
+            sys.executable, "-m", "migrate_lab.load", "--lab", str(state.path),
             "--duration", "300", "--rate", "20", "--clients", "4", "--dns-ttl", str(CLIENT_DNS_CACHE),
             "--upload-every", "5", "--out", str(load_dir), "--journal", str(journal),
             "--http-timeout", str(CLIENT_HTTP_TIMEOUT),
@@ -415,8 +415,8 @@ def test_haproxy_restarted_mid_window_is_detected_and_rolled_back(door_lab: LabS
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     restart = (
-        "import sys; from pathlib import Path; from orchestrator.lab import haproxy; "
-        "from orchestrator.lab.state import LabState; h = LabState.load(Path(sys.argv[1])).source; "
+        "import sys; from pathlib import Path; from migrate_lab import haproxy; "
+        "from migrate_lab.state import LabState; h = LabState.load(Path(sys.argv[1])).source; "
         "haproxy.stop(h); haproxy.start(h)"
     )
     hook = hooks / "before-step"

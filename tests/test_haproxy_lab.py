@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from orchestrator.lab import haproxy, hosts, procs
-from orchestrator.lab.mariadb import run_sql
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab import haproxy, hosts, procs
+from migrate_lab.mariadb import run_sql
+from migrate_lab.state import HostState, LabState
 from orchestrator.plan.model import Host, Retry
 from orchestrator.transports.haproxy import AdminSocketUnreachable, FrontDoor, over_ssh
 from orchestrator.transports.ssh import SshHost

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from orchestrator.lab.load import (
+from migrate_lab.load import (
     HTTP_TIMEOUT,
     LoadStats,
     cause_of,

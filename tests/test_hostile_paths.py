@@ -23,7 +23,7 @@ import pytest
 from pydantic import ValidationError
 from ruamel.yaml import YAML
 
-from orchestrator.lab.state import LabState
+from migrate_lab.state import LabState
 from orchestrator.plan.model import Plan
 from orchestrator.runtime import Runtime
 from orchestrator.transports import rsync

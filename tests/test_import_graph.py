@@ -163,12 +163,12 @@ DRIVERS = {
     "pymysql": ("orchestrator.database.mariadb", "orchestrator.database.mysql"),
     "psycopg": ("orchestrator.database.postgresql", "orchestrator.database.pg"),
 }
-LAB = "orchestrator.lab"
+LAB = "migrate_lab"
 
 
-def driver_importers(root: Path = ROOT) -> dict[str, set[str]]:
-    """Each driver's importing modules, wherever in the file the import is."""
-    found: dict[str, set[str]] = {driver: set() for driver in DRIVERS}
+def importers_of(packages: set[str], root: Path = ROOT) -> dict[str, set[str]]:
+    """The modules importing each of `packages` (top-level names), wherever in the file the import is."""
+    found: dict[str, set[str]] = {package: set() for package in packages}
     for module, path in module_files(root).items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
@@ -179,6 +179,10 @@ def driver_importers(root: Path = ROOT) -> dict[str, set[str]]:
                 if top in found:
                     found[top].add(module)
     return found
+
+
+def driver_importers(root: Path = ROOT) -> dict[str, set[str]]:
+    return importers_of(set(DRIVERS), root)
 
 
 def _within(module: str, owners: tuple[str, ...]) -> bool:
@@ -227,3 +231,12 @@ def test_every_folder_of_the_package_is_a_package() -> None:
     folders = [p for p in ROOT.rglob("*") if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))]
     missing = sorted(str(p.relative_to(ROOT.parent)) for p in folders if not (p / "__init__.py").exists())
     assert missing == []
+
+
+# The lab is a distribution of its own (lab/): the product imports it in one place only, where `migrate lab` is
+# mounted when it is installed, so `pip install migrate` runs without it.
+LAB_MOUNT = "orchestrator.cli.root"
+
+
+def test_the_product_imports_the_lab_only_where_it_is_mounted() -> None:
+    assert importers_of({LAB})[LAB] == {LAB_MOUNT}

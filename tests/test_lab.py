@@ -18,9 +18,9 @@ import pytest
 import typer
 from ruamel.yaml import YAML
 
-from orchestrator.lab import cli, hosts, planfile, procs, relay, setup, sshd
-from orchestrator.lab.mariadb import SCHEMA_SQL, run_sql
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab import cli, hosts, planfile, procs, relay, setup, sshd
+from migrate_lab.mariadb import SCHEMA_SQL, run_sql
+from migrate_lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from tests.engine.world import Result
 
@@ -268,7 +268,7 @@ def test_up_on_a_running_lab_keeps_everything(own_lab: LabState) -> None:
 def test_status_and_cli(own_lab: LabState) -> None:
     relay.set_distance(own_lab, 5, 5)
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.lab.cli", "status", "--dir", own_lab.dir],
+        [sys.executable, "-m", "migrate_lab.cli", "status", "--dir", own_lab.dir],
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.lab import load as load_mod
-from orchestrator.lab import verify as verify_mod
-from orchestrator.lab.app import db_connect, review_digest
-from orchestrator.lab.load import ACKS_FILE, STATS_FILE, LoadStats, Recorder, Resolver, dns_record_name, main_load
-from orchestrator.lab.state import HostState, LabState
-from orchestrator.lab.verify import VerifyReport, compare_trees, compare_uploads, main_verify, read_acks, render
+from migrate_lab import load as load_mod
+from migrate_lab import verify as verify_mod
+from migrate_lab.app import db_connect, review_digest
+from migrate_lab.load import ACKS_FILE, STATS_FILE, LoadStats, Recorder, Resolver, dns_record_name, main_load
+from migrate_lab.state import HostState, LabState
+from migrate_lab.verify import VerifyReport, compare_trees, compare_uploads, main_verify, read_acks, render
 
 # How long a test waits for something the lab is expected to do: generous, for a loaded 2-core machine. Only a
 # hang reaches it; a test never waits longer than its condition needs.
@@ -375,7 +375,7 @@ def test_load_then_verify_passes_and_catches_every_loss(lab: LabState, tmp_path:
         report = main_verify(lab, host="source", load_dir=out)
         assert (report.reviews_lost, report.ok, report.exit_code) == (1, False, verify_mod.EXIT_LOST)
         assert review_ack["id"] in report.lost
-        cli = [sys.executable, "-m", "orchestrator.lab.verify", "--lab", lab.dir, "--host", "source",
+        cli = [sys.executable, "-m", "migrate_lab.verify", "--lab", lab.dir, "--host", "source",
                "--load-dir", str(out)]  # fmt: skip
         proc = subprocess.run(cli, capture_output=True, text=True, timeout=60, check=False)
         assert proc.returncode == verify_mod.EXIT_LOST, proc.stdout + proc.stderr
@@ -457,7 +457,7 @@ def test_clients_follow_the_dns_record_and_retry_where_it_points(lab: LabState, 
 @pytest.mark.lab
 def test_load_subprocess_stops_cleanly_on_sigterm(lab: LabState, tmp_path: Path) -> None:
     out = tmp_path / "load"
-    argv = [sys.executable, "-m", "orchestrator.lab.load", "--lab", lab.dir, "--duration", "60", "--rate", "20",
+    argv = [sys.executable, "-m", "migrate_lab.load", "--lab", lab.dir, "--duration", "60", "--rate", "20",
             "--clients", "2", "--dns-ttl", "1", "--upload-every", "3", "--out", str(out)]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -21,12 +21,12 @@ import cloudflare
 import pytest
 import structlog
 
+from migrate_lab import cfapi
+from migrate_lab.state import HostState, LabState
 from orchestrator.engine.hooks import HookRunner
 from orchestrator.engine.journal import Journal, StepState
 from orchestrator.engine.machine import Engine, EngineConfig, Outcome
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.lab import cfapi
-from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import Plan, Retry
 from orchestrator.runtime import Runtime

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from migrate_lab import hosts
 from orchestrator.database.pg import primitives as pg
-from orchestrator.lab import hosts
 
 CONTROLDATA = """pg_control version number:            1300
 Catalog version number:               202209061

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from migrate_lab.state import LabState
+from migrate_lab.verify import main_verify
 from orchestrator import exit_codes
 from orchestrator.database.pg import primitives as pg
-from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify
 from tests.pglab import postgres_lab
 from tests.test_e2e import a_review, dns_contents, http, outcome, wait_for_load_acks_on
 from tests.test_frontdoor_e2e import journal_of, no_failed_requests, start_load, stop_load, wait_for

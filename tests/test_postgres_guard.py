@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from migrate_lab.state import LabState
+from migrate_lab.verify import main_verify
 from orchestrator import exit_codes
-from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify
 from orchestrator.services import guard
 from tests.pglab import postgres_lab
 from tests.test_e2e import migrate_apply, outcome, wait_for_load_acks_on

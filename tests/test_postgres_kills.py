@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from migrate_lab.state import LabState
 from orchestrator import exit_codes
-from orchestrator.lab.state import LabState
 from tests.pglab import postgres_lab
 from tests.test_e2e import dns_contents, migrate_apply, outcome, wait_for_load_acks_on
 from tests.test_frontdoor_e2e import stop_load

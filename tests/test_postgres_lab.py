@@ -22,13 +22,13 @@ import psycopg
 import pytest
 from ruamel.yaml import YAML
 
+from migrate_lab import hosts, load, procs, verify
+from migrate_lab import postgres as pglab
+from migrate_lab.state import HostState, LabState
 from orchestrator.database.mysql import seed
 from orchestrator.database.pg import primitives as pg
 from orchestrator.database.pg.replication import PgReplication
 from orchestrator.database.postgresql import PostgreSql
-from orchestrator.lab import hosts, load, procs, verify
-from orchestrator.lab import postgres as pglab
-from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
 from orchestrator.transports.rsync import target_ssh_command
 from orchestrator.transports.ssh import SshHost

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from migrate_lab.load import ACKS_FILE
+from migrate_lab.state import LabState
+from migrate_lab.verify import main_verify, read_acks
 from orchestrator import exit_codes
-from orchestrator.lab.load import ACKS_FILE
-from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify, read_acks
 from tests.pglab import postgres_lab
 
 pytestmark = pytest.mark.lab
@@ -96,7 +96,7 @@ def test_a_failed_run_lets_the_roles_in_again_then_a_run_under_load_loses_no_ack
     assert status == 201, f"the source refused a write after the rollback: {status} {body[:200]!r}"
     load_dir = state.path / "load"
     load = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path), "--duration", "300",
+        [sys.executable, "-m", "migrate_lab.load", "--lab", str(state.path), "--duration", "300",
          "--rate", "20", "--clients", "4", "--dns-ttl", str(DNS_TTL), "--upload-every", "5", "--out", str(load_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.lab import hosts, planfile
-from orchestrator.lab import postgres as pglab
+from migrate_lab import hosts, planfile
+from migrate_lab import postgres as pglab
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import static_mode
 

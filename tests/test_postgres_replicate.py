@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from migrate_lab.state import LabState
+from migrate_lab.verify import main_verify
 from orchestrator import exit_codes
 from orchestrator.database.pg import primitives as pg
-from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify
 from tests.pglab import postgres_lab
 from tests.test_e2e import (
     PLAN_NAMES,

@@ -140,8 +140,8 @@ def test_both_engines_hand_out_their_replication_and_positions_round_trip_throug
 
 
 def test_the_dry_run_of_a_postgresql_replicate_plan_says_what_postgresql_does(tmp_path: Path) -> None:
-    from orchestrator.lab import hosts, planfile
-    from orchestrator.lab import postgres as pglab
+    from migrate_lab import hosts, planfile
+    from migrate_lab import postgres as pglab
     from orchestrator.run.commands import describe
 
     state = hosts.new_state(tmp_path, hosts.SOURCE_ADDRESS, hosts.TARGET_ADDRESS, default_ports=False)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from migrate_lab.state import LabState
 from orchestrator import exit_codes
-from orchestrator.lab.state import LabState
 from orchestrator.output.console import ConsoleFilter
 from orchestrator.output.progress import TRANSFER_EVENT, EtaEstimator, TransferProgress
 from tests.test_e2e import (

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.lab import hosts, procs, relay
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab import hosts, procs, relay
+from migrate_lab.state import HostState, LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.runtime import Runtime
 from orchestrator.transports import rsync

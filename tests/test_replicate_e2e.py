@@ -36,11 +36,11 @@ import pymysql
 import pytest
 from ruamel.yaml import YAML
 
+from migrate_lab.state import HostState, LabState
+from migrate_lab.verify import main_verify
 from orchestrator import exit_codes
 from orchestrator.database.mysql import gtid, replica
 from orchestrator.database.mysql import switch as mysql_switch
-from orchestrator.lab.state import HostState, LabState
-from orchestrator.lab.verify import main_verify
 from orchestrator.services import owned
 from orchestrator.services.frontdoor import SOURCE_HOLD
 from tests.test_e2e import (

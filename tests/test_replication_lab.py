@@ -25,10 +25,10 @@ import pymysql
 import pytest
 from ruamel.yaml import YAML
 
+from migrate_lab import procs
+from migrate_lab.state import HostState, LabState
 from orchestrator.database.mysql import compare, gtid, replica, switch
 from orchestrator.database.mysql import seed as mysql_seed
-from orchestrator.lab import procs
-from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
 from orchestrator.secrets import redact
 from orchestrator.transports.rsync import target_ssh_command

@@ -303,13 +303,13 @@ def test_page_of_a_lab_run_under_load(lab: Any, tmp_path: Path) -> None:
     import signal
     import sys
 
-    from orchestrator.lab.verify import main_verify
+    from migrate_lab.verify import main_verify
     from tests.test_e2e import migrate_apply, outcome, plan_copy, plan_name, restore_source_live
 
     restore_source_live(lab)
     load_dir = tmp_path / "load"
     load = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.lab.load", "--lab", str(lab.path), "--duration", "60", "--rate", "10",
+        [sys.executable, "-m", "migrate_lab.load", "--lab", str(lab.path), "--duration", "60", "--rate", "10",
          "--clients", "2", "--dns-ttl", "1", "--out", str(load_dir)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

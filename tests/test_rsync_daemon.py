@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from orchestrator.lab.state import LabState
+from migrate_lab.state import LabState
 from orchestrator.plan.model import Plan
 from orchestrator.runtime import Runtime
 from orchestrator.services.tracking import final_pass_command, verify_listed_command

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
+from migrate_lab import hosts
+from migrate_lab.state import LabState
+from migrate_lab.verify import main_verify
 from orchestrator import exit_codes
-from orchestrator.lab import hosts
-from orchestrator.lab.state import LabState
-from orchestrator.lab.verify import main_verify
 from tests.test_e2e import (
     deleted_uploads,
     dns_contents,

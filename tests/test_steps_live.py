@@ -16,10 +16,10 @@ import pytest
 import structlog
 from ruamel.yaml import YAML
 
+from migrate_lab import mariadb
+from migrate_lab.state import HostState, LabState
 from orchestrator.database.mysql import session as mysql
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.lab import mariadb
-from orchestrator.lab.state import HostState, LabState
 from orchestrator.plan.model import FileTree, Plan, PresyncRounds
 from orchestrator.runtime import Runtime
 from orchestrator.services import audit

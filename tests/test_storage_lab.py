@@ -17,8 +17,8 @@ import pytest
 import structlog
 from ruamel.yaml import YAML
 
+from migrate_lab.state import LabState
 from orchestrator.engine.step import StepContext
-from orchestrator.lab.state import LabState
 from orchestrator.plan.model import Plan, Preflight
 from orchestrator.runtime import Runtime
 from orchestrator.steps.preflight import Preflight as PreflightStep

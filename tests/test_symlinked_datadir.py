@@ -21,9 +21,9 @@ from pathlib import Path
 import pymysql
 import pytest
 
+from migrate_lab import binscripts
+from migrate_lab.state import HostState, LabState
 from orchestrator import exit_codes
-from orchestrator.lab import binscripts
-from orchestrator.lab.state import HostState, LabState
 from tests.test_e2e import migrate_apply, outcome, plan_copy, run_bin
 from tests.test_replicate_e2e import TIMEOUT, connect, replicate_plan, restore
 

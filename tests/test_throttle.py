@@ -22,9 +22,9 @@ import pytest
 import structlog
 from ruamel.yaml import YAML
 
+from migrate_lab.state import LabState
 from orchestrator.database.mysql import seed as mysql_seed
 from orchestrator.engine.step import StepContext
-from orchestrator.lab.state import LabState
 from orchestrator.plan.model import Plan
 from orchestrator.results import DbPresyncResult, FilesResult
 from orchestrator.runtime import Runtime

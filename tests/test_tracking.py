@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.lab.uploads_tree import TREE_SEED, file_path, write_tree
+from migrate_lab.uploads_tree import TREE_SEED, file_path, write_tree
 from orchestrator.services import tracking
 from orchestrator.services.tracking import (
     changed_paths,

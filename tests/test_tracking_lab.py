@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from orchestrator.lab.load import ACKS_FILE, main_load
-from orchestrator.lab.state import LabState
-from orchestrator.lab.uploads_tree import file_path, write_tree
-from orchestrator.lab.verify import main_verify, read_acks
+from migrate_lab.load import ACKS_FILE, main_load
+from migrate_lab.state import LabState
+from migrate_lab.uploads_tree import file_path, write_tree
+from migrate_lab.verify import main_verify, read_acks
 from orchestrator.plan.model import Plan
 from orchestrator.runtime import Runtime
 from orchestrator.services.tracking import ChangeTracker, TrackingError, final_pass_command, verify_listed_command

@@ -18,8 +18,8 @@ import pytest
 import structlog
 from ruamel.yaml import YAML
 
+from migrate_lab.state import LabState
 from orchestrator.database.mysql import session as mysql
-from orchestrator.lab.state import LabState
 from orchestrator.plan.model import Host, Plan, Retry
 from orchestrator.retry import call_with_retry
 from orchestrator.runtime import Runtime

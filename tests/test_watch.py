@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from migrate_lab.state import LabState
 from orchestrator import exit_codes
 from orchestrator.engine.journal import replay
-from orchestrator.lab.state import LabState
 from orchestrator.output.progress import TRANSFER_EVENT, phase_of, ttl_wait_until
 from orchestrator.run.results import StatusReport
 from orchestrator.run.watch import LogTail, outcome_code

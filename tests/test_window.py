@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import structlog
 
+from migrate_lab.state import LabState
 from orchestrator.database.mysql import session as mysql
 from orchestrator.database.mysql.session import FILE_VARIABLES, mask_query
 from orchestrator.engine.step import Step, StepContext, StepError
-from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.plan.model import CommandCheck, FileTree, HealthChecks, Plan
 from orchestrator.runtime import Runtime

@@ -26,12 +26,12 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from migrate_lab import bastion, hosts, operator, planfile, sshd, wordpress
+from migrate_lab.app import db_connect
+from migrate_lab.state import HostState, LabState
+from migrate_lab.verify import read_acks
+from migrate_lab.wp_verify import WpVerifyReport, main_verify
 from orchestrator import exit_codes
-from orchestrator.lab import bastion, hosts, operator, planfile, sshd, wordpress
-from orchestrator.lab.app import db_connect
-from orchestrator.lab.state import HostState, LabState
-from orchestrator.lab.verify import read_acks
-from orchestrator.lab.wp_verify import WpVerifyReport, main_verify
 from tests.test_e2e import dns_contents, migrate_apply, outcome, plan_name, run_report, wait_for_load_acks_on
 from tests.test_frontdoor_e2e import CLIENT_HTTP_TIMEOUT, no_failed_requests, one_clear_line
 
@@ -61,7 +61,7 @@ def wp_lab() -> Iterator[LabState]:
 def start_load(state: LabState, load_dir: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
-            sys.executable, "-m", "orchestrator.lab.load", "--lab", str(state.path), "--duration", "400",
+            sys.executable, "-m", "migrate_lab.load", "--lab", str(state.path), "--duration", "400",
             "--rate", "8", "--clients", "3", "--dns-ttl", str(CLIENT_DNS_CACHE), "--upload-every", "2",
             "--out", str(load_dir), "--http-timeout", str(CLIENT_HTTP_TIMEOUT),
         ],

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
+from migrate_lab import hosts, planfile, wordpress
+from migrate_lab.state import LabState
 from orchestrator.database.mysql import seed
-from orchestrator.lab import hosts, planfile, wordpress
-from orchestrator.lab.state import LabState
 from orchestrator.plan.loader import load_plan
 from orchestrator.transports import rsync, ssh
 from tests.engine.world import Result

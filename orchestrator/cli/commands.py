@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from orchestrator import exit_codes, run
-from orchestrator.cli import render
+from orchestrator.cli import render, root
 from orchestrator.cli.support import (
     EnvFileOpt,
     Exit,
@@ -39,7 +39,10 @@ from orchestrator.run.watch import watch as watch_run
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="Move a web service (files + MySQL/MariaDB + Cloudflare DNS) to a new server with seconds of downtime.",
+    help=(
+        "Move a web service (uploaded files, a MariaDB/MySQL or PostgreSQL database, its Cloudflare name) to new"
+        " servers with writes paused for a fraction of a second and nothing lost: validate, rehearse, apply."
+    ),
     pretty_exceptions_enable=False,
 )
 
@@ -232,15 +235,7 @@ def rehearse(
         out.print(redact(line), markup=False)
 
 
-def _mount_lab() -> None:
-    try:
-        from orchestrator.lab.cli import lab_app
-    except ImportError:
-        return
-    app.add_typer(lab_app, name="lab", help="the local lab: two servers, a Cloudflare double, a live service")
-
-
-_mount_lab()
+root.mount(app)
 from orchestrator.fleet.cli import fleet_app, worker  # noqa: E402 (the fleet's commands, in their own module)
 
 app.add_typer(fleet_app, name="fleet", help="many plans in waves: embedded, or on Temporal with --temporal")

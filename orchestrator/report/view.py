@@ -188,7 +188,7 @@ def read_run(report: dict[str, Any], events: Records | None = None, verify: dict
 
 
 def read_clients(verify: dict[str, Any] | None) -> ClientsView | None:
-    """The clients' view from a `migrate lab verify --json` report (orchestrator.lab.verify.VerifyReport)."""
+    """The clients' view from a `migrate lab verify --json` report (migrate_lab.verify.VerifyReport)."""
     if not verify:
         return None
     lost = verify.get("acknowledged_lost")

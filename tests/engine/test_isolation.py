@@ -16,7 +16,7 @@ FORBIDDEN = (
     "orchestrator.transports",
     "orchestrator.runtime",
     "orchestrator.report.build",
-    "orchestrator.lab",
+    "migrate_lab",
     "pymysql",
     "asyncssh",
     "cloudflare",

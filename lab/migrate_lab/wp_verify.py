@@ -18,11 +18,11 @@ from typing import Any
 
 import pymysql
 
-from orchestrator.lab import verify
-from orchestrator.lab.app import db_connect
-from orchestrator.lab.load import ACKS_FILE, REQUESTS_FILE, STATS_FILE
-from orchestrator.lab.state import LabState
-from orchestrator.lab.wordpress import TABLE_PREFIX
+from migrate_lab import verify
+from migrate_lab.app import db_connect
+from migrate_lab.load import ACKS_FILE, REQUESTS_FILE, STATS_FILE
+from migrate_lab.state import LabState
+from migrate_lab.wordpress import TABLE_PREFIX
 
 KINDS = ("post", "comment", "media")
 

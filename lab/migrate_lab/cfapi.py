@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:
-    from orchestrator.lab.state import LabState
+    from migrate_lab.state import LabState
 
 API_PREFIX = "/client/v4"
 CONTROL_PREFIX = "/__lab"
@@ -75,7 +75,7 @@ TOKEN_FILE = "token"
 PID_FILE = "cfapi.pid"
 LOG_FILE = "cfapi.log"
 TOKEN_ENV = "CLOUDFLARE_API_TOKEN"
-MODULE = "orchestrator.lab.cfapi"
+MODULE = "migrate_lab.cfapi"
 
 RECORD_TYPES = {
     "A", "AAAA", "CAA", "CERT", "CNAME", "DNSKEY", "DS", "HTTPS", "LOC", "MX", "NAPTR", "NS", "OPENPGPKEY",

@@ -13,9 +13,9 @@ from pathlib import Path
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from orchestrator.lab import bastion, haproxy, operator, wordpress
-from orchestrator.lab import postgres as pglab
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab import bastion, haproxy, operator, wordpress
+from migrate_lab import postgres as pglab
+from migrate_lab.state import HostState, LabState
 from orchestrator.plan.model import Plan
 
 PLAN_NAME = "course-review-lab"

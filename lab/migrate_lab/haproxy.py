@@ -34,8 +34,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from orchestrator.lab import procs
-from orchestrator.lab.state import HostState
+from migrate_lab import procs
+from migrate_lab.state import HostState
 from orchestrator.transports.haproxy import HOLD_KEY, HOLD_WRITES_KEY, FrontDoor, HaproxyError, hold_lua, unix_socket
 
 FRONTEND = "app_front"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
-from orchestrator.lab import hosts, planfile
-from orchestrator.lab.state import LabState
+from migrate_lab import hosts, planfile
+from migrate_lab.state import LabState
 
 
 def say(text: str) -> None:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         [
             sys.executable,
             "-m",
-            "orchestrator.lab.load",
+            "migrate_lab.load",
             "--lab",
             str(lab_dir),
             "--duration",
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         [
             sys.executable,
             "-m",
-            "orchestrator.lab.verify",
+            "migrate_lab.verify",
             "--lab",
             str(lab_dir),
             "--json",

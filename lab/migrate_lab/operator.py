@@ -21,7 +21,7 @@ import pwd
 import subprocess
 from pathlib import Path
 
-from orchestrator.lab.state import LabState
+from migrate_lab.state import LabState
 
 SUDOERS_DIR = Path("/etc/sudoers.d")
 ROOT_COMMANDS = ("/usr/bin/sh", "/usr/bin/rsync")

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab.state import HostState, LabState
 
 if TYPE_CHECKING:
     from orchestrator.database.pg.primitives import Cluster
@@ -206,7 +206,7 @@ def init_cluster(state: LabState, host: HostState) -> bool:
 
 def pid(host: HostState) -> int | None:
     """The postmaster's pid when it runs on this host's data directory."""
-    from orchestrator.lab import procs
+    from migrate_lab import procs
 
     pid_file = data_dir(host) / "postmaster.pid"
     try:
@@ -288,7 +288,7 @@ def provision(state: LabState, secrets: dict[str, str]) -> None:
 
 def fill_reviews(state: LabState, db_size_mb: int) -> int:
     """Seed rows up to about db_size_mb, in batches (one transaction each: a crash leaves a prefix)."""
-    from orchestrator.lab.mariadb import SEED_BATCH_ROWS, SEED_ID_PREFIX, seed_rows_for
+    from migrate_lab.mariadb import SEED_BATCH_ROWS, SEED_ID_PREFIX, seed_rows_for
 
     host = state.source
     wanted = seed_rows_for(db_size_mb)

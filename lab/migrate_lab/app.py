@@ -1,6 +1,6 @@
 """The lab's demo application, "course reviews": a small HTTP service on one lab host, backed by its MariaDB.
 
-    python -m orchestrator.lab.app --lab DIR --host source|target
+    python -m migrate_lab.app --lab DIR --host source|target
 
 It serves on HostState.address:app_listen_port (behind the host's front door, HAProxy on app_port) and talks to
 the host's MariaDB through its unix socket as the `app` user (one connection per request: a socket connect is
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from orchestrator.lab import appdb
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab import appdb
+from migrate_lab.state import HostState, LabState
 
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024
 MAX_JSON_BYTES = 1024 * 1024
@@ -60,7 +60,7 @@ def review_digest(author: str, course: str, rating: int, body: str) -> str:
 
 def db_connect(state: LabState, host: HostState, password: str) -> Any:
     """A connection to the host's database through its unix socket, as the app user, with bounded timeouts (the
-    lab's engine's: orchestrator/lab/appdb.py)."""
+    lab's engine's: lab/migrate_lab/appdb.py)."""
     return appdb.for_state(state).connect(state, host, password)
 
 
@@ -481,7 +481,7 @@ def serve(state: LabState, host_name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.lab.app", description="The lab's demo app.")
+    parser = argparse.ArgumentParser(prog="python -m migrate_lab.app", description="The lab's demo app.")
     parser.add_argument("--lab", default=".lab", help="the lab directory (default: .lab)")
     parser.add_argument("--host", choices=["source", "target"], required=True)
     args = parser.parse_args(argv)

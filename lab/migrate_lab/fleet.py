@@ -1,14 +1,14 @@
 """A fleet lab: N small lab services side by side under one directory, and the fleet file that moves them.
 
-Each service is a whole lab (orchestrator/lab/hosts.py: its own source and target hosts with sshd, MariaDB, the app
+Each service is a whole lab (lab/migrate_lab/hosts.py: its own source and target hosts with sshd, MariaDB, the app
 behind HAProxy, a Cloudflare double) in `<dir>/svc-<i>`, on its own loopback addresses (127.0.<i>.2 → 127.0.<i>.3)
 and random free ports. Every service's source reads from one named storage, `shared-nfs`, so the fleet's
 `limits.per_storage` is what bounds how many pre-syncs run at once — the situation of a provider moving every
 service off one NFS server.
 
-    python -m orchestrator.lab.fleet up DIR [--services 4] [--max-parallel 2]
+    python -m migrate_lab.fleet up DIR [--services 4] [--max-parallel 2]
     migrate fleet apply DIR/fleet.yaml --yes
-    python -m orchestrator.lab.fleet down DIR
+    python -m migrate_lab.fleet down DIR
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
-from orchestrator.lab import hosts, planfile
-from orchestrator.lab.state import LabState
+from migrate_lab import hosts, planfile
+from migrate_lab.state import LabState
 
 STORAGE = "shared-nfs"
 FLEET_FILE = "fleet.yaml"
@@ -108,7 +108,7 @@ def down(fleet_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.lab.fleet", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m migrate_lab.fleet", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("up", "down"))
     parser.add_argument("dir", type=Path)
     parser.add_argument("--services", type=int, default=4)

@@ -21,9 +21,9 @@ import secrets
 import time
 from typing import Any
 
-from orchestrator.lab import load, wordpress
-from orchestrator.lab.load import RETRY_DELAY, RETRYABLE_CLIENT_ERRORS, Answer
-from orchestrator.lab.state import LabState
+from migrate_lab import load, wordpress
+from migrate_lab.load import RETRY_DELAY, RETRYABLE_CLIENT_ERRORS, Answer
+from migrate_lab.state import LabState
 
 API = "/wp-json/wp/v2"
 UPLOADS_PREFIX = "/wp-content/uploads/"
@@ -227,7 +227,7 @@ class WpClient(load.Client):
 
 
 def clients(state: LabState) -> tuple[type[WpClient], dict[str, Any]]:
-    """The lab's load clients for a WordPress lab (orchestrator/lab/load.py looks this module up by the lab's app)."""
+    """The lab's load clients for a WordPress lab (lab/migrate_lab/load.py looks this module up by the lab's app)."""
     return WpClient, client_options(state)
 
 

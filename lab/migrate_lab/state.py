@@ -23,8 +23,8 @@ ENV_FILE = "lab.env"
 # The modules of the lab's apps other than the demo app, by `app`: their load clients (`clients(state)` → the client
 # class and its options) and their verify (`main_verify`, `render`). Looked up by name, as steps are: the generic
 # load and verify build on nothing of theirs, and they build on the generic ones.
-APP_LOAD_MODULES = {"wordpress": "orchestrator.lab.wp_load"}
-APP_VERIFY_MODULES = {"wordpress": "orchestrator.lab.wp_verify"}
+APP_LOAD_MODULES = {"wordpress": "migrate_lab.wp_load"}
+APP_VERIFY_MODULES = {"wordpress": "migrate_lab.wp_verify"}
 
 
 @dataclass
@@ -156,7 +156,7 @@ class LabState:
     app_password_env: str = "LAB_APP_DB_PASSWORD"
     repl_password_env: str = "MIGRATE_REPL_PASSWORD"
     # The distance between the orchestrator and the lab (one way, milliseconds; 0: direct): to the hosts, and to
-    # the Cloudflare double. The latency relay adds it (orchestrator/lab/relay.py); the plan points through it.
+    # the Cloudflare double. The latency relay adds it (lab/migrate_lab/relay.py); the plan points through it.
     latency_ms: float = 0.0
     api_latency_ms: float = 0.0
     relay_api_port: int = 0  # where the relay takes the orchestrator's API calls to the double
@@ -175,7 +175,7 @@ class LabState:
 
     # What serves on the hosts: "demo" (the lab's Python app) or "wordpress" (nginx + php-fpm + WordPress).
     app: str = "demo"
-    # The database engine of both hosts: "mariadb" or "postgresql" (orchestrator/lab/postgres.py); db_port is its.
+    # The database engine of both hosts: "mariadb" or "postgresql" (lab/migrate_lab/postgres.py); db_port is its.
     engine: str = "mariadb"
     # The bastion's address when `lab up --bastion` made one (the plan's hosts are reached through it), else "".
     bastion_address: str = ""

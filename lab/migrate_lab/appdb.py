@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pymysql
 import pymysql.cursors
 
-from orchestrator.lab import postgres as pglab
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab import postgres as pglab
+from migrate_lab.state import HostState, LabState
 
 if TYPE_CHECKING:
     import psycopg

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from orchestrator.lab import (
+from migrate_lab import (
     bastion,
     binscripts,
     haproxy,
@@ -36,8 +36,8 @@ from orchestrator.lab import (
     uploads_tree,
     wordpress,
 )
-from orchestrator.lab import postgres as pglab
-from orchestrator.lab.state import STATE_FILE, HostState, LabState
+from migrate_lab import postgres as pglab
+from migrate_lab.state import STATE_FILE, HostState, LabState
 from orchestrator.transports.haproxy import HaproxyError
 
 SOURCE_ADDRESS = "127.0.0.2"
@@ -51,7 +51,7 @@ DEFAULT_APP_PORT = 8080  # the front door (HAProxy); the app itself listens on t
 DEFAULT_APP_INTERNAL_PORT = 8081
 DEFAULT_CF_PORT = 8443
 LOAD_PID_SUFFIX = ".pid"
-CF_MODULE = "orchestrator.lab.cfapi"
+CF_MODULE = "migrate_lab.cfapi"
 MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path holds 108 bytes with its terminating NUL
 
 Say = Callable[[str], None]
@@ -266,7 +266,7 @@ def app_running(state: LabState, host: HostState) -> bool:
 
 
 def load_pids(state: LabState) -> list[int]:
-    """Load generators of this lab: pid files in load/ and any `orchestrator.lab.load` naming this lab's dir."""
+    """Load generators of this lab: pid files in load/ and any `migrate_lab.load` naming this lab's dir."""
     found: set[int] = set()
     if state.load_dir.is_dir():
         for pid_file in state.load_dir.glob(f"*{LOAD_PID_SUFFIX}"):
@@ -276,7 +276,7 @@ def load_pids(state: LabState) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             line = procs.cmdline(int(entry.name))
-            if "orchestrator.lab.load" in line and state.dir in line:
+            if "migrate_lab.load" in line and state.dir in line:
                 found.add(int(entry.name))
     return sorted(found)
 
@@ -542,7 +542,7 @@ def _up_rest(state: LabState, latency_ms: float | None, api_latency_ms: float | 
     # The Cloudflare API double: it picks and records cf_port itself.
     cf = cf_module()
     if cf is None:
-        say("cloudflare double: orchestrator.lab.cfapi is not installed; not started")
+        say("cloudflare double: migrate_lab.cfapi is not installed; not started")
     else:
         cf.start(state)
         say(f"cloudflare double on {state.cf_address}:{state.cf_port}")

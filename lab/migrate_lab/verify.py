@@ -1,6 +1,6 @@
 """Proof that nothing acknowledged was lost: every write the load generator was told was stored is on the host.
 
-    python -m orchestrator.lab.verify --lab DIR [--host target] [--load-dir DIR] [--json FILE]
+    python -m migrate_lab.verify --lab DIR [--host target] [--load-dir DIR] [--json FILE]
 
 Reads <load dir>/acks.jsonl (written by the load generator, one line per acknowledged write) and checks, on the
 chosen host (the target by default):
@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.lab import appdb
-from orchestrator.lab.app import db_connect, review_digest
-from orchestrator.lab.load import (
+from migrate_lab import appdb
+from migrate_lab.app import db_connect, review_digest
+from migrate_lab.load import (
     ACKS_FILE,
     REQUESTS_FILE,
     STATS_FILE,
@@ -40,7 +40,7 @@ from orchestrator.lab.load import (
     request_figures,
     request_lines,
 )
-from orchestrator.lab.state import APP_VERIFY_MODULES, LabState
+from migrate_lab.state import APP_VERIFY_MODULES, LabState
 
 EXIT_OK = 0
 EXIT_LOST = 1
@@ -411,7 +411,7 @@ def render_uploads(report: VerifyReport) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.lab.verify", description="Lab verify.")
+    parser = argparse.ArgumentParser(prog="python -m migrate_lab.verify", description="Lab verify.")
     parser.add_argument("--lab", default=".lab", help="the lab directory (default: .lab)")
     parser.add_argument("--host", choices=["source", "target"], default="target")
     parser.add_argument("--load-dir", type=Path, default=None, help="where acks.jsonl is (default: <lab>/load)")

@@ -11,8 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from orchestrator.lab import procs
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab import procs
+from migrate_lab.state import HostState, LabState
 
 SSHD = "/usr/sbin/sshd"
 SSH = "ssh"

@@ -26,8 +26,8 @@ import secrets
 import subprocess
 from pathlib import Path
 
-from orchestrator.lab.mariadb import q
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab.mariadb import q
+from migrate_lab.state import HostState, LabState
 
 APP_NAME = "wordpress"
 WP_ROOT = Path("/usr/share/wordpress")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from orchestrator.lab import mariadb
-from orchestrator.lab import postgres as pglab
-from orchestrator.lab.mariadb import q
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab import mariadb
+from migrate_lab import postgres as pglab
+from migrate_lab.mariadb import q
+from migrate_lab.state import HostState, LabState
 
-APP_MODULE = "orchestrator.lab.app"
+APP_MODULE = "migrate_lab.app"
 SCRIPT_NAMES = ("db-start", "db-stop", "app-start", "app-stop", "fence-on", "fence-off")
 
 

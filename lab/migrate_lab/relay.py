@@ -14,7 +14,7 @@ the real server would have seen it (one and a half round trips).
 Only the orchestrator's own connections go through it; the hosts between them (rsync, replication, the front
 doors' forwarding) and the load's clients stay direct. Lab tooling, not a product component.
 
-    python -m orchestrator.lab.relay --config <lab>/relay/routes.json
+    python -m migrate_lab.relay --config <lab>/relay/routes.json
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.lab import planfile, procs, sshd
+from migrate_lab import planfile, procs, sshd
 
 if TYPE_CHECKING:
-    from orchestrator.lab.state import HostState, LabState
+    from migrate_lab.state import HostState, LabState
 
-MODULE = "orchestrator.lab.relay"
+MODULE = "migrate_lab.relay"
 CONFIG_FILE = "routes.json"
 PID_FILE = "relay.pid"
 READY_FILE = "relay.ready"

@@ -12,14 +12,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab.state import HostState, LabState
 
 MARIADBD = "/usr/sbin/mariadbd"
 INSTALL_DB = "mariadb-install-db"
 CLIENT = "mariadb"
 ADMIN = "mariadb-admin"
 
-# The demo application's schema, shared with orchestrator/lab/app.py (which may create it on an empty database).
+# The demo application's schema, shared with lab/migrate_lab/app.py (which may create it on an empty database).
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS reviews (
     id VARCHAR(64) PRIMARY KEY,

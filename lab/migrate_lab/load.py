@@ -1,6 +1,6 @@
 """The lab's load generator: clients that find the service through DNS and write, upload and read during a move.
 
-    python -m orchestrator.lab.load --lab DIR --duration 60 --rate 20 --clients 4 --dns-ttl 5 --upload-every 5
+    python -m migrate_lab.load --lab DIR --duration 60 --rate 20 --clients 4 --dns-ttl 5 --upload-every 5
 
 Each client behaves like a real one during a migration:
 - it resolves www.<zone> by asking the Cloudflare API double (zones, then A records) and caches the answer
@@ -47,10 +47,10 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from migrate_lab.app import review_digest
+from migrate_lab.state import APP_LOAD_MODULES, LabState
 from orchestrator.engine.events import RollbackCompleted, StepCompleted, StepSaved
 from orchestrator.engine.view import JournalView
-from orchestrator.lab.app import review_digest
-from orchestrator.lab.state import APP_LOAD_MODULES, LabState
 from orchestrator.plan.model import Cutover
 
 ACKS_FILE = "acks.jsonl"
@@ -755,7 +755,7 @@ def main_load(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.lab.load", description="Lab load generator.")
+    parser = argparse.ArgumentParser(prog="python -m migrate_lab.load", description="Lab load generator.")
     parser.add_argument("--lab", default=".lab", help="the lab directory (default: .lab)")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds (default: 60)")
     parser.add_argument("--rate", type=float, default=20.0, help="requests/s, all clients (default: 20)")

@@ -11,8 +11,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from orchestrator.lab import sshd
-from orchestrator.lab.state import HostState, LabState
+from migrate_lab import sshd
+from migrate_lab.state import HostState, LabState
 
 BASTION_ADDRESS = "127.0.0.4"
 NAME = "bastion"

@@ -1,6 +1,6 @@
 """`migrate lab ...`: bring the local lab up and down, see it, load it and verify it.
 
-Also runnable on its own: `python -m orchestrator.lab.cli up --dir .lab`.
+Also runnable on its own: `python -m migrate_lab.cli up --dir .lab`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import NoReturn
 import pymysql
 import typer
 
-from orchestrator.lab import hosts
-from orchestrator.lab.state import APP_VERIFY_MODULES, STATE_FILE, LabState
+from migrate_lab import hosts
+from migrate_lab.state import APP_VERIFY_MODULES, STATE_FILE, LabState
 
 # The proof of `lab verify` for each app a lab can run (the demo app's is the default).
 
@@ -195,7 +195,7 @@ def load(
         _refuse(
             f"lab load: the lab in {state.dir} runs the {state.app} app, not {app} (`lab up --app {app}` makes one)"
         )
-    load_mod = importlib.import_module("orchestrator.lab.load")
+    load_mod = importlib.import_module("migrate_lab.load")
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
@@ -243,7 +243,7 @@ def verify(
     if host not in ("source", "target"):
         _refuse(f"lab verify: --host must be source or target, not {host!r}")
     state = _state(lab_dir)
-    verify_mod = importlib.import_module(APP_VERIFY_MODULES.get(state.app, "orchestrator.lab.verify"))
+    verify_mod = importlib.import_module(APP_VERIFY_MODULES.get(state.app, "migrate_lab.verify"))
     with _one_line_errors("verify"):
         report = verify_mod.main_verify(state, host=host, load_dir=load_dir, out=json_out, journal=journal)
     typer.echo(verify_mod.render(report))

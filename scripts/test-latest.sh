@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# `make test-latest`: the fast layer on the newest releases that pyproject.toml's ranges allow, in a throwaway
+# virtualenv (no lock). Prints the versions it ran with, then pytest's own summary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python="${1:-python3}"
+venv="$(mktemp -d)"
+trap 'rm -rf "$venv"' EXIT
+"$python" -m venv "$venv"
+"$venv/bin/pip" install -q --upgrade pip
+"$venv/bin/pip" install -q -e '.[test]' -e ./lab
+"$venv/bin/migrate" --version -v
+"$venv/bin/pip" list --format=freeze | grep -v -E '^(migrate|migrate-lab)==' >"$venv/versions.txt"
+if diff <(grep -E '^[A-Za-z0-9_.-]+==' requirements.lock | sed 's/ .*//' | tr 'A-Z_' 'a-z-' | sort) \
+        <(tr 'A-Z_' 'a-z-' <"$venv/versions.txt" | sort) >"$venv/diff.txt"; then
+    echo "test-latest: the newest releases are those of requirements.lock"
+else
+    echo "test-latest: newer than requirements.lock (< lock, > newest):"
+    grep -E '^[<>]' "$venv/diff.txt" || true
+fi
+"$venv/bin/pytest" -q -m "not lab" -n 2 -p no:cacheprovider
