@@ -145,7 +145,9 @@ def test_start_target_fences_first_keeps_the_fence_and_bounds_each_command_by_th
     # Fenced before anything starts; the fence is left for the DNS flip to lift.
     assert commands[0] == fence.enable
     # The database's start command runs as it is, under the lock an undo waits for (start_target.DB_START_LOCK).
-    assert commands[1] == held_while_running(start_lock_path("test"), rt.plan.database.target.start)
+    assert commands[1] == held_while_running(
+        start_lock_path(rt.plan.target.private_dir, "test"), rt.plan.database.target.start
+    )
     assert commands[2:] == [service.start for service in rt.plan.services.target]
     assert fence.disable not in commands
     assert all(timeout is not None and 1.0 <= timeout <= 7.5 for timeout in rt.target.timeouts), rt.target.calls

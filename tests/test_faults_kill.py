@@ -28,6 +28,7 @@ import pytest
 from migrate_lab.state import LabState
 from migrate_lab.verify import main_verify
 from orchestrator import exit_codes
+from orchestrator.plan.model import ROOT_RUN_DIR
 from orchestrator.services import guard, owned
 from tests.test_e2e import (
     MIGRATE,
@@ -384,7 +385,7 @@ START_SIGTERM_RUNS = int(os.environ.get("MIGRATE_START_SIGTERM_RUNS", "1"))
 
 def owned_on_hosts(key: str) -> list[str]:
     """Every tunnel socket, rsync password directory or daemon directory of the plan `key` (both lab hosts share
-    /tmp), and every process whose command line names one of them."""
+    the private directory), and every process whose command line names one of them."""
     found = [
         str(path)
         for pattern in (
@@ -392,7 +393,7 @@ def owned_on_hosts(key: str) -> list[str]:
             f"{owned.RSYNC_CLIENT_PREFIX}{key}-*",
             f"{owned.RSYNC_DAEMON_PREFIX}{key}-*",
         )
-        for path in Path(owned.RUN_DIR).glob(pattern)
+        for path in Path(ROOT_RUN_DIR).glob(pattern)
     ]
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit() and int(proc.name) != os.getpid():
@@ -435,9 +436,9 @@ def test_a_killed_runs_tunnel_neither_breaks_the_next_run_nor_outlives_a_rollbac
     saved = {ev["key"]: ev["value"] for ev in events if ev.get("event") == "step_saved"}
     done = [ev["step"] for ev in events if ev.get("event") == "step_completed"]
     assert "repl_catchup" in done, done
-    sockets = [path.name for path in Path(owned.RUN_DIR).glob(f"{owned.TUNNEL_PREFIX}{key}-*.ctl")]
+    sockets = [path.name for path in Path(ROOT_RUN_DIR).glob(f"{owned.TUNNEL_PREFIX}{key}-*.ctl")]
     assert sockets == [f"{owned.TUNNEL_PREFIX}{saved['forward_tunnel']['name']}.ctl"], sockets  # the first one ended
-    assert list(Path(owned.RUN_DIR).glob(f"{owned.RSYNC_CLIENT_PREFIX}{key}-*")), "the window's route was not open"
+    assert list(Path(ROOT_RUN_DIR).glob(f"{owned.RSYNC_CLIENT_PREFIX}{key}-*")), "the window's route was not open"
     (hooks / "before-step").unlink()
     rolled = subprocess.run(
         [str(MIGRATE), "rollback", str(plan), "--yes", "--env-file", str(state.env_file)],

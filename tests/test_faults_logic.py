@@ -444,7 +444,7 @@ def test_the_sweep_lists_and_ends_only_other_runs_things_of_this_plan(tmp_path: 
     from orchestrator.services import owned
 
     key, other_key = uuid.uuid4().hex[:10], uuid.uuid4().hex[:10]
-    run_dir = Path(owned.RUN_DIR)
+    run_dir = tmp_path
     kept_tunnel = run_dir / f"{owned.TUNNEL_PREFIX}{key}-aaa111-fwd.ctl"
     old_tunnel = run_dir / f"{owned.TUNNEL_PREFIX}{key}-bbb222-rev.ctl"  # a socket nobody answers on: stale
     password = run_dir / f"{owned.RSYNC_CLIENT_PREFIX}{key}-bbb222.Xy12Ab"
@@ -463,7 +463,11 @@ def test_the_sweep_lists_and_ends_only_other_runs_things_of_this_plan(tmp_path: 
         (daemon / "pid").write_text(f"{ours.pid}\n")
         listed = owned.parse_sweep(
             subprocess.run(
-                owned.sweep_command(key, ("aaa111",), end=False), shell=True, capture_output=True, text=True, check=True
+                owned.sweep_command(key, ("aaa111",), end=False, base=str(tmp_path)),
+                shell=True,
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout
         )
         assert sorted((found.kind, found.tag, found.state) for found in listed) == [
@@ -473,13 +477,13 @@ def test_the_sweep_lists_and_ends_only_other_runs_things_of_this_plan(tmp_path: 
         ]
         assert all(found.path for found in listed) and "run …bbb222 on the source" in listed[0].line("source")
         assert ours.poll() is None  # listing ends nothing
-        subprocess.run(owned.sweep_command(key, ("aaa111",), end=True), shell=True, check=True)
+        subprocess.run(owned.sweep_command(key, ("aaa111",), end=True, base=str(tmp_path)), shell=True, check=True)
         assert ours.wait(timeout=10) is not None
         assert not password.exists() and not daemon.exists() and not old_tunnel.exists()
         assert kept_tunnel.exists() and others.exists()  # this run's, and another plan's, untouched
         (daemon).mkdir()
         (daemon / "pid").write_text(f"{stranger.pid}\n")
-        subprocess.run(owned.sweep_command(key, end=True), shell=True, check=True)
+        subprocess.run(owned.sweep_command(key, end=True, base=str(tmp_path)), shell=True, check=True)
         assert stranger.poll() is None and not daemon.exists() and not kept_tunnel.exists()
     finally:
         for proc in (ours, stranger):
@@ -491,7 +495,9 @@ def test_the_sweep_lists_and_ends_only_other_runs_things_of_this_plan(tmp_path: 
             subprocess.run(["rm", "-rf", str(directory)], check=False)
 
 
-def test_a_commit_record_left_by_a_run_that_never_finished_goes_with_the_next_sweep_and_a_runs_own_stays() -> None:
+def test_a_commit_record_left_by_a_run_that_never_finished_goes_with_the_next_sweep_and_a_runs_own_stays(
+    tmp_path: Path,
+) -> None:
     """A run killed after its commit and never resumed leaves its record (and the answer beside it) in /tmp on the
     source: the next run's sweep deletes them; a rollback's sweep (which ends this run's own things too) keeps this
     run's record, which is what tells `migrate apply` that this run committed."""
@@ -500,23 +506,29 @@ def test_a_commit_record_left_by_a_run_that_never_finished_goes_with_the_next_sw
     from orchestrator.services import owned, source_commit
 
     key = uuid.uuid4().hex[:10]
-    old = Path(source_commit.commit_record(owned.RUN_DIR, f"{key}-bbb222"))
+    old = Path(source_commit.commit_record(str(tmp_path), f"{key}-bbb222"))
     old_out = Path(f"{old}.out")
-    mine = Path(source_commit.commit_record(owned.RUN_DIR, f"{key}-aaa111"))
+    mine = Path(source_commit.commit_record(str(tmp_path), f"{key}-aaa111"))
     try:
         for path in (old, old_out, mine):
             path.touch()
         listed = owned.parse_sweep(
             subprocess.run(
-                owned.sweep_command(key, ("aaa111",), end=False), shell=True, capture_output=True, text=True, check=True
+                owned.sweep_command(key, ("aaa111",), end=False, base=str(tmp_path)),
+                shell=True,
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout
         )
         assert sorted((f.kind, f.tag, f.state) for f in listed) == [("commit-record", "bbb222", "left")] * 2
         assert old.exists() and old_out.exists()  # listing ends nothing
         # The rollback's sweep: nothing of this run kept but its record.
-        subprocess.run(owned.sweep_command(key, end=True, keep_records=("aaa111",)), shell=True, check=True)
+        subprocess.run(
+            owned.sweep_command(key, end=True, base=str(tmp_path), keep_records=("aaa111",)), shell=True, check=True
+        )
         assert not old.exists() and not old_out.exists() and mine.exists()
-        subprocess.run(owned.sweep_command(key, end=True), shell=True, check=True)
+        subprocess.run(owned.sweep_command(key, end=True, base=str(tmp_path)), shell=True, check=True)
         assert not mine.exists()
     finally:
         for path in (old, old_out, mine):
@@ -533,7 +545,7 @@ def test_a_run_tag_and_owner_are_short_and_tell_plans_and_runs_apart(tmp_path: P
     assert first != owned.owner("site-reverse", plan, "20261127-011446-3fa9c2")  # the reverse plan
     assert first != owned.owner("site", tmp_path / "other.yaml", "20261127-011446-3fa9c2")  # another file
     # A control socket's path (plus the 17 characters ssh adds while it binds) stays under the 108 of sun_path.
-    assert len(owned.tunnel_socket(first, "fwd")) + 17 < 108
+    assert len(owned.tunnel_socket("/var/lib/migrate", first, "fwd")) + 17 < 108
 
 
 # --- the target's database start: an undo waits for an interrupted start command ------------------------------------
@@ -560,15 +572,15 @@ def test_an_undo_waits_for_the_start_command_it_undoes(tmp_path: Path) -> None:
         start.wait()
 
 
-def test_another_runs_waiting_guard_is_listed_never_ended_and_a_new_run_refuses_beside_it() -> None:
+def test_another_runs_waiting_guard_is_listed_never_ended_and_a_new_run_refuses_beside_it(tmp_path: Path) -> None:
     import uuid
 
     from orchestrator.services import owned
     from orchestrator.steps.run_owned import waiting_guards
 
     key = uuid.uuid4().hex[:10]
-    waiting = Path(guard.guard_dir(f"{key}-aaa111"))
-    acted = Path(guard.guard_dir(f"{key}-bbb222"))
+    waiting = Path(guard.guard_dir(f"{key}-aaa111", str(tmp_path)))
+    acted = Path(guard.guard_dir(f"{key}-bbb222", str(tmp_path)))
     for directory in (waiting, acted):
         directory.mkdir()
     (waiting / "guard.sh").write_text("sleep 60\n")
@@ -576,8 +588,8 @@ def test_another_runs_waiting_guard_is_listed_never_ended_and_a_new_run_refuses_
     proc = subprocess.Popen(["sh", str(waiting / "guard.sh")])
     try:
         (waiting / guard.PID).write_text(f"{proc.pid}\n")
-        done = subprocess.run(owned.sweep_command(key, ("ccc333",), end=True), shell=True, capture_output=True,
-                              text=True, check=True)  # fmt: skip
+        sweep = owned.sweep_command(key, ("ccc333",), end=True, base=str(tmp_path))
+        done = subprocess.run(sweep, shell=True, capture_output=True, text=True, check=True)
         found = owned.parse_sweep(done.stdout)
         assert sorted((f.kind, f.tag, f.state) for f in found) == [("guard", "aaa111", "waiting"),
                                                                    ("guard", "bbb222", "acted")]  # fmt: skip
@@ -587,7 +599,9 @@ def test_another_runs_waiting_guard_is_listed_never_ended_and_a_new_run_refuses_
         proc.kill()
         proc.wait()
         found = owned.parse_sweep(
-            subprocess.run(owned.sweep_command(key, end=False), shell=True, capture_output=True, text=True).stdout
+            subprocess.run(
+                owned.sweep_command(key, end=False, base=str(tmp_path)), shell=True, capture_output=True, text=True
+            ).stdout
         )
         assert ("guard", "aaa111", "gone") in [(f.kind, f.tag, f.state) for f in found] and not waiting_guards(found)
     finally:

@@ -260,12 +260,12 @@ def test_the_commit_from_the_source_is_one_command_there(tmp_path: Path, monkeyp
     ctx = commit_ctx(tmp_path, source)
     assert frontdoor.drivable_from_source(ctx)
     record = frontdoor.commit_record(ctx)
-    assert record.startswith("/tmp/" + sc.RECORD_PREFIX) and record.endswith("-r")
-    outcome = frontdoor.commit_from_source(ctx, "/tmp/migrate-guard-x", record, timeout=5)
+    assert record.startswith(f"{ctx.rt.plan.source.private_dir}/{sc.RECORD_PREFIX}") and record.endswith("-r")
+    outcome = frontdoor.commit_from_source(ctx, "/var/lib/migrate/migrate-guard-x", record, timeout=5)
     assert outcome == sc.ForwardOutcome(None, "", 12, None)  # the small plan declares no target fence
     assert len(source.commands) == 1 and released == ["target"]
     command = source.commands[0]
-    assert command.index("touch /tmp/migrate-guard-x/committed") < command.index(f": > {record}")
+    assert command.index("touch /var/lib/migrate/migrate-guard-x/committed") < command.index(f": > {record}")
     assert command.index(f": > {record}") < command.index("set server shop_app/app addr 203.0.113.20 port 80")
     assert ctx.saved(FORWARDED) == {"to": "203.0.113.20:80", "requests": 12}
 

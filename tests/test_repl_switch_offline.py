@@ -160,23 +160,34 @@ def test_the_undo_makes_the_target_read_only_before_the_source_takes_writes_and_
 
     monkeypatch.setattr(switch, "set_read_only", set_read_only)
     ReplSwitch().undo(context(rt, "repl_switch", saved=saved))
-    assert order == ["target read_only=1", "source read_only=0", f"source: {rt.plan.services.fence.disable}"]
+    assert order == [
+        "target read_only=1",
+        "source: true",  # what a stop cut short on the source is ended before read_only is lifted
+        "source read_only=0",
+        f"source: {rt.plan.services.fence.disable}",
+    ]
     assert saved[SOURCE_READ_ONLY] is False and saved[FENCED] is False
-    # Undone again (a retried rollback): the source is writable already, the target stays read-only, nothing else.
+    # Undone again (a retried rollback): the target stays read-only, the source is made writable again whatever it
+    # is (idempotent), the fence is not lifted twice.
     order.clear()
     ReplSwitch().undo(context(rt, "repl_switch", saved=saved))
-    assert order == ["target read_only=1"]
+    assert order == ["target read_only=1", "source: true", "source read_only=0"]
 
 
-def test_the_undo_leaves_a_source_that_is_writable_already_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_undo_lifts_read_only_whatever_a_read_says_once_what_was_cut_short_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A signal inside the window's first command on the source: that command may still run there and set
+    read_only after any read the undo makes. The undo ends it first (a command on the host: the transport ends what
+    was cut short before it), then lifts read_only unconditionally; a read saying 'writable' is never trusted."""
     servers = Servers(monkeypatch)
-    servers.read_only["source"] = False  # read_only never went up (the switch failed before it)
+    servers.read_only["source"] = False  # as a read made before the cut-short command set it would say
     rt = OfflineRuntime(plan())
     saved = {WRITES_BLOCKED_AT: time.time() - 3.0, FENCED: True, SOURCE_READ_ONLY: True}
     ReplSwitch().undo(context(rt, "repl_switch", saved=saved))
-    # Not promoting: the target is left alone; the source is asked, not assumed, and was writable.
-    assert [c[:2] for c in servers.calls] == [("is_read_only", "source")]
-    assert rt.source.commands == [rt.plan.services.fence.disable]
+    # Not promoting: the target is left alone.
+    assert [c[:2] for c in servers.calls] == [("set_read_only", "source")]
+    assert rt.source.commands == ["true", rt.plan.services.fence.disable]
 
 
 def test_verify_takes_the_positions_the_switch_read_as_it_promoted() -> None:

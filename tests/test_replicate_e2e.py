@@ -41,6 +41,7 @@ from migrate_lab.verify import main_verify
 from orchestrator import exit_codes
 from orchestrator.database.mysql import gtid, replica
 from orchestrator.database.mysql import switch as mysql_switch
+from orchestrator.plan.model import ROOT_RUN_DIR
 from orchestrator.services import owned
 from orchestrator.services.frontdoor import SOURCE_HOLD
 from tests.test_e2e import (
@@ -94,7 +95,7 @@ def source_is_plain_and_writable(state: LabState) -> tuple[bool, object]:
 
 
 def tunnels_down(state: LabState, names: list[str]) -> None:
-    """End the tunnels runs left (their control sockets are the runs', in /tmp)."""
+    """End the tunnels runs left (their control sockets are the runs', in the private directory)."""
     for name in names:
         for control in tunnel_sockets(name):
             subprocess.run(["ssh", "-o", f"ControlPath={control}", "-O", "exit", "x"], capture_output=True, timeout=30)
@@ -108,7 +109,7 @@ def tunnel(plan: Path, kind: str) -> str:
 
 
 def tunnel_sockets(name: str) -> list[Path]:
-    return sorted(Path(owned.RUN_DIR).glob(f"{owned.TUNNEL_PREFIX}{name}.ctl"))
+    return sorted(Path(ROOT_RUN_DIR).glob(f"{owned.TUNNEL_PREFIX}{name}.ctl"))
 
 
 def lab_tunnels(state: LabState) -> list[str]:

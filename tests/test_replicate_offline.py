@@ -144,8 +144,8 @@ def test_the_undo_starts_a_source_the_switch_stopped_before_asking_it_anything()
     saved = {WRITES_BLOCKED_AT: time.time() - 3.0, SOURCE_READ_ONLY: True}
     ReplSwitch().undo(context(rt, "repl_switch", saved=saved))
     start = rt.plan.database.source.start
-    assert fake.calls[:2] == [("command", "source", start), ("is_read_only", "source", None)]
-    assert fake.changes() == [], "never promoting, the target is left alone; the source was writable once started"
+    assert fake.calls[:2] == [("command", "source", "true"), ("command", "source", start)]
+    assert fake.changes() == [("set_read_only", "source", False)], "never promoting, the target is left alone"
 
 
 def test_the_replica_undo_stops_its_services_then_forgets_replication_then_stops_the_database() -> None:

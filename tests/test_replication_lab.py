@@ -737,7 +737,7 @@ def test_a_failing_backup_ends_the_seeds_stderr_in_its_own_words(tmp_path: Path)
 
 
 def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> None:
-    hop = ("ssh", "-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/migrate-ssh-%C", "-p", "22", "root@t")
+    hop = ("ssh", "-o", "ControlMaster=auto", "-o", "ControlPath=/var/lib/migrate/ssh-%C", "-p", "22", "root@t")
     seed = mysql_seed.SeedSpec("/var/lib/mysql", "/var/lib/mysql", hop, source_user="migrate", password_env="DB_PW")
     command = mysql_seed.seed_stream_command(seed)
     # The password: stdin's first line, kept in an unexported variable and given to mariadb-backup alone.
@@ -748,7 +748,9 @@ def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> 
     tunnel = mysql_seed.TunnelSpec("fwd", "remote", hop, 40000, "127.0.0.1", 3306)
     up = mysql_seed.tunnel_up_command(tunnel)
     # ssh keeps an option's first value: the tunnel's own control socket must come before the plan's.
-    assert up.index("ControlPath=/tmp/migrate-tunnel-fwd.ctl") < up.index("ControlPath=/tmp/migrate-ssh-%C")
+    assert up.index("ControlPath=/var/lib/migrate/migrate-tunnel-fwd.ctl") < up.index(
+        "ControlPath=/var/lib/migrate/ssh-%C"
+    )
     assert "-R 127.0.0.1:40000:127.0.0.1:3306" in up
     probe = mysql_seed.tunnel_probe_command(40000, "repl", "REPL_PW")
     assert "${REPL_PW}" in probe and "-p" not in probe.split()

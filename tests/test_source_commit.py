@@ -7,6 +7,7 @@ ends with an empty line; the connection closes after the last)."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,7 @@ def test_the_script_is_valid_shell_with_any_path() -> None:
     commit = sc.commit_script(SOCKET, MAP, HOLD, "/tmp/migrate guard's dir", RECORD, fence_on_target=fence,
                               forward=FORWARD)  # fmt: skip
     bare = sc.commit_script(SOCKET, MAP, None, None, RECORD, fence_on_target=None, forward=FORWARD)
-    for script in (commit, bare, sc.probe_command(SOCKET), sc.record_probe(RECORD)):
+    for script in (commit, bare, sc.probe_command(SOCKET), sc.record_probe(RECORD), sc.settle_probe(RECORD)):
         subprocess.run(["sh", "-n", "-c", script], check=True)
     assert "admin sock" in commit and "sudo -n -- sh -c" in fence and commit.startswith("setsid -w sh -c ")
 
@@ -57,19 +58,7 @@ def test_the_script_is_valid_shell_with_any_path() -> None:
 def test_the_commit_is_recorded_after_the_guard_is_told_and_before_the_fence_is_lifted(tmp_path: Path) -> None:
     """Run for real by sh, with stand-ins for socat (answering the hold that stands, then the forward) and ssh:
     the order of what it does, the record left, and its answer parsed."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "did"
-    bin_dir.mkdir()
-    answers = tmp_path / "answers"
-    answers.mkdir()
-    (answers / "1").write_text(CHECK)
-    (answers / "2").write_text(forward_body())
-    (bin_dir / "socat").write_text(
-        f"#!/bin/sh\ncat >/dev/null; n=$(ls {tmp_path}/did.socat* 2>/dev/null | wc -l); n=$((n + 1)); "
-        f"touch {tmp_path}/did.socat$n; echo socat$n >> {log}; cat {answers}/$n\n"
-    )
-    (bin_dir / "fence-off").write_text(f"#!/bin/sh\necho fence >> {log}\n")
-    for tool in ("socat", "fence-off"):
-        (bin_dir / tool).chmod(0o755)
+    bin_dir, log = _stand_ins(tmp_path)
     guard_dir, record = tmp_path / "guard", tmp_path / "migrate-committed-x"
     guard_dir.mkdir()
     script = sc.commit_script(SOCKET, MAP, HOLD, str(guard_dir), str(record), fence_on_target="fence-off",
@@ -87,6 +76,57 @@ def test_the_commit_is_recorded_after_the_guard_is_told_and_before_the_fence_is_
     assert forwarded == sc.ForwardOutcome(True, "", 17, None)
     assert sc.recorded(subprocess.run(["sh", "-c", sc.record_probe(str(record))], capture_output=True, text=True,
                                       check=True).stdout)  # fmt: skip
+
+
+def _stand_ins(tmp_path: Path) -> tuple[Path, Path]:
+    """socat answering the hold that stands, then the forward; a fence that logs: (bin dir, log)."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "did"
+    bin_dir.mkdir()
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / "1").write_text(CHECK)
+    (answers / "2").write_text(forward_body())
+    (bin_dir / "socat").write_text(
+        f"#!/bin/sh\ncat >/dev/null; n=$(ls {tmp_path}/did.socat* 2>/dev/null | wc -l); n=$((n + 1)); "
+        f"touch {tmp_path}/did.socat$n; echo socat$n >> {log}; cat {answers}/$n\n"
+    )
+    (bin_dir / "fence-off").write_text(f"#!/bin/sh\necho fence >> {log}\n")
+    for tool in ("socat", "fence-off"):
+        (bin_dir / tool).chmod(0o755)
+    return bin_dir, log
+
+
+def _sh(script: str, bin_dir: Path | None = None) -> str:
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"} if bin_dir else None
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True, env=env).stdout
+
+
+def test_a_commit_settled_before_it_arrives_is_cancelled_and_does_nothing(tmp_path: Path) -> None:
+    """A run stopped at its commit settles it before it rolls back: the record's name claimed for a cancellation.
+    The commit, arriving late, finds the name taken: nothing recorded, no fence lifted, the door left alone; a
+    resumed run reads no commit; a settle asked again still says cancelled."""
+    bin_dir, log = _stand_ins(tmp_path)
+    record = tmp_path / "migrate-committed-x"
+    assert _sh(sc.settle_probe(str(record))).split() == [sc.CANCELLED]
+    script = sc.commit_script(SOCKET, MAP, HOLD, None, str(record), fence_on_target="fence-off", forward=FORWARD)
+    out = _sh(script, bin_dir)
+    assert log.read_text().split() == ["socat1"], "only the hold was read"
+    assert not sc.recorded(out)
+    assert not sc.recorded(_sh(sc.record_probe(str(record))))
+    assert _sh(sc.settle_probe(str(record))).split() == [sc.CANCELLED]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(record.name)] == [record.name]
+
+
+def test_a_commit_that_recorded_itself_settles_as_made_with_its_time(tmp_path: Path) -> None:
+    bin_dir, _log = _stand_ins(tmp_path)
+    record = tmp_path / "migrate-committed-x"
+    script = sc.commit_script(SOCKET, MAP, HOLD, None, str(record), fence_on_target="fence-off", forward=FORWARD)
+    before = time.time()
+    assert sc.recorded(_sh(script, bin_dir))
+    settled = _sh(sc.settle_probe(str(record)))
+    at = sc.recorded_at(settled)
+    assert at is not None and before - 1 <= at <= time.time() + 1, settled
+    assert sc.recorded_at(_sh(sc.record_probe(str(record)))) == at
 
 
 def test_a_hold_that_does_not_stand_records_nothing_and_lifts_nothing(tmp_path: Path) -> None:

@@ -139,6 +139,9 @@ def replay(events: Iterable[Mapping[str, Any] | Event]) -> RunState | None:
                 state.committed = True
         elif isinstance(ev, Committed):
             state.committed = True
+            if state.status in (RunStatus.ROLLING_BACK, RunStatus.ROLLBACK_FAILED):
+                # Found committed while rolling back (a commit made elsewhere before the run stopped): forward.
+                state.status = RunStatus.FAILED_AFTER_COMMIT
         elif isinstance(ev, StepFailed) and rec:
             rec.state, rec.ended_at, rec.error = StepState.FAILED, ev.ts, ev.error
             state.error = ev.error

@@ -60,7 +60,7 @@ from orchestrator.engine.events import (
 from orchestrator.engine.hooks import EVENTS, HookFailed, HookRunner
 from orchestrator.engine.interrupt import Interrupted, Interruptions
 from orchestrator.engine.journal import Journal, RunState, RunStatus, StepState
-from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.engine.step import Step, StepContext, StepError, UndoRefused
 from orchestrator.engine.view import JournalView
 from orchestrator.redaction import redact
 
@@ -374,6 +374,16 @@ class Engine:
         self.log.error("step failed", error=error)
         if not isinstance(exc, StepError | HookFailed | Interrupted):
             self.log.debug("failure detail", exc_info=exc)
+        if not state.committed:
+            # A commit sent elsewhere may have happened: decided for good before anything is undone.
+            found = self._commit_settled(state)
+            if found is None:
+                self._observe_at_end(state)
+                self._fire("on-failure", interruptible=False, **self._hook_env(state, step), MIGRATE_ERROR=error)
+                return Outcome.NEEDS_ATTENTION
+            if found:
+                self.log.warning("the commit had happened before the failure: the run finishes forward")
+                return self._forward()
         if state.committed:
             self.log.error(
                 "failed after the commit point: the target is serving; fix the cause and run `migrate apply` "
@@ -384,21 +394,58 @@ class Engine:
             return Outcome.NEEDS_ATTENTION
         # Service first: the rollback runs before the operator's on-failure hooks (a notification can wait;
         # blocked writes cannot).
-        outcome = self.rollback(reason=f"{step.name} failed: {error}")
+        outcome = self.rollback(reason=f"{step.name} failed: {error}", commit_settled=True)
         self._fire(
             "on-failure", interruptible=False, **self._hook_env(self._require_state(), step), MIGRATE_ERROR=error
         )
         return outcome
 
     # -------------------------------------------------------------- rollback
-    def rollback(self, *, reason: str) -> Outcome:
+    def rollback(self, *, reason: str, commit_settled: bool = False) -> Outcome:
         """Compensate every started step, newest first. Signals are only noted meanwhile: the rollback is what
-        restores the service, stopping it half-way would leave writes blocked."""
+        restores the service, stopping it half-way would leave writes blocked. A commit sent elsewhere is settled
+        first (unless the caller just did: `commit_settled`); one that happened leaves everything as it is."""
         with self.interruptions.shielded():
             state = self.state()
             if state is not None:
                 self._reattach(state)
+                if not state.committed and not commit_settled:
+                    found = self._commit_settled(state)
+                    if found is None:
+                        return Outcome.NEEDS_ATTENTION
+                    if found:
+                        self.log.error(
+                            "not rolled back: the run committed before it stopped (the target serves); "
+                            "`migrate apply` finishes it"
+                        )
+                        return Outcome.NEEDS_ATTENTION
             return self._rollback(reason=reason)
+
+    def _commit_settled(self, state: RunState) -> bool | None:
+        """Before a run that is not journaled committed is rolled back: each commit point that started decides a
+        commit it may have sent elsewhere (Step.settle_commit). True: it happened, and the run is journaled
+        committed now; False: none happened, none will; None: it cannot be told now, and nothing may be undone."""
+        for step in self.steps:
+            if not step.commit_point or state.step(step.name).state not in (StepState.RUNNING, StepState.FAILED):
+                continue
+            structlog.contextvars.bind_contextvars(step=step.name)
+            try:
+                happened = step.settle_commit(self._context(step, state))
+            except Exception as exc:
+                self.log.error(
+                    "stopped at the commit, and whether it happened cannot be told now: nothing is undone (that "
+                    "could take writes from a target that serves); fix the cause, then `migrate apply` reads it "
+                    "again and finishes forward, or rolls back when it did not happen",
+                    error=_one_line(exc),
+                )
+                return None
+            finally:
+                structlog.contextvars.unbind_contextvars("step")
+            if happened:
+                if not (self.durable_state() or state).committed:
+                    self._append(Committed(step=step.name, reason="its commit was found made before the run stopped"))
+                return True
+        return False
 
     def _reattach(self, state: RunState) -> None:
         """A process taking over a run: steps that began something meant to live as long as the run (`reattach`:
@@ -435,6 +482,15 @@ class Engine:
                 step.undo(ctx)
                 self._append(UndoCompleted(step=step.name, duration=time.monotonic() - began))
                 self._safe_point(act=False)
+            except UndoRefused as exc:
+                # Undoing the others now would half-undo a service that serves: the rollback stops here.
+                error = _one_line(exc)
+                self._append(UndoFailed(step=step.name, error=error))
+                self.log.error("compensation refused: the rollback stops here, nothing else is undone", error=error)
+                state = self._require_state()
+                self._observe_at_end(state)
+                self._fire("on-failure", interruptible=False, **self._hook_env(state, step), MIGRATE_ERROR=error)
+                return Outcome.NEEDS_ATTENTION
             except Exception as exc:
                 error = _one_line(exc)
                 self._append(UndoFailed(step=step.name, error=error))

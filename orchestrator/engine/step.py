@@ -26,6 +26,11 @@ class StepError(Exception):
     """An expected failure of a step, with a message an operator can act on (one line, no secrets)."""
 
 
+class UndoRefused(StepError):
+    """A compensation that must not run now: undoing would take from clients what they were told (e.g. the run
+    committed outside before it stopped). The rollback stops there and leaves the service as it is, serving."""
+
+
 class WriteWindow(Protocol):
     """The downtime window as steps see it (the domain's implementation comes with the runtime, `rt.window`)."""
 
@@ -150,6 +155,14 @@ class Step(ABC):
 
     # The engine's optional hooks: each a no-op unless a step has something to do at that moment. A failure in one is
     # logged (reattach, observe_at_end) or reported with the rollback's (settle_after_rollback), never raised on.
+
+    def settle_commit(self, ctx: StepContext) -> bool:
+        """For a commit point that sends its commit to be made elsewhere (a command that goes on without us): the
+        run stopped inside this step, not journaled committed, and is about to be rolled back. Decide the commit for
+        good first: True when it happened (the engine journals the run committed and finishes it forward), False
+        when it did not and now never will (the rollback may run). Raise StepError when it cannot be told: nothing
+        is undone then. Default: nothing sent elsewhere, False."""
+        return False
 
     def reattach(self, ctx: StepContext) -> None:  # noqa: B027 - most steps leave nothing running
         """A process takes over a run (resume, `migrate rollback`) in which this step had started: take up again

@@ -98,6 +98,25 @@ def _socket_path(value: str) -> str:
 _HOST_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
 
 
+# Directories anyone may write in: a run's own files never go there (a name there can be taken first, or replaced).
+SHARED_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
+# Where a run keeps what it leaves on a host when the plan does not say (commands run as root / as the account).
+ROOT_RUN_DIR = "/var/lib/migrate"
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./-]*")
+
+
+def _run_dir(value: str) -> str:
+    _fail("unsafe_path", path_problem(value, max_bytes=MAX_SOCKET_BYTES - 48))
+    if not value.startswith("/"):
+        raise PydanticCustomError("unsafe_path", "must be an absolute path")
+    if not _PLAIN_PATH.fullmatch(value) or ".." in value.split("/"):
+        # It becomes part of ssh options (a control socket's path) and shell words: plain names only.
+        raise PydanticCustomError("unsafe_path", "letters, digits and . _ - / only, no '..'")
+    if any(value.rstrip("/") == shared or value.startswith(shared + "/") for shared in SHARED_DIRECTORIES):
+        raise PydanticCustomError("unsafe_path", "must not be in a directory other accounts can write (e.g. /tmp)")
+    return value.rstrip("/") or "/"
+
+
 def _host_address(value: str) -> str:
     if len(value) > MAX_DNS_NAME_CHARS:
         raise PydanticCustomError("bad_host", f"too long: at most {MAX_DNS_NAME_CHARS} characters")
@@ -310,10 +329,27 @@ class Host(Strict):
         description="a bastion the orchestrator's connections to this host go through (the source → target hop "
         "of rsync and replication stays direct)",
     )
+    run_dir: Annotated[str, AfterValidator(_run_dir)] | None = Field(
+        default=None,
+        description="a private directory of the account the migration's commands run as on this host: what a run "
+        "leaves there (the guard, the commit's record, control sockets, pid and lock files) lives in it, created "
+        "mode 0700 and checked to be that account's own before anything else. Never in /tmp or another directory "
+        f"other accounts can write. Default: {ROOT_RUN_DIR} when the commands run as root, else ~USER/.migrate "
+        "(/home/USER/.migrate)",
+    )
 
     @property
     def dns_content(self) -> str:
         return self.public_address or self.address
+
+    @property
+    def private_dir(self) -> str:
+        """The run's private directory on this host (see `run_dir`)."""
+        if self.run_dir is not None:
+            return self.run_dir
+        if self.user == "root" or self.become == "sudo":
+            return ROOT_RUN_DIR
+        return f"/home/{self.user}/.migrate"
 
 
 class FileTree(Strict):

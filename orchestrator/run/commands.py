@@ -488,7 +488,8 @@ def _leftovers(subj: Subject, state: RunState | None) -> list[str]:
 
     def ask(which: str) -> list[str]:
         try:
-            result = rt.host(which).run(owned.sweep_command(key, keep, end=False), timeout=15, check=False)
+            sweep = owned.sweep_command(key, keep, end=False, base=getattr(plan, which).private_dir)
+            result = rt.host(which).run(sweep, timeout=15, check=False)
         except Exception as exc:  # a host out of reach: status still says everything else
             return [f"what other runs left on the {which} was not checked: {' '.join(str(exc).split())[:200]}"]
         return [f"left by another run of this plan: {found.line(which)}" for found in owned.parse_sweep(result.stdout)]

@@ -165,6 +165,8 @@ def _next_action_text(state: RunState | None, steps: Sequence[Step]) -> str:
         return "nothing: the migration is complete"
     if state.status == RunStatus.ROLLED_BACK:
         return "`migrate apply` starts a new run (the last one was rolled back)"
+    if state.committed and state.status in (RunStatus.ROLLING_BACK, RunStatus.ROLLBACK_FAILED):
+        return "`migrate apply` finishes the run (it committed before it stopped: the target serves)"
     if state.status == RunStatus.ROLLING_BACK:
         return "`migrate rollback` (or `apply`) resumes the interrupted rollback"
     if state.status == RunStatus.ROLLBACK_FAILED:

@@ -162,7 +162,7 @@ def _tear_down(plan: Plan, plan_path: Path) -> None:
         failures = forget_replication_on(rt, ("source", "target"))
         if failures:
             raise RunError(exit_codes.NEEDS_ATTENTION, "ending reverse replication: " + "; ".join(failures))
-        end_tunnels(rt.source, rt.plan.name, rt.plan_path)
+        end_tunnels(rt.source, rt.plan.name, rt.plan_path, rt.plan.source.private_dir)
     finally:
         compose.close_runtime(rt)
 

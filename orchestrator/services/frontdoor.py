@@ -270,7 +270,7 @@ COMMIT_SENT = "commit_sent"
 
 def forget_commit_record(ctx: StepContext) -> None:
     """At the run's end: the commit's record on the source (and an answer a dead run left beside it) deleted, best
-    effort (a file left in /tmp says nothing to a later run: each run has its own)."""
+    effort (a file left in the private directory says nothing to a later run: each run has its own)."""
     record = _saved_by(ctx, None, COMMIT_SENT)
     if not record:
         return
@@ -284,17 +284,45 @@ def forget_commit_record(ctx: StepContext) -> None:
 def commit_record(ctx: StepContext) -> str:
     """Where the commit driven from the source records itself on the source (source_commit.commit_record)."""
     rt = runtime(ctx)
-    return source_commit.commit_record(owned.RUN_DIR, owned.owner(rt.plan.name, rt.plan_path, ctx.run_id))
+    return source_commit.commit_record(rt.plan.source.private_dir, owned.owner(rt.plan.name, rt.plan_path, ctx.run_id))
 
 
-def committed_on_source(ctx: StepContext, record: str) -> bool:
-    """Whether the commit driven from the source recorded itself there (one round trip): asked by a run that sent
-    that command and whose journal does not say committed (it died before the answer), before anything else."""
+def committed_on_source(ctx: StepContext, record: str) -> float | None:
+    """When the commit driven from the source recorded itself there (the record's time on the source), None when it
+    did not (one round trip): asked by a run that sent that command and whose journal does not say committed (it
+    died before the answer), before anything else."""
     try:
         out = runtime(ctx).source.run(source_commit.record_probe(record), timeout=LOCAL_TIMEOUT).stdout
     except TransportError as exc:
         raise StepError(f"cannot read on the source whether this run committed there ({record}): {exc}") from None
-    return source_commit.recorded(out)
+    return _commit_time(source_commit.recorded_at(out), recorded=source_commit.recorded(out))
+
+
+def settle_commit_on_source(ctx: StepContext, record: str) -> float | None:
+    """The commit sent to the source decided for good (source_commit.settle_probe), before anything is decided about
+    a run stopped at its commit: its time when it had recorded itself, None when it is cancelled now (it never will).
+    A command cut short by the stop is ended first (the transport ends it before its next command there). Raises
+    StepError when it cannot be told (the source unreachable): nothing may then be undone."""
+    try:
+        out = runtime(ctx).source.run(source_commit.settle_probe(record), timeout=LOCAL_TIMEOUT).stdout
+    except TransportError as exc:
+        raise StepError(f"cannot settle on the source whether this run committed there ({record}): {exc}") from None
+    if source_commit.recorded(out):
+        return _commit_time(source_commit.recorded_at(out), recorded=True)
+    if source_commit.CANCELLED in out.split():
+        ctx.log.info("frontdoor.commit_cancelled", record=record)
+        return None
+    raise StepError(
+        f"cannot settle on the source whether this run committed there ({record}): neither claimed nor read"
+    )
+
+
+def _commit_time(at: float | None, *, recorded: bool) -> float | None:
+    """The record's time on the source (a clock ahead of ours is no later than now here); now when none was read."""
+    if not recorded:
+        return None
+    now = time.time()
+    return now if at is None else min(at, now)
 
 
 def commit_from_source(

@@ -65,9 +65,10 @@ class GuardPlan:
     stale: int = HEARTBEAT_STALE  # seconds without a heartbeat before the run is taken for dead
 
 
-def guard_dir(owner: str, base: str = "/tmp") -> str:
-    """The guard's directory, named after its owner (orchestrator/services/owned.py: the plan and the run), so a later
-    run of the plan finds a guard an earlier one left waiting."""
+def guard_dir(owner: str, base: str) -> str:
+    """The guard's directory in the run's private directory on the source (`base`, plan `run_dir`), named after its
+    owner (orchestrator/services/owned.py: the plan and the run), so a later run of the plan finds a guard an earlier
+    one left waiting."""
     return f"{base.rstrip('/')}/{owned.GUARD_PREFIX}{owner}"
 
 
@@ -119,9 +120,13 @@ def start(host: Host, guard: GuardPlan, *, timeout: float, marks: tuple[str, ...
     its pid."""
     d = shlex.quote(guard.directory)
     marked = "".join(f"touch {d}/{shlex.quote(name)} && " for name in marks)
+    private = owned.private_dir_command(guard.directory.rsplit("/", 1)[0] or "/")
     out = host.run(
-        # Only the guard goes to the background (a backgrounded `cat` would read /dev/null, not the script).
-        f"mkdir -p {d} && touch {d}/{HEARTBEAT} && {marked}cat > {d}/guard.sh && "
+        # In the run's private directory, proven the account's own first; the script replaces whatever had its name
+        # (rm, then written new): what runs is what we wrote. Only the guard goes to the background (a backgrounded
+        # `cat` would read /dev/null, not the script).
+        f"{private} && mkdir -p -m 0700 {d} && [ ! -L {d} ] && [ -O {d} ] && touch {d}/{HEARTBEAT} && {marked}"
+        f"rm -f {d}/guard.sh && cat > {d}/guard.sh && "
         f"{{ setsid nohup sh {d}/guard.sh </dev/null >/dev/null 2>&1 & "
         "echo $!; }",
         input=script(guard),

@@ -16,9 +16,14 @@ random part of the run's id. So:
 - `migrate status` lists them (`sweep_command(..., end=False)`), a new run ends them before it starts anything
   (preflight), and a rollback ends this run's and theirs once every compensation ran.
 
-A guard (orchestrator/services/guard.py, `/tmp/migrate-guard-<owner>`) is listed too but never ended: one still waiting
-is what restores the source of a run that died in its window. A new run refuses to start beside another run's waiting
-guard (it would restore the source in the middle of the new run's window); one that acted is only listed.
+Everything lives in the run's private directory on the host (the plan's `run_dir`: /var/lib/migrate for root, made
+mode 0700 and checked to be the account's own by `private_dir_command` before anything else): no other account can
+create, replace or read a name there, so the names may be known in advance.
+
+A guard (orchestrator/services/guard.py, `<run_dir>/migrate-guard-<owner>`) is listed too but never ended: one still
+waiting is what restores the source of a run that died in its window. A new run refuses to start beside another
+run's waiting guard (it would restore the source in the middle of the new run's window); one that acted is only
+listed.
 
 The same names are parsed back here (`parse_sweep`): one line per thing found.
 """
@@ -30,8 +35,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-# Where the things a run leaves live on a host (short: a control socket's path has a length limit).
-RUN_DIR = "/tmp"
+# Answered by private_dir_command when the directory is not the account's own, private directory.
+UNSAFE_DIR = "__migrate_private_dir_unsafe__"
 TUNNEL_PREFIX = "migrate-tunnel-"
 RSYNC_CLIENT_PREFIX = "migrate-rsync."
 RSYNC_DAEMON_PREFIX = "migrate-rsyncd."
@@ -77,8 +82,24 @@ class Leftover:
         return f"{self.kind} of run …{self.tag} on the {host} ({self.path}): {self.state}"
 
 
+def private_dir_command(directory: str) -> str:
+    """Shell: the run's private directory made (mode 0700) and proven the account's own: a real directory (no link),
+    owned by the user the command runs as; else UNSAFE_DIR and exit 3, nothing written. `mkdir -p` takes a
+    directory that exists already: one another account made first is refused, never used."""
+    d = shlex.quote(directory)
+    return (
+        f"umask 077; mkdir -p -m 0700 {d} 2>/dev/null; "
+        f"if [ -L {d} ] || [ ! -d {d} ] || [ ! -O {d} ]; then echo {UNSAFE_DIR} {d}; exit 3; fi; chmod 0700 {d}"
+    )
+
+
 def sweep_command(
-    key: str, keep: tuple[str, ...] = (), *, end: bool, keep_records: tuple[str, ...] | None = None
+    key: str,
+    keep: tuple[str, ...] = (),
+    *,
+    end: bool,
+    base: str,
+    keep_records: tuple[str, ...] | None = None,
 ) -> str:
     """Run on a host: every tunnel, rsync password directory and rsync daemon of the plan `key` whose run tag is not
     in `keep`: listed (`end=False`: 'running' or 'stale'), or ended (`end=True`): a tunnel through its control socket,
@@ -88,9 +109,10 @@ def sweep_command(
     `migrate apply` that this run committed)."""
     record_keep = " ".join(keep if keep_records is None else keep_records)
     keep_words = " ".join(keep)
-    tunnel_glob = f"{RUN_DIR}/{TUNNEL_PREFIX}{key}-*.ctl"
-    client_glob = f'"${{TMPDIR:-/tmp}}"/{RSYNC_CLIENT_PREFIX}{key}-* {RUN_DIR}/{RSYNC_CLIENT_PREFIX}{key}-*'
-    daemon_glob = f'"${{TMPDIR:-/tmp}}"/{RSYNC_DAEMON_PREFIX}{key}-* {RUN_DIR}/{RSYNC_DAEMON_PREFIX}{key}-*'
+    run_dir = shlex.quote(base)
+    tunnel_glob = f"{run_dir}/{TUNNEL_PREFIX}{key}-*.ctl"
+    client_glob = f"{run_dir}/{RSYNC_CLIENT_PREFIX}{key}-*"
+    daemon_glob = f"{run_dir}/{RSYNC_DAEMON_PREFIX}{key}-*"
     if end:
         tunnel_act = (
             'ssh -o ControlPath="$f" -O exit x >/dev/null 2>&1; rm -f "$f" "${f%.ctl}.log"; say tunnel "$f" ended'
@@ -112,9 +134,9 @@ def sweep_command(
             'if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then say rsync-daemon "$f" running; '
             'else say rsync-daemon "$f" stale; fi'
         )
-    record_glob = f"{RUN_DIR}/{COMMIT_RECORD_PREFIX}{key}-*"
+    record_glob = f"{run_dir}/{COMMIT_RECORD_PREFIX}{key}-*"
     record_act = 'rm -f "$f"; say commit-record "$f" ended' if end else 'say commit-record "$f" left'
-    guard_glob = f"{RUN_DIR}/{GUARD_PREFIX}{key}-*"
+    guard_glob = f"{run_dir}/{GUARD_PREFIX}{key}-*"
     # A guard is waiting while the pid it wrote runs its own script; it acted once its trace says 'restored'.
     guard_act = (
         'pid=$(cat "$f/pid" 2>/dev/null); '
@@ -162,6 +184,6 @@ def parse_sweep(stdout: str) -> list[Leftover]:
     return found
 
 
-def tunnel_socket(owner_name: str, direction: str) -> str:
+def tunnel_socket(base: str, owner_name: str, direction: str) -> str:
     """The control socket of a run's tunnel ('fwd': the replica's `ssh -R`; 'rev': the reverse path's `ssh -L`)."""
-    return f"{RUN_DIR}/{TUNNEL_PREFIX}{owner_name}-{direction}.ctl"
+    return f"{base.rstrip('/')}/{TUNNEL_PREFIX}{owner_name}-{direction}.ctl"

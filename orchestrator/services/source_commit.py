@@ -49,6 +49,10 @@ DOOR_BEGIN, DOOR_END = "__migrate_door_begin__", "__migrate_door_end__"
 MARKED = "__migrate_guard_marked__"
 # Printed once the commit's record is written (after the guard's marker): the run is committed from there.
 RECORDED = "__migrate_commit_recorded__"
+# What a run that must decide about a commit it sent writes in the record's place when the commit has not claimed it:
+# the commit, arriving late, then finds the name taken and does nothing.
+CANCELLED = "cancelled"
+CANCEL_REFUSED = "__migrate_commit_unknown__"
 RECORD_PREFIX = owned.COMMIT_RECORD_PREFIX
 HOLD_OK = "__migrate_hold_ok__"
 FENCE_EXIT = "__migrate_fence_exit="
@@ -281,12 +285,46 @@ def commit_record(run_dir: str, owner: str) -> str:
 
 
 def record_probe(record: str) -> str:
-    """Shell: whether the commit's record is there (a resumed run, or a rollback, asks before anything else)."""
-    return f"if [ -e {shlex.quote(record)} ]; then echo {RECORDED}; fi"
+    """Shell: whether the commit recorded itself (a resumed run asks before anything else), and when (the record's
+    time on the source: when the clients were served again). A record a settle cancelled is no commit."""
+    rec = shlex.quote(record)
+    return (
+        f'if [ -e {rec} ] && [ "$(cat {rec} 2>/dev/null)" != {CANCELLED} ]; '
+        f"then echo {RECORDED} $(date -r {rec} +%s.%N); fi"
+    )
+
+
+def settle_probe(record: str) -> str:
+    """Shell: the commit sent to the source decided once and for all, before a run that failed or was interrupted
+    at its commit decides anything (a rollback would lose what a target that took writes was told). The record's
+    name is claimed for a cancellation, atomically (a hard link fails where the name exists): a commit still on its
+    way then finds it taken and does nothing. Where the commit claimed it first, it is recorded (its time printed),
+    whatever it is still doing: the run is committed. Prints CANCEL_REFUSED when the name can be neither claimed nor
+    read."""
+    rec = shlex.quote(record)
+    claim = shlex.quote(record + ".cancel")
+    return (
+        f"if [ ! -e {rec} ]; then t={claim}.$$; echo {CANCELLED} >$t && ln $t {rec} 2>/dev/null; rm -f $t; fi; "
+        f"if [ ! -e {rec} ]; then echo {CANCEL_REFUSED}; "
+        f'elif [ "$(cat {rec} 2>/dev/null)" = {CANCELLED} ]; then echo {CANCELLED}; '
+        f"else echo {RECORDED} $(date -r {rec} +%s.%N); fi"
+    )
 
 
 def recorded(stdout: str) -> bool:
     return RECORDED in stdout.split()
+
+
+def recorded_at(stdout: str) -> float | None:
+    """The record's time on the source from a probe's answer (None: not recorded, or no time said)."""
+    words = stdout.split()
+    if RECORDED not in words:
+        return None
+    at = words.index(RECORDED) + 1
+    try:
+        return float(words[at]) if at < len(words) else None
+    except ValueError:
+        return None
 
 
 def commit_script(
@@ -314,7 +352,10 @@ def commit_script(
         lift = door
     else:
         lift = f'{fence_on_target} </dev/null 2>&1; rc=$?; echo "{FENCE_EXIT}$rc"; if [ "$rc" -eq 0 ]; then {door}; fi'
-    commit = f"{mark}: > {rec} && echo {MARKED} && echo {RECORDED} && {{ {lift}; }}"
+    # The record's name is claimed (noclobber: O_EXCL): a run that cancelled this commit (settle_probe) took it first.
+    commit = (
+        f"{mark}{{ set -C; : > {rec}; }} 2>/dev/null && set +C && echo {MARKED} && echo {RECORDED} && {{ {lift}; }}"
+    )
     if hold is None:
         inner = commit
     else:

@@ -432,7 +432,7 @@ def tracker_name(plan_name: str, tree_name: str, root: str) -> str:
 
 def state_dir_command() -> str:
     """Shell: where trackers keep their files on a host (under the SSH user's home, outside every tree)."""
-    return 'printf %s "${HOME:-/tmp}/.migrate-tracking"'
+    return 'printf %s "${HOME:?HOME is not set}/.migrate-tracking"'
 
 
 # --- the tracker -----------------------------------------------------------------------------------------------

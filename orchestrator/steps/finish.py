@@ -232,7 +232,8 @@ class Finish(Step):
         failures = forget_replication_on(rt, self.mode.forward_replication_on, retry=False)
         tunnels: list[str] = []
         try:
-            ended = end_tunnels(rt.target, plan.reverse_of, rt.plan_path)  # started on the old source
+            # Started on the old source (this plan's target), in its private directory.
+            ended = end_tunnels(rt.target, plan.reverse_of, rt.plan_path, plan.target.private_dir)
             tunnels = [found.path for found in ended if found.kind == "tunnel"]
         except TransportError as exc:
             failures.append(f"tunnels: {exc}")

@@ -16,7 +16,7 @@ from orchestrator.database.protocol import DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.checks import protected_problem
 from orchestrator.secrets import redact
-from orchestrator.services import probes, storage
+from orchestrator.services import owned, probes, storage
 from orchestrator.steps.common import RESOLVED_DATADIRS
 from orchestrator.steps.modes import SHUTDOWN, CutoverMode
 from orchestrator.steps.repl_common import (
@@ -120,11 +120,12 @@ class Preflight(Step):
     def run(self, ctx: StepContext) -> dict[str, Any] | None:
         problems = Problems()
         figures: dict[str, Any] = {}
+        # Each host reached, and the run's private directory there proven its own before anything is written in it.
+        reachable = {which: self._ssh(ctx, which, problems) for which in ("source", "target")}
         # What earlier runs of this plan left (a killed run nobody resumed, a kept tunnel whose journal went) is
         # ended before this run starts anything: none of it is ever taken for this run's.
         for problem in waiting_guards(end_left_by_runs(ctx, keep_this_run=True)):
             problems.add(problem)
-        reachable = {which: self._ssh(ctx, which, problems) for which in ("source", "target")}
         for which in ("source", "target"):
             if reachable[which]:
                 self._resolve_paths(ctx, which, problems, figures)
@@ -198,12 +199,24 @@ class Preflight(Step):
             rt.release(conn)
 
     def _ssh(self, ctx: StepContext, which: Which, problems: Problems) -> bool:
+        """The host answers, and the run's private directory there (plan `run_dir`) is made, or found, as the
+        account's own: a real directory, mode 0700, owned by the user the commands run as."""
+        private = getattr(runtime(ctx).plan, which).private_dir
         try:
-            runtime(ctx).host(which).run("true", timeout=COMMAND_TIMEOUT)
-            return True
+            done = (
+                runtime(ctx).host(which).run(owned.private_dir_command(private), timeout=COMMAND_TIMEOUT, check=False)
+            )
         except TransportError as exc:
             problems.add(f"{which} ssh: {exc}")
             return False
+        if owned.UNSAFE_DIR in done.stdout or done.exit_status != 0:
+            problems.add(
+                f"{which}.run_dir {private}: not a private directory of the account the commands run as (a link, "
+                "not a directory, another account's, or it cannot be made); nothing of the run goes there: remove it "
+                f"or set {which}.run_dir in the plan"
+            )
+            return False
+        return True
 
     def _resolve_paths(self, ctx: StepContext, which: Which, problems: Problems, figures: dict[str, Any]) -> None:
         """Every directory the run writes into or reads from on `which`, judged on what the host resolves it to, as

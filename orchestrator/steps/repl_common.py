@@ -42,8 +42,6 @@ TORN_DOWN = "replication_torn_down"
 # A reverse run over the reverse replica: the port the old source's replica reads the target through (journaled
 # before the promotion: a rolled-back reverse switch makes it a replica again).
 REPLICA_PORT = "replica_port"
-# Where the tunnels keep their control socket and log on the source (named by orchestrator/services/owned.py).
-TUNNEL_DIR = owned.RUN_DIR
 # The password of the replication account travels to a host only in this environment variable's value.
 REPL_PASSWORD_ENV = "MIGRATE_REPL_PASSWORD"
 DB_PASSWORD_ENV = "MIGRATE_DB_PASSWORD"
@@ -167,11 +165,12 @@ def forget_replication_on(rt: StepRuntime, sides: tuple[Which, ...], *, retry: b
     return failures
 
 
-def end_tunnels(host: Any, plan_name: str, plan_path: Path) -> list[owned.Leftover]:
-    """End every tunnel (and rsync leftover) of the plan `plan_name` on `host` (the source they were started on),
-    whichever run started it, through what each recorded there (orchestrator/services/owned.py); idempotent."""
+def end_tunnels(host: Any, plan_name: str, plan_path: Path, private_dir: str) -> list[owned.Leftover]:
+    """End every tunnel (and rsync leftover) of the plan `plan_name` on `host` (the source they were started on, its
+    `private_dir`), whichever run started it, through what each recorded there (orchestrator/services/owned.py);
+    idempotent."""
     key = owned.plan_key(plan_name, plan_path)
-    result = host.run(owned.sweep_command(key, end=True), timeout=COMMAND_TIMEOUT, check=False)
+    result = host.run(owned.sweep_command(key, end=True, base=private_dir), timeout=COMMAND_TIMEOUT, check=False)
     return owned.parse_sweep(result.stdout)
 
 
@@ -294,11 +293,13 @@ class TunnelFacts:
 
 def tunnel_spec(plan: Plan, facts: TunnelFacts) -> tunnel.TunnelSpec:
     """The forward tunnel (-R: the target reaches the source's database) or the reverse one (-L)."""
+    # The control socket and the log in the source's private directory (plan `run_dir`), where they are started.
+    control_dir = plan.source.private_dir
     if facts.direction == "remote":
         far = endpoint(plan, "source")
-        return tunnel.TunnelSpec(facts.name, "remote", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
+        return tunnel.TunnelSpec(facts.name, "remote", ssh_to_target(plan), facts.port, far.host, far.port, control_dir)
     far = endpoint(plan, "target")
-    return tunnel.TunnelSpec(facts.name, "local", ssh_to_target(plan), facts.port, far.host, far.port, TUNNEL_DIR)
+    return tunnel.TunnelSpec(facts.name, "local", ssh_to_target(plan), facts.port, far.host, far.port, control_dir)
 
 
 def tunnel_name(plan_name: str, plan_path: Path, direction: str, run_id: str) -> str:

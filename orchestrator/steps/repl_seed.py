@@ -206,7 +206,7 @@ class ReplSeed(Step):
         backup's own bounds (its locking stages, its redo log)."""
         rt = runtime(ctx)
         seed = _kit(ctx)
-        marker = group_marker("seed")
+        marker = group_marker(rt.plan.source.private_dir, "seed")
         log_path = marker + ".log"
         command = live_command(seed.seed_stream_command(spec, log_path=log_path), nocache=rt.plan.transfer.nocache,
                                group_marker=marker, max_load=thresholds.max_load)  # fmt: skip

@@ -481,11 +481,14 @@ class ReplSwitch(Step):
             except Exception as exc:
                 failures.append(f"making the old source a replica of the target again: {exc}")
         if ctx.saved(SOURCE_READ_ONLY) or ctx.saved(WRITES_BLOCKED_AT):
+            # The window's first command on the source may set read_only itself, and a stop (a signal) may have cut
+            # it short while it still runs there: a command on the host ends it first (the transport ends what was
+            # cut short before its next command), then read_only is lifted whatever a read would say.
+            rt.source.run("true", timeout=FENCE_TIMEOUT)
             conn = self._source_again(ctx)
             try:
-                if rep.is_read_only(conn):
-                    rep.set_read_only(conn, False, lock_wait_timeout=plan.cutover.lock_wait_timeout)
-                    ctx.log.info("repl.switch.undo.source_writable")
+                rep.set_read_only(conn, False, lock_wait_timeout=plan.cutover.lock_wait_timeout)
+                ctx.log.info("repl.switch.undo.source_writable")
             finally:
                 rt.release(conn)
             ctx.save(SOURCE_READ_ONLY, False)

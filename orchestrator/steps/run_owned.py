@@ -26,7 +26,8 @@ def end_left_by_runs(ctx: StepContext, *, keep_this_run: bool) -> list[owned.Lef
     for which in ("source", "target"):
         try:
             # This run's commit record stays whatever else goes: a rollback that meets it has refused to undo a commit.
-            sweep = owned.sweep_command(key, keep, end=True, keep_records=(owned.run_tag(ctx.run_id),))
+            base = getattr(rt.plan, which).private_dir
+            sweep = owned.sweep_command(key, keep, end=True, base=base, keep_records=(owned.run_tag(ctx.run_id),))
             result = rt.host(which).run(sweep, timeout=SWEEP_TIMEOUT, check=False)
         except TransportError as exc:
             ctx.log.warning("leftovers_not_checked", host=which, error=str(exc))

@@ -49,7 +49,7 @@ def start(ctx: StepContext, *, clock_offset: float | None, marks: tuple[str, ...
     c = rt.plan.cutover
     endpoint = rt.plan.database.source
     plan = guard.GuardPlan(
-        directory=guard.guard_dir(owned.owner(rt.plan.name, rt.plan_path, ctx.run_id)),
+        directory=guard.guard_dir(owned.owner(rt.plan.name, rt.plan_path, ctx.run_id), rt.plan.source.private_dir),
         # From the moment writes were first blocked (now, when the guard starts just before): a run that dies
         # leaves the source blocked for at most the budget and the margin, whatever its lock tries would have
         # waited between them.

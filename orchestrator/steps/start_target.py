@@ -29,8 +29,9 @@ TARGET_FENCED = "target_fenced"
 DB_START_LOCK = "target_db_start_lock"
 
 
-def start_lock_path(run_id: str) -> str:
-    return f"/tmp/migrate-db-start-{run_id}.lock"
+def start_lock_path(private_dir: str, run_id: str) -> str:
+    """In the target's private directory (plan `run_dir`): no other account can hold or replace this lock."""
+    return f"{private_dir.rstrip('/')}/migrate-db-start-{run_id}.lock"
 
 
 def held_while_running(lock: str, command: str) -> str:
@@ -99,7 +100,7 @@ class StartTarget(Step):
                 raise StepError(f"fencing the target: {exc}") from None
             ctx.log.info("target_fenced")
         window.check("starting the target database")
-        lock = start_lock_path(ctx.run_id)
+        lock = start_lock_path(rt.plan.target.private_dir, ctx.run_id)
         ctx.save(DB_START_LOCK, lock)
         try:
             rt.target.run(held_while_running(lock, plan.database.target.start), timeout=_timeout())

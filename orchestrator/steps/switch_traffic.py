@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from orchestrator.contracts import runtime
-from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.engine.step import Step, StepContext, StepError, UndoRefused
 from orchestrator.results import SwitchTrafficResult
 from orchestrator.services import frontdoor
 from orchestrator.steps import source_guard
@@ -73,12 +73,14 @@ class SwitchTraffic(Step):
         plan = runtime(ctx).plan
         committed_at = ctx.saved(COMMITTED_AT)
         reason = "the target is verified: its fence is lifted and the source's front door forwards to it"
-        if committed_at is None and self._recorded_on_source(ctx):
-            # This run died after its commit on the source, before the journal heard of it: committed; finished
-            # forward from here (the fence and the door again: both idempotent).
-            ctx.log.warning("committed_on_source", record=ctx.saved(COMMIT_SENT))
+        # When the commit on the source served the clients again, if it is found there (else: now).
+        found_at = self._recorded_on_source(ctx) if committed_at is None else None
+        if found_at is not None:
+            # This run stopped after its commit on the source, before the journal heard of it: committed; finished
+            # forward from here (the fence and the door again: both idempotent), the commit's own time journaled.
+            ctx.log.warning("committed_on_source", record=ctx.saved(COMMIT_SENT), at=round(found_at, 3))
             source_guard.commit(ctx, reason, told=True)
-            committed_at = time.time()
+            committed_at = found_at
             ctx.save(COMMITTED_AT, committed_at)
         # Driven from the source host when it can drive its own door (found before the window): one command there
         # instead of four round trips from here. A re-entered step (committed already) finishes from here.
@@ -108,7 +110,7 @@ class SwitchTraffic(Step):
             lifted = self._lift_target_fence(ctx)
             if not frontdoor.forward_to_target(ctx):
                 raise StepError(NOT_FORWARDED)
-        flowing_at = time.time()
+        flowing_at = found_at if found_at is not None else time.time()
         blocked_at = ctx.window.blocked_at
         return SwitchTrafficResult(
             committed_at=float(committed_at),
@@ -117,21 +119,32 @@ class SwitchTraffic(Step):
             write_block_seconds=None if blocked_at is None else round(flowing_at - blocked_at, 3),
         ).journal()
 
+    def settle_commit(self, ctx: StepContext) -> bool:
+        """The commit sent to the source decided for good before the run is rolled back: recorded there (it
+        happened, or goes on to happen: the command ends on the source whatever becomes of us), or cancelled now so
+        that it never will. Nothing sent: no commit, no round trip."""
+        record = ctx.saved(COMMIT_SENT)
+        if not record:
+            return False
+        if ctx.saved(COMMITTED_AT) is not None:
+            return True
+        return frontdoor.settle_commit_on_source(ctx, str(record)) is not None
+
     def undo(self, ctx: StepContext) -> None:
         """Nothing to put back: what this step changes comes after its commit, and a committed run is finished
-        forward, never rolled back (the way back is `migrate rollback`'s reverse run). A run that sent its commit to
-        the source and died before the answer may have committed there: then it refuses to roll back (the target
-        serves, the source's door forwards to it) and says how to finish."""
-        if ctx.saved(COMMITTED_AT) is None and self._recorded_on_source(ctx):
-            raise StepError(
+        forward, never rolled back (the way back is `migrate rollback`'s reverse run). The engine settles a commit
+        sent to the source before any compensation (settle_commit); should one be recorded there all the same, the
+        rollback stops here (the target serves, the source's door forwards to it) and says how to finish."""
+        if ctx.saved(COMMITTED_AT) is None and self._recorded_on_source(ctx) is not None:
+            raise UndoRefused(
                 f"this run committed on the source ({ctx.saved(COMMIT_SENT)}) before it stopped: the target serves "
                 "and the source's front door forwards to it; it is not rolled back: `migrate apply` finishes it"
             )
 
-    def _recorded_on_source(self, ctx: StepContext) -> bool:
-        """Whether this step's commit on the source recorded itself (asked only when the command was sent)."""
+    def _recorded_on_source(self, ctx: StepContext) -> float | None:
+        """When this step's commit on the source recorded itself (asked only when the command was sent)."""
         record = ctx.saved(COMMIT_SENT)
-        return bool(record) and frontdoor.committed_on_source(ctx, str(record))
+        return frontdoor.committed_on_source(ctx, str(record)) if record else None
 
     def _lifted_and_forwarded(self, ctx: StepContext, outcome: Any) -> bool:
         """What the commit's command did after the commit (a failure is finished forward by `migrate apply`):

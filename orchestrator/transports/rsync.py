@@ -110,7 +110,9 @@ def target_spec(plan: Plan, path: str) -> str:
 # rsync on the source reaches the target many times (pre-syncs, final passes, comparisons). One shared SSH
 # connection saves a handshake (~0.2 s) on every hop, three or more of them inside the downtime window.
 # The master lives on the source, exits by itself after CONTROL_PERSIST idle seconds, and the runtime closes it.
-CONTROL_PATH = "/tmp/migrate-ssh-%C"
+# The source → target hop's control socket, in the source's private directory (plan `run_dir`): a master another
+# account started can never be found there, so every connection of the hop is the run's own, its host key checked.
+CONTROL_NAME = "ssh-%C"
 CONTROL_PERSIST = 120
 
 
@@ -125,7 +127,8 @@ def ssh_option_path(path: str) -> str:
 def target_ssh_command(plan: Plan, *, control: str = "auto") -> str:
     """The `-e` value: how rsync on the source reaches the target (host key verified, never a prompt)."""
     transfer = plan.transfer
-    parts = ["ssh", "-o", f"ControlMaster={control}", "-o", f"ControlPath={CONTROL_PATH}"]
+    control_path = f"{plan.source.private_dir}/{CONTROL_NAME}"
+    parts = ["ssh", "-o", f"ControlMaster={control}", "-o", f"ControlPath={control_path}"]
     if control == "auto":
         parts += ["-o", f"ControlPersist={CONTROL_PERSIST}"]
     if transfer.source_to_target_key is not None:
@@ -423,7 +426,7 @@ def push_live(
     if thresholds is None:
         wrapped = live_command(command, nocache=transfer.nocache, group_marker=None)
         return push(host, wrapped, what=what, retry=retry, on_progress=on_progress, timeout=timeout, live=True), 0.0
-    marker = group_marker()
+    marker = group_marker(plan.source.private_dir)
     wrapped = live_command(command, nocache=transfer.nocache, group_marker=marker, max_load=transfer.max_load)
     with Throttle(host, marker, thresholds, what=what) as throttle:
         stats = push(host, wrapped, what=what, retry=retry, on_progress=on_progress, timeout=timeout, live=True)

@@ -74,7 +74,7 @@ def config_text(trees: list[FileTree]) -> tuple[str, str]:
     return "\n".join(globals_) + "\n", "\n".join(modules) + "\n"
 
 
-def target_script(globals_: str, modules: str, owner: str = "run") -> str:
+def target_script(globals_: str, modules: str, private_dir: str, owner: str = "run") -> str:
     """Run on the target in a session of ours: reads the password from its first stdin line, starts the daemon on a
     free loopback port, prints `port=N pid=P dir=D`, then waits for the end of its stdin and cleans up. Its directory
     is named after `owner` (orchestrator/services/owned.py: the plan and the run), so a later run finds it should it
@@ -90,7 +90,8 @@ def target_script(globals_: str, modules: str, owner: str = "run") -> str:
     )
     return (
         "set -u; umask 077; "
-        f'd=$(mktemp -d "${{TMPDIR:-/tmp}}/migrate-rsyncd.{owner}.XXXXXX") || exit 3; pid=; '
+        f"mkdir -p -m 0700 {shlex.quote(private_dir)}; "
+        f'd=$(mktemp -d {shlex.quote(private_dir)}/"migrate-rsyncd.{owner}.XXXXXX") || exit 3; pid=; '
         "trap 'exit 0' HUP INT TERM PIPE; "
         'trap \'[ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid"; rm -rf "$d"\' EXIT; '
         "IFS= read -r secret || exit 3; "
@@ -153,7 +154,7 @@ def open_route(plan: Plan, source: SshHost, target: SshHost, owner: str = "run")
     globals_, modules_conf = config_text(trees)
     secret = secrets.token_urlsafe(24)
     try:
-        script = target_script(globals_, modules_conf, owner)
+        script = target_script(globals_, modules_conf, plan.target.private_dir, owner)
         daemon = target.start_tethered(script, input=secret + "\n", ready="port=", timeout=START_TIMEOUT)
     except TransportError as exc:
         raise RouteUnavailable(f"starting the rsync daemon on the target: {exc}") from None
@@ -162,7 +163,9 @@ def open_route(plan: Plan, source: SshHost, target: SshHost, owner: str = "run")
         said = ready_fields(daemon.ready_line)
         remote_port = int(said["port"])
         client = source.run(
-            f'umask 077; d=$(mktemp -d "${{TMPDIR:-/tmp}}/migrate-rsync.{owner}.XXXXXX") && cat > "$d/password" && '
+            f"umask 077; mkdir -p -m 0700 {shlex.quote(plan.source.private_dir)}; "
+            f'd=$(mktemp -d {shlex.quote(plan.source.private_dir)}/"migrate-rsync.{owner}.XXXXXX") && '
+            'cat > "$d/password" && '
             'echo "$d"',
             input=secret + "\n", timeout=START_TIMEOUT,
         )  # fmt: skip

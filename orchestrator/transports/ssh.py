@@ -177,7 +177,9 @@ def _stopped_at_deadline(command: str, timeout: float | None, record: str | None
     if timeout is None:
         return command
     if record is not None:
-        command = f"set -C; {{ echo $PPID >{record}; }} 2>/dev/null || exit 125; set +C; {command}"
+        # The record's directory (the run's private one) made on first use, 0700; the shell's own test when it exists.
+        made = f'r={record}; [ -d "${{r%/*}}" ] || (umask 077; mkdir -p -m 0700 "${{r%/*}}"); '
+        command = f"{made}set -C; {{ echo $PPID >{record}; }} 2>/dev/null || exit 125; set +C; {command}"
     return f"timeout -k 5 {math.ceil(timeout) + 1} sh -c {shlex.quote(command)}"
 
 
@@ -452,11 +454,12 @@ class SshHost:
 
     def _record_file(self, shell: _KeptShell | None) -> str:
         """Where a command with a deadline records its process group on the host (a shell word): the kept shell's
-        own directory, or a name no one else can guess in the host's temporary directory, created exclusively."""
+        own directory, or the run's private directory on the host (plan `run_dir`: no other account can take or
+        replace a name there), created exclusively."""
         number = next(self._records)
         if shell is not None:
             return f"{shlex.quote(shell.dir)}/{number}.pid"
-        return f'"${{TMPDIR:-/tmp}}/.migrate-{self._token}-{number}.pid"'
+        return shlex.quote(f"{self.host.private_dir}/.pid-{self._token}-{number}")
 
     def _gave_up(self, command: str, record: str | None) -> None:
         """We stopped waiting for a recorded command: it may still be running on the host."""

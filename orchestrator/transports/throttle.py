@@ -327,6 +327,7 @@ class Throttle:
         self._log.info("throttle_paused", what=self.what, reason=reason, cause=cause)
 
 
-def group_marker(kind: str = "rsync") -> str:
-    """A fresh marker file path on the source for one throttled command's process group."""
-    return f"/tmp/migrate-{kind}-{uuid.uuid4().hex}.pgid"
+def group_marker(private_dir: str, kind: str = "rsync") -> str:
+    """A fresh marker file path on the source for one throttled command's process group, in the run's private
+    directory there (plan `run_dir`): nobody else can create or replace it."""
+    return f"{private_dir.rstrip('/')}/migrate-{kind}-{uuid.uuid4().hex}.pgid"

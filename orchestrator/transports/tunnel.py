@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from orchestrator.plan.model import ROOT_RUN_DIR
+
 
 def _bash(script: str) -> str:
     return "bash -c " + shlex.quote(script)
@@ -34,7 +36,7 @@ class TunnelSpec:
     listen_port: int
     connect_host: str
     connect_port: int
-    control_dir: str = "/tmp"
+    control_dir: str = ROOT_RUN_DIR  # the source's private directory (plan `run_dir`)
     alive_interval: int = 5
     alive_count: int = 3
 
@@ -80,7 +82,7 @@ def tunnel_up_command(spec: TunnelSpec) -> str:
     control = shlex.quote(spec.control_path)
     log = shlex.quote(spec.log_path)
     script = f"""set -u
-mkdir -p {shlex.quote(spec.control_dir)}
+umask 077; mkdir -p -m 0700 {shlex.quote(spec.control_dir)}
 if ! {_control(spec, "check")} 2>/dev/null; then
   rm -f {control}
   if ! {start} </dev/null >{log} 2>&1; then

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cli import commands as cli
-from orchestrator.engine.step import Step, StepContext, StepError
+from orchestrator.engine.step import Step, StepContext, StepError, UndoRefused
 from orchestrator.plan.model import Plan
 from orchestrator.run import compose
 from orchestrator.secrets import resolve
@@ -44,6 +44,12 @@ def _act(line: str) -> None:
 def _pause(where: str) -> None:
     (world() / "paused").write_text(f"{where} {os.getpid()}")
     time.sleep(120)
+
+
+# A commit sent to be made elsewhere (a command that goes on on a host without us): the step journals that it sent
+# it, the far side may or may not have made it (world/remote-committed), and the answer is lost.
+REMOTE_COMMITTED = "remote-committed"
+REMOTE_CANCELLED = "remote-cancelled"
 
 
 class FileStep(Step):
@@ -89,11 +95,29 @@ class FileStep(Step):
             raise StepError(f"{self.name} failed after committing")
         if os.environ.get("HARNESS_FAIL") == self.name:
             raise StepError(f"{self.name} failed on purpose in {world()}")
+        if os.environ.get("HARNESS_REMOTE_COMMIT") == self.name and not (world() / REMOTE_COMMITTED).exists():
+            ctx.save("commit_sent", True)
+            if os.environ.get("HARNESS_REMOTE_MAKES_IT") and not (world() / REMOTE_CANCELLED).exists():
+                (world() / REMOTE_COMMITTED).write_text("")
+            raise StepError(f"{self.name}: the commit's answer was lost")
         self.effect.write_text("done")
         return {"effect": str(self.effect)}
 
+    def settle_commit(self, ctx: StepContext) -> bool:
+        if not ctx.saved("commit_sent"):
+            return False
+        _act(f"settle {self.name}")
+        if os.environ.get("HARNESS_SETTLE_UNKNOWN") == self.name:
+            raise StepError("the far side does not answer")
+        if (world() / REMOTE_COMMITTED).exists():
+            return True
+        (world() / REMOTE_CANCELLED).write_text("")
+        return False
+
     def undo(self, ctx: StepContext) -> None:
         _act(f"undo {self.name}")
+        if os.environ.get("HARNESS_UNDO_REFUSE") == self.name:
+            raise UndoRefused(f"{self.name} must not be undone now")
         if os.environ.get("HARNESS_PAUSE_UNDO") == self.name and not (world() / "undo-paused-once").exists():
             (world() / "undo-paused-once").write_text("")
             _pause(f"undo {self.name}")

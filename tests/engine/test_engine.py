@@ -315,3 +315,51 @@ def test_a_save_without_its_own_fsync_is_in_the_journal_a_resume_reads(
     res = world.run("apply", str(world.plan), "--yes", HARNESS_SAVE_UNSYNCED="prepare")
     assert res.returncode == exit_codes.OK, res.stderr
     assert "found unsynced prepare" in world.actions()
+
+
+# ------------------------------------------------------------------- a commit sent elsewhere (a one-way door)
+
+
+def test_a_commit_made_elsewhere_before_the_failure_is_finished_forward_at_once(world: World) -> None:
+    """The commit point sent its commit to a host, which made it, and the answer was lost (a signal, a dropped
+    connection): nothing is undone (the target serves), the run is journaled committed and finished at once."""
+    res = world.run("apply", str(world.plan), "--yes", HARNESS_REMOTE_COMMIT="flip", HARNESS_REMOTE_MAKES_IT="1")
+    assert res.returncode == exit_codes.OK, res.stderr
+    assert not [a for a in world.actions() if a.startswith("undo")], world.actions()
+    assert world.actions()[-4:] == ["run flip", "settle flip", "run flip", "run finish"]
+    assert world.status_json()["run"]["status"] == "completed"
+
+
+def test_a_commit_sent_and_not_made_is_cancelled_before_the_rollback(world: World) -> None:
+    res = world.run("apply", str(world.plan), "--yes", HARNESS_REMOTE_COMMIT="flip")
+    assert res.returncode == exit_codes.FAILED, res.stderr
+    actions = world.actions()
+    assert actions[actions.index("settle flip") + 1 :] == [f"undo {n}" for n in reversed(STEP_NAMES[:5])]
+    assert (world.dir / harness.REMOTE_CANCELLED).exists()
+    assert world.status_json()["run"]["status"] == "rolled_back"
+
+
+def test_a_commit_that_cannot_be_settled_undoes_nothing_and_apply_finishes_it(world: World) -> None:
+    res = world.run(
+        "apply", str(world.plan), "--yes", HARNESS_REMOTE_COMMIT="flip", HARNESS_REMOTE_MAKES_IT="1",
+        HARNESS_SETTLE_UNKNOWN="flip",
+    )  # fmt: skip
+    assert res.returncode == exit_codes.NEEDS_ATTENTION, res.stderr
+    assert not [a for a in world.actions() if a.startswith("undo")], world.actions()
+    assert "`migrate apply`" in world.status_json()["next"]
+    # `migrate rollback` settles first too: committed, so it undoes nothing and points at apply.
+    back = world.run("rollback", str(world.plan), "--yes")
+    assert back.returncode == exit_codes.NEEDS_ATTENTION, back
+    assert not [a for a in world.actions() if a.startswith("undo")], world.actions()
+    status = world.status_json()
+    assert "`migrate apply`" in status["next"] and "rollback" not in status["next"]
+    res = world.run("apply", str(world.plan), "--yes")
+    assert res.returncode == exit_codes.OK, res.stderr
+    assert world.status_json()["run"]["status"] == "completed"
+
+
+def test_a_refused_compensation_stops_the_rollback_there(world: World) -> None:
+    res = world.run("apply", str(world.plan), "--yes", HARNESS_FAIL="flip", HARNESS_UNDO_REFUSE="start")
+    assert res.returncode == exit_codes.NEEDS_ATTENTION, res.stderr
+    assert [a for a in world.actions() if a.startswith("undo")] == ["undo flip", "undo start"]
+    assert world.effects() == {"prepare", "copy", "cutover", "start"}
