@@ -32,6 +32,15 @@ def redact(text: str) -> str:
     return text
 
 
+def printable(text: str) -> str:
+    """Text from outside (a hook's output, a host's error) made safe for a terminal: every control character but a
+    newline or a tab shown as an escape (\\x1b…), so no escape sequence sets a window title, clears the screen or
+    hides what follows."""
+    return "".join(
+        ch if ch in "\n\t" or not (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0) else f"\\x{ord(ch):02x}" for ch in text
+    )
+
+
 @overload
 def redact_obj(obj: str) -> str: ...
 @overload

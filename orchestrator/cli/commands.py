@@ -32,7 +32,7 @@ from orchestrator.cli.support import (
 )
 from orchestrator.engine.hooks import HookFailed
 from orchestrator.output import logging as mlog
-from orchestrator.redaction import redact
+from orchestrator.redaction import printable, redact
 from orchestrator.run import compose
 from orchestrator.run.watch import watch as watch_run
 
@@ -249,10 +249,10 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, standalone_mode=False)
     except (Exit, run.RunError) as exc:
         if exc.message:
-            err.print(redact(exc.message))
+            err.print(printable(redact(exc.message)))
         sys.exit(exc.code)
     except HookFailed as exc:
-        err.print(redact(str(exc)))
+        err.print(printable(redact(str(exc))))
         sys.exit(exit_codes.FAILED)
     except (KeyboardInterrupt, EOFError, typer.Abort):
         err.print("interrupted")

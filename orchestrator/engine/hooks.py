@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.redaction import redact
+from orchestrator.redaction import printable, redact
 
 EVENTS = (
     "on-start",
@@ -119,7 +119,6 @@ class HookRunner:
             )
             if not ok and event.startswith("before-"):
                 why = "timed out" if result.exit_status is None else f"exited {result.exit_status}"
-                raise HookFailed(
-                    f"hook {path.name} ({event}) {why}" + (f": {result.output[-300:]}" if result.output else "")
-                )
+                said = printable(result.output[-300:]) if result.output else ""
+                raise HookFailed(f"hook {path.name} ({event}) {why}" + (f": {said}" if said else ""))
         return results

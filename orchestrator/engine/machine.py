@@ -62,7 +62,7 @@ from orchestrator.engine.interrupt import Interrupted, Interruptions
 from orchestrator.engine.journal import Journal, RunState, RunStatus, StepState
 from orchestrator.engine.step import Step, StepContext, StepError, UndoRefused
 from orchestrator.engine.view import JournalView
-from orchestrator.redaction import redact
+from orchestrator.redaction import printable, redact
 
 __all__ = ["Engine", "EngineConfig", "Interrupted", "Outcome", "StepPlan"]
 
@@ -617,4 +617,4 @@ class Engine:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     text = " ".join(text.split())
-    return redact(text)[:1000]
+    return printable(redact(text))[:1000]

@@ -27,7 +27,7 @@ from orchestrator.output.console import (
     ThinProgress,
     flatten_progress,
 )
-from orchestrator.redaction import redact, redact_obj
+from orchestrator.redaction import printable, redact, redact_obj
 
 
 def _signals_pass(handler: logging.Handler) -> None:
@@ -116,6 +116,12 @@ def configure(*, verbose: bool = False, quiet: bool = False, output: str = "auto
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _printable_values(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """What a record carries from outside (a hook's output, a host's error) reaches a terminal with its control
+    characters escaped: the console renderer adds its own colours afterwards."""
+    return {key: printable(value) if isinstance(value, str) else value for key, value in event_dict.items()}
+
+
 def _console_processors(output: str) -> list[Any]:
     if output == "json":
         return [
@@ -126,6 +132,7 @@ def _console_processors(output: str) -> list[Any]:
         _drop_keys("run_id"),
         _short_time,
         *([] if output == "live" else [flatten_progress]),
+        _printable_values,
         structlog.dev.ConsoleRenderer(
             colors=output == "live",
             pad_event_to=30,

@@ -363,3 +363,14 @@ def test_a_refused_compensation_stops_the_rollback_there(world: World) -> None:
     assert res.returncode == exit_codes.NEEDS_ATTENTION, res.stderr
     assert [a for a in world.actions() if a.startswith("undo")] == ["undo flip", "undo start"]
     assert world.effects() == {"prepare", "copy", "cutover", "start"}
+
+
+def test_a_failing_hooks_output_reaches_the_terminal_with_its_control_characters_escaped(world: World) -> None:
+    """A hook's output is text from outside: an escape sequence in it (a window title set, the screen cleared) is
+    shown escaped, never sent to the operator's terminal raw."""
+    hook = world.hooks / "before-step"
+    hook.write_text("#!/bin/sh\nprintf '\\033]0;owned\\007\\033[2Jno\\n' >&2\nexit 7\n")
+    res = world.run("apply", str(world.plan), "--yes")
+    assert res.returncode == exit_codes.FAILED
+    assert "\x1b" not in res.stderr and "\x07" not in res.stderr
+    assert "\\x1b]0;owned\\x07\\x1b[2Jno" in res.stderr, res.stderr
