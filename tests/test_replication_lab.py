@@ -740,9 +740,12 @@ def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> 
     hop = ("ssh", "-o", "ControlMaster=auto", "-o", "ControlPath=/var/lib/migrate/ssh-%C", "-p", "22", "root@t")
     seed = mysql_seed.SeedSpec("/var/lib/mysql", "/var/lib/mysql", hop, source_user="migrate", password_env="DB_PW")
     command = mysql_seed.seed_stream_command(seed)
-    # The password: stdin's first line, kept in an unexported variable and given to mariadb-backup alone.
-    assert 'MYSQL_PWD="$password" nice' in command and "--password" not in command and "DB_PW" not in command
-    assert "export" not in command
+    # The password: stdin's first line, kept in an unexported variable, written by the shell's own printf into an
+    # option file of a private directory that mariadb-backup alone reads (first option), removed at the end: in no
+    # environment (MYSQL_PWD) and on no command line.
+    assert "MYSQL_PWD" not in command and "--password" not in command and "DB_PW" not in command
+    assert 'mariadb-backup --defaults-extra-file="$login" --backup' in command and "private=$(mktemp -d)" in command
+    assert "rm -rf \"$private\"" in command and "export" not in command
     assert "--throttle" not in command and "nice -n19 ionice -c3 mariadb-backup" in command
     assert "--throttle=20" in mysql_seed.seed_stream_command(mysql_seed.SeedSpec("/a", "/b", hop, throttle=20))
     tunnel = mysql_seed.TunnelSpec("fwd", "remote", hop, 40000, "127.0.0.1", 3306)

@@ -60,9 +60,10 @@ class SeedSpec:
     `ssh_to_target`: the ssh argv as run ON THE SOURCE to reach the target, login last (the hop rsync uses, host
     key verified). The source's database is reached on `source_socket` (or the client's default) as `source_user`;
     a password, when the user has one (`password_env`, the name it is known by), is the first line of the command's
-    stdin (pass it as the command's input, never on a command line): the script keeps it in a shell variable and
-    hands it to mariadb-backup alone, in that one process's environment (MYSQL_PWD), not to dd, ssh or anything else
-    the script runs. `throttle` is mariadb-backup's --throttle: data-file read
+    stdin (pass it as the command's input, never on a command line): the script keeps it in a shell variable, writes
+    it into an option file of a private directory (mktemp -d, 0700) that mariadb-backup alone reads
+    (--defaults-extra-file, or --defaults-file with `no_defaults`), and removes both at its end: it is in no
+    process's environment or command line. `throttle` is mariadb-backup's --throttle: data-file read
     operations per second, a coarse knob that is NOT a rate (measured on 10.11 on the lab, 256 MiB: unthrottled
     ~70 MB/s, --throttle=20 7.6 MB/s, --throttle=2 1.4 MB/s; Percona's 10 MiB-per-operation figure does not hold).
     nice/ionice (`nice`) is what protects a live source in every case.
@@ -101,6 +102,14 @@ def _ssh_remote(ssh_argv: Sequence[str], remote_command: str) -> str:
     return shlex.join([*ssh_argv, remote_command])
 
 
+LOGIN_WORD = '"$login"'
+
+
+def _backup_words(argv: list[str]) -> str:
+    """mariadb-backup's command line: every word quoted, but the option file's, which the shell expands."""
+    return " ".join(word if word.endswith(LOGIN_WORD) else shlex.quote(word) for word in argv)
+
+
 def seed_stream_command(spec: SeedSpec, *, log_path: str | None = None) -> str:
     """Run on the source: stream a hot backup into the target's staging directory (replaced if it exists).
 
@@ -112,7 +121,10 @@ def seed_stream_command(spec: SeedSpec, *, log_path: str | None = None) -> str:
     """
     backup = [*NICE] if spec.nice else []
     backup += ["mariadb-backup"]
-    if spec.no_defaults:
+    if spec.password_env:
+        # An option file must be the first option; --defaults-file reads it alone (what --no-defaults asks).
+        backup.append(f"--defaults-file={LOGIN_WORD}" if spec.no_defaults else f"--defaults-extra-file={LOGIN_WORD}")
+    elif spec.no_defaults:
         backup.append("--no-defaults")
     backup += ["--backup", "--stream=mbstream", f"--datadir={spec.source_datadir}", f"--parallel={spec.parallel}"]
     backup.append(f"--log-copy-interval={spec.log_copy_interval_ms}")
@@ -127,14 +139,23 @@ def seed_stream_command(spec: SeedSpec, *, log_path: str | None = None) -> str:
     receive = f"rm -rf {staging} && mkdir -p {staging} && mbstream -x -C {staging}"
     if spec.target_sudo:
         receive = shlex.join(["sudo", "-n", "--", "sh", "-c", receive])
-    password = 'MYSQL_PWD="$password" ' if spec.password_env else ""
-    # The password: the first line of stdin, in a variable the script never exports; stdin is then closed.
-    read_password = "IFS= read -r password || true; exec </dev/null\n" if spec.password_env else ""
+    # The password: the first line of stdin, in a variable the script never exports; stdin is then closed. Written
+    # into the option file escaped as option files read a quoted value (a backslash and a double quote escaped).
+    read_password = (
+        'IFS= read -r password || true; exec </dev/null; private=$(mktemp -d) || exit 3; login="$private/login.cnf"\n'
+        "esc=$(printf '%s' \"$password\" | sed 's/[\\\\\"]/\\\\&/g'); unset password\n"
+        # mariadb-backup reads its connection's options from the client groups ([client] among them).
+        '( umask 077; printf \'[client]\\npassword="%s"\\n\' "$esc" >"$login" ); '
+        "unset esc\n"
+        if spec.password_env
+        else ""
+    )
+    cleanup = 'rm -f "$log"; rm -rf "$private"' if spec.password_env else 'rm -f "$log"'
     script = f"""set -o pipefail
-{read_password}log={shlex.quote(log_path) if log_path else "$(mktemp)"}; trap 'rm -f "$log"' EXIT
+{read_password}log={shlex.quote(log_path) if log_path else "$(mktemp)"}; trap '{cleanup}' EXIT
 exec 4>&1
 {stamp_log(spec.nice)}
-{password}{shlex.join(backup)} 2>&5 5>&- | dd bs=1M status=progress 2>&4 5>&- | \
+{_backup_words(backup)} 2>&5 5>&- | dd bs=1M status=progress 2>&4 5>&- | \
   {_ssh_remote(spec.ssh_to_target, receive)} 5>&-
 rc=$?
 {stamp_log_end()}
