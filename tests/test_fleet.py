@@ -60,6 +60,33 @@ def test_each_problem_is_one_line_with_its_file_line_and_column(tmp_path: Path) 
     assert f"{path}:5:13: waves[0][1]: no plan named 'c' in `plans`" in lines, lines
 
 
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (
+            "name: f\nplans: [{plan: a.yaml}]\nmax_parallel: true\n",
+            "3:1: max_parallel: expected a whole number, got true",
+        ),
+        (
+            "name: f\nplans: [{plan: a.yaml}]\nmax_parallel: '2'\n",
+            "3:1: max_parallel: expected a whole number, got '2'",
+        ),
+        ("name: f\nplans:\n  - plan: ~nosuchuser-x/a.yaml\n", "3:5: plans[0].plan: cannot expand '~nosuchuser-x'"),
+        ('name: f\nplans:\n  - plan: "a\\0.yaml"\n', "3:5: plans[0].plan: must not contain control characters"),
+        ("", "1:1: the fleet file is empty"),
+    ],
+)
+def test_a_bad_fleet_file_is_one_line_naming_the_fleet_file_never_an_internal_error(
+    tmp_path: Path, text: str, line: str, migrate_here: Callable[..., Result]
+) -> None:
+    path = write(tmp_path, text)
+    result = migrate_here("fleet", "validate", str(path))
+    assert result.returncode == 2, result
+    (said,) = result.stderr.strip().splitlines()
+    assert said.startswith(f"{path}:{line}"), said
+    assert "the plan" not in said
+
+
 def test_the_same_run_twice_and_an_unknown_storage_limit_are_refused(tmp_path: Path) -> None:
     path = write(tmp_path, "name: f\nplans:\n  - plan: a.yaml\n  - {name: again, plan: a.yaml}\n"
                            "limits: {per_storage: {nfs: 1}}\n")  # fmt: skip

@@ -221,7 +221,7 @@ BENEATH_SYSTEM_TREES = [
     "/root/site", "/lib/x86_64-linux-gnu", "/lib64/x", "/proc/self", "/sys/kernel", "/dev/shm", "/dev/shm/x",
     "/run/user", "/run/user/0", "/var/log", "/var/log/nginx", "/var/cache", "/var/cache/apt", "/var/lib/dpkg",
     "/var/lib/docker/volumes/x", "/sbin/x", "/bin/x", "/var/spool/cron", "/home/site/.ssh", "/srv/app/.ssh/keys",
-    "/home/site/.gnupg",
+    "/home/site/.gnupg", "/var/run", "/var/run/app", "/var/lock/x",
 ]  # fmt: skip
 # Refused themselves only; ordinary places inside them.
 THEMSELVES = ["/tmp", "/var/tmp", "/opt", "/srv", "/var/www", "/home", "/home/site", "/var", "/mnt", "/media"]

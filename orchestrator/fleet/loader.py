@@ -63,7 +63,7 @@ class LoadedFleet:
 def load_fleet(path: Path) -> LoadedFleet:
     """Read and check a fleet file and every plan it names; raises PlanError (str(): the first line)."""
     path = Path(path)
-    fleet, text, positions = load_model(path, Fleet, FLEET_KEYS)
+    fleet, text, positions = load_model(path, Fleet, FLEET_KEYS, "fleet file")
     found: list[tuple[tuple[int, int], list[str]]] = []  # sorted by where they are written
 
     def blame(field_path: tuple[str | int, ...], message: str, *more: str) -> None:
@@ -76,13 +76,18 @@ def load_fleet(path: Path) -> LoadedFleet:
     runs: dict[Path, str] = {}
     for index, entry in enumerate(fleet.plans):
         plan_path = _beside(path, entry.plan)
+        if plan_path is None:
+            blame(("plans", index, "plan"), f"cannot expand {entry.plan.split('/')[0]!r}: no such user's home")
+            continue
         try:
             loaded = load_plan(plan_path)
         except PlanError as exc:
             blame(("plans", index, "plan"), f"the plan does not load: {exc.lines[0]}", *exc.lines[1:])
             continue
         env_file = _beside(path, entry.env_file) if entry.env_file else None
-        if env_file is not None and not env_file.is_file():
+        if entry.env_file and env_file is None:
+            blame(("plans", index, "env_file"), f"cannot expand {entry.env_file.split('/')[0]!r}: no such user's home")
+        elif env_file is not None and not env_file.is_file():
             blame(("plans", index, "env_file"), f"no such file: {env_file}")
         member = FleetMember(plan_name(entry), entry, plan_path, loaded, env_file)
         other = runs.get(member.state_dir)
@@ -95,8 +100,12 @@ def load_fleet(path: Path) -> LoadedFleet:
     return LoadedFleet(fleet, path, text, members)
 
 
-def _beside(fleet_path: Path, name: str) -> Path:
-    given = Path(name).expanduser()
+def _beside(fleet_path: Path, name: str) -> Path | None:
+    """The file `name` names, relative to the fleet file; None when its `~user` has no home here."""
+    try:
+        given = Path(name).expanduser()
+    except RuntimeError:
+        return None
     return given if given.is_absolute() else (fleet_path.resolve().parent / given)
 
 

@@ -8,27 +8,41 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+from orchestrator.plan.checks import path_problem
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
 MAX_PLANS = 500
 
 
+def _file_path(value: str) -> str:
+    problem = path_problem(value, absolute=False)
+    if problem is not None:
+        raise PydanticCustomError("unsafe_path", problem)
+    return value
+
+
+FilePath = Annotated[str, AfterValidator(_file_path)]
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # As strict as a plan (orchestrator/plan/model.py): a number is a number (no `true`, no '2'), no value in errors.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False, hide_input_in_errors=True)
 
 
 class FleetPlan(Strict):
     name: Name | None = Field(
         default=None, description="the plan's name in the fleet (waves, limits, status); default: the plan's own name"
     )
-    plan: str = Field(min_length=1, max_length=4096, description="the plan file, relative to the fleet file")
+    plan: FilePath = Field(min_length=1, max_length=4096, description="the plan file, relative to the fleet file")
     storage: Name | None = Field(
         default=None,
         description="the named storage the plan's source reads from (an NFS server, a ZFS pool): "
         "limits.per_storage bounds how many of its plans run at once",
     )
-    env_file: str | None = Field(default=None, max_length=4096, description="KEY=VALUE secrets for this plan")
+    env_file: FilePath | None = Field(default=None, max_length=4096, description="KEY=VALUE secrets for this plan")
 
 
 class Limits(Strict):

@@ -27,6 +27,8 @@ import unicodedata
 PROTECTED_TREES: tuple[str, ...] = (
     "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root", "/run", "/sbin",
     "/snap", "/sys", "/usr", "/var/backups", "/var/cache", "/var/lib", "/var/log", "/var/mail", "/var/spool",
+    # Links to /run and /run/lock on every current distribution: refused as what they resolve to is.
+    "/var/run", "/var/lock",
 )  # fmt: skip
 # Refused themselves only: their children are where services usually keep their data.
 PROTECTED_DIRECTORIES: frozenset[str] = frozenset(

@@ -209,7 +209,7 @@ def _plain(node: Any, at: FieldPath, start: Position, doc: _Document) -> Any:
     raise _BadValue(start, at, f"unsupported YAML value of type {type(node).__name__}")
 
 
-def _read(path: Path) -> bytes:
+def _read(path: Path, kind: str = "plan") -> bytes:
     shown = str(path)
     try:
         if path.is_dir():
@@ -223,7 +223,7 @@ def _read(path: Path) -> bytes:
     except OSError as exc:
         raise PlanError([f"{shown}: cannot read: {exc.strerror or exc.__class__.__name__}"]) from None
     if len(data) > MAX_PLAN_BYTES:
-        raise PlanError([f"{shown}: cannot read: larger than {MAX_PLAN_BYTES // 1024} KiB, not a plan"])
+        raise PlanError([f"{shown}: cannot read: larger than {MAX_PLAN_BYTES // 1024} KiB, not a {kind}"])
     return data
 
 
@@ -248,15 +248,15 @@ def _yaml_error(shown: str, exc: YAMLError, text: str) -> PlanError:
     return PlanError([f"{shown}: not valid YAML: {reason}"])
 
 
-def _too_big(shown: str, exc: _TooBig) -> PlanError:
+def _too_big(shown: str, exc: _TooBig, kind: str = "plan") -> PlanError:
     where = f":{exc.position[0]}:{exc.position[1]}" if exc.position else ""
-    return PlanError([f"{shown}{where}: the plan holds {exc.what} once aliases are expanded: not a plan"])
+    return PlanError([f"{shown}{where}: the {kind} holds {exc.what} once aliases are expanded: not a {kind}"])
 
 
 PLAN_KEYS = "name, source, target, ..."
 
 
-def _parse(shown: str, text: str, keys: str = PLAN_KEYS) -> _Document:
+def _parse(shown: str, text: str, keys: str = PLAN_KEYS, kind: str = "plan") -> _Document:
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
     yaml.Composer = _BoundedComposer
@@ -264,7 +264,7 @@ def _parse(shown: str, text: str, keys: str = PLAN_KEYS) -> _Document:
     try:
         root = yaml.load(text)
     except _TooBig as exc:
-        raise _too_big(shown, exc) from None
+        raise _too_big(shown, exc, kind) from None
     except MaxDepthExceededError as exc:
         mark = exc.problem_mark
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
@@ -278,10 +278,10 @@ def _parse(shown: str, text: str, keys: str = PLAN_KEYS) -> _Document:
     except Exception as exc:  # ruamel raises a few plain errors on pathological input
         raise PlanError([f"{shown}: not valid YAML: {exc.__class__.__name__}"]) from None
     if root is None:
-        raise PlanError([f"{shown}:1:1: the plan is empty: expected a mapping of keys ({keys})"])
+        raise PlanError([f"{shown}:1:1: the {kind} is empty: expected a mapping of keys ({keys})"])
     if not isinstance(root, CommentedMap):
-        kind = "a list" if isinstance(root, CommentedSeq) else "a single value"
-        raise PlanError([f"{shown}:1:1: the plan must be a mapping of keys ({keys}), not {kind}"])
+        shape = "a list" if isinstance(root, CommentedSeq) else "a single value"
+        raise PlanError([f"{shown}:1:1: the {kind} must be a mapping of keys ({keys}), not {shape}"])
     try:
         line, col = root.lc.line, root.lc.col
     except AttributeError:
@@ -290,7 +290,7 @@ def _parse(shown: str, text: str, keys: str = PLAN_KEYS) -> _Document:
     try:
         doc.data = _plain(root, (), _position(line, col), doc)
     except _TooBig as exc:
-        raise _too_big(shown, exc) from None
+        raise _too_big(shown, exc, kind) from None
     except RecursionError:
         raise PlanError([f"{shown}: not valid YAML: nested too deeply"]) from None
     except _BadValue as exc:
@@ -517,15 +517,17 @@ def parse_plan(text: str, shown: str = "<plan>") -> tuple[Plan, dict[FieldPath, 
 Model = TypeVar("Model", bound=BaseModel)
 
 
-def load_model(path: Path, root: type[Model], keys: str) -> tuple[Model, str, dict[FieldPath, Position]]:
+def load_model(
+    path: Path, root: type[Model], keys: str, kind: str = "plan"
+) -> tuple[Model, str, dict[FieldPath, Position]]:
     """Another YAML file validated like a plan (a fleet file): the same limits, the same file:line:col lines.
 
     `keys` names the top-level keys an empty file should have held. Cross-field checks are the caller's (they
     name a field path; `position_of` turns it into file:line:col)."""
     path = Path(path)
     shown = str(path)
-    text = _text_of(shown, _read(path))
-    doc = _parse(shown, text, keys)
+    text = _text_of(shown, _read(path, kind))
+    doc = _parse(shown, text, keys, kind)
     try:
         model = root.model_validate(doc.data)
     except ValidationError as exc:
