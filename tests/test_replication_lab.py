@@ -745,7 +745,7 @@ def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> 
     # environment (MYSQL_PWD) and on no command line.
     assert "MYSQL_PWD" not in command and "--password" not in command and "DB_PW" not in command
     assert 'mariadb-backup --defaults-extra-file="$login" --backup' in command and "private=$(mktemp -d)" in command
-    assert "rm -rf \"$private\"" in command and "export" not in command
+    assert 'rm -rf "$private"' in command and "export" not in command
     assert "--throttle" not in command and "nice -n19 ionice -c3 mariadb-backup" in command
     assert "--throttle=20" in mysql_seed.seed_stream_command(mysql_seed.SeedSpec("/a", "/b", hop, throttle=20))
     tunnel = mysql_seed.TunnelSpec("fwd", "remote", hop, 40000, "127.0.0.1", 3306)
