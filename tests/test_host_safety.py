@@ -161,3 +161,15 @@ def test_the_scan_finds_a_planted_fixed_name(tmp_path: Path) -> None:
     package.mkdir()
     (package / "planted.py").write_text('"""Doc: /tmp/doc is fine."""\nCONTROL = "/tmp/migrate-ssh-%C"\n')
     assert fixed_shared_names(package) == ["orchestrator/planted.py:2: /tmp/migrate-ssh-%C"]
+
+
+@pytest.mark.parametrize(("user", "refused"), [("root", []), ("nobody", ["rsync", "sh"])])
+def test_preflight_reads_what_sudo_lets_the_hops_user_run(user: str, refused: list[str], as_root: None) -> None:
+    """Run for real through this machine's sudo: root's rules allow everything; nobody's allow nothing, and each
+    refused program is named (preflight makes one line of each)."""
+    from orchestrator.steps.preflight import HOP_SUDO_PROGRAMS, sudo_check_command, sudo_refused
+
+    done = subprocess.run(
+        ["sh", "-c", sudo_check_command(user, HOP_SUDO_PROGRAMS)], capture_output=True, text=True, check=True
+    )
+    assert sudo_refused(done.stdout, HOP_SUDO_PROGRAMS) == refused

@@ -43,8 +43,10 @@ def test_resolve_follows_links_keeps_missing_parts_and_tells_a_link_to_nothing(t
 def test_var_run_resolves_into_run_which_is_protected() -> None:
     (app, lock) = run_probe(probes.resolve(["/var/run/app", "/var/lock/app"]))
     assert app.real == "/run/app" and lock.real == "/run/lock/app"
-    # The plan's text passes (/var is protected only itself); what it resolves to does not.
-    assert protected_problem("/var/run/app", datadir=False, allowed=False) is None
+    # The plan's text is refused as it stands (validate needs no host for it), and so is what it resolves to.
+    assert "inside /var/run, a protected system tree" in str(
+        protected_problem("/var/run/app", datadir=False, allowed=False)
+    )
     problem = protected_problem(app.real, datadir=False, allowed=False)
     assert problem is not None and problem.startswith("refusing to sync into /run/app: inside /run")
 

@@ -132,6 +132,8 @@ class Preflight(Step):
         if reachable["source"]:
             self._source_to_target(ctx, problems)
             self._trees(ctx, problems)
+        if reachable["target"]:
+            self._sudo_on_target(ctx, problems)
         sides: tuple[Which, Which] = ("source", "target")
         for which in sides:
             if reachable[which]:
@@ -264,6 +266,30 @@ class Preflight(Step):
             problems.add(
                 f"the source cannot ssh to the target ({reason}):"
                 " check transfer.source_to_target_key / _known_hosts and the target's authorized_keys"
+            )
+
+    def _sudo_on_target(self, ctx: StepContext, problems: Problems) -> None:
+        """What the hop runs on the target through sudo (become: sudo) is allowed by its sudoers: rsync's far end
+        and the shell that runs the seed's receiver and the target's fence. Refused: one line per program, before
+        anything changes (not five rsync retries later, as a protocol error, after the target's app was stopped)."""
+        plan = runtime(ctx).plan
+        if plan.target.become != "sudo":
+            return
+        try:
+            answer = (
+                runtime(ctx)
+                .target.run(
+                    sudo_check_command(plan.target.user, HOP_SUDO_PROGRAMS), timeout=COMMAND_TIMEOUT, check=False
+                )
+                .stdout
+            )
+        except TransportError as exc:
+            problems.add(f"target sudo: {exc}")
+            return
+        for program in sudo_refused(answer, HOP_SUDO_PROGRAMS):
+            problems.add(
+                f"target: sudo does not let {plan.target.user} run `{program}` (become: sudo): the source → target "
+                f"hop runs `sudo -n -- {program} …` there; allow it without a password in the target's sudoers"
             )
 
     def _rsync(self, ctx: StepContext, which: Which, problems: Problems) -> None:
@@ -444,6 +470,27 @@ class Preflight(Step):
 
 FSYNC_ROUNDS = 2
 DURABILITY_VARIABLES = (*storage.DURABLE_SETTINGS, "innodb_flush_method")
+
+
+# Run through sudo on the target by the hop (it logs in as the target's user): rsync's far end, and `sh` for the
+# seed's receiver and the target's fence lifted from the source.
+HOP_SUDO_PROGRAMS = ("rsync", "sh")
+SUDO_ALLOWED = "__migrate_sudo_allows__"
+
+
+def sudo_check_command(user: str, programs: tuple[str, ...]) -> str:
+    """Shell, run as root: whether `user`'s sudoers rules let it run each program without a password (`sudo -l -U`
+    lists another user's rights for one command). One SUDO_ALLOWED line per allowed program."""
+    checks = (
+        f"sudo -n -l -U {shlex.quote(user)} {shlex.quote(p)} >/dev/null 2>&1 && echo {SUDO_ALLOWED} {shlex.quote(p)}"
+        for p in programs
+    )
+    return "; ".join(checks) + "; true"
+
+
+def sudo_refused(answer: str, programs: tuple[str, ...]) -> list[str]:
+    allowed = {line.split(" ", 1)[1] for line in answer.splitlines() if line.startswith(SUDO_ALLOWED + " ")}
+    return [program for program in programs if program not in allowed]
 
 
 def _db_settings(rt: StepRuntime, which: Which) -> dict[str, str]:
