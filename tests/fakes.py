@@ -163,10 +163,13 @@ class FakeDns:
         if pending:
             raise pending.pop(0)
 
-    def verify_token(self) -> None:
+    def verify_token(self, zone_name: str) -> None:
         self._call("verify_token", "")
         if not self.token_active:
             raise DnsError("fake DNS: the API token is not active", transient=False)
+
+    def check_can_edit(self, zone_id: str, record: DnsRecord) -> None:
+        self._call("check_can_edit", record.name)
 
     def zone_id(self, zone_name: str, *, timeout: float | None = None) -> str:
         self._call("zone_id", zone_name)

@@ -15,7 +15,8 @@ address, so the official `cloudflare` SDK can be pointed at it with `base_url=ht
     DELETE /client/v4/zones/{zone_id}/dns_records/{id}
     POST   /client/v4/zones/{zone_id}/dns_records/batch         deletes, patches, puts, posts: applied in that
                                                                 order, all or nothing
-    GET    /client/v4/user/tokens/verify
+    GET    /client/v4/user/tokens/verify                      a user-owned token: active; an account's: 401
+    GET    /client/v4/accounts/{account_id}/tokens/verify     an account-owned token of that account: active
 
 What it does not implement it refuses, in Cloudflare's 400 error shape, instead of ignoring: a query parameter or
 a body field it does not know (a list filter such as `tag`, `comment`, `search`, `match=any`), so a client that
@@ -28,6 +29,9 @@ Outside /client/v4 a control surface lets tests and the lab inject faults while 
 
     POST   /__lab/latency   {"seconds": s}: every API answer waits that long first (also `--latency` at start)
     GET    /__lab/latency
+    POST   /__lab/token     {"owner": "user"|"account", "edit": true|false}: who owns the token (an account's is
+                             unknown to /user/tokens/verify, as at Cloudflare) and whether it may edit DNS records
+                             (a read-only token's writes answer 403 code 10000, as Cloudflare's do)
     POST   /__lab/faults    {"mode": "429"|"5xx"|"slow"|"success_false"|"invalid_token"|"reset"|"none",
                              "count": N (-1: until cleared), "methods": ["PATCH", ...] (absent: all),
                              "path_contains": "...", "delay": s, "retry_after": s, "status": 5xx}
@@ -230,6 +234,7 @@ class Store:
         with self.lock:
             zone = self.zone(zone_id)
             values = _validated(zone, fields, required=("name", "type", "content"))
+            values["content"] = stored_content(values["type"], values["content"])
             values.setdefault("ttl", 1)
             values.setdefault("proxied", False)
             self._refuse_duplicate(zone_id, values, except_id=None)
@@ -264,6 +269,8 @@ class Store:
                 values.setdefault("settings", {})
             else:
                 values = _validated(zone, fields, required=())
+            if "content" in values:
+                values["content"] = stored_content(values.get("type") or record["type"], values["content"])
             merged = {**record, **values}
             self._refuse_duplicate(zone_id, merged, except_id=record_id)
             changed = any(record.get(key) != value for key, value in values.items())
@@ -371,6 +378,7 @@ def _validated(zone: dict[str, Any], fields: Any, required: tuple[str, ...]) -> 
         raise ApiError(400, 9003, "Invalid 'proxied' value, must be a boolean")
     if "content" in values and not isinstance(values["content"], str):
         raise ApiError(400, 9005, "Content must be a string.")
+
     if "comment" in values and values["comment"] is not None and not isinstance(values["comment"], str):
         raise ApiError(400, 9207, "Comment must be a string.")
     if "tags" in values and not isinstance(values["tags"], list):
@@ -399,6 +407,19 @@ def _only_query(query: dict[str, str], known: set[str]) -> None:
     if query.get("match", "all").lower() != "all":
         # Filters combined with OR: not implemented (every filter must match, which is what `all` asks).
         raise ApiError(400, BAD_QUERY_CODE, "the lab's double implements match=all only: refused, not ignored")
+
+
+def stored_content(record_type: str, content: str) -> str:
+    """As Cloudflare stores what it is sent: a CNAME target lower-cased without its trailing dot, an IPv6 address in
+    its compressed form (the read-back differs from the text sent)."""
+    if record_type == "CNAME":
+        return content.strip().lower().rstrip(".")
+    if record_type == "AAAA":
+        try:
+            return str(ipaddress.IPv6Address(content.strip()))
+        except ValueError:
+            return content
+    return content
 
 
 def _check_content(record_type: str, content: str) -> None:
@@ -490,6 +511,8 @@ class CfApiServer(ThreadingHTTPServer):
         self.token = token
         self.latency = latency  # seconds every API answer waits (the latency knob)
         self.faults = Faults()
+        self.token_owner = "user"  # or "account" (POST /__lab/token)
+        self.token_can_edit = True
         self.log_lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
 
@@ -646,8 +669,19 @@ class CfApiHandler(BaseHTTPRequestHandler):
         listing = method == "GET" and (segments == ["zones"] or (len(segments) == 3 and segments[2] == "dns_records"))
         if not listing:
             _only_query(query, set())  # only the lists take query parameters
+        verified = {"id": "lab" + "0" * 29, "status": "active", "expires_on": None, "not_before": None}
         if segments == ["user", "tokens", "verify"] and method == "GET":
-            return 200, {"id": "lab" + "0" * 29, "status": "active", "expires_on": None, "not_before": None}, None
+            if self.server.token_owner != "user":
+                raise ApiError(401, 1000, "Invalid API Token")
+            return 200, verified, None
+        if len(segments) == 4 and segments[0] == "accounts" and segments[2:] == ["tokens", "verify"]:
+            accounts = {str(zone["account"]["id"]) for zone in store.zones.values()}
+            if method != "GET" or self.server.token_owner != "account" or segments[1] not in accounts:
+                raise ApiError(401, 1000, "Invalid API Token")
+            return 200, verified, None
+        if method in ("POST", "PATCH", "PUT", "DELETE") and not self.server.token_can_edit:
+            # What Cloudflare answers a token without the DNS edit permission.
+            raise ApiError(403, 10000, "Authentication error")
         if segments == ["zones"] and method == "GET":
             _only_query(query, ZONE_LIST_QUERY)
             zones = sorted(store.zones.values(), key=lambda z: z["name"])
@@ -712,6 +746,17 @@ class CfApiHandler(BaseHTTPRequestHandler):
                 self._send(400, {"error": str(exc)})
                 return
             self._send(200, {"seconds": server.latency})
+        elif path == CONTROL_PREFIX + "/token" and method == "POST":
+            try:
+                asked = json.loads(raw_body or b"{}")
+                owner, edit = asked.get("owner", "user"), asked.get("edit", True)
+                if owner not in ("user", "account") or not isinstance(edit, bool):
+                    raise ValueError("owner: user|account, edit: a boolean")
+            except (ValueError, TypeError, AttributeError) as exc:
+                self._send(400, {"error": str(exc)})
+                return
+            server.token_owner, server.token_can_edit = owner, edit
+            self._send(200, {"owner": owner, "edit": edit})
         elif path == CONTROL_PREFIX + "/latency" and method == "GET":
             self._send(200, {"seconds": server.latency})
         elif path == CONTROL_PREFIX + "/faults" and method == "GET":

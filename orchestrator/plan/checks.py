@@ -19,6 +19,7 @@ The protected-directory policy (docs/plan.md, "Protected directories"):
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 import re
 import unicodedata
@@ -49,6 +50,17 @@ MAX_NAME_BYTES = 255  # NAME_MAX: one component
 MAX_SOCKET_BYTES = 107  # sun_path holds 108 bytes with the terminating NUL
 
 Location = tuple[str | int, ...]
+
+
+def dns_content_form(content: str) -> str:
+    """A record's content as a DNS provider stores it, to compare what was sent with what reads back: an address in
+    its canonical form (IPv6 compressed, lower-case), a host name lower-cased without its trailing dot (Cloudflare
+    stores a CNAME target so)."""
+    text = content.strip()
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return text.lower().rstrip(".")
 
 
 def control_character(text: str) -> str | None:

@@ -30,6 +30,7 @@ from orchestrator.plan.checks import (
     Location,
     control_character,
     directory_problem,
+    dns_content_form,
     inside,
     path_problem,
     text_problem,
@@ -340,7 +341,8 @@ class Host(Strict):
 
     @property
     def dns_content(self) -> str:
-        return self.public_address or self.address
+        """What the DNS records point at for this host, in the form the provider stores it (read back as such)."""
+        return dns_content_form(self.public_address or self.address)
 
     @property
     def private_dir(self) -> str:

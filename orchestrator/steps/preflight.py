@@ -448,13 +448,18 @@ class Preflight(Step):
         plan = runtime(ctx).plan
         try:
             client = runtime(ctx).dns
-            client.verify_token()
+            client.verify_token(plan.dns.zone)
             zone_id = client.zone_id(plan.dns.zone)
+            edit_checked = False
             for name in plan.dns.records:
                 records = client.find_records(zone_id, name, plan.dns.type)
                 if not records:
                     problems.add(f"DNS record {name} ({plan.dns.type}) not found in zone {plan.dns.zone}: create it")
                     continue
+                if not edit_checked:
+                    # A read-only token passes every read above; its first edit would fail inside the window.
+                    client.check_can_edit(zone_id, records[0])
+                    edit_checked = True
                 contents = sorted({_content(record) for record in records})
                 if contents != [plan.source.dns_content]:
                     problems.add(

@@ -30,6 +30,7 @@ import httpx
 
 from orchestrator import secrets
 from orchestrator.engine.interrupt import Interrupted
+from orchestrator.plan.checks import dns_content_form
 from orchestrator.transports.dns import DnsError, DnsRecord
 from orchestrator.transports.meter import RoundTrips
 
@@ -118,16 +119,58 @@ class DnsClient:
 
     # --- operations
 
-    def verify_token(self) -> None:
-        """Raise DnsError unless the API accepts the token and calls it active."""
+    def verify_token(self, zone_name: str) -> None:
+        """Raise DnsError unless the API accepts the token and calls it active. An account-owned token (what
+        Cloudflare recommends) is unknown to /user/tokens/verify (401 there): it is verified against the account
+        that owns the zone instead, found by reading the zone with it."""
         try:
             answer = self._client.user.tokens.verify()
+        except cloudflare.AuthenticationError:
+            answer = self._verify_account_token(zone_name)
         except cloudflare.CloudflareError as exc:
             raise self._error("verify the API token", exc) from None
         if answer is None:
             raise DnsError("Cloudflare verify the API token: the API answered success: false", transient=False)
         if answer.status != "active":
             raise DnsError(f"Cloudflare API token is {answer.status}", transient=False)
+
+    def _verify_account_token(self, zone_name: str) -> Any:
+        wanted = zone_name.lower().rstrip(".")
+        action = "verify the API token (an account's: /user/tokens/verify refused it)"
+        try:
+            page = self._client.zones.list(name=wanted, page=1, per_page=50, timeout=self._timeout(None))
+            zones = [z for z in self._page_items(page, action) if z.name.lower() == wanted]
+            if len(zones) != 1 or zones[0].account is None or not zones[0].account.id:
+                raise DnsError(
+                    f"Cloudflare {action}: the token cannot read zone {wanted} to find its account", transient=False
+                )
+            return self._client.accounts.tokens.verify(account_id=str(zones[0].account.id))
+        except cloudflare.CloudflareError as exc:
+            raise self._error(action, exc) from None
+
+    def check_can_edit(self, zone_id: str, record: DnsRecord) -> None:
+        action = f"edit {record.type} {record.name} (its own content sent back: the token's edit permission)"
+        try:
+            answer = self._client.dns.records.edit(  # type: ignore[call-overload]  # record.type: as in set_content
+                record.id,
+                zone_id=zone_id,
+                name=record.name,
+                type=record.type,
+                ttl=record.ttl,
+                proxied=record.proxied,
+                content=record.content,
+                timeout=self._timeout(None),
+            )
+        except cloudflare.PermissionDeniedError:
+            raise DnsError(
+                f"Cloudflare: the API token may read zone records but not edit them ({record.name}): give it the "
+                "Zone > DNS > Edit permission for this zone",
+                transient=False,
+            ) from None
+        except cloudflare.CloudflareError as exc:
+            raise self._error(action, exc) from None
+        if answer is None:
+            raise DnsError(f"Cloudflare {action}: the API answered success: false", transient=False)
 
     def _timeout(self, timeout: float | None) -> float:
         self._meter.add("dns")  # asked once per API call, just before it is made
@@ -207,7 +250,7 @@ class DnsClient:
         if answer is None:
             raise DnsError(f"Cloudflare {action}: the API answered success: false", transient=False)
         current = self.get_record(zone_id, record.id, timeout=timeout)
-        if current.content != content:
+        if current.content != dns_content_form(content):
             raise DnsError(f"Cloudflare {action}: read back {current.content!r} after the edit", transient=False)
         return current
 
@@ -258,7 +301,8 @@ def _to_record(answer: Any) -> DnsRecord:
         id=str(answer.id),
         name=str(answer.name),
         type=str(answer.type),
-        content=str(answer.content) if answer.content is not None else "",
+        # As the provider stores it (a CNAME lower-cased, an IPv6 address compressed): compared in that form.
+        content=dns_content_form(str(answer.content)) if answer.content is not None else "",
         ttl=int(answer.ttl),
         proxied=bool(answer.proxied),
     )

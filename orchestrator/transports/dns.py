@@ -39,8 +39,13 @@ class DnsProvider(Protocol):
     """The DNS operations a migration needs. Every call may take a `timeout` (seconds, per API request) so a caller
     inside the downtime window bounds it by what is left of its budget; every failure is a `DnsError`."""
 
-    def verify_token(self) -> None:
-        """Raise DnsError unless the API accepts the token and calls it active."""
+    def verify_token(self, zone_name: str) -> None:
+        """Raise DnsError unless the API accepts the token and calls it active (an account-owned token: verified
+        against the account that owns `zone_name`)."""
+
+    def check_can_edit(self, zone_id: str, record: DnsRecord) -> None:
+        """Raise DnsError unless the token may edit `record`: an edit that changes nothing (the record's own content
+        and TTL sent back), so a read-only token is refused before anything changes, not inside the window."""
 
     def zone_id(self, zone_name: str, *, timeout: float | None = None) -> str:
         """The id of the zone with exactly this name (looked up once per provider object)."""
