@@ -441,6 +441,9 @@ class Comparison:
     position: Position
     differences: list[Any] = field(default_factory=list)
     error: str | None = None
+    # Tables left to the after-commit audit, one line each: read live (outside the snapshot), every read raced a
+    # write to them.
+    not_compared: list[str] = field(default_factory=list)
 
 
 class AuditCutShort(ReplicationError):

@@ -141,6 +141,9 @@ class ReplCatchup(Step):
                 + "; ".join(d.describe() for d in diffs[:3])
                 + more
             )
+        for line in compared.not_compared:
+            ctx.log.warning("repl.compare_not_compared", table=line)
+        result.not_compared = list(compared.not_compared)
         rep.start_replica(target)
         ctx.log.info("repl.compared_equal", tables=len(tables), chunks=chunks, seconds=result.compare_seconds)
 
