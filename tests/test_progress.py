@@ -84,6 +84,11 @@ def test_off_a_terminal_one_transfer_line_every_few_seconds_and_always_the_last(
     assert [keep.filter(record(s)) for s in ("running", "running", "running", "done")] == [True, False, False, True]
     warning = logging.LogRecord("py.warnings", logging.WARNING, __file__, 1, "DeprecationWarning: x", (), None)
     assert keep.filter(warning) is False  # library warnings go to the run's log only
+    # The event loop's report of a library callback that failed (a traceback an operator cannot act on): the log only.
+    loop = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Exception in callback", (), None)
+    assert keep.filter(loop) is False
+    ours = logging.LogRecord("migrate", logging.ERROR, __file__, 1, {"event": "step failed"}, (), None)
+    assert keep.filter(ours) is True
 
 
 # --- on the lab ------------------------------------------------------------------------------------------------

@@ -760,13 +760,22 @@ def test_commands_keep_secrets_off_command_lines_and_our_ssh_options_first() -> 
 
 
 def test_the_seeds_database_password_reaches_mariadb_backup_alone(tmp_path: Path) -> None:
-    """Given on the seed script's stdin, the password is in the environment of mariadb-backup and of nothing else
-    the script runs (the hop to the target, dd, the log's reader), and never on a command line."""
-    password = "seed-pw-" + os.urandom(6).hex()
+    """Given on the seed script's stdin, the password reaches mariadb-backup through the option file its first
+    option names (a private directory's, mode 0600), read back as the client reads it (quotes and backslashes
+    kept); it is in no environment (mariadb-backup's, the hop's) and on no command line, and the file is gone after."""
+    password = 'seed-pw-"q\\b ' + os.urandom(6).hex()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     backup = bin_dir / "mariadb-backup"
-    backup.write_text(f'#!/bin/bash\n[ "$MYSQL_PWD" = {password} ] && echo given > {tmp_path}/backup.env\necho data\n')
+    # Records what it was given: its environment, its first option, and that file as MariaDB's option parser reads it.
+    backup.write_text(
+        "#!/bin/bash\n"
+        f'tr "\\0" "\\n" </proc/$$/environ > {tmp_path}/backup.env\n'
+        f'file="${{1#--defaults-extra-file=}}"; echo "$file" > {tmp_path}/backup.file\n'
+        f'stat -c %a "$file" > {tmp_path}/backup.mode\n'
+        f'my_print_defaults --defaults-file="$file" client > {tmp_path}/backup.options\n'
+        "echo data\n"
+    )
     backup.chmod(0o755)
     hop = ("sh", "-c", f'tr "\\0" "\\n" </proc/$$/environ > {tmp_path}/hop.env; cat >/dev/null')
     spec = mysql_seed.SeedSpec("/a", "/b", hop, source_user="migrate", password_env="DB_PW", nice=False)
@@ -776,5 +785,8 @@ def test_the_seeds_database_password_reaches_mariadb_backup_alone(tmp_path: Path
     done = subprocess.run(["bash", "-c", command], env=env, input=password + "\n", capture_output=True, text=True,
                           timeout=30)  # fmt: skip
     assert done.returncode == 0, done
-    assert (tmp_path / "backup.env").read_text().strip() == "given"
-    assert password not in (tmp_path / "hop.env").read_text()
+    assert (tmp_path / "backup.options").read_text().splitlines() == [f"--password={password}"]
+    assert (tmp_path / "backup.mode").read_text().strip() == "600"
+    assert not Path((tmp_path / "backup.file").read_text().strip()).exists(), "the option file outlived the seed"
+    for seen in ("backup.env", "hop.env"):
+        assert password not in (tmp_path / seen).read_text() and "MYSQL_PWD" not in (tmp_path / seen).read_text()

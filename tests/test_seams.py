@@ -96,7 +96,7 @@ def test_preflight_says_in_one_line_what_the_dns_provider_refused_and_where_a_re
         f"DNS record www.example.com points at 198.51.100.9, not the source's {SOURCE_ADDRESS}: fix "
         "source.public_address or the record"
     ]
-    assert [c[0] for c in dns.calls] == ["verify_token", "zone_id", "find_records", "find_records"]
+    assert [c[0] for c in dns.calls] == ["verify_token", "zone_id", "find_records", "check_can_edit", "find_records"]
     # The provider's error, whatever the provider: its own line, no traceback.
     dns.failures["zone_id"] = [
         DnsError("fake DNS: HTTP 403: 9109 Unauthorized to access requested resource", transient=False)

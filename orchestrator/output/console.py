@@ -64,11 +64,13 @@ class ThinProgress(logging.Filter):
 
 
 class ConsoleFilter(ThinProgress):
-    """Keeps off the console: superseded records, library warnings (the run's log has them) and, for line output,
-    all but one transfer update every `every` seconds."""
+    """Keeps off the console: superseded records, library warnings and the event loop's own reports of a library
+    callback that failed (asyncssh tearing down a connection that was refused: a traceback that says nothing an
+    operator can act on; the run's log has them all) and, for line output, all but one transfer update every `every`
+    seconds."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "py.warnings":
+        if record.name in ("py.warnings", "asyncio"):
             return False
         event = event_of(record)
         if event is not None and event.get("event") in SUPERSEDED_EVENTS:
