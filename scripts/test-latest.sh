@@ -8,7 +8,7 @@ venv="$(mktemp -d)"
 trap 'rm -rf "$venv"' EXIT
 "$python" -m venv "$venv"
 "$venv/bin/pip" install -q --upgrade pip
-"$venv/bin/pip" install -q -e '.[test]' -e ./lab
+"$venv/bin/pip" install -q -e '.[test]' -e ./lab -r requirements-build.in
 "$venv/bin/migrate" --version -v
 "$venv/bin/pip" list --format=freeze | grep -v -E '^(migrate|migrate-lab)==' >"$venv/versions.txt"
 if diff <(grep -E '^[A-Za-z0-9_.-]+==' requirements.lock | sed 's/ .*//' | tr 'A-Z_' 'a-z-' | sort) \

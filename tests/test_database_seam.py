@@ -255,6 +255,6 @@ def test_only_the_mariadb_engine_and_the_lab_import_the_driver() -> None:
             if any(name == "pymysql" or name.startswith("pymysql.") for name in names):
                 importers.add(path.relative_to(package).as_posix())
     engine = {"database/mariadb.py"} | {
-        f"database/mysql/{name}.py" for name in ("session", "gtid", "replica", "switch", "compare")
+        f"database/mysql/{name}.py" for name in ("session", "gtid", "replica", "switch", "compare", "compare_live")
     }
     assert {name for name in importers if not name.startswith("lab/")} == engine

@@ -26,8 +26,8 @@ from orchestrator.database.mysql.compare import (
     stop_replica_at,
     table_shape,
 )
-from orchestrator.database.mysql.gtid import GtidPosition
-from orchestrator.database.mysql.session import binlog_position
+from orchestrator.database.mysql.gtid import GtidPosition, ReplicationError
+from orchestrator.database.mysql.session import binlog_position, db_error
 from orchestrator.database.protocol import Session
 
 # Storage engines whose tables are inside `START TRANSACTION WITH CONSISTENT SNAPSHOT` (lower case).
@@ -69,7 +69,17 @@ def compare_live_table(
     source: Session, replica: Session, schema: str, table: str, *, chunk_rows: int, timeout: float
 ) -> LiveOutcome:
     """`source` outside any transaction (each read sees now); `replica` stopped at or before the source's
-    position. Leaves the replica stopped at the position of its last read."""
+    position. Leaves the replica stopped at the position of its last read. Raises ReplicationError when a side
+    cannot be read or the replica cannot be held at a position."""
+    try:
+        return _compare_live_table(source, replica, schema, table, chunk_rows=chunk_rows, timeout=timeout)
+    except pymysql.MySQLError as exc:
+        raise ReplicationError(str(db_error(f"comparing {schema}.{table} (read live)", exc))) from None
+
+
+def _compare_live_table(
+    source: Session, replica: Session, schema: str, table: str, *, chunk_rows: int, timeout: float
+) -> LiveOutcome:
     shape = table_shape(source, schema, table)
     for attempt in range(1, TRIES + 1):
         before = binlog_position(source)
@@ -77,10 +87,10 @@ def compare_live_table(
         ours = [chunk_checksum(source, shape, chunk) for chunk in chunks]
         after = binlog_position(source)
         if before is None or after is None or "gtid" not in after:
-            raise pymysql.err.OperationalError(0, "the source's binary log position cannot be read")
+            raise ReplicationError("the source's binary log position cannot be read")
         reached = stop_replica_at(replica, GtidPosition.parse(str(after["gtid"])), timeout)
         if reached.outcome != "reached":
-            raise pymysql.err.OperationalError(0, reached.error or f"the replica did not reach {after['gtid']}")
+            raise ReplicationError(reached.error or f"the replica did not reach {after['gtid']}")
         theirs = [chunk_checksum(replica, shape, chunk) for chunk in chunks]
         diffs = _differences(shape, chunks, ours, theirs)
         if not diffs:

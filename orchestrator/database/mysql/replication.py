@@ -10,8 +10,6 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-import pymysql
-
 from orchestrator.database.mysql import audit, compare, compare_live, grants, gtid, host_stop, replica, seed, switch
 from orchestrator.database.protocol import (
     ChunkedAudit,
@@ -398,8 +396,8 @@ class MariaDbReplication:
                 outcome = compare_live.compare_live_table(
                     snapshot_conn, target, schema, table, chunk_rows=chunk_rows, timeout=timeout
                 )
-            except pymysql.MySQLError as exc:
-                return Comparison(snapshot.gtid, list(diffs), error=f"comparing {schema}.{table} (read live): {exc}")
+            except gtid.ReplicationError as exc:
+                return Comparison(snapshot.gtid, list(diffs), error=str(exc))
             diffs = [*diffs, *outcome.differences]
             if outcome.unsettled:
                 unsettled.append(outcome.describe())
