@@ -10,6 +10,11 @@ that started, newest first, each journaled, so an interrupted rollback resumes t
 leaves the run `failed_after_commit`: the target serves, and `migrate apply` resumes forward. Whether the run is
 committed is always read back from the journal on disk, never from memory alone.
 
+A commit point may send its commit to be made elsewhere (a command that goes on on a host without us): before any
+rollback of a run not journaled committed, it settles that commit for good (`Step.settle_commit`). Made: the run is
+journaled committed and finished forward, nothing undone. Cannot tell: nothing is undone, `migrate apply` asks
+again. A compensation that refuses (`UndoRefused`) stops the rollback where it stands, the service left serving.
+
 Signals are acted on only at safe points (engine/interrupt.py): before the commit point an interruption fails the
 current step (and the run rolls back); once the journal says committed, the run finishes forward. A rollback is never
 stopped by a signal.
