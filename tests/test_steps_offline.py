@@ -514,3 +514,19 @@ def test_cutover_fences_locks_reads_figures_then_stops_and_waits_for_the_files_t
         changed.answers["source"] = False
         with pytest.raises(StepError, match=why):
             Cutover().run(context(changed, "cutover", saved=journal))
+
+
+@pytest.mark.parametrize("records", [1, 2, 5, 20, 50])
+def test_a_long_settle_stays_well_under_cloudflares_rate_limit(records: int) -> None:
+    """Cloudflare allows a token 1,200 requests in 5 minutes, then refuses every call (the rollback's restore too)
+    for 5 minutes. Five minutes of settling (after an edit that timed out, say) cost at most a third of that,
+    however many records, while the first reads stay quick (two that agree end most waits)."""
+    from orchestrator.steps.dns_flip import SETTLE_POLL, settle_pause
+
+    elapsed, requests, reads = 0.0, 0, 0
+    while elapsed < 300:
+        requests += records  # one read of every record
+        reads += 1
+        elapsed += settle_pause(reads, records)
+    assert requests <= 400, (records, requests)
+    assert settle_pause(1, records) == settle_pause(2, records) == SETTLE_POLL
