@@ -320,6 +320,30 @@ def test_contents_read_back_as_cloudflare_stores_them_and_compare_equal(api: Dou
                 client.dns.records.delete(created.id, zone_id=zone_id)
 
 
+@pytest.mark.parametrize("status", [200, 502, 522])
+def test_an_answer_that_is_not_the_apis_json_is_a_transient_dns_error(api: Double, zone_id: str, status: int) -> None:
+    """Cloudflare's edge answers HTML (502/52x, even a 200) instead of the API's JSON: every call of the adapter turns
+    it into one transient DnsError (retried like any other), never an AttributeError or a TypeError."""
+    with api.adapter() as dns:
+        (record,) = dns.find_records(zone_id, WWW, "A")
+        api.fault("html", status=status)
+        calls = [
+            lambda: dns.verify_token(ZONE),
+            lambda: dns.find_records(zone_id, WWW, "A"),
+            lambda: dns.get_record(zone_id, record.id),
+            lambda: dns.set_content(zone_id, record, record.content),
+            lambda: dns.set_ttl(zone_id, record, record.ttl),
+            lambda: dns.check_can_edit(zone_id, record),
+        ]
+        for call in calls:
+            with pytest.raises(DnsError) as info:
+                call()
+            assert info.value.transient, info.value
+            assert "\n" not in str(info.value)
+        api.fault("none")
+        assert dns.get_record(zone_id, record.id) == record
+
+
 def test_set_content_edits_then_reads_back(api: Double, zone_id: str) -> None:
     created = _create(api, zone_id, f"flip.{ZONE}", "10.0.3.1", proxied=False)
     with api.adapter() as dns:

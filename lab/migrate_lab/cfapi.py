@@ -32,9 +32,9 @@ Outside /client/v4 a control surface lets tests and the lab inject faults while 
     POST   /__lab/token     {"owner": "user"|"account", "edit": true|false}: who owns the token (an account's is
                              unknown to /user/tokens/verify, as at Cloudflare) and whether it may edit DNS records
                              (a read-only token's writes answer 403 code 10000, as Cloudflare's do)
-    POST   /__lab/faults    {"mode": "429"|"5xx"|"slow"|"success_false"|"invalid_token"|"reset"|"none",
+    POST   /__lab/faults    {"mode": "429"|"5xx"|"slow"|"success_false"|"invalid_token"|"reset"|"html"|"none",
                              "count": N (-1: until cleared), "methods": ["PATCH", ...] (absent: all),
-                             "path_contains": "...", "delay": s, "retry_after": s, "status": 5xx}
+                             "path_contains": "...", "delay": s, "retry_after": s, "status": 5xx (html: any, 200 included)}
     GET    /__lab/faults
     GET    /__lab/state     zones, records, the request log (method, path, status, fault) and counts
     DELETE /__lab/requests  clears the request log
@@ -100,7 +100,7 @@ BATCH_KEYS = ("deletes", "patches", "puts", "posts")  # Cloudflare applies them 
 BAD_QUERY_CODE = 1004
 BAD_BODY_CODE = 9207
 MAX_LATENCY_SECONDS = 600.0
-FAULT_MODES = {"none", "429", "5xx", "slow", "success_false", "invalid_token", "reset"}
+FAULT_MODES = {"none", "429", "5xx", "slow", "success_false", "invalid_token", "reset", "html"}
 DEFAULT_RECORDS_PER_PAGE = 100
 MAX_RECORDS_PER_PAGE = 5000
 DEFAULT_ZONES_PER_PAGE = 20
@@ -501,6 +501,10 @@ class Faults:
 # --------------------------------------------------------------------------------------------------- the server
 
 
+class EdgePage(str):
+    """An answer of Cloudflare's edge rather than of the API: HTML, sent as text/html."""
+
+
 class CfApiServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -587,10 +591,11 @@ class CfApiHandler(BaseHTTPRequestHandler):
         self._send(status, body, headers)
 
     def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(body).encode()
+        page = isinstance(body, EdgePage)
+        data = str(body).encode() if page else json.dumps(body).encode()
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/html" if page else "application/json")
             self.send_header("Content-Length", str(len(data)))
             for key, value in (headers or {}).items():
                 self.send_header(key, value)
@@ -657,6 +662,9 @@ class CfApiHandler(BaseHTTPRequestHandler):
             return 401, _envelope_error(10000, "Authentication error"), {}
         if mode == "reset":
             return 0, None, {}
+        if mode == "html":
+            # Cloudflare's edge in front of the API: an HTML page, not the API's JSON (502/52x, or even a 200).
+            return fault["status"], EdgePage(f"<html><title>{fault['status']} Bad Gateway</title>cloudflare</html>"), {}
         if mode == "slow":
             time.sleep(fault["delay"])
         return None  # "slow" and "success_false" go on to the real handling

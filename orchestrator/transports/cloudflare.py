@@ -42,6 +42,11 @@ __all__ = ["DnsClient", "DnsError", "DnsRecord", "open_provider"]
 DEFAULT_BASE_URL = "https://api.cloudflare.com/client/v4"
 _AUTH_HEADERS = {"authorization", "x-auth-key", "x-auth-email", "x-auth-user-service-key"}
 _MESSAGE_LIMIT = 300
+# What the SDK raises, not as a CloudflareError, on an answer that is not the API's JSON (Cloudflare's edge answers
+# HTML 502/52x pages, and a 200 with HTML happens): AttributeError where it reads a field of the text. Caught only
+# around the SDK's own calls, it becomes a transient DnsError, retried like any other.
+NOT_THE_APIS_JSON: tuple[type[Exception], ...] = (AttributeError, TypeError, ValueError)
+SDK_FAILURES: tuple[type[Exception], ...] = (cloudflare.CloudflareError, *NOT_THE_APIS_JSON)
 
 
 def open_provider(
@@ -127,7 +132,7 @@ class DnsClient:
             answer = self._client.user.tokens.verify()
         except cloudflare.AuthenticationError:
             answer = self._verify_account_token(zone_name)
-        except cloudflare.CloudflareError as exc:
+        except SDK_FAILURES as exc:
             raise self._error("verify the API token", exc) from None
         if answer is None:
             raise DnsError("Cloudflare verify the API token: the API answered success: false", transient=False)
@@ -145,7 +150,7 @@ class DnsClient:
                     f"Cloudflare {action}: the token cannot read zone {wanted} to find its account", transient=False
                 )
             return self._client.accounts.tokens.verify(account_id=str(zones[0].account.id))
-        except cloudflare.CloudflareError as exc:
+        except SDK_FAILURES as exc:
             raise self._error(action, exc) from None
 
     def check_can_edit(self, zone_id: str, record: DnsRecord) -> None:
@@ -164,7 +169,7 @@ class DnsClient:
                 "Zone > DNS > Edit permission for this zone",
                 transient=False,
             ) from None
-        except cloudflare.CloudflareError as exc:
+        except SDK_FAILURES as exc:
             raise self._error(action, exc) from None
         if answer is None:
             raise DnsError(f"Cloudflare {action}: the API answered success: false", transient=False)
@@ -182,7 +187,7 @@ class DnsClient:
             return self._zones[wanted]
         try:
             page = self._client.zones.list(name=wanted, page=1, per_page=50, timeout=self._timeout(timeout))
-        except cloudflare.CloudflareError as exc:
+        except SDK_FAILURES as exc:
             raise self._error(f"look up zone {wanted}", exc) from None
         zones = [z for z in self._page_items(page, f"look up zone {wanted}") if z.name.lower() == wanted]
         if not zones:
@@ -207,7 +212,7 @@ class DnsClient:
                     per_page=self.per_page,
                     timeout=self._timeout(timeout),
                 )
-            except cloudflare.CloudflareError as exc:
+            except SDK_FAILURES as exc:
                 raise self._error(action, exc) from None
             items = self._page_items(page, action)
             # The filter is the server's; checking again costs nothing and guards against a loose match.
@@ -221,7 +226,7 @@ class DnsClient:
     def get_record(self, zone_id: str, record_id: str, *, timeout: float | None = None) -> DnsRecord:
         try:
             answer = self._client.dns.records.get(record_id, zone_id=zone_id, timeout=self._timeout(timeout))
-        except cloudflare.CloudflareError as exc:
+        except SDK_FAILURES as exc:
             raise self._error(f"read record {record_id}", exc) from None
         if answer is None:
             raise DnsError(f"Cloudflare read record {record_id}: the API answered success: false", transient=False)
@@ -242,7 +247,7 @@ class DnsClient:
                 content=content,
                 timeout=self._timeout(timeout),
             )
-        except cloudflare.CloudflareError as exc:
+        except SDK_FAILURES as exc:
             raise self._error(action, exc) from None
         if answer is None:
             raise DnsError(f"Cloudflare {action}: the API answered success: false", transient=False)
@@ -263,7 +268,7 @@ class DnsClient:
                 type=record.type,
                 ttl=ttl,
             )
-        except cloudflare.CloudflareError as exc:
+        except SDK_FAILURES as exc:
             raise self._error(action, exc) from None
         if answer is None:
             raise DnsError(f"Cloudflare {action}: the API answered success: false", transient=False)
@@ -336,8 +341,21 @@ def _retry_after(exc: Exception) -> float | None:
         return None
 
 
+EXCERPT = 80
+
+
+def _excerpt(exc: Exception) -> str:
+    """A short, one-line piece of the answer's body (an HTML page's title, say), or nothing."""
+    response = getattr(exc, "response", None)
+    text = getattr(response, "text", "") if response is not None else ""
+    one_line = " ".join(str(text).split())
+    return one_line[:EXCERPT] + ("..." if len(one_line) > EXCERPT else "")
+
+
 def _classify(exc: Exception, timeout: float) -> tuple[bool, str]:
     """(transient, readable detail) for an SDK exception."""
+    if isinstance(exc, NOT_THE_APIS_JSON):
+        return True, "an answer that is not the API's JSON"
     if isinstance(exc, cloudflare.APITimeoutError):
         return True, f"no answer within {timeout:g}s"
     if isinstance(exc, cloudflare.APIConnectionError):
@@ -345,8 +363,15 @@ def _classify(exc: Exception, timeout: float) -> tuple[bool, str]:
         return True, f"connection failed ({type(cause).__name__ if cause else 'no answer'})"
     if isinstance(exc, cloudflare.APIStatusError):
         status = exc.status_code
-        errors = "; ".join(f"{e.code} {e.message}".strip() for e in exc.errors if e is not None) or "no details"
-        detail = f"HTTP {status}: {errors}"
+        listed = getattr(exc, "errors", None)
+        errors = (
+            "; ".join(
+                f"{getattr(e, 'code', '')} {getattr(e, 'message', '')}".strip() for e in (listed or []) if e is not None
+            )
+            if isinstance(listed, list)
+            else ""
+        )
+        detail = f"HTTP {status}: {errors or _excerpt(exc) or 'no details'}"
         if status == 429:
             retry_after = exc.response.headers.get("retry-after")
             if retry_after:
