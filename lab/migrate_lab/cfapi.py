@@ -34,7 +34,8 @@ Outside /client/v4 a control surface lets tests and the lab inject faults while 
                              (a read-only token's writes answer 403 code 10000, as Cloudflare's do)
     POST   /__lab/faults    {"mode": "429"|"5xx"|"slow"|"success_false"|"invalid_token"|"reset"|"html"|"none",
                              "count": N (-1: until cleared), "methods": ["PATCH", ...] (absent: all),
-                             "path_contains": "...", "delay": s, "retry_after": s, "status": 5xx (html: any, 200 included)}
+                             "path_contains": "...", "delay": s, "retry_after": s, "status": 5xx}; "html" answers
+                             an HTML page (Cloudflare's edge) with that status, 200 included
     GET    /__lab/faults
     GET    /__lab/state     zones, records, the request log (method, path, status, fault) and counts
     DELETE /__lab/requests  clears the request log
