@@ -788,3 +788,17 @@ def test_max_latency_is_a_number_of_milliseconds_in_range(tmp_path: Path, value:
     plan = SMALL_PLAN + f"transfer:\n  max_latency_ms: {value}\n  latency_url: http://203.0.113.10/healthz\n"
     error = error_of(write(tmp_path, plan))
     assert "transfer.max_latency_ms" in error.lines[0]
+
+
+@pytest.mark.parametrize(
+    ("new", "field", "said"),
+    [
+        ("  records: [example.com]\n  type: AAAA\n", "dns.type", "an AAAA record holds an IPv6 address"),
+        ("  records: [example.com]\n  content: 2001:db8::7\n", "dns.content", "an A record holds an IPv4 address"),
+        ("  records: [example.com]\n  type: CNAME\n", "dns.type", "a CNAME record holds a host name"),
+    ],
+)
+def test_the_records_type_must_fit_what_they_would_hold(tmp_path: Path, new: str, field: str, said: str) -> None:
+    """Refused by the API at the flip, inside the window otherwise: refused here, naming the field to fix."""
+    error = error_of(broken(tmp_path, "  records: [example.com]\n", new))
+    assert f": {field}: {said}" in str(error), str(error)

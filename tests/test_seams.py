@@ -96,7 +96,10 @@ def test_preflight_says_in_one_line_what_the_dns_provider_refused_and_where_a_re
         f"DNS record www.example.com points at 198.51.100.9, not the source's {SOURCE_ADDRESS}: fix "
         "source.public_address or the record"
     ]
-    assert [c[0] for c in dns.calls] == ["verify_token", "zone_id", "find_records", "check_can_edit", "find_records"]
+    # Per record: its A records, then (once) the edit check, then the other family's records beside them.
+    assert [c[0] for c in dns.calls] == [
+        "verify_token", "zone_id", "find_records", "check_can_edit", "find_records", "find_records", "find_records"
+    ]  # fmt: skip
     # The provider's error, whatever the provider: its own line, no traceback.
     dns.failures["zone_id"] = [
         DnsError("fake DNS: HTTP 403: 9109 Unauthorized to access requested resource", transient=False)
@@ -104,6 +107,19 @@ def test_preflight_says_in_one_line_what_the_dns_provider_refused_and_where_a_re
     problems = Problems()
     Preflight()._dns(context(rt, "preflight"), problems)
     assert problems.items == ["fake DNS: HTTP 403: 9109 Unauthorized to access requested resource"]
+
+
+def test_preflight_refuses_a_name_whose_other_address_family_the_plan_does_not_move() -> None:
+    """An AAAA record beside the A record the plan flips would keep IPv6 clients on the old server after the
+    commit: refused in one line naming the record, the family and its content; nothing else is said of it."""
+    names = plan().dns.records
+    six = DnsRecord("id-six", names[0], "AAAA", "2001:db8::5", 300, False)
+    dns = FakeDns({"example.com": "zone-1"}, [*_records(SOURCE_ADDRESS, SOURCE_ADDRESS), six])
+    problems = Problems()
+    Preflight()._dns(context(OfflineRuntime(plan(), dns=dns), "preflight"), problems)
+    (line,) = problems.items
+    assert line.startswith(f"DNS record {names[0]} also has AAAA records (2001:db8::5) the plan does not move"), line
+    assert "IPv6" in line
 
 
 def test_a_secret_that_does_not_resolve_is_a_preflight_problem_naming_the_provider() -> None:

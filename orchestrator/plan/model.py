@@ -1080,6 +1080,21 @@ def _host_key(address: str, port: int) -> tuple[str, int]:
         return (address.strip().rstrip(".").lower(), port)
 
 
+def record_type_problem(record_type: str, content: str) -> str | None:
+    """Why `content` cannot be the content of a `record_type` record (Cloudflare refuses it at the flip), or None."""
+    try:
+        address = ipaddress.ip_address(content)
+    except ValueError:
+        address = None
+    if record_type == "A" and not isinstance(address, ipaddress.IPv4Address):
+        return f"an A record holds an IPv4 address, and the records would get {content!r}"
+    if record_type == "AAAA" and not isinstance(address, ipaddress.IPv6Address):
+        return f"an AAAA record holds an IPv6 address, and the records would get {content!r}"
+    if record_type == "CNAME" and address is not None:
+        return f"a CNAME record holds a host name, and the records would get the address {content!r}"
+    return None
+
+
 def cross_field_problems(plan: Plan) -> list[tuple[Location, str]]:
     """Problems that involve several fields, each with the location of the field to blame."""
     problems: list[tuple[Location, str]] = []
@@ -1103,6 +1118,11 @@ def cross_field_problems(plan: Plan) -> list[tuple[Location, str]]:
             problems.append(
                 (("files", index, "target"), "a tree may not overlap the target's datadir (one inside the other)")
             )
+
+    content = plan.dns.content or plan.target.public_address or plan.target.address
+    wrong = record_type_problem(plan.dns.type, content)
+    if wrong is not None:
+        problems.append((("dns", "content") if plan.dns.content else ("dns", "type"), wrong))
 
     seen_records: set[str] = set()
     for index, record in enumerate(plan.dns.records):

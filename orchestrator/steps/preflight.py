@@ -460,6 +460,15 @@ class Preflight(Step):
                     # A read-only token passes every read above; its first edit would fail inside the window.
                     client.check_can_edit(zone_id, records[0])
                     edit_checked = True
+                other = OTHER_FAMILY.get(plan.dns.type)
+                left = client.find_records(zone_id, name, other) if other else []
+                if other and left:
+                    problems.add(
+                        f"DNS record {name} also has {other} records ({', '.join(sorted(_content(r) for r in left))})"
+                        f" the plan does not move (dns.type {plan.dns.type}): clients reaching it over "
+                        f"{'IPv6' if other == 'AAAA' else 'IPv4'} would stay on the old server after the commit; "
+                        "remove them before the move, and add the target's address after it"
+                    )
                 contents = sorted({_content(record) for record in records})
                 if contents != [plan.source.dns_content]:
                     problems.add(
@@ -473,6 +482,8 @@ class Preflight(Step):
             problems.add(text if isinstance(exc, DnsError) else f"DNS ({plan.dns.provider}): {text}")
 
 
+# The address family a plan's records do not move: found beside them, it would keep its clients on the old server.
+OTHER_FAMILY = {"A": "AAAA", "AAAA": "A"}
 FSYNC_ROUNDS = 2
 DURABILITY_VARIABLES = (*storage.DURABLE_SETTINGS, "innodb_flush_method")
 
