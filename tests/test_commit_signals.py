@@ -6,6 +6,10 @@ source`, the path `auto` takes at any distance beyond loopback), on the lab unde
   source's door. The run settles the commit before it decides anything: found made, it is journaled committed and
   finished forward at once (no compensation runs), with the time the clients were served again taken from the
   record on the source. Exit 0, DNS on the target, 0 acknowledged writes lost.
+- kill -9 inside the commit's command, once it recorded the commit and lifted the target's fence, then `migrate
+  rollback`: the rollback settles the commit first, finds it made, undoes nothing (the target serves through the
+  source's door) and says `migrate apply`, which finishes the run; the journal says the clients were served again
+  when the record was written on the source, before anybody resumed. 0 lost.
 - SIGTERM inside the window's first command on the source, after its fence and before its database stop: the
   rollback ends that command on the host before it touches the database, then makes the source writable whatever a
   read would have said. Exit 1 (rolled back), the source writable and serving, 0 lost.
@@ -33,9 +37,12 @@ from tests.test_e2e import start_load as start_lab_load
 from tests.test_replicate_e2e import (
     TIMEOUT,
     journal_events,
+    kills_once,
     live,
+    migrate,
     on_step,
     replicate_plan,
+    run_killed,
     run_report,
     source_is_plain_and_writable,
     wait_for_load_acks_on,
@@ -130,5 +137,49 @@ def test_sigterm_inside_the_first_command_rolls_back_to_a_writable_source(live: 
     assert writable and replica_status is None
     assert_source_serves_and_dns_unchanged(state)
     verify = main_verify(state, host="source", load_dir=load_dir)
+    assert verify.error is None, verify.error
+    assert verify.acknowledged_lost == 0, verify.lost
+
+
+def test_kill9_inside_the_commit_command_then_rollback_undoes_nothing_and_apply_finishes(
+    live: LabState, tmp_path: Path
+) -> None:
+    state = live
+    pid_file = state.path / "commit-kill.pid"
+    plan, data = commit_from_source_plan(
+        state, "commitkill", {"after-step": on_step("verify_target", f"echo $PPID > {shlex.quote(str(pid_file))}\n")}
+    )
+    fence = data["services"]["target_fence"]
+    fence["disable"] = kills_once(pid_file, fence["disable"], before=False)
+    write(plan, data)
+    load_dir = tmp_path / "load"
+    load = start_lab_load(state, load_dir, 300)
+    try:
+        acks = load_dir / "acks.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
+            time.sleep(0.05)
+        run_killed(state, plan)
+        assert Path(f"{pid_file}.used").exists(), "the commit's command did not kill the run"
+        back = migrate(state, "rollback", str(plan), "--yes", "--env-file", str(state.env_file))
+        assert back.returncode == exit_codes.NEEDS_ATTENTION, outcome(back)
+        assert "`migrate apply`" in back.stdout + back.stderr, outcome(back)
+        events = journal_events(state, plan)
+        assert not any(e.get("event") in ("rollback_started", "undo_started") for e in events), "a compensation ran"
+        resumed_at = time.time()
+        result = migrate_apply(state, plan, timeout=TIMEOUT)
+        assert result.returncode == exit_codes.OK, outcome(result)
+        wait_for_load_acks_on(load_dir, state.target.address, since=time.time())
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load.communicate(timeout=60)
+    events = journal_events(state, plan)
+    assert not any(e.get("event") in ("rollback_started", "undo_started") for e in events), "a compensation ran"
+    switch = next(e for e in events if e.get("event") == "step_completed" and e.get("step") == "switch_traffic")
+    # Served again when the commit was recorded on the source, not when a process came back to find it.
+    assert switch["result"]["writes_flow_at"] < resumed_at
+    assert run_report(state, plan_name(plan))["status"] == "completed"
+    assert dns_contents(state) == {name: state.target.address for name in state.records}
+    verify = main_verify(state, host="target", load_dir=load_dir)
     assert verify.error is None, verify.error
     assert verify.acknowledged_lost == 0, verify.lost
