@@ -11,6 +11,7 @@ still found, named, and rolls the run back before the window.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Iterator
 
@@ -19,7 +20,7 @@ import pytest
 
 from migrate_lab.state import LabState
 from orchestrator import exit_codes
-from tests.test_e2e import migrate_apply, outcome
+from tests.test_e2e import migrate_apply, outcome, plan_name
 from tests.test_replicate_e2e import TIMEOUT, connect, live, on_step, replicate_plan, sql_on
 
 pytestmark = pytest.mark.lab
@@ -85,6 +86,12 @@ def test_a_non_transactional_table_written_throughout_is_no_false_difference(tab
     assert result.returncode == exit_codes.OK, outcome(result)
     assert len(written) > 50, "the table was not written during the run"
     assert "differs" not in result.stdout + result.stderr
+    # Preflight said which tables are outside the snapshot, and what the comparison does with them.
+    logs = (state.path / ".migrate" / plan_name(plan)).glob("run-*.log.jsonl")
+    said = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
+    (listed,) = [r for r in said if r.get("event") == "preflight.non_transactional_tables"]
+    assert [t.split(" ")[0] for t in listed["tables"]] == [f"{state.db_name}.{WRITTEN}", f"{state.db_name}.{IDLE}"]
+    assert "MyISAM" in listed["tables"][0] and "Aria" in listed["tables"][1]
 
 
 def test_a_difference_planted_in_an_idle_non_transactional_table_is_found(tables: LabState) -> None:

@@ -19,7 +19,15 @@ import pymysql
 from orchestrator.database.mysql import audit
 from orchestrator.database.mysql import session as mysql
 from orchestrator.database.mysql.switch import set_read_only
-from orchestrator.database.protocol import Blocker, DatabaseError, Figures, Replication, Session, TableLimit
+from orchestrator.database.protocol import (
+    NON_TRANSACTIONAL,
+    Blocker,
+    DatabaseError,
+    Figures,
+    Replication,
+    Session,
+    TableLimit,
+)
 from orchestrator.services import probes, storage
 
 if TYPE_CHECKING:
@@ -300,7 +308,9 @@ class MariaDb:
         return probes.database_server_version()
 
     def preflight_notes(self, session: Session) -> tuple[list[str], dict[str, Any]]:
-        return [], {}
+        """No refusal; the tables outside the snapshots, said (NON_TRANSACTIONAL)."""
+        tables = mysql.non_transactional_tables(session)
+        return [], ({NON_TRANSACTIONAL: tables} if tables else {})
 
     def replication(self) -> Replication | None:
         """GTID replication (database/mysql/replication.py), imported when a replicate run first needs it."""

@@ -433,6 +433,11 @@ class ChunkDifference(Protocol):
         """One line naming the table and the chunk that differ."""
 
 
+# A preflight fact (Database.preflight_notes): the tables outside the engine's snapshots, one line each. The
+# comparison before the window reads them at a quiet moment, else leaves them to the after-commit audit.
+NON_TRANSACTIONAL = "non_transactional_tables"
+
+
 @dataclass
 class Comparison:
     """The comparison before the window: the position both sides were compared at, the chunks that differ, or why
@@ -699,6 +704,7 @@ class Replication(Protocol):
 
 
 __all__ = [
+    "NON_TRANSACTIONAL",
     "AuditCutShort",
     "AuditUnreadable",
     "Blocker",

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from orchestrator.contracts import StepRuntime, Which, runtime
-from orchestrator.database.protocol import DatabaseError
+from orchestrator.database.protocol import NON_TRANSACTIONAL, DatabaseError
 from orchestrator.engine.step import Step, StepContext, StepError
 from orchestrator.plan.checks import protected_problem
 from orchestrator.secrets import redact
@@ -325,6 +325,14 @@ class Preflight(Step):
             return None
         figures["source_version"] = version
         figures.update(facts)
+        if facts.get(NON_TRANSACTIONAL):
+            ctx.log.warning(
+                "preflight.non_transactional_tables",
+                tables=facts[NON_TRANSACTIONAL],
+                comparison="outside the snapshot: the replicate mode's comparison reads each at a moment nothing "
+                "writes to it, else leaves it to the after-commit audit (said then); the shutdown mode copies them "
+                "stopped like every table",
+            )
         for note in notes:
             problems.add(note)
         if missing:

@@ -154,6 +154,25 @@ def list_tables(conn: Session, schemas: list[str] | None = None) -> list[tuple[s
         return [(str(s), str(t)) for s, t in cur.fetchall()]
 
 
+def non_transactional_tables(conn: Session) -> list[str]:
+    """The base tables outside InnoDB's snapshots (MyISAM, Aria, MEMORY, ...) of every non-system schema, one line
+    each: name, engine, size and when last written (where the engine tells)."""
+    marks = ", ".join(["%s"] * len(SYSTEM_SCHEMAS))
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT TABLE_SCHEMA, TABLE_NAME, ENGINE, COALESCE(DATA_LENGTH, 0) + COALESCE(INDEX_LENGTH, 0),"
+            " UPDATE_TIME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'"
+            f" AND LOWER(COALESCE(ENGINE, '')) <> 'innodb' AND TABLE_SCHEMA NOT IN ({marks})"
+            " ORDER BY TABLE_SCHEMA, TABLE_NAME",
+            list(SYSTEM_SCHEMAS),
+        )
+        rows = cur.fetchall()
+    return [
+        f"{schema}.{table} ({engine}, {int(size) / 1048576:.1f} MiB, last written {written or 'unknown'})"
+        for schema, table, engine, size, written in rows
+    ]
+
+
 def open_snapshot(conn: Session, schemas: list[str] | None) -> dict[str, str]:
     """A read-only consistent snapshot on `conn` (kept open by the caller), and each table's engine, lower case."""
     with conn.cursor() as cur:
