@@ -74,13 +74,19 @@ def write(plan: Path, data: dict[str, Any]) -> None:
         YAML().dump(data, out)
 
 
-def under_load(state: LabState, plan: Path, load_dir: Path) -> subprocess.CompletedProcess[str]:
+def load_flowing(state: LabState, load_dir: Path) -> subprocess.Popen[str]:
+    """`migrate lab load` started, once it has ten writes acknowledged (or a minute passed)."""
     load = start_lab_load(state, load_dir, 300)
+    acks = load_dir / "acks.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
+        time.sleep(0.05)
+    return load
+
+
+def under_load(state: LabState, plan: Path, load_dir: Path) -> subprocess.CompletedProcess[str]:
+    load = load_flowing(state, load_dir)
     try:
-        acks = load_dir / "acks.jsonl"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
-            time.sleep(0.05)
         result = migrate_apply(state, plan, timeout=TIMEOUT)
         serving = state.target if result.returncode == exit_codes.OK else state.source
         wait_for_load_acks_on(load_dir, serving.address, since=time.time())
@@ -153,12 +159,8 @@ def test_kill9_inside_the_commit_command_then_rollback_undoes_nothing_and_apply_
     fence["disable"] = kills_once(pid_file, fence["disable"], before=False)
     write(plan, data)
     load_dir = tmp_path / "load"
-    load = start_lab_load(state, load_dir, 300)
+    load = load_flowing(state, load_dir)
     try:
-        acks = load_dir / "acks.jsonl"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (acks.exists() and acks.read_text().count("\n") >= 10):
-            time.sleep(0.05)
         run_killed(state, plan)
         assert Path(f"{pid_file}.used").exists(), "the commit's command did not kill the run"
         back = migrate(state, "rollback", str(plan), "--yes", "--env-file", str(state.env_file))
